@@ -1,0 +1,25 @@
+from schemas.events import (
+    SCHEMA_VERSION,
+    CancelRequest,
+    ChatMessage,
+    DeadLetter,
+    Completion,
+    ErrorEvent,
+    GenerateRequest,
+    ReplyEvent,
+    ReplyRoute,
+    SamplingParams,
+    SpecStats,
+    SpecStepStats,
+    Timings,
+    TokenChunk,
+    TraceContext,
+    Usage,
+    WorkerAnnouncement,
+)
+
+__all__ = [
+    "SCHEMA_VERSION", "CancelRequest", "ChatMessage", "DeadLetter", "Completion", "ErrorEvent", "GenerateRequest", "ReplyEvent",
+    "ReplyRoute", "SamplingParams", "SpecStats", "SpecStepStats", "Timings", "TokenChunk", "TraceContext", "Usage",
+    "WorkerAnnouncement",
+]

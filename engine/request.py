@@ -1,0 +1,48 @@
+"""What the engine is asked to do: one generation request and its sampling parameters.
+
+These are plain dataclasses: validation of user input happens at the edges
+(`schemas/`), the engine trusts what it is given apart from the capacity checks
+it alone can make (context length, KV budget).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k filter
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # Lower value runs first; FCFS within the same priority.
+    priority: int = 0
+    # Absolute wall-clock deadline (time.time() seconds); None means no deadline.
+    deadline: float | None = None
+    # None follows the engine's config; False disables speculation for this request.
+    speculation: bool | None = None
+    arrival_time: float = field(default_factory=time.time)
+
+
+class RequestRejected(Exception):
+    """The engine can never serve this request (as opposed to: not yet)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message

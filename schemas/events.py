@@ -1,0 +1,248 @@
+"""Events that travel on the bus.
+
+Every event carries `schema_version`; a consumer that sees a version it does not
+know dead-letters the message instead of guessing. Models forbid unknown fields
+so that a typo in a client is an error naming the field, not a silently ignored
+parameter.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = Field(
+        default=SCHEMA_VERSION, description="Version of this event's schema; consumers reject versions they do not know."
+    )
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"] = Field(description="Author of the message.")
+    content: str = Field(description="Text of the message.")
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(default=128, ge=1, le=32768, description="Most tokens to generate.")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 is greedy decoding.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=0, ge=0, description="Keep only the k most likely tokens; 0 disables the filter.")
+    seed: int | None = Field(
+        default=None, ge=0, le=2**63 - 1,
+        description="Seed of this request's sampler; the edge assigns one when the client gives none so a redelivered request regenerates the same text.",
+    )
+    stop: list[str] = Field(default_factory=list, max_length=8, description="Strings that end generation; they are not emitted.")
+    speculation: bool | None = Field(
+        default=None, description="None follows the engine's configuration; false disables speculative decoding for this request."
+    )
+
+
+class ReplyRoute(BaseModel):
+    """Where the worker sends this request's events: a topic and, optionally, one partition of it.
+
+    Each edge owns a reply partition (or topic) and consumes only that, so with
+    several edges each receives only its own replies.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    topic: str = Field(min_length=1, max_length=249, description="Reply topic.")
+    partition: int | None = Field(default=None, ge=0, description="Reply partition; None lets the key choose.")
+
+
+class TraceContext(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    traceparent: str | None = Field(default=None, description="W3C traceparent header value.")
+    tracestate: str | None = Field(default=None, description="W3C tracestate header value.")
+
+
+class GenerateRequest(Event):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "schema_version": 1,
+                    "request_id": "req-6f1c",
+                    "messages": [{"role": "user", "content": "What is Kafka?"}],
+                    "model": "smollm2-135m-instruct",
+                    "sampling": {"max_tokens": 64, "temperature": 0.0, "seed": 42},
+                    "reply_to": {"topic": "specstream.replies", "partition": 3},
+                    "tenant": "default",
+                }
+            ]
+        },
+    )
+
+    request_id: str = Field(min_length=1, max_length=128, description="Client-unique id; every reply event carries it.")
+    prompt: str | None = Field(default=None, description="Raw prompt text (completions API). Exactly one of prompt and messages.")
+    messages: list[ChatMessage] | None = Field(
+        default=None, min_length=1, description="Chat messages, rendered with the model's chat template."
+    )
+    model: str = Field(min_length=1, description="Name of the served model.")
+    sampling: SamplingParams = Field(default_factory=SamplingParams, description="Sampling parameters.")
+    reply_to: ReplyRoute = Field(description="Where the reply events go.")
+    deadline: float | None = Field(
+        default=None, description="Unix time (seconds) after which the request is useless; expired requests are not started."
+    )
+    priority: int = Field(default=0, ge=-10, le=10, description="Lower runs first; FCFS within a priority.")
+    tenant: str = Field(default="default", min_length=1, max_length=64, description="Tenant the request is billed to.")
+    trace: TraceContext | None = Field(default=None, description="Trace context propagated from the client.")
+    created_at: float | None = Field(default=None, description="Unix time the request was published.")
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> "GenerateRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        return self
+
+
+class SpecStepStats(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    drafted: int = Field(default=0, ge=0, description="Draft tokens proposed for this request in this step.")
+    accepted: int = Field(default=0, ge=0, description="Draft tokens the target accepted in this step.")
+
+
+class TokenChunk(Event):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {"schema_version": 1, "request_id": "req-6f1c", "index": 0, "text": "Kafka is",
+                 "token_ids": [42, 7], "spec": {"drafted": 4, "accepted": 1}}
+            ]
+        },
+    )
+
+    type: Literal["chunk"] = "chunk"
+    request_id: str
+    index: int = Field(ge=0, description="Position of this chunk in the request's stream: 0, 1, 2, ... without gaps.")
+    text: str = Field(description="New text; never splits a multi-byte character, never contains a stop string.")
+    token_ids: list[int] = Field(description="Tokens produced in this step.")
+    finish_reason: Literal["stop", "length", "abort", "deadline"] | None = Field(
+        default=None, description="Set on the last chunk only."
+    )
+    spec: SpecStepStats = Field(default_factory=SpecStepStats, description="Speculation in the step that produced this chunk.")
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+    total_tokens: int = Field(ge=0)
+
+
+class Timings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queued_s: float = Field(ge=0, description="Publication to first scheduled step.")
+    ttft_s: float = Field(ge=0, description="Publication to first token.")
+    total_s: float = Field(ge=0, description="Publication to completion.")
+
+
+class SpecStats(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    drafted: int = Field(default=0, ge=0)
+    accepted: int = Field(default=0, ge=0)
+    acceptance_rate: float = Field(default=0.0, ge=0, le=1)
+    tokens_per_forward: float = Field(default=1.0, ge=0, description="Tokens emitted per target forward pass.")
+
+
+class Completion(Event):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {"schema_version": 1, "request_id": "req-6f1c", "text": "Kafka is a log.", "finish_reason": "stop",
+                 "num_chunks": 3,
+                 "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
+                 "timings": {"queued_s": 0.01, "ttft_s": 0.08, "total_s": 0.4}}
+            ]
+        },
+    )
+
+    type: Literal["completion"] = "completion"
+    request_id: str
+    text: str = Field(description="The whole generated text.")
+    finish_reason: Literal["stop", "length", "abort", "deadline"]
+    num_chunks: int = Field(ge=0, description="How many TokenChunk events precede this one; lets a client check completeness.")
+    usage: Usage
+    timings: Timings
+    spec: SpecStats = Field(default_factory=SpecStats)
+    model: str | None = None
+
+
+ErrorCode = Literal[
+    "invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded",
+    "cancelled", "overloaded", "internal_error", "unsupported_schema_version", "message_too_large",
+]
+
+
+class ErrorEvent(Event):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={
+            "examples": [
+                {"schema_version": 1, "request_id": "req-6f1c", "code": "unknown_model",
+                 "message": "model 'gpt-9' is not served; available: smollm2-135m-instruct", "retryable": False}
+            ]
+        },
+    )
+
+    type: Literal["error"] = "error"
+    request_id: str | None = Field(description="Id of the failed request, when it could be read.")
+    code: ErrorCode
+    message: str
+    retryable: bool = False
+
+
+class CancelRequest(Event):
+    """Published by an edge when its client went away; the worker stops and frees the request."""
+
+    type: Literal["cancel"] = "cancel"
+    request_id: str
+    reason: str = "client disconnected"
+
+
+class WorkerAnnouncement(Event):
+    """Published by engine workers on start, periodically, and on shutdown; the edge's /readyz reads it."""
+
+    type: Literal["worker"] = "worker"
+    worker_id: str
+    models: list[str]
+    state: Literal["ready", "draining", "stopped"]
+    at: float
+
+
+ReplyEvent = Annotated[TokenChunk | Completion | ErrorEvent, Field(discriminator="type")]
+
+
+class DeadLetter(Event):
+    """A message a consumer could not process, kept with its original bytes so it can be re-driven."""
+
+    type: Literal["dead_letter"] = "dead_letter"
+    reason: str = Field(description="Why the message was rejected, naming the field or limit.")
+    source_topic: str
+    source_partition: int = Field(ge=0)
+    source_offset: int = Field(ge=0)
+    original_b64: str = Field(description="The original message value, base64.")
+    original_key_b64: str | None = None
+    consumer: str = Field(description="Which consumer rejected it (worker id).")
+    at: float

@@ -1,0 +1,100 @@
+"""The topic catalog: every topic specstream uses, what flows on it, and how it is keyed.
+
+Code creates topics from this table and the README's catalog is generated from
+it (`specstream topics --markdown`), so the two cannot drift apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from schemas.events import CancelRequest, DeadLetter, GenerateRequest, ReplyEvent, WorkerAnnouncement
+
+HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    partitions: int
+    key: str
+    retention_ms: int
+    carries: str
+    purpose: str
+    compacted: bool = False
+
+    def config(self, min_insync_replicas: int | None = None) -> dict[str, str]:
+        cfg = {"retention.ms": str(self.retention_ms)}
+        if self.compacted:
+            cfg["cleanup.policy"] = "compact"
+        if min_insync_replicas is not None:
+            cfg["min.insync.replicas"] = str(min_insync_replicas)
+        return cfg
+
+
+def _describe(model: type[BaseModel] | object) -> str:
+    return getattr(model, "__name__", None) or "TokenChunk | Completion | ErrorEvent"
+
+
+@dataclass(frozen=True)
+class TopicCatalog:
+    """Names are derived from one prefix so several deployments can share a cluster."""
+
+    prefix: str = "specstream"
+    request_partitions: int = 6
+
+    @property
+    def requests(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.requests", partitions=self.request_partitions, key="request_id",
+            retention_ms=24 * HOUR_MS, carries=_describe(GenerateRequest),
+            purpose="Generation requests; engine workers consume them as one consumer group.",
+        )
+
+    def replies(self, edge_id: str) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.replies.{edge_id}", partitions=1, key="request_id",
+            retention_ms=1 * HOUR_MS, carries=_describe(ReplyEvent),
+            purpose="Replies for one edge (or client): each edge owns its reply topic, so it receives only its own "
+            "replies; one partition keeps every request's events in order. Short retention bounds what a dead edge leaves.",
+        )
+
+    @property
+    def cancellations(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.cancellations", partitions=1, key="request_id",
+            retention_ms=1 * HOUR_MS, carries=_describe(CancelRequest),
+            purpose="Cancellation of requests whose client went away; every worker reads all of it.",
+        )
+
+    @property
+    def workers(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.workers", partitions=1, key="worker_id",
+            retention_ms=24 * HOUR_MS, carries=_describe(WorkerAnnouncement), compacted=True,
+            purpose="Engine workers announce ready/draining/stopped; the edge's /readyz reads it.",
+        )
+
+    @property
+    def dead_letters(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.dead-letters", partitions=1, key="source offset",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(DeadLetter),
+            purpose="Messages a consumer could not process, with reason, original bytes and source offset.",
+        )
+
+    def shared_topics(self) -> list[Topic]:
+        """Topics created once per deployment (reply topics are created by each edge)."""
+        return [self.requests, self.cancellations, self.workers, self.dead_letters]
+
+    def markdown(self) -> str:
+        rows = [*self.shared_topics(), self.replies("<edge-id>")]
+        lines = [
+            "| topic | partitions | key | retention | carries | purpose |",
+            "|---|---|---|---|---|---|",
+        ]
+        for t in rows:
+            retention = f"{t.retention_ms // HOUR_MS} h" + (", compacted" if t.compacted else "")
+            lines.append(f"| `{t.name}` | {t.partitions} | {t.key} | {retention} | `{t.carries}` | {t.purpose} |")
+        return "\n".join(lines)
