@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from schemas.events import CancelRequest, DeadLetter, GenerateRequest, ReplyEvent, WorkerAnnouncement
+from schemas.events import CancelRequest, DeadLetter, GenerateRequest, WorkerAnnouncement
 
 HOUR_MS = 3_600_000
 
@@ -33,8 +33,8 @@ class Topic:
         return cfg
 
 
-def _describe(model: type[BaseModel] | object) -> str:
-    return getattr(model, "__name__", None) or "TokenChunk | Completion | ErrorEvent"
+def _describe(model: type[BaseModel]) -> str:
+    return model.__name__
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class TopicCatalog:
     def replies(self, edge_id: str) -> Topic:
         return Topic(
             name=f"{self.prefix}.replies.{edge_id}", partitions=1, key="request_id",
-            retention_ms=1 * HOUR_MS, carries=_describe(ReplyEvent),
+            retention_ms=1 * HOUR_MS, carries="TokenChunk | Completion | ErrorEvent",
             purpose="Replies for one edge (or client): each edge owns its reply topic, so it receives only its own "
             "replies; one partition keeps every request's events in order. Short retention bounds what a dead edge leaves.",
         )
