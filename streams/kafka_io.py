@@ -1,0 +1,237 @@
+"""Kafka plumbing shared by the engine worker, the edge and the CLI.
+
+One place decides how specstream talks to Kafka, so the worker and the edge
+cannot drift apart on durability settings, topic layout or wire format:
+
+* :func:`producer_options` / :func:`make_producer`: an idempotent ``acks=all``
+  producer (a reply event is either stored on all in-sync replicas or the send
+  fails; retries never duplicate it).
+* :func:`ensure_topics`: create catalog topics idempotently with the configured
+  replication factor and ``min.insync.replicas``.
+* :func:`encode` / :func:`decode` / :func:`decode_reply`: the JSON wire format
+  of the pydantic events in :mod:`schemas.events`.
+* :func:`validation_summary`: a one-line, field-naming description of a
+  pydantic validation error, used for ``ErrorEvent.message`` and dead letters.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.codec import has_lz4
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from schemas.events import ReplyEvent
+from schemas.topics import Topic
+
+log = logging.getLogger(__name__)
+
+EventT = TypeVar("EventT", bound=BaseModel)
+
+# A few milliseconds of linger lets the producer batch the chunks of many
+# concurrent requests into one request per partition, while adding far less
+# latency than one engine step (tens of ms on CPU).
+LINGER_MS = 5
+
+_REPLY_ADAPTER: TypeAdapter[Any] = TypeAdapter(ReplyEvent)
+
+
+def compression_type() -> Literal["lz4"] | None:
+    """lz4 when its codec is installed, else none.
+
+    Events are small JSON documents; compression only pays off for big batches,
+    and a codec the consumer lacks would make messages unreadable, so we never
+    require one.
+    """
+    return "lz4" if has_lz4() else None
+
+
+def producer_options(*, client_id: str, max_request_size: int = 1024 * 1024) -> dict[str, Any]:
+    """Keyword arguments for ``AIOKafkaProducer`` (and FastStream's ``KafkaBroker``, which takes the same names)."""
+    return {
+        "client_id": client_id,
+        # Idempotence makes the producer's internal retries safe: a chunk retried
+        # after a lost ack is stored once, and per-partition order is kept.
+        "enable_idempotence": True,
+        "acks": "all",
+        "linger_ms": LINGER_MS,
+        "compression_type": compression_type(),
+        "max_request_size": max_request_size,
+    }
+
+
+def make_producer(bootstrap_servers: str, *, client_id: str, max_request_size: int = 1024 * 1024) -> AIOKafkaProducer:
+    """An unstarted producer with specstream's durability settings; ``await producer.start()`` before use."""
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap_servers,
+        **producer_options(client_id=client_id, max_request_size=max_request_size),
+    )
+
+
+def request_key(request_id: str) -> bytes:
+    """Message key of every event about one request: same key, same partition, so their order is kept."""
+    return request_id.encode("utf-8")
+
+
+# --- wire format ---------------------------------------------------------------------------------------------------
+
+
+def encode(event: BaseModel) -> bytes:
+    """JSON bytes of an event, defaults included so consumers never depend on the producer's defaults."""
+    return event.model_dump_json().encode("utf-8")
+
+
+def decode(data: bytes | str, model: type[EventT]) -> EventT:
+    """Parse and validate one event; raises ``pydantic.ValidationError`` naming the offending field."""
+    return model.model_validate_json(data)
+
+
+def decode_reply(data: bytes | str) -> BaseModel:
+    """Parse one reply-topic event into ``TokenChunk``, ``Completion`` or ``ErrorEvent`` (by its ``type``)."""
+    event: BaseModel = _REPLY_ADAPTER.validate_json(data)
+    return event
+
+
+def validation_summary(error: ValidationError, *, limit: int = 3) -> str:
+    """One line naming each offending field, e.g. ``sampling.max_tokens: Input should be greater than or equal to 1``.
+
+    Unknown fields read ``unknown field 'tempreature'`` rather than pydantic's
+    "Extra inputs are not permitted", because that is what a client needs to fix.
+    """
+    parts: list[str] = []
+    errors = error.errors(include_url=False)
+    for item in errors[:limit]:
+        location = ".".join(str(part) for part in item["loc"])
+        if item["type"] == "extra_forbidden":
+            parts.append(f"unknown field '{location}'")
+        elif item["type"] == "json_invalid":
+            parts.append(f"malformed JSON: {item['ctx'].get('error', item['msg']) if item.get('ctx') else item['msg']}")
+        else:
+            # Model validators raise ValueError, which pydantic prefixes with "Value error, ".
+            message = str(item["msg"]).removeprefix("Value error, ")
+            parts.append(f"{location}: {message}" if location else message)
+    if len(errors) > limit:
+        parts.append(f"and {len(errors) - limit} more")
+    return "; ".join(parts)
+
+
+# --- topics --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicResult:
+    name: str
+    created: bool  # False: it already existed
+
+
+def _new_topic(topic: Topic, replication_factor: int, min_insync_replicas: int) -> NewTopic:
+    return NewTopic(
+        name=topic.name,
+        num_partitions=topic.partitions,
+        replication_factor=replication_factor,
+        topic_configs=topic.config(min_insync_replicas=min_insync_replicas),
+    )
+
+
+async def ensure_topics(
+    bootstrap_servers: str,
+    topics: Iterable[Topic],
+    *,
+    replication_factor: int = 1,
+    min_insync_replicas: int = 1,
+    timeout_s: float = 30.0,
+    client_id: str = "specstream-admin",
+) -> list[TopicResult]:
+    """Create the topics that do not exist yet; existing topics are left as they are.
+
+    Idempotent, so every process (CLI, worker, edge, tests) may call it at start
+    without coordinating. Raises ``KafkaError`` with a one-line message when the
+    cluster refuses a topic for another reason (e.g. fewer brokers than
+    ``replication_factor``).
+    """
+    wanted = list(topics)
+    if not wanted:
+        return []
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id, request_timeout_ms=int(timeout_s * 1000))
+    await _start_admin(admin, bootstrap_servers, timeout_s)
+    try:
+        response = await admin.create_topics(
+            [_new_topic(t, replication_factor, min_insync_replicas) for t in wanted], timeout_ms=int(timeout_s * 1000)
+        )
+        results: list[TopicResult] = []
+        for topic_error in response.to_object()["topic_errors"]:
+            name, code = topic_error["topic"], topic_error["error_code"]
+            if not code:
+                results.append(TopicResult(name, created=True))
+                continue
+            error = for_code(code)(topic_error.get("error_message") or f"error code {code}")
+            if isinstance(error, TopicAlreadyExistsError):
+                results.append(TopicResult(name, created=False))
+            else:
+                raise KafkaError(f"cannot create topic {name}: {type(error).__name__}: {error}")
+        # Creation is acknowledged by the controller before every broker knows the
+        # topic; wait until metadata shows it so the first produce does not fail.
+        await _wait_visible(admin, [t.name for t in wanted], timeout_s)
+        if any(r.created for r in results):
+            # Leaders are elected a moment before they accept writes; without
+            # this pause the first send logs a (harmless) NotLeaderForPartition retry.
+            await asyncio.sleep(0.5)
+        return results
+    finally:
+        await admin.close()
+
+
+async def list_topics(bootstrap_servers: str, *, timeout_s: float = 30.0) -> list[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="specstream-admin")
+    await _start_admin(admin, bootstrap_servers, timeout_s)
+    try:
+        return sorted(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+async def delete_topics(bootstrap_servers: str, names: Sequence[str], *, timeout_s: float = 30.0) -> None:
+    """Delete topics, ignoring those that do not exist (used for temporary reply topics)."""
+    if not names:
+        return
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="specstream-admin")
+    await _start_admin(admin, bootstrap_servers, timeout_s)
+    try:
+        existing = set(await admin.list_topics())
+        doomed = [n for n in names if n in existing]
+        if doomed:
+            await admin.delete_topics(doomed, timeout_ms=int(timeout_s * 1000))
+    finally:
+        await admin.close()
+
+
+async def _start_admin(admin: AIOKafkaAdminClient, bootstrap_servers: str, timeout_s: float) -> None:
+    try:
+        await asyncio.wait_for(admin.start(), timeout=timeout_s)
+    except (KafkaConnectionError, asyncio.TimeoutError) as error:
+        await admin.close()
+        raise KafkaConnectionError(f"cannot reach Kafka at {bootstrap_servers}: {error or 'timed out'}") from error
+
+
+async def _wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        described = await admin.describe_topics(names)
+        # A partition is usable once it has a leader (-1 means none elected yet).
+        pending = [
+            d["topic"]
+            for d in described
+            if d.get("error_code") or not d.get("partitions") or any(p.get("leader", -1) < 0 for p in d["partitions"])
+        ]
+        if not pending:
+            return
+        if loop.time() > deadline:
+            raise KafkaError(f"topics not visible after {timeout_s:.0f}s: {', '.join(pending)}")
+        await asyncio.sleep(0.1)
