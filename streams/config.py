@@ -1,0 +1,364 @@
+"""specstream's configuration: one YAML file, validated, with environment overrides.
+
+Precedence, highest first: values passed to ``Settings(...)`` in code, then
+environment variables ``SPECSTREAM_<SECTION>__<KEY>`` (``__`` nests, e.g.
+``SPECSTREAM_ENGINE__SPECULATION__ENABLED=false``), then the YAML file, then
+the defaults below. Every model forbids unknown keys so a typo fails at start
+instead of being silently ignored.
+
+:func:`load_settings` is the one entry point processes use; it turns every
+problem (unreadable file, bad YAML, unknown key, bad value) into a
+:class:`ConfigError` whose message is one line naming the key, which the CLI
+prints as ``config error: ...`` before exiting with status 2.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
+
+from schemas.topics import TopicCatalog
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+ENV_PREFIX = "SPECSTREAM_"
+ENV_NESTED_DELIMITER = "__"
+DEFAULT_CONFIG_FILE = Path("specstream.yaml")
+CONFIG_FILE_ENV = "SPECSTREAM_CONFIG"
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MIB = 1024 * 1024
+
+_TOPIC_SAFE = r"^[a-zA-Z0-9._-]+$"
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+class ConfigError(Exception):
+    """A configuration problem, described in one line that names the offending key."""
+
+
+def _parse_size(value: Any) -> Any:
+    """Accept byte sizes as numbers or as strings like ``512MiB`` / ``2GB`` (binary and decimal units)."""
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"expected a byte size such as 1048576, 512KiB or 2GB, got {value!r}")
+        return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    return value
+
+
+ByteSize = Annotated[int, BeforeValidator(_parse_size)]
+
+
+class Section(BaseModel):
+    # Frozen: settings are read by several threads (engine driver, event loop).
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class KafkaSettings(Section):
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:9092", min_length=1, description="Comma-separated host:port list of Kafka brokers."
+    )
+    topic_prefix: str = Field(
+        default="specstream", max_length=150, pattern=_TOPIC_SAFE,
+        description="Prefix of every topic name, so several deployments can share a cluster.",
+    )
+    request_partitions: int = Field(
+        default=6, ge=1, le=1000, description="Partitions of the request topic: the most workers that can share the load."
+    )
+    replication_factor: int = Field(default=1, ge=1, description="Replicas of each topic (3 on a production cluster).")
+    min_insync_replicas: int = Field(
+        default=1, ge=1, description="Replicas that must hold a write before acks=all succeeds (2 with 3 replicas)."
+    )
+    manage_local: bool = Field(
+        default=True,
+        description="`specstream up` starts a local broker when bootstrap_servers names this machine and none answers.",
+    )
+    local_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="Port of the managed local broker; null: the port in bootstrap_servers.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "KafkaSettings":
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas ({self.min_insync_replicas}) exceeds replication_factor ({self.replication_factor}):"
+                " no write could ever succeed"
+            )
+        local = self.local_bootstrap_port
+        if self.local_port is not None and local is not None and local != self.local_port:
+            raise ValueError(
+                f"local_port ({self.local_port}) differs from the port in bootstrap_servers ({local}); set only one"
+            )
+        return self
+
+    @property
+    def local_bootstrap_port(self) -> int | None:
+        """The port when bootstrap_servers is one address on this machine, else None."""
+        servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+        if len(servers) != 1:
+            return None
+        host, _, port = servers[0].rpartition(":")
+        if host.strip("[]") not in ("127.0.0.1", "localhost", "::1") or not port.isdigit():
+            return None
+        return int(port)
+
+    @property
+    def managed_port(self) -> int | None:
+        """Port of the local broker `specstream up` should start, or None when Kafka is someone else's."""
+        if not self.manage_local:
+            return None
+        return self.local_bootstrap_port
+
+
+class SpeculationSettings(Section):
+    enabled: bool = Field(default=True, description="Speculative decoding on by default; requests may turn it off.")
+    method: Literal["ngram", "draft"] = Field(
+        default="ngram", description="ngram: draft from the request's own text (no extra model); draft: a small draft model."
+    )
+    draft_model: str | None = Field(default=None, description="Name or path of the draft model (method: draft).")
+    max_draft_tokens: int = Field(default=8, gt=0, le=64, description="Most draft tokens verified per target forward.")
+    min_acceptance: float = Field(
+        default=0.3, ge=0.0, le=1.0, description="Below this acceptance rate a sequence stops speculating..."
+    )
+    probe_interval_steps: int = Field(default=16, gt=0, description="...and probes again every this many steps.")
+    ngram_min: int = Field(default=1, ge=1, description="Shortest n-gram matched when drafting (method: ngram).")
+    ngram_max: int = Field(default=4, ge=1, description="Longest n-gram matched when drafting (method: ngram).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SpeculationSettings":
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method 'draft' needs draft_model")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) exceeds ngram_max ({self.ngram_max})")
+        return self
+
+
+class EngineSettings(Section):
+    model: str = Field(
+        default=DEFAULT_MODEL, min_length=1,
+        description="A known model name, a local Hugging Face model folder or a .gguf file.",
+    )
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda or cuda:N.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(default="auto", description="Weights and KV dtype.")
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Longest prompt + completion in tokens; null: min(model context, 2048)."
+    )
+    kv_cache_bytes: ByteSize | None = Field(
+        default=None, gt=0, description="KV cache budget in bytes (e.g. 512MiB); wins over kv_cache_fraction."
+    )
+    kv_cache_fraction: float = Field(
+        default=0.3, gt=0.0, le=0.95, description="KV cache budget as a fraction of free memory."
+    )
+    max_running_requests: int = Field(default=64, ge=1, description="Most requests decoded together in one batch.")
+    max_batched_tokens: int = Field(default=512, ge=16, description="Most tokens (prefill + decode) in one engine step.")
+    speculation: SpeculationSettings = Field(default_factory=SpeculationSettings)
+
+    def to_engine_config(self) -> EngineConfig:
+        """The engine's own (plain dataclass) configuration."""
+        # Imported here: reading or checking a config must not import torch.
+        from engine.config import EngineConfig, SpeculationConfig
+
+        spec = self.speculation
+        return EngineConfig(
+            model=self.model,
+            device=self.device,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            kv_cache_bytes=self.kv_cache_bytes,
+            kv_cache_fraction=self.kv_cache_fraction,
+            max_running_requests=self.max_running_requests,
+            max_batched_tokens=self.max_batched_tokens,
+            speculation=SpeculationConfig(
+                enabled=spec.enabled,
+                method=spec.method,
+                draft_model=spec.draft_model,
+                max_draft_tokens=spec.max_draft_tokens,
+                min_acceptance=spec.min_acceptance,
+                probe_interval_steps=spec.probe_interval_steps,
+                ngram_min=spec.ngram_min,
+                ngram_max=spec.ngram_max,
+            ),
+        )
+
+
+class WorkerSettings(Section):
+    id: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=_TOPIC_SAFE,
+        description="Worker id in announcements and dead letters; null: <hostname>-<pid>.",
+    )
+    group_id: str | None = Field(
+        default=None, min_length=1, description="Consumer group of the request topic; null: <topic_prefix>.engine-workers."
+    )
+    max_message_bytes: ByteSize = Field(
+        default=MIB, ge=1024, description="Larger request messages are rejected (message_too_large) and dead-lettered."
+    )
+    heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between `ready` announcements on the workers topic.")
+    max_inflight: int = Field(
+        default=128, ge=1, description="Most requests held (running + queued); beyond it the worker stops reading requests."
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On shutdown, seconds to finish running requests before aborting the rest."
+    )
+
+    def resolved_id(self) -> str:
+        if self.id:
+            return self.id
+        host = re.sub(r"[^a-zA-Z0-9._-]+", "-", socket.gethostname()).strip("-.") or "worker"
+        return f"{host}-{os.getpid()}"
+
+    def resolved_group_id(self, topic_prefix: str) -> str:
+        return self.group_id or f"{topic_prefix}.engine-workers"
+
+
+class EdgeSettings(Section):
+    host: str = Field(default="127.0.0.1", min_length=1, description="Address the HTTP/websocket edge listens on.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port the edge listens on.")
+    edge_id: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=_TOPIC_SAFE,
+        description="Names this edge's reply topic <topic_prefix>.replies.<edge_id>; null: <hostname>-<port>.",
+    )
+    request_timeout_s: float | None = Field(
+        default=120.0, gt=0, description="End-to-end limit of a request, sent as its deadline; null: none."
+    )
+    deadline_grace_s: float = Field(
+        default=5.0, ge=0, description="Extra seconds the edge waits past a deadline for the worker's own reply."
+    )
+    ready_heartbeats: int = Field(
+        default=3, ge=1, description="/readyz counts a worker alive within this many worker heartbeats."
+    )
+    max_tokens_default: int = Field(default=128, ge=1, le=32768, description="max_tokens when a client gives none.")
+    startup_timeout_s: float = Field(default=30.0, gt=0, description="Seconds the edge waits for Kafka at start.")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    edge: EdgeSettings = Field(default_factory=EdgeSettings)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # No .env or secrets files: one YAML file plus the environment is the whole story.
+        return init_settings, env_settings, _YamlSource(settings_cls)
+
+    @property
+    def catalog(self) -> TopicCatalog:
+        return TopicCatalog(prefix=self.kafka.topic_prefix, request_partitions=self.kafka.request_partitions)
+
+
+# The file's contents for the Settings() call in progress. A context variable
+# rather than a class attribute so concurrent loads (tests) cannot mix files.
+_yaml_data: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("specstream_yaml_data", default={})
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Lowest-priority source: the YAML file read by :func:`load_settings`."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return _yaml_data.get().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_yaml_data.get())
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """The file to read: the explicit one, else $SPECSTREAM_CONFIG, else ./specstream.yaml if present, else none."""
+    if explicit is not None:
+        return Path(explicit)
+    from_env = os.environ.get(CONFIG_FILE_ENV)
+    if from_env:
+        return Path(from_env)
+    return DEFAULT_CONFIG_FILE if DEFAULT_CONFIG_FILE.is_file() else None
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections (kafka, engine, worker, edge), got {type(data).__name__}")
+    return data
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Read, merge and validate the configuration; raises :class:`ConfigError` with a one-line message."""
+    file = config_path(path)
+    data = read_yaml(file) if file is not None else {}
+    token = _yaml_data.set(data)
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise ConfigError(describe_errors(error, file)) from None
+    except SettingsError as error:
+        # Raised for environment values that are not valid JSON for a complex field.
+        raise ConfigError(str(error).splitlines()[0]) from None
+    finally:
+        _yaml_data.reset(token)
+
+
+def describe_errors(error: ValidationError, file: Path | None = None) -> str:
+    """One line naming each bad key, e.g. ``engine.speculation.max_draft_tokens: Input should be greater than 0``."""
+    parts = []
+    for item in error.errors(include_url=False):
+        loc = tuple(str(p) for p in item["loc"])
+        key = ".".join(loc)
+        if item["type"] == "extra_forbidden":
+            message = f"{key}: unknown key" + _known_keys_hint(loc[:-1])
+        else:
+            message = f"{key}: {str(item['msg']).removeprefix('Value error, ')}" if key else str(item["msg"])
+        env_name = ENV_PREFIX + ENV_NESTED_DELIMITER.join(loc).upper()
+        if loc and env_name in os.environ:
+            message += f" (from ${env_name})"
+        elif file is not None:
+            message += f" (in {file})"
+        parts.append(message)
+    return "; ".join(parts)
+
+
+def _known_keys_hint(section: tuple[str, ...]) -> str:
+    model: type[BaseModel] = Settings
+    for name in section:
+        annotation = model.model_fields[name].annotation if name in model.model_fields else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return ""
+        model = annotation
+    where = ".".join(section) or "top level"
+    return f" (valid at {where}: {', '.join(model.model_fields)})"
