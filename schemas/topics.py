@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from schemas.events import CancelRequest, DeadLetter, GenerateRequest, WorkerAnnouncement
 
 HOUR_MS = 3_600_000
+DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,15 @@ class Topic:
     carries: str
     purpose: str
     compacted: bool = False
+    # Topic-level max.message.bytes; None keeps the broker's default (about 1 MiB).
+    max_message_bytes: int | None = None
 
     def config(self, min_insync_replicas: int | None = None) -> dict[str, str]:
         cfg = {"retention.ms": str(self.retention_ms)}
         if self.compacted:
             cfg["cleanup.policy"] = "compact"
+        if self.max_message_bytes is not None:
+            cfg["max.message.bytes"] = str(self.max_message_bytes)
         if min_insync_replicas is not None:
             cfg["min.insync.replicas"] = str(min_insync_replicas)
         return cfg
@@ -82,6 +87,8 @@ class TopicCatalog:
             name=f"{self.prefix}.dead-letters", partitions=1, key="source offset",
             retention_ms=7 * 24 * HOUR_MS, carries=_describe(DeadLetter),
             purpose="Messages a consumer could not process, with reason, original bytes and source offset.",
+            # Room for the base64 copy (4/3 of the size) of a request that was itself at the broker's size limit.
+            max_message_bytes=DEAD_LETTER_MAX_BYTES,
         )
 
     def shared_topics(self) -> list[Topic]:
