@@ -1,0 +1,78 @@
+"""The edge: a thin ASGI service between clients and the Kafka bus.
+
+It does no model work. For every client request it publishes a
+``GenerateRequest`` to the request topic and relays the ``TokenChunk`` /
+``Completion`` / ``ErrorEvent`` events that workers send to its own reply
+topic (see :mod:`streams.edge.replies` for the routing design).
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models`` (:mod:`streams.edge.openai_api`), websocket ``/v1/ws``
+(:mod:`streams.edge.ws`), ``GET /healthz`` (the process is alive) and
+``GET /readyz`` (200 when Kafka is reachable and a worker announced ready
+recently, else 503 with the reason; :mod:`streams.edge.readiness`).
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from streams.edge import errors, openai_api, ws
+from streams.edge.core import Edge
+from streams.edge.settings import EdgeOptions
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Any = None) -> FastAPI:
+    """The edge's ASGI app. ``settings``: a streams.config.Settings, an EdgeOptions, or None (load_settings())."""
+    edge_settings = EdgeOptions.from_settings(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        edge = Edge(edge_settings)
+        app.state.edge = edge
+        await edge.start()
+        try:
+            yield
+        finally:
+            await edge.stop()
+
+    app = FastAPI(title="specstream edge", version="0.1.0", lifespan=lifespan)
+    app.state.settings = edge_settings
+
+    @app.exception_handler(errors.EdgeError)
+    async def _edge_error(request: Request, exc: errors.EdgeError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = errors.EdgeError(exc.status_code, str(exc.detail), code=None).body()
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {"status": "ok", "edge_id": edge_settings.edge_id}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        state = await request.app.state.edge.ready_state()
+        body = {**state.body(), "edge_id": edge_settings.edge_id}
+        return JSONResponse(body, status_code=200 if state.ready else 503)
+
+    app.include_router(openai_api.router)
+    app.include_router(ws.router)
+    return app
+
+
+def run_edge(settings: Any = None, **overrides: Any) -> None:
+    """Serve the edge with uvicorn on settings.edge host:port (default 127.0.0.1:8000) until interrupted."""
+    import uvicorn
+
+    edge_settings = EdgeOptions.from_settings(settings, **overrides)
+    log.info("edge %s on http://%s:%d", edge_settings.edge_id, edge_settings.host, edge_settings.port)
+    uvicorn.run(create_app(edge_settings), host=edge_settings.host, port=edge_settings.port, log_level="info")

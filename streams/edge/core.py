@@ -1,0 +1,132 @@
+"""The edge's Kafka side as one object: connect, submit a request, disconnect.
+
+:class:`Edge` owns the publisher, the reply router and the readiness tracker.
+``start()`` connects in the background and keeps retrying while Kafka is
+unreachable, so the HTTP server is up (``/healthz`` 200, ``/readyz`` 503 with
+the reason) before the bus is; ``submit()`` registers a request with the
+router *before* publishing it, so no reply can arrive unrouted.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from schemas.events import GenerateRequest
+from streams.edge import errors
+from streams.kafka_io import ensure_topics
+from streams.edge.publisher import Publisher
+from streams.edge.readiness import Readiness, ReadyState
+from streams.edge.replies import ReplyRouter, ReplyStream
+from streams.edge.settings import EdgeOptions
+
+log = logging.getLogger(__name__)
+
+
+class Edge:
+    def __init__(self, settings: EdgeOptions) -> None:
+        self.settings = settings
+        self.publisher = Publisher(settings)
+        self.router = ReplyRouter(settings)
+        self.readiness = Readiness(settings)
+        self.connected = asyncio.Event()
+        self.last_error: str = "not connected yet"
+        self._connect_task: asyncio.Task | None = None
+        self.started_at = time.time()
+
+    @property
+    def edge_id(self) -> str:
+        return self.settings.edge_id
+
+    @property
+    def reply_topic(self) -> str:
+        return self.router.reply_topic
+
+    async def start(self, *, wait_s: float | None = None) -> None:
+        """Start connecting; wait up to ``wait_s`` (default: settings.startup_timeout_s) for it to finish."""
+        self._connect_task = asyncio.create_task(self._connect_forever(), name=f"edge-connect-{self.edge_id}")
+        wait_s = self.settings.startup_timeout_s if wait_s is None else wait_s
+        try:
+            await asyncio.wait_for(asyncio.shield(self.connected.wait()), timeout=wait_s)
+        except TimeoutError:
+            log.warning("edge %s: not connected to Kafka after %.0f s (%s); serving 503 until it is",
+                        self.edge_id, wait_s, self.last_error)
+
+    async def _connect_forever(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self._connect_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.last_error = f"cannot connect to Kafka at {self.settings.bootstrap_servers}: {exc!r}"
+                log.warning("edge %s: %s; retrying in %.1f s", self.edge_id, self.last_error, delay)
+                await self._stop_parts()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.last_error = ""
+            self.connected.set()
+            log.info("edge %s connected: requests -> %s, replies <- %s",
+                     self.edge_id, self.publisher.request_topic, self.reply_topic)
+            return
+
+    async def _connect_once(self) -> None:
+        s = self.settings
+        await ensure_topics(
+            s.bootstrap_servers, s.catalog.shared_topics(),
+            replication_factor=s.replication_factor, min_insync_replicas=s.min_insync_replicas,
+            client_id=f"{s.client_id}-{s.edge_id}-admin",
+        )
+        await self.publisher.start()
+        await self.router.start()
+        await self.readiness.start()
+
+    async def _stop_parts(self) -> None:
+        for part in (self.readiness, self.router, self.publisher):
+            try:
+                await part.stop()
+            except Exception:
+                log.exception("edge %s: stopping %s failed", self.edge_id, type(part).__name__)
+
+    async def stop(self) -> None:
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+            try:
+                await self._connect_task
+            except (asyncio.CancelledError, Exception):
+                pass
+        self.connected.clear()
+        await self._stop_parts()
+
+    async def ready_state(self) -> ReadyState:
+        if not self.connected.is_set():
+            return ReadyState(False, self.last_error or "connecting to Kafka")
+        return await self.readiness.state(router_running=self.router.started.is_set())
+
+    async def submit(self, request: GenerateRequest) -> ReplyStream:
+        """Register the request with the router, then publish it. Returns its reply stream."""
+        if not self.connected.is_set():
+            raise errors.not_ready(self.last_error or "not connected to Kafka")
+        stream = self.router.open(request.request_id, deadline=request.deadline)
+        try:
+            await asyncio.wait_for(self.publisher.publish_request(request), timeout=10.0)
+        except asyncio.CancelledError:
+            # The client went away while we published; the request may be on the bus already.
+            stream.close()
+            self.publisher.cancel_soon(request.request_id)
+            raise
+        except Exception as exc:
+            stream.close()
+            log.warning("edge %s: publishing %s failed: %r", self.edge_id, request.request_id, exc)
+            raise errors.not_ready(f"could not publish the request to Kafka: {exc!r}") from None
+        return stream
+
+    def abandon(self, stream: ReplyStream, reason: str = "client disconnected") -> None:
+        """The client of an unfinished request is gone: stop routing it and tell the workers. Idempotent."""
+        if stream.closed:
+            return
+        stream.close()
+        if not stream.finished:
+            self.publisher.cancel_soon(stream.request_id, reason)

@@ -1,0 +1,124 @@
+"""Errors the edge returns, in OpenAI's error shape, and where they come from.
+
+Every error a client sees is an :class:`EdgeError`: an HTTP status plus the
+body ``{"error": {"message", "type", "param", "code"}}``. They come from three
+places: the client's own input (invalid JSON, a pydantic validation error,
+an unknown model), the worker (an ``ErrorEvent`` on the reply topic, mapped by
+its ``code``), and the edge itself (deadline passed without a reply, Kafka
+unavailable).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.events import ErrorEvent
+
+
+class EdgeError(Exception):
+    def __init__(
+        self, status: int, message: str, *, type: str = "invalid_request_error",
+        param: str | None = None, code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def __repr__(self) -> str:
+        return f"EdgeError({self.status}, {self.code!r}, {self.message!r}, param={self.param!r})"
+
+
+def invalid_json(detail: str) -> EdgeError:
+    return EdgeError(
+        400, f"We could not parse the JSON body of your request: {detail}. "
+        "The request body must be a JSON object.", code="invalid_json",
+    )
+
+
+def model_not_found(model: str, served: tuple[str, ...]) -> EdgeError:
+    return EdgeError(
+        404, f"The model `{model}` does not exist or you do not have access to it. "
+        f"Served models: {', '.join(served) or 'none'}.", param="model", code="model_not_found",
+    )
+
+
+def not_ready(reason: str) -> EdgeError:
+    return EdgeError(503, f"The service is not ready: {reason}", type="server_error", code="service_unavailable")
+
+
+def reply_timeout(request_id: str) -> EdgeError:
+    return EdgeError(
+        504, f"No reply to request {request_id} before its deadline; it was cancelled.",
+        type="timeout_error", code="deadline_exceeded",
+    )
+
+
+def loc_to_param(loc: tuple[Any, ...]) -> str:
+    """('messages', 0, 'content') -> 'messages[0].content'."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def from_validation_error(exc: ValidationError, *, loc_prefix_drop: tuple[str, ...] = ()) -> EdgeError:
+    """The first error of a pydantic validation, naming its field."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(p for p in err["loc"] if p not in loc_prefix_drop)
+    # pydantic puts the union member's tag in the location ("str", "list[str]"); drop those.
+    loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int", "float", "bool"})))
+    param = loc_to_param(loc) or None
+    if err["type"] == "extra_forbidden":
+        return EdgeError(400, f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")
+    if err["type"] == "missing":
+        return EdgeError(400, f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    where = f"'{param}'" if param else "request body"
+    return EdgeError(400, f"Invalid value for {where}: {message}", param=param, code="invalid_value")
+
+
+# Worker error codes -> (HTTP status, OpenAI error type).
+_WORKER_ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_request_error"),
+    "unknown_model": (404, "invalid_request_error"),
+    "context_length_exceeded": (400, "invalid_request_error"),
+    "message_too_large": (413, "invalid_request_error"),
+    "deadline_exceeded": (504, "timeout_error"),
+    "cancelled": (499, "invalid_request_error"),
+    "overloaded": (503, "server_error"),
+    "internal_error": (500, "server_error"),
+    "unsupported_schema_version": (500, "server_error"),
+}
+
+
+def from_worker_error(event: ErrorEvent, *, input_param: str = "messages") -> EdgeError:
+    """Map a worker's ErrorEvent to the status and shape an OpenAI client expects.
+
+    ``input_param`` is the name of the prompt field in the client's API
+    ("messages" for chat, "prompt" for completions). For
+    ``context_length_exceeded`` the param is ``max_tokens`` when the worker
+    says the prompt fits but not with the requested completion, else the
+    prompt field.
+    """
+    status, type_ = _WORKER_ERRORS.get(event.code, (500, "server_error"))
+    code: str = event.code
+    param: str | None = None
+    if event.code == "unknown_model":
+        code, param = "model_not_found", "model"
+    elif event.code == "context_length_exceeded":
+        param = "max_tokens" if "max_tokens" in event.message else input_param
+    elif event.code == "message_too_large":
+        param = input_param
+    return EdgeError(status, event.message, type=type_, param=param, code=code)

@@ -1,0 +1,234 @@
+"""OpenAI-compatible HTTP routes: /v1/chat/completions, /v1/completions, /v1/models.
+
+Bodies are parsed by hand (not by FastAPI) so every input error is a precise
+OpenAI-shaped 4xx: invalid JSON, an unknown field (named in ``param``), an
+unknown model (404 ``model_not_found``). Worker errors (``ErrorEvent``) become
+the status their code calls for (see :mod:`streams.edge.errors`).
+
+With ``stream: true`` the edge waits for the request's first event before it
+sends the response headers, so an error the worker reports up front (context
+too long, unknown model) is still a proper 4xx; after that, chunks go out as
+Server-Sent Events in OpenAI's chunk format, ending with ``data: [DONE]``; an
+error after the first chunk is sent as ``data: {"error": {...}}``.
+
+A client that goes away (an aborted stream, or a dropped connection while a
+non-streamed request runs) makes the edge publish a ``CancelRequest``.
+Speculation statistics travel in an extra ``specstream`` field that OpenAI
+clients ignore.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from schemas.events import Completion, ErrorEvent, GenerateRequest, TokenChunk
+from streams.edge import errors
+from streams.edge.core import Edge
+from streams.edge.intake import (
+    ChatCompletionBody, CompletionBody, build_request, parse_json_body, validate_body,
+)
+from streams.edge.replies import ReplyStream, ReplyTimeout
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    pass
+
+
+def _edge(request: Request) -> Edge:
+    return request.app.state.edge
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    edge = _edge(request)
+    return {"object": "list", "data": [_model_card(m, edge) for m in edge.settings.models]}
+
+
+@router.get("/v1/models/{model:path}")
+async def get_model(model: str, request: Request) -> dict[str, Any]:
+    edge = _edge(request)
+    if model not in edge.settings.models:
+        raise errors.model_not_found(model, edge.settings.models)
+    return _model_card(model, edge)
+
+
+def _model_card(model: str, edge: Edge) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": int(edge.started_at), "owned_by": "specstream"}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, ChatCompletionBody, chat=True)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    return await _generate(request, CompletionBody, chat=False)
+
+
+async def _generate(request: Request, body_model: type, *, chat: bool) -> Response:
+    edge = _edge(request)
+    body = validate_body(body_model, parse_json_body(await request.body()))
+    gen = build_request(
+        body, edge.settings, edge.reply_topic,
+        traceparent=request.headers.get("traceparent"), tracestate=request.headers.get("tracestate"),
+    )
+    stream = await edge.submit(gen)
+    input_param = "messages" if chat else "prompt"
+    try:
+        if not body.stream:
+            try:
+                final = await _unless_disconnected(request, _final_event(stream))
+            except ReplyTimeout:
+                edge.abandon(stream, "deadline passed at the edge")
+                raise errors.reply_timeout(gen.request_id) from None
+            if isinstance(final, ErrorEvent):
+                raise errors.from_worker_error(final, input_param=input_param)
+            return JSONResponse(_full_response(gen, final, chat=chat, edge=edge))
+
+        events = stream.events()
+        try:
+            first = await _unless_disconnected(request, anext(events))
+        except ReplyTimeout:
+            edge.abandon(stream, "deadline passed at the edge")
+            raise errors.reply_timeout(gen.request_id) from None
+        if isinstance(first, ErrorEvent):
+            raise errors.from_worker_error(first, input_param=input_param)
+    except ClientGone:
+        edge.abandon(stream)
+        return Response(status_code=499)
+    except BaseException:
+        edge.abandon(stream) if not stream.finished else stream.close()
+        raise
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=include_usage, input_param=input_param)
+    return StreamingResponse(sse, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
+
+
+async def _final_event(stream: ReplyStream) -> Completion | ErrorEvent:
+    async for event in stream:
+        if not isinstance(event, TokenChunk):
+            return event
+    raise RuntimeError("reply stream ended without a final event")  # pragma: no cover
+
+
+async def _until_disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable``; raise ClientGone (and cancel it) if the client disconnects first."""
+    task = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    raise ClientGone()
+
+
+def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": final.text}
+    else:
+        choice["text"] = final.text
+    return {
+        "id": gen.request_id,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(gen.created_at or time.time()),
+        "model": gen.model,
+        "choices": [choice],
+        "usage": final.usage.model_dump(),
+        "system_fingerprint": None,
+        "specstream": _extras(final, edge),
+    }
+
+
+def _extras(final: Completion, edge: Edge) -> dict[str, Any]:
+    return {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
+            "num_chunks": final.num_chunks}
+
+
+def _data(obj: Any) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def _sse(
+    edge: Edge, gen: GenerateRequest, stream: ReplyStream, first: TokenChunk | Completion,
+    events: AsyncIterator, *, chat: bool, include_usage: bool, input_param: str,
+) -> AsyncIterator[str]:
+    created = int(gen.created_at or time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish_reason: str | None, *, role: bool = False, extra: dict | None = None) -> dict:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        if chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        out = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model, "choices": [choice]}
+        if include_usage:
+            out["usage"] = None
+        if extra is not None:
+            out["specstream"] = extra
+        return out
+
+    try:
+        if chat:
+            yield _data(chunk("", None, role=True))
+
+        async def all_events() -> AsyncIterator:
+            yield first
+            async for e in events:
+                yield e
+
+        async for event in all_events():
+            if isinstance(event, TokenChunk):
+                if event.text:
+                    yield _data(chunk(event.text, None, extra={"index": event.index, "spec": event.spec.model_dump()}))
+            elif isinstance(event, Completion):
+                yield _data(chunk(None if chat else "", event.finish_reason, extra=_extras(event, edge)))
+                if include_usage:
+                    usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,
+                             "choices": [], "usage": event.usage.model_dump()}
+                    yield _data(usage)
+            else:
+                error = errors.from_worker_error(event, input_param=input_param)
+                yield _data(error.body())
+        yield "data: [DONE]\n\n"
+    except ReplyTimeout:
+        edge.abandon(stream, "deadline passed at the edge")
+        yield _data(errors.reply_timeout(gen.request_id).body())
+        yield "data: [DONE]\n\n"
+    finally:
+        # Reached with the stream unfinished when the client aborted (this generator is cancelled).
+        if stream.finished:
+            stream.close()
+        else:
+            edge.abandon(stream)

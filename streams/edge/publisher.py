@@ -1,0 +1,84 @@
+"""Publishing the edge's two kinds of events: requests and cancellations.
+
+``GenerateRequest`` goes to the request topic keyed by ``request_id`` (so a
+request's redeliveries land on the same partition and workers share the
+partitions as one consumer group); its ``reply_to`` names this edge's reply
+topic. ``CancelRequest`` goes to the cancellations topic when a client goes
+away before its request finished. Cancellation is fire-and-forget: it is
+scheduled as a task the publisher keeps a reference to, so it still goes out
+when the code that noticed the disconnect is itself being cancelled.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaProducer
+
+from schemas.events import CancelRequest, GenerateRequest
+from streams.kafka_io import encode, make_producer, request_key
+from streams.edge.settings import EdgeOptions
+
+log = logging.getLogger(__name__)
+
+
+class Publisher:
+    def __init__(self, settings: EdgeOptions) -> None:
+        self.settings = settings
+        catalog = settings.catalog
+        self.request_topic = catalog.requests.name
+        self.cancel_topic = catalog.cancellations.name
+        self._producer: AIOKafkaProducer | None = None
+        self._pending: set[asyncio.Task] = set()
+        self.cancels_sent = 0
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise RuntimeError("publisher is not started")
+        return self._producer
+
+    async def start(self) -> None:
+        producer = make_producer(self.settings.bootstrap_servers,
+                                 client_id=f"{self.settings.client_id}-{self.settings.edge_id}")
+        try:
+            await producer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        self._producer = producer
+
+    async def stop(self) -> None:
+        if self._pending:
+            await asyncio.wait(self._pending, timeout=2.0)
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def publish_request(self, request: GenerateRequest) -> None:
+        """Publish and wait until the broker acknowledged it."""
+        await self.producer.send_and_wait(
+            self.request_topic, encode(request), key=request_key(request.request_id),
+        )
+
+    async def publish_cancel(self, request_id: str, reason: str = "client disconnected") -> None:
+        await self.producer.send_and_wait(
+            self.cancel_topic, encode(CancelRequest(request_id=request_id, reason=reason)),
+            key=request_key(request_id),
+        )
+        self.cancels_sent += 1
+        log.info("cancelled request %s (%s)", request_id, reason)
+
+    def cancel_soon(self, request_id: str, reason: str = "client disconnected") -> None:
+        """Schedule a CancelRequest without awaiting it; safe to call from code being cancelled."""
+        if self._producer is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._cancel_logged(request_id, reason))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _cancel_logged(self, request_id: str, reason: str) -> None:
+        try:
+            await self.publish_cancel(request_id, reason)
+        except Exception:  # the client is gone; nobody to tell but the log
+            log.exception("could not publish cancellation of %s", request_id)

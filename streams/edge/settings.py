@@ -1,0 +1,91 @@
+"""What the edge reads from the project settings, as one flat, frozen object.
+
+:class:`EdgeOptions` is built from :class:`streams.config.Settings` (sections
+``kafka``, ``edge``, ``worker``, ``engine``) by :meth:`EdgeOptions.from_settings`;
+tests may also construct one directly. The served model list is
+``engine.model``; the worker heartbeat that /readyz counts in is
+``worker.heartbeat_s``.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from schemas.topics import TopicCatalog
+from streams.config import DEFAULT_MODEL, Settings, load_settings
+
+_TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
+
+
+def default_edge_id(host: str, port: int) -> str:
+    """``<hostname>-<port>``, usable inside a topic name; the host itself when it names a specific interface."""
+    name = socket.gethostname() if host in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost", "") else host
+    return _TOPIC_UNSAFE.sub("-", f"{name}-{port}").strip("-.") or f"edge-{port}"
+
+
+@dataclass(frozen=True)
+class EdgeOptions:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: str = "specstream"
+    request_partitions: int = 6
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    edge_id: str = ""  # empty: <hostname>-<port>
+    models: tuple[str, ...] = (DEFAULT_MODEL,)
+    request_timeout_s: float | None = 120.0  # becomes each request's deadline; None: no deadline
+    deadline_grace_s: float = 5.0  # the edge waits this much past the deadline for the worker's own reply
+    heartbeat_s: float = 5.0  # workers announce this often...
+    ready_heartbeats: int = 3  # ...and count as alive within this many heartbeats
+    max_tokens_default: int = 128
+    startup_timeout_s: float = 30.0
+    client_id: str = "specstream-edge"
+
+    def __post_init__(self) -> None:
+        edge_id = _TOPIC_UNSAFE.sub("-", self.edge_id or default_edge_id(self.host, self.port)).strip("-.")
+        if not edge_id:
+            raise ValueError(f"edge id {self.edge_id!r} has no character usable in a topic name")
+        object.__setattr__(self, "edge_id", edge_id)
+        object.__setattr__(self, "models", tuple(self.models))
+
+    @property
+    def catalog(self) -> TopicCatalog:
+        return TopicCatalog(prefix=self.topic_prefix, request_partitions=self.request_partitions)
+
+    @property
+    def reply_topic(self) -> str:
+        return self.catalog.replies(self.edge_id).name
+
+    @classmethod
+    def from_settings(cls, settings: "Settings | EdgeOptions | None" = None, **overrides: Any) -> "EdgeOptions":
+        """From the project settings (None: :func:`streams.config.load_settings`), with keyword overrides."""
+        if isinstance(settings, EdgeOptions):
+            return replace(settings, **overrides) if overrides else settings
+        if settings is None:
+            settings = load_settings()
+        kafka, edge = settings.kafka, settings.edge
+        values: dict[str, Any] = dict(
+            bootstrap_servers=kafka.bootstrap_servers,
+            topic_prefix=kafka.topic_prefix,
+            request_partitions=kafka.request_partitions,
+            replication_factor=kafka.replication_factor,
+            min_insync_replicas=kafka.min_insync_replicas,
+            host=edge.host,
+            port=edge.port,
+            edge_id=edge.edge_id or "",
+            models=(settings.engine.model,),
+            request_timeout_s=edge.request_timeout_s,
+            deadline_grace_s=edge.deadline_grace_s,
+            heartbeat_s=settings.worker.heartbeat_s,
+            ready_heartbeats=edge.ready_heartbeats,
+            max_tokens_default=edge.max_tokens_default,
+            startup_timeout_s=edge.startup_timeout_s,
+        )
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown edge option(s): {', '.join(sorted(unknown))}")
+        values.update(overrides)
+        return cls(**values)

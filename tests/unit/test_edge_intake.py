@@ -1,0 +1,151 @@
+"""Edge logic that needs no broker: client input -> GenerateRequest, error mapping, reply-stream ordering."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from schemas.events import Completion, ErrorEvent, TokenChunk, Timings, Usage
+from streams.config import Settings
+from streams.edge import errors
+from streams.edge.intake import (
+    ChatCompletionBody, CompletionBody, WsRequestBody, build_request, parse_json_body, validate_body,
+)
+from streams.edge.replies import ReplyRouter, ReplyTimeout
+from streams.edge.settings import EdgeOptions, default_edge_id
+from streams.kafka_io import encode
+
+MODEL = "smollm2-135m-instruct"
+OPTS = EdgeOptions(edge_id="e1", request_timeout_s=30.0, max_tokens_default=17)
+
+
+def chat(**kw):
+    return validate_body(ChatCompletionBody, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kw})
+
+
+def test_options_from_project_settings():
+    s = Settings(kafka={"topic_prefix": "p"}, edge={"port": 8123, "edge_id": "edge-7"}, worker={"heartbeat_s": 2.0})
+    o = EdgeOptions.from_settings(s)
+    assert (o.topic_prefix, o.port, o.edge_id, o.heartbeat_s, o.models) == ("p", 8123, "edge-7", 2.0, (MODEL,))
+    assert o.reply_topic == "p.replies.edge-7"
+    assert EdgeOptions.from_settings(Settings()).edge_id == default_edge_id("127.0.0.1", 8000)
+    assert EdgeOptions(host="10.0.0.5", port=9000).edge_id == "10.0.0.5-9000"
+
+
+def test_edge_assigns_id_seed_deadline_and_reply_topic():
+    now = 1_000.0
+    a = build_request(chat(), OPTS, "x.replies.e1", now=now)
+    b = build_request(chat(), OPTS, "x.replies.e1", now=now)
+    assert a.request_id.startswith("chatcmpl-") and a.request_id != b.request_id
+    assert a.sampling.seed is not None and a.sampling.seed != b.sampling.seed
+    assert a.sampling.max_tokens == 17
+    assert (a.created_at, a.deadline, a.reply_to.topic) == (now, now + 30.0, "x.replies.e1")
+    given = build_request(chat(seed=5, max_completion_tokens=3, stop="\n", temperature=0.7), OPTS, "t")
+    assert (given.sampling.seed, given.sampling.max_tokens, given.sampling.stop, given.sampling.temperature) == (
+        5, 3, ["\n"], 0.7)
+    assert build_request(chat(), EdgeOptions(request_timeout_s=None), "t").deadline is None
+
+
+def test_completion_and_ws_bodies():
+    c = build_request(validate_body(CompletionBody, {"model": MODEL, "prompt": ["once"]}), OPTS, "t")
+    assert c.prompt == "once" and c.messages is None and c.request_id.startswith("cmpl-")
+    w = validate_body(WsRequestBody, {"id": 3, "model": MODEL, "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+        {"role": "user", "content": "q"}]})
+    r = build_request(w, OPTS, "t")
+    assert r.messages[0].role == "system" and r.messages[0].content == "be brief"
+    with pytest.raises(errors.EdgeError) as info:
+        validate_body(WsRequestBody, {"model": MODEL, "prompt": "a", "messages": [{"role": "user", "content": "b"}]})
+    assert info.value.param == "messages"
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "param"),
+    [
+        (b"", "invalid_json", None),
+        (b"[1]", "invalid_json", None),
+        (b"{\"model\": ", "invalid_json", None),
+    ],
+)
+def test_body_parse_errors(raw, code, param):
+    with pytest.raises(errors.EdgeError) as info:
+        parse_json_body(raw)
+    assert (info.value.status, info.value.code, info.value.param) == (400, code, param)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, 400, "missing_required_parameter", "model"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "invalid_value",
+         "max_tokens"),
+        ({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_value", "messages[0].role"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_k": "many"}, 400, "invalid_value",
+         "top_k"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}, 400,
+         "unsupported_value", "presence_penalty"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
+         "unsupported_value", "logprobs"),
+    ],
+)
+def test_body_validation_errors_name_the_field(body, status, code, param):
+    with pytest.raises(errors.EdgeError) as info:
+        validate_body(ChatCompletionBody, body)
+    assert (info.value.status, info.value.code, info.value.param) == (status, code, param)
+
+
+def test_unknown_model_is_404():
+    with pytest.raises(errors.EdgeError) as info:
+        build_request(validate_body(CompletionBody, {"model": "gpt-9", "prompt": "x"}), OPTS, "t")
+    assert (info.value.status, info.value.code, info.value.param) == (404, "model_not_found", "model")
+    assert info.value.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "status", "param"),
+    [
+        ("context_length_exceeded", "prompt is 3000 tokens", 400, "messages"),
+        ("context_length_exceeded", "prompt + max_tokens = 5000 > 2048", 400, "max_tokens"),
+        ("invalid_request", "bad", 400, None),
+        ("message_too_large", "2 MiB", 413, "messages"),
+        ("deadline_exceeded", "late", 504, None),
+        ("overloaded", "busy", 503, None),
+        ("internal_error", "boom", 500, None),
+    ],
+)
+def test_worker_error_mapping(code, message, status, param):
+    e = errors.from_worker_error(ErrorEvent(request_id="r", code=code, message=message))
+    assert (e.status, e.param, e.code, e.message) == (status, param, code, message)
+
+
+def _completion(rid: str, text: str, n: int) -> Completion:
+    return Completion(request_id=rid, text=text, finish_reason="stop", num_chunks=n,
+                      usage=Usage(prompt_tokens=1, completion_tokens=n, total_tokens=n + 1),
+                      timings=Timings(queued_s=0, ttft_s=0, total_s=0))
+
+
+async def test_reply_stream_orders_dedupes_and_drops_unknown_ids():
+    router = ReplyRouter(OPTS)
+    stream = router.open("r1")
+    for event in [TokenChunk(request_id="r1", index=0, text="a", token_ids=[1]),
+                  TokenChunk(request_id="other", index=0, text="zz", token_ids=[9]),
+                  TokenChunk(request_id="r1", index=0, text="a", token_ids=[1]),  # a redelivery's duplicate
+                  TokenChunk(request_id="r1", index=1, text="b", token_ids=[2]),
+                  _completion("r1", "ab", 2)]:
+        router.dispatch(encode(event))
+    router.dispatch(b"{not an event")
+    got = [e async for e in stream]
+    assert [type(e).__name__ for e in got] == ["TokenChunk", "TokenChunk", "Completion"]
+    assert "".join(e.text for e in got[:-1]) == got[-1].text
+    assert (router.stats.unknown, router.stats.duplicates, router.stats.undecodable) == (1, 1, 1)
+    assert router.in_flight == 0 and stream.closed and list(router.seen) == ["r1", "other", "r1", "r1", "r1"]
+    with pytest.raises(ValueError):
+        router.open("r2"), router.open("r2")
+
+
+async def test_reply_stream_times_out_after_deadline_and_grace():
+    router = ReplyRouter(OPTS)
+    stream = router.open("late", deadline=time.time(), grace_s=0.05)
+    with pytest.raises(ReplyTimeout):
+        await asyncio.wait_for(anext(stream.events()), 5)
