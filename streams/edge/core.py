@@ -119,6 +119,8 @@ class Edge:
             raise
         except Exception as exc:
             stream.close()
+            # A timed-out send may still reach the broker later: make sure no worker spends time on it.
+            self.publisher.cancel_soon(request.request_id, "publishing failed at the edge")
             log.warning("edge %s: publishing %s failed: %r", self.edge_id, request.request_id, exc)
             raise errors.not_ready(f"could not publish the request to Kafka: {exc!r}") from None
         return stream

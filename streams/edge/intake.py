@@ -130,6 +130,9 @@ class WsRequestBody(_Common):
     messages: list[ClientMessage] | None = Field(default=None, min_length=1)
     prompt: str | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    # Accepted so a chat body can be sent unchanged; a websocket always streams.
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> "WsRequestBody":

@@ -301,6 +301,16 @@ def test_http_stream_abort_publishes_cancel(edge_a, worker):
     _wait(lambda: request_id in worker.cancelled, what="CancelRequest after the HTTP client aborted")
 
 
+def test_http_non_stream_client_gone_publishes_cancel(edge_a, worker):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "SLOW"}]}
+    before = {r.request_id for r in worker.requests}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(edge_a.base_url + "/v1/chat/completions", json=body, timeout=1.0)
+    _wait(lambda: len(worker.requests) > len(before), what="the request to reach the worker")
+    (request_id,) = {r.request_id for r in worker.requests} - before
+    _wait(lambda: request_id in worker.cancelled, what="CancelRequest after the client gave up")
+
+
 @pytest.mark.parametrize(
     ("content", "kwargs", "status", "code", "param"),
     [
