@@ -176,9 +176,14 @@ class RequestRecord:
 class StreamChecker:
     """Feeds a record chunk by chunk and checks the stream contract as it goes."""
 
-    def __init__(self, record: RequestRecord) -> None:
+    def __init__(self, record: RequestRecord, *, strict_index: bool = True) -> None:
         self.record = record
+        # strict: indices must be exactly 0, 1, 2, ... and the final count must match.
+        # Not strict (OpenAI SSE, where the edge skips chunks without text): indices must only increase,
+        # and none may reach the final count.
+        self.strict_index = strict_index
         self._expected_index = 0
+        self._max_index = -1
 
     def chunk(
         self, t: float, *, text: str = "", token_ids: list[int] | None = None, index: int | None = None,
@@ -190,11 +195,13 @@ class StreamChecker:
             return
         if index is not None:
             if index < self._expected_index:
-                rec.fail("protocol:repeat", f"chunk index {index} again (expected {self._expected_index})")
+                kind = "protocol:repeat" if index <= self._max_index and index in self._seen_indices() else "protocol:out_of_order"
+                rec.fail(kind, f"chunk index {index} after {self._expected_index - 1}")
                 return  # a duplicate is not counted twice
-            if index > self._expected_index:
+            if index > self._expected_index and self.strict_index:
                 rec.fail("protocol:gap", f"chunk index {index} after {self._expected_index - 1}")
             self._expected_index = index + 1
+            self._max_index = max(self._max_index, index)
         else:
             self._expected_index += 1
         if token_ids is None:
@@ -221,7 +228,10 @@ class StreamChecker:
         rec.completion_tokens = completion_tokens
         if server:
             rec.server.update(server)
-        if num_chunks is not None and num_chunks != len(rec.chunks):
+        if num_chunks is not None and not self.strict_index:
+            if self._max_index >= num_chunks:
+                rec.fail("protocol:extra_chunks", f"chunk index {self._max_index} but the final message counts {num_chunks} chunks")
+        elif num_chunks is not None and num_chunks != len(rec.chunks):
             rec.fail("protocol:missing_chunks" if num_chunks > len(rec.chunks) else "protocol:extra_chunks",
                      f"final message counts {num_chunks} chunks, {len(rec.chunks)} arrived")
         if completion_tokens is not None and rec.token_ids_known and completion_tokens != len(rec.token_ids):
@@ -230,6 +240,9 @@ class StreamChecker:
             rec.fail("protocol:text_mismatch", f"final text ({len(text)} chars) differs from the chunks' ({len(rec.text)} chars)")
         if finish_reason is None:
             rec.fail("protocol:no_finish_reason", "final message without finish_reason")
+
+    def _seen_indices(self) -> set[int]:
+        return {c.index for c in self.record.chunks if c.index is not None}
 
     def error(self, t: float, kind: str, message: str = "") -> None:
         rec = self.record

@@ -1,0 +1,82 @@
+"""What every backend implements, and the options they share."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+from streams.bench.record import RequestRecord, StreamChecker
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    model: str = DEFAULT_MODEL
+    base_url: str = "http://127.0.0.1:8000"  # openai and ws (ws derives ws://host:port/v1/ws)
+    endpoint: str = "auto"  # openai: auto (chat for messages, completions for prompts), chat, completions
+    ws_connections: int = 4
+    bootstrap_servers: str = "127.0.0.1:9092"  # kafka
+    topic_prefix: str = "specstream"
+    api_key: str | None = None
+    # inprocess: engine settings; None takes the project's settings (streams.config) or the engine's defaults.
+    engine_config: Any = None
+    max_connections: int = 256
+
+
+class Backend(abc.ABC):
+    """Sends one request and reads its whole stream into ``record`` through ``checker``.
+
+    ``run`` sets ``record.start`` right before sending, reports each chunk and the
+    final message to the checker with ``time.perf_counter()`` arrival times, and
+    returns when the stream is over. Failures are recorded on the record with
+    an error kind (see :mod:`streams.bench.record`), never raised, except that
+    a ``run`` cancelled by the caller's timeout raises ``CancelledError``.
+    """
+
+    name: str = "?"
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+
+    async def start(self) -> None:
+        """Connect, load, create topics: everything not to be measured."""
+
+    async def close(self) -> None:
+        pass
+
+    @abc.abstractmethod
+    async def run(self, record: RequestRecord, checker: StreamChecker) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """What the result file records about this backend."""
+        return {"backend": self.name, "model": self.options.model}
+
+    async def __aenter__(self) -> "Backend":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def error_code_of(payload: Any) -> str | None:
+    """The error code in an OpenAI error body, a websocket error message or an ErrorEvent."""
+    if not isinstance(payload, dict):
+        return None
+    inner = payload.get("error")
+    if isinstance(inner, dict):
+        return inner.get("code") or inner.get("type")
+    if isinstance(inner, str) and payload.get("code") is None:
+        return None
+    return payload.get("code")
+
+
+def error_message_of(payload: Any) -> str:
+    if isinstance(payload, dict):
+        inner = payload.get("error")
+        if isinstance(inner, dict):
+            return str(inner.get("message", inner))
+        if "message" in payload:
+            return str(payload["message"])
+    return str(payload)[:500]

@@ -1,0 +1,177 @@
+"""Straight onto the bus: GenerateRequest to the request topic, replies from a reply topic of our own.
+
+This measures worker + Kafka without the edge. The benchmark creates a reply
+topic ``<prefix>.replies.bench-<random>`` (one partition, like an edge's),
+consumes it from its end before sending anything, routes each reply event to
+its request by ``request_id``, and deletes the topic when done.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.events import ChatMessage, Completion, ErrorEvent, GenerateRequest, ReplyRoute, SamplingParams, TokenChunk
+from schemas.topics import TopicCatalog
+from streams.bench.backends.base import Backend, BackendOptions
+from streams.bench.record import RequestRecord, StreamChecker
+
+log = logging.getLogger(__name__)
+
+# Reply latency is what we measure: fetch as soon as one byte is there, and
+# do not sit on an empty fetch for long.
+CONSUMER_OPTIONS = {"fetch_min_bytes": 1, "fetch_max_wait_ms": 10}
+
+
+class KafkaBackend(Backend):
+    name = "kafka"
+
+    def __init__(self, options: BackendOptions, timeout_s: float | None = None) -> None:
+        super().__init__(options)
+        self.catalog = TopicCatalog(prefix=options.topic_prefix)
+        self.client_tag = f"bench-{uuid.uuid4().hex[:10]}"
+        self.reply_topic = self.catalog.replies(self.client_tag).name
+        self.timeout_s = timeout_s
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._routes: dict[str, asyncio.Queue[Any]] = {}
+        self.stray_events = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(), "bootstrap_servers": self.options.bootstrap_servers,
+            "request_topic": self.catalog.requests.name, "reply_topic": self.reply_topic,
+            "consumer": CONSUMER_OPTIONS,
+        }
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        from streams.kafka_io import ensure_topics, make_producer
+
+        servers = self.options.bootstrap_servers
+        await ensure_topics(servers, [self.catalog.requests, self.catalog.replies(self.client_tag)],
+                            client_id=f"{self.client_tag}-admin", timeout_s=30)
+        self._producer = make_producer(servers, client_id=self.client_tag)
+        await self._producer.start()
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=servers, client_id=f"{self.client_tag}-replies", group_id=None,
+            enable_auto_commit=False, auto_offset_reset="latest", **CONSUMER_OPTIONS,
+        )
+        await self._consumer.start()
+        tp = TopicPartition(self.reply_topic, 0)
+        self._consumer.assign([tp])
+        await self._consumer.seek_to_end(tp)
+        await self._consumer.position(tp)  # resolve the offset now, before any request is sent
+        self._reader = asyncio.create_task(self._read())
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._consumer is not None:
+            await self._consumer.stop()
+        if self._producer is not None:
+            await self._producer.stop()
+        try:
+            from streams.kafka_io import delete_topics
+
+            await delete_topics(self.options.bootstrap_servers, [self.reply_topic], timeout_s=10)
+        except Exception as error:  # noqa: BLE001 - cleanup only; the topic's retention removes it anyway
+            log.warning("could not delete reply topic %s: %s", self.reply_topic, error)
+
+    async def _read(self) -> None:
+        from streams.kafka_io import decode_reply
+
+        while True:
+            batches = await self._consumer.getmany(timeout_ms=100)
+            now = time.perf_counter()
+            for messages in batches.values():
+                for message in messages:
+                    try:
+                        event = decode_reply(message.value)
+                    except ValidationError as error:
+                        rid = _request_id_of(message.value, message.key)
+                        queue = self._routes.get(rid or "")
+                        if queue is not None:
+                            queue.put_nowait((now, ("bad_event", str(error).splitlines()[0])))
+                        else:
+                            self.stray_events += 1
+                        continue
+                    queue = self._routes.get(event.request_id or "")
+                    if queue is None:
+                        self.stray_events += 1  # a late event of a request we gave up on, or not ours
+                        continue
+                    queue.put_nowait((now, event))
+
+    def _request(self, record: RequestRecord) -> GenerateRequest:
+        req = record.request
+        sampling = SamplingParams(
+            max_tokens=req.max_tokens, temperature=req.sampling.temperature, top_p=req.sampling.top_p,
+            top_k=req.sampling.top_k, seed=req.seed, speculation=req.sampling.speculation,
+        )
+        now = time.time()
+        return GenerateRequest(
+            request_id=record.request_id,
+            prompt=req.prompt,
+            messages=[ChatMessage(**m) for m in req.messages] if req.messages is not None else None,
+            model=self.options.model,
+            sampling=sampling,
+            reply_to=ReplyRoute(topic=self.reply_topic, partition=0),
+            deadline=now + self.timeout_s if self.timeout_s else None,
+            created_at=now,
+        )
+
+    async def run(self, record: RequestRecord, checker: StreamChecker) -> None:
+        from aiokafka.errors import KafkaError
+
+        from streams.kafka_io import encode, request_key
+
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._routes[record.request_id] = queue
+        try:
+            event = self._request(record)
+            record.start = time.perf_counter()
+            try:
+                await self._producer.send_and_wait(
+                    self.catalog.requests.name, encode(event), key=request_key(record.request_id)
+                )
+            except KafkaError as error:
+                checker.error(time.perf_counter(), "kafka_send", f"{type(error).__name__}: {error}")
+                return
+            while True:
+                now, item = await queue.get()
+                if isinstance(item, tuple):
+                    checker.error(now, "protocol:bad_event", item[1])
+                    return
+                if isinstance(item, TokenChunk):
+                    checker.chunk(now, text=item.text, token_ids=list(item.token_ids), index=item.index,
+                                  drafted=item.spec.drafted, accepted=item.spec.accepted)
+                elif isinstance(item, Completion):
+                    checker.final(
+                        now, finish_reason=item.finish_reason, num_chunks=item.num_chunks, text=item.text,
+                        prompt_tokens=item.usage.prompt_tokens, completion_tokens=item.usage.completion_tokens,
+                        server={"timings": item.timings.model_dump(), "spec": item.spec.model_dump()},
+                    )
+                    return
+                elif isinstance(item, ErrorEvent):
+                    checker.error(now, f"error:{item.code}", item.message)
+                    return
+        finally:
+            self._routes.pop(record.request_id, None)
+
+
+def _request_id_of(value: bytes | None, key: bytes | None) -> str | None:
+    try:
+        data = json.loads(value or b"")
+        if isinstance(data, dict) and isinstance(data.get("request_id"), str):
+            return data["request_id"]
+    except ValueError:
+        pass
+    return key.decode("utf-8", "replace") if key else None
