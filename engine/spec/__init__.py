@@ -1,0 +1,26 @@
+"""Speculative decoding: proposers, the lossless verifier and the adaptive controller.
+
+    proposer.py    the Proposer protocol, ProposalInput, DraftProposal
+    ngram.py       NgramProposer: model-free prompt lookup
+    draft_model.py DraftModelProposer: a small model sharing the target's tokenizer
+    verifier.py    verify / verify_batch: logits [k+1, V] -> accepted tokens
+    controller.py  SpeculationController: per-request and global draft lengths
+    config.py      SpecConfig
+"""
+from engine.spec.config import SpecConfig
+from engine.spec.controller import SpecState, SpeculationController
+from engine.spec.ngram import NgramProposer
+from engine.spec.proposer import DraftProposal, ProposalInput, Proposer
+from engine.spec.verifier import verify, verify_batch
+
+__all__ = [
+    "DraftProposal",
+    "NgramProposer",
+    "ProposalInput",
+    "Proposer",
+    "SpecConfig",
+    "SpecState",
+    "SpeculationController",
+    "verify",
+    "verify_batch",
+]

@@ -1,0 +1,82 @@
+"""The interface between the engine and a draft proposer.
+
+Per step the engine asks each proposer for up to k_i draft tokens per decoding
+sequence (k_i from the speculation controller), feeds [last_token, d_1..d_k]
+to one batched target forward, verifies with `engine.spec.verifier`, and then
+tells the proposer how many tokens each sequence really has (`rollback`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from engine.request import SamplingParams
+from engine.sampler import RequestRng
+
+
+@dataclass
+class ProposalInput:
+    """One sequence to draft for.
+
+    token_ids: prompt + output so far, committed tokens only (never drafts);
+    the last element is the most recent token. Between calls it only grows,
+    except after `Proposer.rollback`.
+    num_prompt_tokens: lets a proposer compute output positions
+    (position of the first draft = len(token_ids) - num_prompt_tokens), which
+    position-keyed drafting needs; rng: the request's randomness, for proposers
+    that sample. Proposers that need neither ignore them.
+    """
+
+    seq_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+    rng: RequestRng | None = None
+
+    @property
+    def next_position(self) -> int:
+        """Output position of the first draft token."""
+        return len(self.token_ids) - self.num_prompt_tokens
+
+
+@dataclass
+class DraftProposal:
+    """Draft tokens for one sequence.
+
+    probs [k, V_target]: row i is the draft distribution q_i that tokens[i] was
+    sampled from (the verifier's rejection rule needs it). None means the
+    proposal is deterministic given the prefix (n-gram lookup, greedy or
+    coupled draft-model drafting): the verifier then uses the coupled rule,
+    whose output equals non-speculative sampling token for token.
+    """
+
+    tokens: list[int]
+    probs: Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_PROPOSAL = DraftProposal(tokens=[], probs=None)
+
+
+@runtime_checkable
+class Proposer(Protocol):
+    def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
+        """Batched across sequences: at most num_tokens[i] drafts for inputs[i].
+
+        May return fewer tokens than asked, even none (no n-gram match, or the
+        draft would run past its context); never more.
+        """
+        ...
+
+    def rollback(self, seq_id: str, num_tokens: int) -> None:
+        """The sequence now has num_tokens committed tokens: drop draft state past that."""
+        ...
+
+    def release(self, seq_id: str) -> None:
+        """The sequence is finished or aborted: free everything kept for it."""
+        ...
