@@ -1,0 +1,211 @@
+"""engine.spec.controller: per-request acceptance control and the global cost model."""
+from __future__ import annotations
+
+import pytest
+
+from engine.spec.config import SpecConfig
+from engine.spec.controller import (
+    FixedCostModel,
+    OnlineCostModel,
+    SpecState,
+    SpeculationController,
+    expected_tokens,
+)
+
+
+def cfg(**kw: object) -> SpecConfig:
+    base: dict[str, object] = {"max_draft_tokens": 6, "explore_interval_steps": 0}
+    base.update(kw)
+    return SpecConfig(**base)  # type: ignore[arg-type]
+
+
+def feed(ctl: SpeculationController, states: list[SpecState], rate: float, steps: int) -> None:
+    """Steps where each request accepts its drafts at exactly `rate` on average."""
+    for _ in range(steps):
+        ks = ctl.plan(states, base_tokens=len(states))
+        for s, k in zip(states, ks):
+            if k:
+                # Deterministic "acceptance rate": accept round(rate * k) of k.
+                ctl.observe_acceptance(s, k, min(k, round(rate * k)))
+
+
+def test_expected_tokens() -> None:
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 5) == 1.0
+
+
+def test_poor_acceptance_drives_k_down_then_off_then_probes() -> None:
+    # A step cost with a per-token part, so k trades off against acceptance.
+    ctl = SpeculationController(cfg(probe_interval_steps=10, probe_tokens=2), FixedCostModel(0.01, 0.002))
+    s = ctl.new_state("r")
+    ks: list[int] = []
+    while not s.off:
+        [k] = ctl.plan([s], base_tokens=1)
+        ks.append(k)
+        ctl.observe_acceptance(s, k, 0)  # every draft rejected
+        assert len(ks) < 100
+    assert ks[0] > 1 and ks == sorted(ks, reverse=True) and ks[-1] < ks[0]
+    off_at = ctl.step
+    # Off: no drafts until the probe is due.
+    for _ in range(9):
+        assert ctl.plan([s], base_tokens=1) == [0]
+    assert ctl.plan([s], base_tokens=1) == [2] and s.probing
+    assert ctl.step == off_at + 10
+    ctl.observe_acceptance(s, 2, 0)  # the probe fails: off again, twice as long
+    assert s.off and not s.probing and s.probe_interval == 20
+    for _ in range(19):
+        assert ctl.plan([s], base_tokens=1) == [0]
+    assert ctl.plan([s], base_tokens=1) == [2]
+    ctl.observe_acceptance(s, 2, 2)  # the text changed: the probe succeeds
+    assert not s.off and s.probe_interval == 10
+    [k] = ctl.plan([s], base_tokens=1)
+    assert k >= 1
+
+
+def test_probe_without_a_proposal_stays_due() -> None:
+    ctl = SpeculationController(cfg(probe_interval_steps=3), FixedCostModel(0.01, 0.0))
+    s = ctl.new_state("r")
+    s.off, s.next_probe_step = True, 2
+    assert ctl.plan([s], 1) == [0]
+    assert ctl.plan([s], 1) == [2]
+    ctl.observe_acceptance(s, 0, 0)  # e.g. no n-gram match: nothing tested
+    assert ctl.plan([s], 1) == [2] and s.probing
+
+
+def test_per_request_override_and_disabled_config() -> None:
+    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    on, off = ctl.new_state("a"), ctl.new_state("b", speculation=False)
+    assert ctl.plan([on, off], 2) == [6, 0]
+    ctl = SpeculationController(cfg(enabled=False), FixedCostModel(0.02, 0.0))
+    assert ctl.plan([ctl.new_state("a")], 1) == [0]
+
+
+def test_caps_bound_the_draft() -> None:
+    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    states = [ctl.new_state("a"), ctl.new_state("b")]
+    assert ctl.plan(states, 2, caps=[2, 0]) == [2, 0]
+
+
+def test_compute_bound_moderate_acceptance_turns_speculation_off() -> None:
+    # Verification cost linear in tokens, no fixed part to amortise: every draft
+    # token costs as much as a real one and is only accepted 60% of the time.
+    ctl = SpeculationController(cfg(), FixedCostModel(fixed_s=0.0005, per_token_s=0.001))
+    states = [ctl.new_state(f"r{i}") for i in range(32)]
+    feed(ctl, states, rate=0.6, steps=30)
+    assert ctl.plan(states, base_tokens=32) == [0] * 32
+    assert ctl.global_cap == 0
+
+
+def test_memory_bound_high_acceptance_drafts_the_most() -> None:
+    # Flat step cost (memory-bound decoding): drafts ride along for free.
+    ctl = SpeculationController(cfg(), FixedCostModel(fixed_s=0.03, per_token_s=0.0))
+    states = [ctl.new_state(f"r{i}") for i in range(4)]
+    feed(ctl, states, rate=0.9, steps=30)
+    assert ctl.plan(states, base_tokens=4) == [6] * 4
+    assert ctl.global_cap == 6
+
+
+def test_heterogeneous_acceptance_gets_different_k() -> None:
+    ctl = SpeculationController(cfg(), FixedCostModel(fixed_s=0.02, per_token_s=0.001))
+    good, poor = ctl.new_state("good"), ctl.new_state("poor")
+    for _ in range(30):
+        ctl.observe_acceptance(good, 6, 6)
+        ctl.observe_acceptance(poor, 4, 1)
+    kg, kp = ctl.plan([good, poor], base_tokens=2)
+    assert kg > kp
+
+
+def test_online_cost_model_fits_linear_steps() -> None:
+    model = OnlineCostModel(fixed_s=0.05, per_token_s=0.0, decay=0.98)
+    for i in range(200):
+        tokens = 8 + (i * 37) % 120
+        model.observe(tokens, 0.004 + 0.0003 * tokens, draft_s=0.0006 * 3, drafted=3)
+    c = model.costs()
+    assert c.fixed_s == pytest.approx(0.004, rel=0.05)
+    assert c.per_token_s == pytest.approx(0.0003, rel=0.02)
+    assert c.draft_per_token_s == pytest.approx(0.0006)
+
+
+def test_online_cost_model_stays_sane_without_variation() -> None:
+    model = OnlineCostModel(fixed_s=0.01, per_token_s=0.0001)
+    for _ in range(500):
+        model.observe(64, 0.02, 0.0, 0)
+    c = model.costs()
+    assert c.fixed_s >= 0 and c.per_token_s >= 0
+    assert c.step_time(64, 0) == pytest.approx(0.02, rel=0.02)
+
+
+def test_measured_roofline_backs_off_at_large_batch() -> None:
+    """Closed loop with the online model: step time = max(flat, linear) like a
+    GPU roofline. Small batches stay memory-bound (speculate), large batches
+    become compute-bound (stop), purely from measured step times."""
+
+    def step_time(tokens: int) -> float:
+        return max(0.02, 0.0004 * tokens)  # knee at 50 tokens
+
+    def run(batch: int) -> int:
+        ctl = SpeculationController(cfg(explore_interval_steps=10))
+        states = [ctl.new_state(f"r{i}") for i in range(batch)]
+        for _ in range(155):  # ends away from an exploration step (every 10th)
+            ks = ctl.plan(states, base_tokens=batch)
+            drafted = sum(ks)
+            ctl.observe_step(batch + drafted, step_time(batch + drafted), 0.0, drafted)
+            for s, k in zip(states, ks):
+                if k:
+                    ctl.observe_acceptance(s, k, round(0.7 * k))
+        return ctl.global_cap
+
+    assert run(4) >= 3
+    assert run(256) == 0
+
+
+def test_not_adaptive_gives_max() -> None:
+    ctl = SpeculationController(cfg(adaptive=False), FixedCostModel(0.0, 1.0))
+    assert ctl.plan([ctl.new_state("a")], 1) == [6]
+
+
+def test_telemetry_exposes_state() -> None:
+    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.001, 0.0005))
+    s = ctl.new_state("a")
+    [k] = ctl.plan([s], 1)
+    ctl.observe_acceptance(s, k, 1)
+    tel = ctl.telemetry([s])
+    assert tel.global_cap == ctl.global_cap and tel.step == 1
+    assert tel.costs.per_token_s == 0.001 and tel.costs.draft_per_token_s == 0.0005
+    [r] = tel.requests
+    assert (r.request_id, r.k, r.drafted, r.accepted) == ("a", k, k, 1)
+    assert 0 < r.acceptance < 1
+
+
+def test_invalid_observations_are_refused() -> None:
+    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    with pytest.raises(ValueError):
+        ctl.observe_acceptance(ctl.new_state("a"), 2, 3)
+    with pytest.raises(ValueError):
+        ctl.plan([ctl.new_state("a")], 1, caps=[1, 2])
+
+
+def test_free_drafts_still_switch_off_on_evidence() -> None:
+    # Flat cost: k stays at max while the estimate is uncertain, then the
+    # acceptance gate switches the request off once min_trials back it.
+    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    s = ctl.new_state("r")
+    ks: list[int] = []
+    while not s.off:
+        [k] = ctl.plan([s], 1)
+        ks.append(k)
+        ctl.observe_acceptance(s, k, 0)
+        assert len(ks) < 100
+    assert set(ks) == {6} and s.trials >= ctl.cfg.min_trials
+
+
+def test_probes_wait_while_no_draft_could_pay() -> None:
+    ctl = SpeculationController(cfg(probe_interval_steps=2), FixedCostModel(fixed_s=0.0, per_token_s=0.001))
+    s = ctl.new_state("r")
+    s.off, s.next_probe_step = True, 1
+    for _ in range(5):
+        assert ctl.plan([s], 1) == [0]  # compute-bound: a probe could not change anything
+    ctl.cost_model = FixedCostModel(fixed_s=0.02, per_token_s=0.0)
+    assert ctl.plan([s], 1) == [2]  # the due probe runs once drafts can pay
