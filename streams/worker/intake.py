@@ -1,0 +1,128 @@
+"""From raw request-topic bytes to an engine request, or to a precise rejection.
+
+Input from the bus is untrusted: anything a client (or a bug) publishes must
+end as either a validated :class:`GenerateRequest` or a :class:`Rejection`
+that says exactly what is wrong, never as an exception in the worker.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine.request import EngineRequest, SamplingParams
+from schemas.events import SCHEMA_VERSION, ErrorCode, GenerateRequest, ReplyRoute
+from streams.kafka_io import validation_summary
+
+# Longest request id echoed back from a message that failed validation.
+_MAX_ECHOED_ID = 128
+# Oversized messages up to this many times the limit are parsed for a reply route; beyond, they are only dead-lettered.
+_HINT_PARSE_FACTOR = 16
+
+
+@dataclass(frozen=True)
+class Rejection:
+    code: ErrorCode
+    message: str
+    # Read from the raw JSON when possible, so the sender still hears why.
+    request_id: str | None = None
+    route: ReplyRoute | None = None
+    # Malformed input goes to the dead-letter topic too; a valid request the
+    # worker cannot serve (unknown model, too long) does not.
+    dead_letter: bool = False
+
+
+def parse_request(value: bytes | None, *, max_bytes: int) -> GenerateRequest | Rejection:
+    """Validate one request message. Checks run cheapest first: size, JSON, schema version, then the schema."""
+    if value is None:
+        return Rejection("invalid_request", "empty message (no value)", dead_letter=True)
+    # An oversized message is still parsed (up to a bound) to find where to send the error.
+    raw = _loads(value) if len(value) <= _HINT_PARSE_FACTOR * max_bytes else None
+    request_id, route = _reply_hints(raw)
+    if len(value) > max_bytes:
+        return Rejection(
+            "message_too_large", f"message is {len(value)} bytes; the limit is {max_bytes} bytes",
+            request_id, route, dead_letter=True,
+        )
+    if isinstance(raw, _Malformed):
+        return Rejection("invalid_request", f"malformed JSON: {raw.reason}", dead_letter=True)
+    if not isinstance(raw, dict):
+        return Rejection("invalid_request", f"expected a JSON object, got {type(raw).__name__}", dead_letter=True)
+    version = raw.get("schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        return Rejection(
+            "unsupported_schema_version",
+            f"schema_version {version!r} is not supported; this worker reads schema_version {SCHEMA_VERSION}",
+            request_id, route, dead_letter=True,
+        )
+    try:
+        return GenerateRequest.model_validate_json(value)
+    except ValidationError as error:
+        return Rejection("invalid_request", validation_summary(error), request_id, route, dead_letter=True)
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    reason: str
+
+
+def _loads(value: bytes) -> Any:
+    try:
+        return json.loads(value)
+    except UnicodeDecodeError as error:
+        return _Malformed(f"not UTF-8 ({error.reason} at byte {error.start})")
+    except json.JSONDecodeError as error:
+        return _Malformed(f"{error.msg} at line {error.lineno} column {error.colno}")
+    except RecursionError:
+        return _Malformed("nested too deeply")
+
+
+def _reply_hints(raw: Any) -> tuple[str | None, ReplyRoute | None]:
+    """The request id and reply route, if they can be read from an otherwise invalid message."""
+    if not isinstance(raw, dict):
+        return None, None
+    request_id = raw.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        request_id = None
+    else:
+        request_id = request_id[:_MAX_ECHOED_ID]
+    try:
+        route = ReplyRoute.model_validate(raw.get("reply_to"))
+    except ValidationError:
+        route = None
+    return request_id, route
+
+
+def prompt_token_ids(request: GenerateRequest, tokenizer: Any) -> list[int]:
+    """Chat messages go through the model's chat template; a raw prompt is tokenized as is."""
+    if request.messages is not None:
+        text = tokenizer.apply_chat_template(
+            [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True
+        )
+        # The template already contains the special tokens the model expects.
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(request.prompt)["input_ids"]
+    return list(ids)
+
+
+def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time: float) -> EngineRequest:
+    sampling = request.sampling
+    return EngineRequest(
+        request_id=request.request_id,
+        prompt_token_ids=prompt_token_ids(request, tokenizer),
+        sampling=SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            seed=sampling.seed,
+            stop=tuple(sampling.stop),
+        ),
+        priority=request.priority,
+        deadline=request.deadline,
+        speculation=sampling.speculation,
+        arrival_time=arrival_time,
+    )

@@ -1,0 +1,671 @@
+"""The engine worker: a FastStream Kafka app that serves GenerateRequests with the engine.
+
+Flow of one request::
+
+    request topic ──► on_request ──► intake (validate) ──► EngineDriver.add ──► engine thread
+                                                                                   │ step()
+    reply topic  ◄── ReplyLane (ordered publish) ◄── TokenChunk / Completion ◄─────┘
+
+* The request subscriber belongs to one consumer group, so workers share the
+  request partitions; a second ``specstream worker`` simply joins the group.
+* The handler only validates and hands the request to the engine thread; it
+  does not wait for generation, so the next message is read at once and new
+  requests join the running batch at the next step (continuous batching).
+  ``worker.max_inflight`` bounds how many requests one worker holds: beyond
+  it the handler waits, which stops consumption (back-pressure through Kafka).
+* Offsets are committed by hand, only once a request's Completion or
+  ErrorEvent is acknowledged by Kafka (see :mod:`streams.worker.offsets`).
+* Every worker reads the whole cancellations topic (no consumer group) and
+  aborts the requests it holds.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import ConsumerRebalanceListener
+from aiokafka import TopicPartition as AIOKafkaTopicPartition
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError
+from faststream import FastStream
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.kafka.schemas import Topic as FastStreamTopic
+from faststream.middlewares import AckPolicy
+from pydantic import BaseModel, ValidationError
+
+from engine.outputs import RequestOutput
+from engine.request import EngineRequest, RequestRejected
+from schemas.events import (
+    CancelRequest,
+    Completion,
+    DeadLetter,
+    ErrorEvent,
+    GenerateRequest,
+    ReplyRoute,
+    SpecStats,
+    SpecStepStats,
+    Timings,
+    TokenChunk,
+    Usage,
+    WorkerAnnouncement,
+)
+from schemas.topics import DEAD_LETTER_MAX_BYTES
+from streams import kafka_io
+from streams.config import Settings
+from streams.worker.engine_driver import Engine, EngineDriver
+from streams.worker.intake import Rejection, parse_request, to_engine_request
+from streams.worker.offsets import OffsetTracker
+
+log = logging.getLogger("specstream.worker")
+# FastStream's own lines (per-message, lifecycle) go to a child logger that the CLI keeps at WARNING.
+faststream_log = logging.getLogger("specstream.worker.faststream")
+
+
+class _DropDeclaredTopicWarning(logging.Filter):
+    """Our topics are created from the catalog on purpose, so FastStream's reminder that it will not create them is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Auto create topics is disabled" not in record.getMessage()
+
+
+faststream_log.addFilter(_DropDeclaredTopicWarning())
+
+Progress = Callable[[str], None]
+EngineFactory = Callable[[Any, Progress | None], Engine]
+
+_JSON_HEADERS = {"content-type": "application/json"}
+# Cancellations remembered for requests not (yet) seen here: a cancel may overtake its request.
+_REMEMBERED_CANCELS = 10_000
+_ERROR_CODES = {"invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded", "cancelled",
+                "overloaded", "internal_error", "unsupported_schema_version", "message_too_large"}
+
+
+def load_engine(config: Any, progress: Progress | None) -> Engine:
+    """The real engine (imported lazily: torch takes seconds to import)."""
+    from engine.llm_engine import LLMEngine
+
+    engine: Engine = LLMEngine.from_config(config, progress=progress)
+    return engine
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a request message came from: what is committed once it is answered."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass
+class InFlight:
+    request: GenerateRequest
+    sources: list[Source]
+    received_at: float  # worker clock, when consumed
+    transit_s: float  # publication -> consumption, added to the engine's timings
+    engine_request: EngineRequest | None = None
+    next_index: int = 0
+    text: list[str] = field(default_factory=list)
+    deliveries: list[asyncio.Future[Any]] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class _Publish:
+    topic: str
+    partition: int | None
+    key: bytes
+    value: bytes
+    delivered: asyncio.Future[Any]
+
+
+class _ReplyLane:
+    """Publishes to one topic strictly in submission order.
+
+    One lane per reply topic: events of one request stay in order, and a slow
+    or missing topic (metadata wait) holds up only its own replies.
+    """
+
+    def __init__(self) -> None:
+        self.queue: collections.deque[_Publish] = collections.deque()
+        self.task: asyncio.Task[None] | None = None
+
+
+class EngineWorker:
+    """One engine worker process. ``create_app`` wraps it in a FastStream app; tests drive it with ``async with``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        engine_factory: EngineFactory = load_engine,
+        progress: Progress | None = None,
+    ) -> None:
+        self.settings = settings
+        self.catalog = settings.catalog
+        self.worker_id = settings.worker.resolved_id()
+        self.group_id = settings.worker.resolved_group_id(settings.kafka.topic_prefix)
+        self._engine_factory = engine_factory
+        self._progress = progress
+        self.engine: Engine | None = None
+        self.served_models: list[str] = []
+        self._driver: EngineDriver | None = None
+        self._offsets = OffsetTracker()
+        self._in_flight: dict[str, InFlight] = {}
+        self._slots = asyncio.Semaphore(settings.worker.max_inflight)
+        self._lanes: dict[str, _ReplyLane] = {}
+        self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._commit_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._state: str = "starting"
+
+        self.broker = KafkaBroker(
+            settings.kafka.bootstrap_servers,
+            # Large enough for a dead letter of a request at the broker's size limit.
+            **kafka_io.producer_options(client_id=f"specstream-worker-{self.worker_id}",
+                                        max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),
+            logger=faststream_log,
+            # Per-message "Received"/"Processed" lines are debug noise at request rates.
+            log_level=logging.DEBUG,
+            # Topics come from the catalog (kafka_io.ensure_topics), with their retention and ISR settings.
+            allow_auto_create_topics=False,
+        )
+        self.requests = self.broker.subscriber(
+            FastStreamTopic(self.catalog.requests.name, declare=False),
+            group_id=self.group_id,
+            # Offsets are committed by hand once replies are stored, not when a message is read.
+            ack_policy=AckPolicy.MANUAL,
+            auto_offset_reset="earliest",
+            listener=_Rebalance(self),
+            title="requests",
+            description="GenerateRequest events; engine workers share them as one consumer group.",
+        )
+        self.requests(self._on_request)
+        self.cancellations = self.broker.subscriber(
+            FastStreamTopic(self.catalog.cancellations.name, declare=False),
+            # No group: every worker sees every cancellation, and only new ones.
+            auto_offset_reset="latest",
+            title="cancellations",
+        )
+        self.cancellations(self._on_cancel)
+
+    # --- lifecycle --------------------------------------------------------------------------------------------------
+
+    async def prepare(self) -> None:
+        """Create the shared topics and load the engine (before any message is read)."""
+        kafka = self.settings.kafka
+        await kafka_io.ensure_topics(
+            kafka.bootstrap_servers, self.catalog.shared_topics(),
+            replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
+        )
+        config = self.settings.engine.to_engine_config()
+        # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
+        self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
+        self.served_models = sorted({self.engine.model_name, self.settings.engine.model})
+        self._driver = EngineDriver(
+            self.engine, asyncio.get_running_loop(), self._on_outputs, self._on_engine_failure,
+            name=f"engine-{self.worker_id}",
+        )
+        self._driver.start()
+
+    async def started(self) -> None:
+        """Announce readiness (after the subscribers run) and keep announcing it."""
+        self._state = "ready"
+        await self._announce("ready")
+        self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat")
+        log.info(
+            "worker %s ready: model %s, group %s, requests from %s",
+            self.worker_id, self.engine.model_name if self.engine else "?", self.group_id, self.catalog.requests.name,
+        )
+
+    async def drain(self) -> None:
+        """Stop reading requests, let running ones finish (up to worker.drain_timeout_s), abort the rest."""
+        if self._state in ("draining", "stopped"):
+            return
+        self._state = "draining"
+        await self._announce("draining")
+        # Pause rather than stop the request consumer: it must stay in the group to commit what finishes now.
+        consumer = self.requests.consumer
+        if consumer is not None:
+            consumer.pause(*consumer.assignment())
+        deadline = time.monotonic() + self.settings.worker.drain_timeout_s
+        while self._in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._in_flight and self._driver is not None:
+            # Not answered and not committed: Kafka redelivers them to another worker.
+            log.warning("aborting %d unfinished request(s) at shutdown; they will be redelivered", len(self._in_flight))
+            for request_id in list(self._in_flight):
+                self._in_flight.pop(request_id).done = True
+                self._driver.abort(request_id)
+        await self._drain_lanes()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        self._state = "stopped"
+        await self._announce("stopped")
+
+    async def close(self) -> None:
+        if self._driver is not None:
+            await asyncio.to_thread(self._driver.stop)
+            self._driver = None
+
+    async def start(self) -> None:
+        """Everything ``create_app`` does at startup, for use without a FastStream app (tests, embedding)."""
+        await self.prepare()
+        await self.broker.start()
+        await self.started()
+
+    async def stop(self) -> None:
+        try:
+            await self.drain()
+        finally:
+            await self.broker.stop()
+            await self.close()
+
+    async def __aenter__(self) -> EngineWorker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # --- requests ---------------------------------------------------------------------------------------------------
+
+    async def _on_request(self, msg: KafkaMessage) -> None:
+        record = msg.raw_message
+        source = Source(record.topic, record.partition, record.offset)
+        self._offsets.started(source.topic, source.partition, source.offset)
+        try:
+            await self._intake(record.value, record.key, record.timestamp, source)
+        except Exception:  # noqa: BLE001 - a bug here must not stop consumption; the message is dead-lettered
+            log.exception("internal error handling %s/%d@%d", source.topic, source.partition, source.offset)
+            await self._reject(
+                Rejection("internal_error", "the worker failed to handle this message", dead_letter=True),
+                record.value, record.key, source,
+            )
+
+    async def _intake(self, value: bytes | None, key: bytes | None, timestamp_ms: int, source: Source) -> None:
+        received_at = time.time()
+        parsed = parse_request(value, max_bytes=self.settings.worker.max_message_bytes)
+        if isinstance(parsed, Rejection):
+            await self._reject(parsed, value, key, source)
+            return
+        request = parsed
+        rejection = self._precheck(request, received_at)
+        if rejection is not None:
+            await self._reject(rejection, value, key, source)
+            return
+        held = self._in_flight.get(request.request_id)
+        if held is not None:
+            # Redelivered while still running here (e.g. after a rebalance): answer once, commit both offsets then.
+            held.sources.append(source)
+            return
+        # Back-pressure: waiting here stops this subscriber from reading further messages.
+        await self._slots.acquire()
+        if self._state not in ("starting", "ready"):  # draining: leave it uncommitted for another worker
+            self._slots.release()
+            return
+        if request.request_id in self._cancelled:  # the cancel arrived while we waited for a slot
+            self._slots.release()
+            await self._reject(Rejection("cancelled", "cancelled before it started", request.request_id,
+                                         request.reply_to), value, key, source)
+            return
+        published_at = request.created_at if request.created_at is not None else timestamp_ms / 1000
+        flight = InFlight(request, [source], received_at, transit_s=max(0.0, received_at - published_at))
+        self._in_flight[request.request_id] = flight
+        assert self._driver is not None
+        try:
+            added = self._driver.add(
+                lambda engine: to_engine_request(request, engine.tokenizer, arrival_time=received_at)
+            )
+        except RuntimeError:  # driver stopped: shutting down, leave it uncommitted for redelivery
+            self._in_flight.pop(request.request_id, None)
+            self._slots.release()
+            return
+        # Not awaited here: the engine thread applies adds between steps, and reading the next request
+        # meanwhile is what lets requests arriving together share a batch.
+        self._spawn(self._await_admission(flight, added))
+
+    def _precheck(self, request: GenerateRequest, now: float) -> Rejection | None:
+        route = request.reply_to
+        if request.model not in self.served_models:
+            return Rejection(
+                "unknown_model",
+                f"model '{request.model}' is not served; available: {', '.join(self.served_models)}",
+                request.request_id, route,
+            )
+        if request.deadline is not None and request.deadline <= now:
+            return Rejection(
+                "deadline_exceeded", f"deadline passed {now - request.deadline:.3f}s before the request was read",
+                request.request_id, route,
+            )
+        if request.request_id in self._cancelled:
+            return Rejection("cancelled", "cancelled before it started", request.request_id, route)
+        return None
+
+    async def _await_admission(self, flight: InFlight, added: Any) -> None:
+        try:
+            flight.engine_request = await added
+        except RequestRejected as rejected:
+            code = rejected.code if rejected.code in _ERROR_CODES else "invalid_request"
+            message = rejected.message if code == rejected.code else f"{rejected.code}: {rejected.message}"
+            await self._fail(flight, code, message)
+        except RuntimeError as error:  # driver stopped while queued
+            log.info("request %s not started: %s", flight.request.request_id, error)
+        except Exception as error:  # noqa: BLE001 - e.g. the tokenizer choked on the input
+            log.exception("could not start request %s", flight.request.request_id)
+            await self._fail(flight, "internal_error", f"could not start the request: {type(error).__name__}: {error}")
+
+    # --- engine outputs ---------------------------------------------------------------------------------------------
+
+    def _on_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Called on the loop once per engine step: one TokenChunk per output, then a Completion when finished."""
+        for output in outputs:
+            flight = self._in_flight.get(output.request_id)
+            if flight is None or flight.done:
+                continue  # aborted at shutdown, or failed
+            self._emit(flight, output)
+
+    def _emit(self, flight: InFlight, output: RequestOutput) -> None:
+        request = flight.request
+        finish_reason = (output.finish_reason or "stop") if output.finished else None
+        chunk = TokenChunk(
+            request_id=request.request_id,
+            index=flight.next_index,
+            text=output.text,
+            token_ids=list(output.token_ids),
+            finish_reason=finish_reason,
+            spec=SpecStepStats(drafted=output.spec.drafted, accepted=output.spec.accepted),
+        )
+        flight.next_index += 1
+        flight.text.append(output.text)
+        self._publish_reply(flight, chunk)
+        if output.finished:
+            self._publish_reply(flight, self._completion(flight, output, finish_reason or "stop"))
+            self._finish(flight)
+
+    def _completion(self, flight: InFlight, output: RequestOutput, finish_reason: Any) -> Completion:
+        stats = output.stats
+        prompt_tokens = len(flight.engine_request.prompt_token_ids) if flight.engine_request else 0
+        elapsed = time.time() - flight.received_at
+        if stats is not None:
+            usage = Usage(
+                prompt_tokens=stats.prompt_tokens,
+                completion_tokens=stats.completion_tokens,
+                total_tokens=stats.prompt_tokens + stats.completion_tokens,
+            )
+            timings = Timings(
+                queued_s=max(0.0, stats.queued_s) + flight.transit_s,
+                ttft_s=max(0.0, stats.ttft_s) + flight.transit_s,
+                total_s=max(0.0, stats.total_s) + flight.transit_s,
+            )
+            spec = SpecStats(
+                drafted=stats.spec.drafted,
+                accepted=stats.spec.accepted,
+                acceptance_rate=min(1.0, stats.spec.acceptance_rate),
+                tokens_per_forward=stats.tokens_per_forward,
+            )
+        else:  # the engine gave no stats (e.g. an abort before the first step): our own clock
+            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+            total = elapsed + flight.transit_s
+            timings = Timings(queued_s=total, ttft_s=total, total_s=total)
+            spec = SpecStats()
+        return Completion(
+            request_id=flight.request.request_id,
+            text="".join(flight.text),
+            finish_reason=finish_reason,
+            num_chunks=flight.next_index,
+            usage=usage,
+            timings=timings,
+            spec=spec,
+            model=self.engine.model_name if self.engine else None,
+        )
+
+    def _on_engine_failure(self, error: BaseException) -> None:
+        """A step raised: the engine's view of its requests is unknown, so fail and abort all of them."""
+        for flight in list(self._in_flight.values()):
+            if flight.engine_request is None or flight.done:
+                continue
+            if self._driver is not None:
+                self._driver.abort(flight.request.request_id)
+            self._spawn(self._fail(flight, "internal_error", f"engine step failed: {type(error).__name__}: {error}"))
+
+    # --- cancellations ----------------------------------------------------------------------------------------------
+
+    async def _on_cancel(self, msg: KafkaMessage) -> None:
+        try:
+            cancel = kafka_io.decode(msg.raw_message.value or b"", CancelRequest)
+        except ValidationError as error:
+            log.warning("ignoring malformed cancellation: %s", kafka_io.validation_summary(error))
+            return
+        flight = self._in_flight.get(cancel.request_id)
+        if flight is None or flight.done:
+            self._remember_cancel(cancel.request_id)
+            return
+        log.info("cancelling %s: %s", cancel.request_id, cancel.reason)
+        if self._driver is None:
+            return
+        # The inbox is FIFO, so this abort reaches the engine after the request's add. None back means the
+        # engine no longer held it (finished in the meantime, or rejected): its own reply is on its way.
+        final = await self._driver.abort(cancel.request_id)
+        if final is not None and not flight.done:
+            if not final.finished:
+                final.finished, final.finish_reason = True, "abort"
+            self._emit(flight, final)
+
+    def _remember_cancel(self, request_id: str) -> None:
+        self._cancelled[request_id] = None
+        while len(self._cancelled) > _REMEMBERED_CANCELS:
+            self._cancelled.popitem(last=False)
+
+    # --- replies, errors, dead letters ------------------------------------------------------------------------------
+
+    def _publish_reply(self, flight: InFlight, event: BaseModel) -> None:
+        route = flight.request.reply_to
+        flight.deliveries.append(
+            self._enqueue(route.topic, route.partition, kafka_io.request_key(flight.request.request_id), event)
+        )
+
+    def _enqueue(self, topic: str, partition: int | None, key: bytes, event: BaseModel) -> asyncio.Future[Any]:
+        delivered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        lane = self._lanes.get(topic)
+        if lane is None:
+            lane = self._lanes[topic] = _ReplyLane()
+            lane.task = asyncio.create_task(self._run_lane(topic, lane), name=f"lane-{topic}")
+        lane.queue.append(_Publish(topic, partition, key, kafka_io.encode(event), delivered))
+        return delivered
+
+    async def _run_lane(self, topic: str, lane: _ReplyLane) -> None:
+        while lane.queue:
+            job = lane.queue.popleft()
+            try:
+                # no_confirm: returns once the message is in the producer's buffer, which fixes its order;
+                # the broker's ack arrives on the returned future.
+                ack = await self.broker.publish(
+                    job.value, job.topic, key=job.key, partition=job.partition, headers=_JSON_HEADERS, no_confirm=True
+                )
+            except Exception as error:  # noqa: BLE001 - reported through the job's future
+                if not job.delivered.done():
+                    job.delivered.set_exception(error)
+                continue
+            ack.add_done_callback(lambda fut, done=job.delivered: _chain(fut, done))
+        # No await between the emptiness check and this: a job enqueued later starts a new lane.
+        del self._lanes[topic]
+
+    async def _drain_lanes(self) -> None:
+        while self._lanes:
+            await asyncio.gather(*[lane.task for lane in self._lanes.values() if lane.task], return_exceptions=True)
+
+    def _finish(self, flight: InFlight) -> None:
+        """The request is answered: once Kafka has acked its events, release its slot and commit its offsets."""
+        flight.done = True
+        self._spawn(self._settle(flight))
+
+    async def _settle(self, flight: InFlight) -> None:
+        results = await asyncio.gather(*flight.deliveries, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            # The reply may be lost; committing anyway keeps the partition moving (the client times out).
+            log.error(
+                "could not publish %d reply event(s) of %s to %s: %s",
+                len(failures), flight.request.request_id, flight.request.reply_to.topic, failures[0],
+            )
+        if self._in_flight.get(flight.request.request_id) is flight:
+            del self._in_flight[flight.request.request_id]
+            self._slots.release()
+        for source in flight.sources:
+            self._offsets.finished(source.topic, source.partition, source.offset)
+        await self._commit()
+
+    async def _fail(self, flight: InFlight, code: Any, message: str) -> None:
+        if flight.done:
+            return
+        self._publish_reply(flight, ErrorEvent(request_id=flight.request.request_id, code=code, message=message))
+        self._finish(flight)
+
+    async def _reject(self, rejection: Rejection, value: bytes | None, key: bytes | None, source: Source) -> None:
+        """Answer a message that never reaches the engine, then let its offset be committed."""
+        log.info(
+            "rejected %s/%d@%d (%s): %s", source.topic, source.partition, source.offset, rejection.code, rejection.message
+        )
+        pending: list[asyncio.Future[Any]] = []
+        if rejection.route is not None:
+            error = ErrorEvent(request_id=rejection.request_id, code=rejection.code, message=rejection.message)
+            key_bytes = kafka_io.request_key(rejection.request_id) if rejection.request_id else key or b""
+            pending.append(self._enqueue(rejection.route.topic, rejection.route.partition, key_bytes, error))
+        if rejection.dead_letter:
+            pending.append(self._dead_letter(rejection, value, key, source))
+        results = await asyncio.gather(*pending, return_exceptions=True)
+        for result in results:
+            if isinstance(result, MessageSizeTooLargeError) and rejection.dead_letter:
+                # Too big even for the dead-letters topic: keep the reason and the source offset.
+                await asyncio.gather(self._dead_letter(rejection, None, key, source, dropped=len(value or b"")),
+                                     return_exceptions=True)
+            elif isinstance(result, BaseException):
+                log.error("could not publish the rejection of %s/%d@%d: %s",
+                          source.topic, source.partition, source.offset, result)
+        self._offsets.finished(source.topic, source.partition, source.offset)
+        await self._commit()
+
+    def _dead_letter(
+        self, rejection: Rejection, value: bytes | None, key: bytes | None, source: Source, *, dropped: int = 0
+    ) -> asyncio.Future[Any]:
+        reason = f"{rejection.code}: {rejection.message}"
+        if dropped:
+            reason += f" (original of {dropped} bytes too large to keep)"
+        letter = DeadLetter(
+            reason=reason,
+            source_topic=source.topic,
+            source_partition=source.partition,
+            source_offset=source.offset,
+            original_b64=base64.b64encode(value or b"").decode("ascii"),
+            original_key_b64=base64.b64encode(key).decode("ascii") if key is not None else None,
+            consumer=self.worker_id,
+            at=time.time(),
+        )
+        letter_key = f"{source.topic}/{source.partition}/{source.offset}".encode()
+        return self._enqueue(self.catalog.dead_letters.name, None, letter_key, letter)
+
+    # --- offsets ----------------------------------------------------------------------------------------------------
+
+    async def _commit(self) -> None:
+        # One commit at a time, each with the latest positions: a slow commit can never overwrite a newer one.
+        async with self._commit_lock:
+            positions = self._offsets.committable()
+            consumer = self.requests.consumer
+            if not positions or consumer is None:
+                return
+            try:
+                await consumer.commit({AIOKafkaTopicPartition(t, p): offset for (t, p), offset in positions.items()})
+            except (KafkaError, AssertionError) as error:
+                # Typically a rebalance took the partition away; its new owner resumes from the last commit.
+                log.warning("offset commit failed (%s); will retry with the next one", error)
+                return
+            self._offsets.mark_committed(positions)
+
+    def _partitions_revoked(self, revoked: set[AIOKafkaTopicPartition]) -> None:
+        for tp in revoked:
+            self._offsets.forget(tp.topic, tp.partition)
+
+    # --- announcements ----------------------------------------------------------------------------------------------
+
+    async def _announce(self, state: str) -> None:
+        announcement = WorkerAnnouncement(
+            worker_id=self.worker_id, models=self.served_models, state=state, at=time.time()  # type: ignore[arg-type]
+        )
+        try:
+            await self.broker.publish(
+                kafka_io.encode(announcement), self.catalog.workers.name,
+                key=self.worker_id.encode(), headers=_JSON_HEADERS,
+            )
+        except Exception as error:  # noqa: BLE001 - an announcement is best effort; the next heartbeat retries
+            log.warning("could not announce %s: %s", state, error)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.worker.heartbeat_s)
+            await self._announce(self._state)
+
+    # --- helpers ----------------------------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+
+def _chain(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())  # type: ignore[arg-type]
+    else:
+        target.set_result(source.result())
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Commit what is finished before partitions move, then forget them."""
+
+    def __init__(self, worker: EngineWorker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[AIOKafkaTopicPartition]) -> None:
+        await self._worker._commit()
+        self._worker._partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[AIOKafkaTopicPartition]) -> None:
+        log.info("assigned %s", ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(assigned)) or "no partitions")
+
+
+def create_app(settings: Settings, *, engine_factory: EngineFactory = load_engine,
+               progress: Progress | None = None) -> tuple[FastStream, EngineWorker]:
+    """The worker as a FastStream application: hooks load the engine before consuming and drain on shutdown."""
+    worker = EngineWorker(settings, engine_factory=engine_factory, progress=progress)
+    app = FastStream(
+        worker.broker,
+        logger=faststream_log,
+        on_startup=[worker.prepare],
+        after_startup=[worker.started],
+        on_shutdown=[worker.drain],
+        after_shutdown=[worker.close],
+    )
+    return app, worker
+
+
+async def run_worker(settings: Settings, *, progress: Progress | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (FastStream installs the handlers), then drain and stop."""
+    app, _ = create_app(settings, progress=progress)
+    await app.run()
