@@ -1,0 +1,221 @@
+"""KV cache: one arena allocated once, one contiguous region per sequence.
+
+Why contiguous regions instead of pages: attention then runs on plain views of
+the arena (no gather copies, no paged-attention kernel needed on CPU), and a
+sequence never grows past the region it got on admission because the region is
+sized for its whole life (prompt + max_tokens + draft slack). Rolling back
+rejected draft tokens is O(1): the KV written past `num_cached` is simply
+ignored and overwritten later.
+
+Layout: K and V are `[layers, kv_heads, arena_tokens, head_dim]`, so a region
+of one layer, `k[layer, :, start:start + n]`, is `[kv_heads, n, head_dim]`
+with contiguous rows: exactly what `scaled_dot_product_attention` takes.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Region:
+    """A run of arena token slots [start, start + size)."""
+
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+
+class ArenaAllocator:
+    """First-fit allocator over [0, capacity) with a free list that coalesces on free."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"arena capacity must be positive, got {capacity}")
+        self.capacity = capacity
+        # Free runs as parallel sorted lists (by start) so neighbours are found with bisect.
+        self._free_starts: list[int] = [0]
+        self._free_sizes: list[int] = [capacity]
+        self._allocated: dict[int, int] = {}  # start -> size
+        self.used = 0
+
+    @property
+    def free_tokens(self) -> int:
+        return self.capacity - self.used
+
+    @property
+    def largest_free(self) -> int:
+        return max(self._free_sizes, default=0)
+
+    def free_runs(self) -> list[Region]:
+        return [Region(s, n) for s, n in zip(self._free_starts, self._free_sizes)]
+
+    def allocate(self, size: int) -> Region | None:
+        """The lowest free run that fits `size` slots, or None when none fits right now."""
+        if size <= 0:
+            raise ValueError(f"allocation size must be positive, got {size}")
+        for i, run in enumerate(self._free_sizes):
+            if run >= size:
+                start = self._free_starts[i]
+                if run == size:
+                    del self._free_starts[i]
+                    del self._free_sizes[i]
+                else:
+                    self._free_starts[i] = start + size
+                    self._free_sizes[i] = run - size
+                self._allocated[start] = size
+                self.used += size
+                return Region(start, size)
+        return None
+
+    def free(self, region: Region) -> None:
+        if self._allocated.get(region.start) != region.size:
+            raise ValueError(f"{region} is not an allocated region")
+        del self._allocated[region.start]
+        self.used -= region.size
+        i = bisect.bisect_left(self._free_starts, region.start)
+        start, size = region.start, region.size
+        # Merge with the run just after, then with the run just before.
+        if i < len(self._free_starts) and self._free_starts[i] == region.end:
+            size += self._free_sizes[i]
+            del self._free_starts[i]
+            del self._free_sizes[i]
+        if i > 0 and self._free_starts[i - 1] + self._free_sizes[i - 1] == start:
+            self._free_sizes[i - 1] += size
+        else:
+            self._free_starts.insert(i, start)
+            self._free_sizes.insert(i, size)
+
+
+@dataclass
+class CacheSlot:
+    """A sequence's region of the arena and how many of its positions hold valid KV."""
+
+    region: Region
+    num_cached: int = 0
+
+    def rollback(self, num_tokens: int) -> None:
+        """Keep only the first `num_tokens` positions (drop rejected drafts): O(1)."""
+        if not 0 <= num_tokens <= self.num_cached:
+            raise ValueError(f"cannot roll back to {num_tokens} tokens, {self.num_cached} are cached")
+        self.num_cached = num_tokens
+
+
+@dataclass(frozen=True)
+class CacheUsage:
+    used_tokens: int
+    total_tokens: int
+    used_bytes: int
+    total_bytes: int
+
+    @property
+    def fraction(self) -> float:
+        return self.used_tokens / self.total_tokens if self.total_tokens else 0.0
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    # K and V, every layer.
+    return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Memory that can still be claimed on `device` right now."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot tell how much memory is available (no psutil, no /proc/meminfo)")
+
+
+def kv_budget_bytes(device: torch.device, kv_cache_bytes: int | None, kv_cache_fraction: float) -> int:
+    if kv_cache_bytes is not None:
+        if kv_cache_bytes <= 0:
+            raise ValueError(f"kv_cache_bytes must be positive, got {kv_cache_bytes}")
+        return kv_cache_bytes
+    if not 0.0 < kv_cache_fraction <= 1.0:
+        raise ValueError(f"kv_cache_fraction must be in (0, 1], got {kv_cache_fraction}")
+    return int(available_memory_bytes(device) * kv_cache_fraction)
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_tokens: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if num_tokens <= 0:
+            raise ValueError(f"the KV arena needs at least one token slot, got {num_tokens}")
+        self.num_layers = num_layers
+        self.num_tokens = num_tokens
+        self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        # torch.empty: on CPU the pages are only committed when first written, and
+        # positions past a sequence's num_cached are never read, so no zeroing is needed.
+        self.k = torch.empty(num_layers, num_kv_heads, num_tokens, head_dim, dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+        self.allocator = ArenaAllocator(num_tokens)
+
+    @classmethod
+    def from_budget(
+        cls,
+        budget_bytes: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_tokens: int | None = None,
+    ) -> "KVCache":
+        """The largest arena within `budget_bytes` (capped at `max_tokens` slots: more could never be used)."""
+        per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        num_tokens = budget_bytes // per_token
+        if max_tokens is not None:
+            num_tokens = min(num_tokens, max_tokens)
+        if num_tokens <= 0:
+            raise ValueError(
+                f"a KV budget of {budget_bytes} bytes holds no token ({per_token} bytes per token)"
+            )
+        return cls(num_layers, num_kv_heads, head_dim, num_tokens, dtype, device)
+
+    def allocate(self, num_tokens: int) -> CacheSlot | None:
+        region = self.allocator.allocate(num_tokens)
+        return CacheSlot(region) if region is not None else None
+
+    def free(self, slot: CacheSlot) -> None:
+        self.allocator.free(slot.region)
+        slot.num_cached = 0
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the new tokens' K/V: slot_mapping [T] arena slots; k, v [T, kv_heads, head_dim]."""
+        # One index_copy_ per layer for the whole flat batch.
+        self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
+        self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
+
+    def view(self, layer: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K, V of arena slots [start, start + length): views, each [kv_heads, length, head_dim]."""
+        return self.k[layer, :, start : start + length], self.v[layer, :, start : start + length]
+
+    def usage(self) -> CacheUsage:
+        used = self.allocator.used
+        return CacheUsage(
+            used_tokens=used,
+            total_tokens=self.num_tokens,
+            used_bytes=used * self.bytes_per_token,
+            total_bytes=self.num_tokens * self.bytes_per_token,
+        )
