@@ -1,0 +1,246 @@
+"""Iteration-level continuous batching.
+
+Every step the scheduler builds one batch from scratch: requests join and
+leave between any two steps. Order of business in `schedule()`:
+
+1. requests past their deadline leave (running ones free their KV region;
+   waiting ones are never started);
+2. decodes first: each running decoding sequence needs 1 + k tokens (its last
+   token plus k drafts to verify), so a long prompt never stalls them;
+3. prefill chunks fill what is left of the token budget: first the sequences
+   already part-way through their prompt, then new admissions from the
+   waiting queue, in (priority, arrival) order.
+
+Admission reserves a KV region for the sequence's whole life (prompt +
+max_tokens + draft slack), so a running sequence never runs out of memory and
+nothing is ever preempted: a request that does not fit right now waits; one
+that could never fit is rejected when it is added. The queue is strict: when
+its head does not fit, nothing behind it jumps ahead (a big request is not
+starved by a stream of small ones).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from engine.kv_cache import KVCache
+from engine.outputs import FinishReason
+from engine.request import RequestRejected
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledSequence:
+    seq: Sequence
+    # Rows fed this step: a prefill chunk, or 1 + len(draft_tokens) for a decode.
+    num_new_tokens: int
+    is_prefill: bool
+    # A next-token distribution is needed: a prefill chunk that completes the
+    # prompt (its last row), or a decode (all 1 + k rows).
+    needs_logits: bool
+    # Drafts the token budget allows for this decode (the controller's k, maybe trimmed).
+    draft_budget: int = 0
+    # Filled by the engine after proposing (at most draft_budget tokens).
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_probs: object = None  # the proposal's [k, V] probs, or None
+
+    @property
+    def num_logit_rows(self) -> int:
+        if not self.needs_logits:
+            return 0
+        return 1 if self.is_prefill else 1 + len(self.draft_tokens)
+
+    def finalize_drafts(self) -> None:
+        """After the proposer answered: the decode feeds its last token and the drafts."""
+        if not self.is_prefill:
+            self.num_new_tokens = 1 + len(self.draft_tokens)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence]
+    # Sequences that left before running this step (deadline); the engine reports them.
+    finished: list[Sequence]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv_cache: KVCache,
+        max_model_len: int,
+        max_running_requests: int,
+        max_batched_tokens: int,
+        max_draft_tokens: int = 0,
+    ) -> None:
+        if max_running_requests < 1 or max_batched_tokens < 1:
+            raise ValueError("max_running_requests and max_batched_tokens must be at least 1")
+        self.kv_cache = kv_cache
+        self.max_model_len = max_model_len
+        self.max_running_requests = max_running_requests
+        self.max_batched_tokens = max_batched_tokens
+        self.max_draft_tokens = max_draft_tokens
+        # (priority, arrival, tiebreak, seq); aborted entries are removed lazily.
+        self._waiting: list[tuple[int, float, int, Sequence]] = []
+        self._tiebreak = itertools.count()
+        self.running: list[Sequence] = []  # admission order
+        self._live: dict[str, Sequence] = {}  # waiting or running, by request id
+
+    # ------------------------------------------------------------------ queue
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(1 for *_, s in self._waiting if s.status is SequenceStatus.WAITING)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._live.get(request_id)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence; raises RequestRejected when it could never run."""
+        req = seq.request
+        if req.request_id in self._live:
+            raise RequestRejected("invalid_request", f"request id {req.request_id!r} is already in the engine")
+        n, m, c = seq.num_prompt_tokens, seq.params.max_tokens, self.max_model_len
+        if n == 0:
+            raise RequestRejected("invalid_request", "prompt is empty")
+        if m < 1:
+            raise RequestRejected("invalid_request", f"max_tokens must be at least 1, got {m}")
+        if n + m > c:
+            raise RequestRejected(
+                "context_length_exceeded",
+                f"prompt has {n} tokens and max_tokens is {m}: {n}+{m} exceeds the model's context of {c} tokens",
+            )
+        need = seq.kv_tokens_needed(self.max_draft_tokens)
+        if need > self.kv_cache.num_tokens:
+            raise RequestRejected(
+                "context_length_exceeded",
+                f"prompt has {n} tokens and max_tokens is {m}: the request needs {need} KV cache slots "
+                f"but the whole KV cache holds {self.kv_cache.num_tokens} tokens",
+            )
+        seq.status = SequenceStatus.WAITING
+        self._live[req.request_id] = seq
+        heapq.heappush(self._waiting, (req.priority, req.arrival_time, next(self._tiebreak), seq))
+
+    def abort(self, request_id: str, now: float | None = None) -> Sequence | None:
+        """Remove a waiting or running request now, freeing its memory; None if unknown."""
+        seq = self._live.get(request_id)
+        if seq is None:
+            return None
+        self.finish(seq, "abort", now)
+        return seq
+
+    def finish(self, seq: Sequence, reason: FinishReason, now: float | None = None) -> None:
+        """The sequence leaves: its region goes back to the arena at once."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        # A waiting entry stays in the heap and is skipped when it surfaces.
+        if seq.kv is not None:
+            self.kv_cache.free(seq.kv)
+            seq.kv = None
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = time.time() if now is None else now
+        self._live.pop(seq.request_id, None)
+
+    def decoding(self) -> list[Sequence]:
+        """Running sequences past their prompt (candidates for drafts this step)."""
+        return [s for s in self.running if not s.is_prefilling]
+
+    def pending_prefill_tokens(self) -> int:
+        """Prompt tokens not yet computed, running and waiting (the speculation controller's base load)."""
+        running = sum(s.num_prompt_tokens - s.num_computed for s in self.running if s.is_prefilling)
+        waiting = sum(s.num_prompt_tokens for *_, s in self._waiting if s.status is SequenceStatus.WAITING)
+        return running + waiting
+
+    # --------------------------------------------------------------- schedule
+
+    def _expire(self, now: float) -> list[Sequence]:
+        expired: list[Sequence] = []
+        for seq in list(self.running):
+            d = seq.request.deadline
+            if d is not None and d <= now:
+                self.finish(seq, "deadline", now)
+                expired.append(seq)
+        for *_, seq in self._waiting:
+            d = seq.request.deadline
+            if seq.status is SequenceStatus.WAITING and d is not None and d <= now:
+                self.finish(seq, "deadline", now)
+                expired.append(seq)
+        if expired:
+            self._waiting = [e for e in self._waiting if e[3].status is SequenceStatus.WAITING]
+            heapq.heapify(self._waiting)
+        return expired
+
+    def _pop_finished_heads(self) -> None:
+        while self._waiting and self._waiting[0][3].status is not SequenceStatus.WAITING:
+            heapq.heappop(self._waiting)
+
+    def schedule(self, now: float | None = None, draft_lens: dict[str, int] | None = None) -> SchedulerOutput:
+        """Build this step's batch. draft_lens: the controller's k per decoding sequence id."""
+        now = time.time() if now is None else now
+        draft_lens = draft_lens or {}
+        finished = self._expire(now)
+        budget = self.max_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+
+        # 1. decodes: 1 + k tokens each; k trimmed when the budget is short.
+        for seq in self.running:
+            if seq.is_prefilling or budget < 1:
+                continue
+            k = min(draft_lens.get(seq.request_id, 0), self.max_draft_tokens, budget - 1)
+            # Never draft past max_tokens: the last step emits at most k + 1 tokens.
+            k = max(0, min(k, seq.params.max_tokens - len(seq.output_ids) - 1))
+            scheduled.append(ScheduledSequence(seq, 1 + k, is_prefill=False, needs_logits=True, draft_budget=k))
+            budget -= 1 + k
+
+        # 2. prefill chunks of sequences already part-way through their prompt.
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.is_prefilling:
+                scheduled.append(self._prefill_chunk(seq, budget))
+                budget -= scheduled[-1].num_new_tokens
+
+        # 3. admissions, strictly in queue order.
+        while budget > 0 and len(self.running) < self.max_running_requests:
+            self._pop_finished_heads()
+            if not self._waiting:
+                break
+            seq = self._waiting[0][3]
+            slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
+            if slot is None:
+                break  # waits until a running sequence frees its region
+            heapq.heappop(self._waiting)
+            seq.kv = slot
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            self.running.append(seq)
+            scheduled.append(self._prefill_chunk(seq, budget))
+            budget -= scheduled[-1].num_new_tokens
+
+        return SchedulerOutput(scheduled=scheduled, finished=finished)
+
+    @staticmethod
+    def _prefill_chunk(seq: Sequence, budget: int) -> ScheduledSequence:
+        remaining = seq.num_prompt_tokens - seq.num_computed
+        n = min(remaining, budget)
+        return ScheduledSequence(seq, n, is_prefill=True, needs_logits=n == remaining)

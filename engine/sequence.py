@@ -1,0 +1,122 @@
+"""Per-request state inside the engine."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.kv_cache import CacheSlot
+from engine.outputs import FinishReason, RequestStats, SpecStats
+from engine.request import EngineRequest, SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no KV memory
+    RUNNING = "running"  # holds a KV region; prefilling or decoding
+    FINISHED = "finished"  # left the engine; region freed
+
+
+@dataclass
+class Sequence:
+    request: EngineRequest
+    output_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    kv: CacheSlot | None = None
+    finish_reason: FinishReason | None = None
+    # Whether this sequence drafts at all (request opt-out or engine-wide off).
+    speculate: bool = False
+    # The speculation controller keeps its per-sequence state here.
+    spec_state: Any = None
+    # Sampling randomness (engine.sampler.RequestRng once that lands); made on admission.
+    rng: Any = None
+    # Incremental detokenizer (engine.detokenizer.IncrementalDetokenizer); made on admission.
+    detok: Any = None
+
+    # Timing (time.time()) and counters for RequestStats.
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    # Target forwards that produced tokens for this sequence (prefill chunks that
+    # end mid-prompt do not count), so tokens_per_forward is 1.0 without speculation.
+    num_sampling_forwards: int = 0
+    spec: SpecStats = field(default_factory=SpecStats)
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_token_ids) + len(self.output_ids)
+
+    @property
+    def num_computed(self) -> int:
+        """Tokens whose KV is in the cache."""
+        return self.kv.num_cached if self.kv is not None else 0
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < self.num_prompt_tokens
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.request.prompt_token_ids[-1]
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output."""
+        n_prompt = self.num_prompt_tokens
+        if end <= n_prompt:
+            return self.request.prompt_token_ids[start:end]
+        return (self.request.prompt_token_ids + self.output_ids)[start:end]
+
+    def all_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def kv_tokens_needed(self, max_draft_tokens: int) -> int:
+        """Region size reserved on admission: enough for the sequence's whole life.
+
+        The last sampled token is never fed back, drafts may run up to k positions
+        past the accepted ones; +1 keeps a slot of slack.
+        """
+        draft = max_draft_tokens if self.speculate else 0
+        return self.num_prompt_tokens + self.params.max_tokens + draft + 1
+
+    def stats(self) -> RequestStats:
+        arrival = self.request.arrival_time
+        end = self.finish_time if self.finish_time is not None else arrival
+        first_sched = self.first_scheduled_time if self.first_scheduled_time is not None else end
+        first_tok = self.first_token_time if self.first_token_time is not None else end
+        n_out = len(self.output_ids)
+        return RequestStats(
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=n_out,
+            queued_s=max(0.0, first_sched - arrival),
+            ttft_s=max(0.0, first_tok - arrival),
+            total_s=max(0.0, end - arrival),
+            spec=SpecStats(self.spec.drafted, self.spec.accepted),
+            tokens_per_forward=n_out / self.num_sampling_forwards if self.num_sampling_forwards else 1.0,
+            accepted_at=list(self.accepted_at),
+            drafted_at=list(self.drafted_at),
+            draft_time_s=self.draft_time_s,
+            verify_time_s=self.verify_time_s,
+        )

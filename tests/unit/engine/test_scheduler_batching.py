@@ -1,0 +1,167 @@
+"""Scheduler policy on CPU, without a model: budgets, chunked prefill, queue order, admission, expiry."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from engine.kv_cache import KVCache
+from engine.request import EngineRequest, RequestRejected, SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence, SequenceStatus
+
+
+def make_scheduler(kv_tokens: int = 1000, max_running: int = 8, max_batched: int = 64, max_draft: int = 0,
+                   max_model_len: int = 256) -> Scheduler:
+    cache = KVCache(1, 1, 2, kv_tokens, torch.float32, "cpu")
+    return Scheduler(cache, max_model_len, max_running, max_batched, max_draft)
+
+
+def make_seq(rid: str, prompt_len: int, max_tokens: int = 10, priority: int = 0, arrival: float | None = None,
+             deadline: float | None = None, speculate: bool = False) -> Sequence:
+    req = EngineRequest(rid, list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), priority=priority,
+                        deadline=deadline)
+    if arrival is not None:
+        req.arrival_time = arrival
+    return Sequence(request=req, speculate=speculate)
+
+
+def run_step(out: SchedulerOutput, sampled: int = 7) -> None:
+    """What the runner + engine would do: cache the fed rows, append one sampled token where logits were needed."""
+    for s in out.scheduled:
+        assert s.seq.kv is not None
+        s.seq.kv.num_cached += s.num_new_tokens
+        if s.needs_logits:
+            if not s.is_prefill:
+                s.seq.kv.rollback(s.seq.kv.num_cached - len(s.draft_tokens))  # no draft accepted
+            s.seq.output_ids.append(sampled)
+
+
+def plan(out: SchedulerOutput) -> list[tuple[str, int, bool]]:
+    return [(s.seq.request_id, s.num_new_tokens, s.is_prefill) for s in out.scheduled]
+
+
+def test_chunked_prefill_never_stalls_decodes() -> None:
+    sch = make_scheduler(max_batched=16)
+    sch.add(make_seq("short", 4))
+    out = sch.schedule()
+    assert plan(out) == [("short", 4, True)]
+    assert out.scheduled[0].needs_logits  # the chunk completes the prompt
+    run_step(out)
+    sch.add(make_seq("long", 40))
+    # Each step: the decode first (1 token), the long prompt's chunk fills the other 15.
+    chunks = []
+    for _ in range(3):
+        out = sch.schedule()
+        assert out.scheduled[0].seq.request_id == "short" and not out.scheduled[0].is_prefill
+        assert out.num_batched_tokens <= 16
+        chunks.append(out.scheduled[1].num_new_tokens)
+        assert out.scheduled[1].needs_logits == (sum(chunks) == 40)
+        run_step(out)
+    assert chunks == [15, 15, 10]
+    out = sch.schedule()
+    assert plan(out) == [("short", 1, False), ("long", 1, False)]
+
+
+def test_decodes_reserve_draft_tokens_and_trim_them_to_the_budget() -> None:
+    sch = make_scheduler(max_batched=10, max_draft=4)
+    for rid in ("a", "b", "c"):
+        sch.add(make_seq(rid, 2, max_tokens=50, speculate=True))
+    run_step(sch.schedule())
+    out = sch.schedule(draft_lens={"a": 4, "b": 4, "c": 4})
+    # 1 + 4, 1 + 4, then nothing left for c this step.
+    assert [(s.seq.request_id, s.num_new_tokens, s.draft_budget) for s in out.scheduled] == [("a", 5, 4), ("b", 5, 4)]
+    # Drafts never run past max_tokens: with 2 tokens left, at most 1 draft.
+    sch2 = make_scheduler(max_batched=64, max_draft=4)
+    sch2.add(make_seq("x", 2, max_tokens=3, speculate=True))
+    run_step(sch2.schedule())
+    assert sch2.schedule(draft_lens={"x": 4}).scheduled[0].draft_budget == 1
+
+
+def test_queue_order_is_priority_then_arrival() -> None:
+    sch = make_scheduler(max_running=1)
+    t = time.time()
+    sch.add(make_seq("late-normal", 3, arrival=t + 2))
+    sch.add(make_seq("early-normal", 3, arrival=t + 1))
+    sch.add(make_seq("urgent", 3, priority=-1, arrival=t + 3))
+    order = []
+    while sch.has_unfinished():
+        out = sch.schedule()
+        for s in out.scheduled:
+            if s.is_prefill:
+                order.append(s.seq.request_id)
+        run_step(out)
+        for seq in list(sch.running):
+            sch.finish(seq, "length")
+    assert order == ["urgent", "early-normal", "late-normal"]
+
+
+def test_a_request_that_does_not_fit_now_waits_for_memory() -> None:
+    # Each request needs 10 + 10 + 1 = 21 slots; the arena holds 50: two at a time.
+    sch = make_scheduler(kv_tokens=50)
+    for i in range(3):
+        sch.add(make_seq(f"r{i}", 10, max_tokens=10))
+    run_step(sch.schedule())
+    assert [s.request_id for s in sch.running] == ["r0", "r1"] and sch.num_waiting == 1
+    assert sch.kv_cache.usage().used_tokens == 42
+    sch.finish(sch.running[0], "stop")  # frees at once
+    assert sch.kv_cache.usage().used_tokens == 21
+    out = sch.schedule()
+    assert ("r2", 10, True) in plan(out)
+
+
+def test_impossible_requests_are_rejected_at_add() -> None:
+    sch = make_scheduler(kv_tokens=100, max_model_len=64)
+    with pytest.raises(RequestRejected) as e:
+        sch.add(make_seq("too-long", 60, max_tokens=10))
+    assert e.value.code == "context_length_exceeded"
+    assert e.value.message == (
+        "prompt has 60 tokens and max_tokens is 10: 60+10 exceeds the model's context of 64 tokens"
+    )
+    small = make_scheduler(kv_tokens=30, max_model_len=64)
+    with pytest.raises(RequestRejected, match="needs 41 KV cache slots but the whole KV cache holds 30 tokens"):
+        small.add(make_seq("too-big", 20, max_tokens=20))
+    with pytest.raises(RequestRejected, match="empty"):
+        sch.add(make_seq("empty", 0))
+    sch.add(make_seq("dup", 3))
+    with pytest.raises(RequestRejected, match="already"):
+        sch.add(make_seq("dup", 3))
+    assert not small.has_unfinished()
+
+
+def test_deadlines_expire_waiting_and_running_requests() -> None:
+    sch = make_scheduler(max_running=1)
+    now = time.time()
+    sch.add(make_seq("runs", 3, deadline=now + 100))
+    sch.add(make_seq("waits", 3, deadline=now + 1))
+    run_step(sch.schedule(now=now))
+    out = sch.schedule(now=now + 2)  # "waits" expired while queued
+    assert [s.request_id for s in out.finished] == ["waits"]
+    waits = out.finished[0]
+    assert waits.finish_reason == "deadline" and waits.first_scheduled_time is None and waits.kv is None
+    out = sch.schedule(now=now + 101)
+    assert [s.request_id for s in out.finished] == ["runs"] and out.is_empty
+    assert sch.kv_cache.usage().used_tokens == 0 and not sch.has_unfinished()
+
+
+def test_abort_frees_the_region_immediately() -> None:
+    sch = make_scheduler()
+    sch.add(make_seq("a", 5))
+    sch.add(make_seq("queued", 5))
+    run_step(sch.schedule())
+    used = sch.kv_cache.usage().used_tokens
+    seq = sch.abort("a")
+    assert seq is not None and seq.status is SequenceStatus.FINISHED and seq.finish_reason == "abort"
+    assert sch.kv_cache.usage().used_tokens == used - 16
+    assert sch.abort("queued") is not None and sch.abort("unknown") is None
+    assert not sch.has_unfinished() and sch.schedule().is_empty
+
+
+def test_max_running_requests_bounds_admission() -> None:
+    sch = make_scheduler(max_running=2)
+    for i in range(4):
+        sch.add(make_seq(f"r{i}", 2))
+    out = sch.schedule()
+    assert [s.seq.request_id for s in out.scheduled] == ["r0", "r1"]
+    assert sch.num_running == 2 and sch.num_waiting == 2
