@@ -223,7 +223,11 @@ async def _run_backend(
     if name == "kafka":
         from streams.bench.backends.kafka import KafkaBackend
 
-        backend = KafkaBackend(options, timeout_s=args.timeout)
+        backend: Any = KafkaBackend(options, timeout_s=args.timeout)
+    elif name == "inprocess":
+        from streams.bench.backends.inprocess import InProcessBackend
+
+        backend = InProcessBackend(options, timeout_s=args.timeout)
     else:
         backend = make_backend(name, options)
     results = []

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass
 from typing import Any
+
+from schemas.events import ChatMessage, GenerateRequest, ReplyRoute, SamplingParams
 
 from streams.bench.record import RequestRecord, StreamChecker
 
@@ -80,3 +83,25 @@ def error_message_of(payload: Any) -> str:
         if "message" in payload:
             return str(payload["message"])
     return str(payload)[:500]
+
+
+def generate_request(
+    record: RequestRecord, model: str, reply_topic: str, *, timeout_s: float | None = None, partition: int | None = 0,
+) -> GenerateRequest:
+    """The GenerateRequest for a bench request, as an edge would publish it (the Kafka and in-process backends)."""
+    req = record.request
+    sampling = SamplingParams(
+        max_tokens=req.max_tokens, temperature=req.sampling.temperature, top_p=req.sampling.top_p,
+        top_k=req.sampling.top_k, seed=req.seed, speculation=req.sampling.speculation,
+    )
+    now = time.time()
+    return GenerateRequest(
+        request_id=record.request_id,
+        prompt=req.prompt,
+        messages=[ChatMessage(**m) for m in req.messages] if req.messages is not None else None,
+        model=model,
+        sampling=sampling,
+        reply_to=ReplyRoute(topic=reply_topic, partition=partition),
+        deadline=now + timeout_s if timeout_s else None,
+        created_at=now,
+    )

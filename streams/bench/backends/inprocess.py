@@ -1,10 +1,15 @@
 """The engine in this process: the same workload without edge, Kafka or worker process.
 
-This is the baseline of the bus-overhead comparison. To isolate the bus, it
-drives the engine exactly as the worker does: through the worker's
-``EngineDriver`` (one engine thread, tokenization on that thread, outputs
-handed to the event loop once per step), so what differs between the two runs
-is the edge, Kafka and the serialization between them.
+This is the baseline of the bus-overhead comparison. To isolate the bus it
+drives the engine the way the worker does: the bench request becomes the same
+``GenerateRequest`` an edge would publish, the worker's own intake
+(``streams.worker.intake.to_engine_request``: chat template, tokenization,
+sampling) turns it into an engine request on the engine thread, and the
+worker's ``EngineDriver`` runs the engine in its own thread and hands each
+step's outputs to the event loop. Every output is one chunk, as the worker
+publishes one TokenChunk per output. What differs from a run against the
+service is the edge, Kafka, the worker's Kafka I/O and the serialization
+between them.
 """
 from __future__ import annotations
 
@@ -12,57 +17,42 @@ import asyncio
 import time
 from typing import Any
 
-from streams.bench.backends.base import Backend, BackendOptions
+from streams.bench.backends.base import Backend, BackendOptions, generate_request
 from streams.bench.record import RequestRecord, StreamChecker
-from streams.bench.workload import BenchRequest
 
 
 def engine_config_for(options: BackendOptions) -> Any:
     """The engine configuration: the one given, else the project's settings (as the worker reads them)."""
     if options.engine_config is not None:
-        return options.engine_config
-    try:
+        config = options.engine_config
+    else:
         from streams.config import load_settings
 
         config = load_settings().engine.to_engine_config()
-    except ImportError:
-        from engine.config import EngineConfig
-
-        config = EngineConfig()
     if options.model and options.model != config.model:
         config.model = options.model
     return config
 
 
-def prompt_token_ids(tokenizer: Any, request: BenchRequest) -> list[int]:
-    """Token ids of the request, rendered as the worker renders it."""
-    try:
-        from streams.worker.prompts import render_prompt  # the worker's own rendering, once it exists
-    except ImportError:
-        render_prompt = None
-    if render_prompt is not None:
-        return list(render_prompt(tokenizer, prompt=request.prompt, messages=request.messages_list()))
-    if request.messages is not None:
-        encoded = tokenizer.apply_chat_template(request.messages_list(), add_generation_prompt=True, tokenize=True)
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-    return list(tokenizer.encode(request.prompt))
-
-
 class InProcessBackend(Backend):
     name = "inprocess"
 
-    def __init__(self, options: BackendOptions) -> None:
+    def __init__(self, options: BackendOptions, timeout_s: float | None = None) -> None:
         super().__init__(options)
+        self.timeout_s = timeout_s
         self.engine: Any = None
+        self.config: Any = None
         self._driver: Any = None
         self._routes: dict[str, tuple[StreamChecker, asyncio.Future[None], list[int]]] = {}
-        self.config: Any = None
 
     def describe(self) -> dict[str, Any]:
         out = {**super().describe(), "model": getattr(self.config, "model", self.options.model)}
         spec = getattr(self.config, "speculation", None)
         if spec is not None:
             out["speculation"] = {"enabled": spec.enabled, "method": spec.method, "max_draft_tokens": spec.max_draft_tokens}
+        for key in ("device", "dtype", "max_running_requests", "max_batched_tokens"):
+            if hasattr(self.config, key):
+                out[key] = getattr(self.config, key)
         return out
 
     async def start(self) -> None:
@@ -87,19 +77,22 @@ class InProcessBackend(Backend):
             if route is None:
                 continue
             checker, done, counter = route
-            if out.token_ids or out.text:
-                checker.chunk(now, text=out.text, token_ids=list(out.token_ids), index=counter[0],
-                              drafted=out.spec.drafted, accepted=out.spec.accepted)
-                counter[0] += 1
+            checker.chunk(now, text=out.text, token_ids=list(out.token_ids), index=counter[0],
+                          drafted=out.spec.drafted, accepted=out.spec.accepted)
+            counter[0] += 1
             if out.finished:
                 stats = out.stats
+                server = None
+                if stats is not None:
+                    server = {
+                        "timings": {"queued_s": stats.queued_s, "ttft_s": stats.ttft_s, "total_s": stats.total_s},
+                        "spec": {"drafted": stats.spec.drafted, "accepted": stats.spec.accepted,
+                                 "tokens_per_forward": stats.tokens_per_forward},
+                    }
                 checker.final(
-                    now, finish_reason=out.finish_reason, num_chunks=counter[0],
+                    now, finish_reason=out.finish_reason or "stop", num_chunks=counter[0],
                     prompt_tokens=getattr(stats, "prompt_tokens", None),
-                    completion_tokens=getattr(stats, "completion_tokens", None),
-                    server={"timings": {"queued_s": stats.queued_s, "ttft_s": stats.ttft_s, "total_s": stats.total_s},
-                            "spec": {"drafted": stats.spec.drafted, "accepted": stats.spec.accepted,
-                                     "tokens_per_forward": stats.tokens_per_forward}} if stats is not None else None,
+                    completion_tokens=getattr(stats, "completion_tokens", None), server=server,
                 )
                 if not done.done():
                     done.set_result(None)
@@ -112,19 +105,16 @@ class InProcessBackend(Backend):
                 done.set_result(None)
 
     async def run(self, record: RequestRecord, checker: StreamChecker) -> None:
-        from engine.request import EngineRequest, RequestRejected, SamplingParams
+        from engine.request import RequestRejected
+        from streams.worker.intake import to_engine_request
 
-        req = record.request
-        sampling = SamplingParams(
-            max_tokens=req.max_tokens, temperature=req.sampling.temperature, top_p=req.sampling.top_p,
-            top_k=req.sampling.top_k, seed=req.seed,
-        )
+        request = generate_request(record, self.options.model, "inprocess", timeout_s=self.timeout_s, partition=None)
+        if request.model != self.engine.model_name:
+            checker.error(time.perf_counter(), "error:unknown_model", f"the in-process engine serves {self.engine.model_name}")
+            return
 
-        def prepare(engine: Any) -> EngineRequest:
-            return EngineRequest(
-                request_id=record.request_id, prompt_token_ids=prompt_token_ids(engine.tokenizer, req),
-                sampling=sampling, speculation=req.sampling.speculation,
-            )
+        def prepare(engine: Any) -> Any:
+            return to_engine_request(request, engine.tokenizer, arrival_time=time.time())
 
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._routes[record.request_id] = (checker, done, [0])

@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.events import ChatMessage, Completion, ErrorEvent, GenerateRequest, ReplyRoute, SamplingParams, TokenChunk
+from schemas.events import Completion, ErrorEvent, TokenChunk
 from schemas.topics import TopicCatalog
-from streams.bench.backends.base import Backend, BackendOptions
+from streams.bench.backends.base import Backend, BackendOptions, generate_request
 from streams.bench.record import RequestRecord, StreamChecker
 
 log = logging.getLogger(__name__)
@@ -110,24 +110,6 @@ class KafkaBackend(Backend):
                         continue
                     queue.put_nowait((now, event))
 
-    def _request(self, record: RequestRecord) -> GenerateRequest:
-        req = record.request
-        sampling = SamplingParams(
-            max_tokens=req.max_tokens, temperature=req.sampling.temperature, top_p=req.sampling.top_p,
-            top_k=req.sampling.top_k, seed=req.seed, speculation=req.sampling.speculation,
-        )
-        now = time.time()
-        return GenerateRequest(
-            request_id=record.request_id,
-            prompt=req.prompt,
-            messages=[ChatMessage(**m) for m in req.messages] if req.messages is not None else None,
-            model=self.options.model,
-            sampling=sampling,
-            reply_to=ReplyRoute(topic=self.reply_topic, partition=0),
-            deadline=now + self.timeout_s if self.timeout_s else None,
-            created_at=now,
-        )
-
     async def run(self, record: RequestRecord, checker: StreamChecker) -> None:
         from aiokafka.errors import KafkaError
 
@@ -136,7 +118,7 @@ class KafkaBackend(Backend):
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._routes[record.request_id] = queue
         try:
-            event = self._request(record)
+            event = generate_request(record, self.options.model, self.reply_topic, timeout_s=self.timeout_s)
             record.start = time.perf_counter()
             try:
                 await self._producer.send_and_wait(
