@@ -9,6 +9,7 @@ unavailable).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -108,9 +109,9 @@ def from_worker_error(event: ErrorEvent, *, input_param: str = "messages") -> Ed
 
     ``input_param`` is the name of the prompt field in the client's API
     ("messages" for chat, "prompt" for completions). For
-    ``context_length_exceeded`` the param is ``max_tokens`` when the worker
-    says the prompt fits but not with the requested completion, else the
-    prompt field.
+    ``context_length_exceeded`` the param is the prompt field when the prompt
+    alone does not fit, and ``max_tokens`` when the prompt fits but not
+    together with the requested completion (see :func:`_context_param`).
     """
     status, type_ = _WORKER_ERRORS.get(event.code, (500, "server_error"))
     code: str = event.code
@@ -118,7 +119,20 @@ def from_worker_error(event: ErrorEvent, *, input_param: str = "messages") -> Ed
     if event.code == "unknown_model":
         code, param = "model_not_found", "model"
     elif event.code == "context_length_exceeded":
-        param = "max_tokens" if "max_tokens" in event.message else input_param
+        param = _context_param(event.message, input_param)
     elif event.code == "message_too_large":
         param = input_param
     return EdgeError(status, event.message, type=type_, param=param, code=code)
+
+
+# The engine's wording: "prompt has N tokens and max_tokens is M: ... context of C tokens" (or "... holds C tokens").
+_CONTEXT = re.compile(r"prompt has (\d+) tokens and max_tokens is (\d+).*?(\d+) tokens\s*$")
+
+
+def _context_param(message: str, input_param: str) -> str:
+    """Which parameter made the request too long: the prompt itself, or max_tokens on top of it."""
+    match = _CONTEXT.search(message)
+    if match is None:
+        return "max_tokens" if "max_tokens" in message and "prompt" not in message else input_param
+    prompt_tokens, _max_tokens, capacity = (int(g) for g in match.groups())
+    return input_param if prompt_tokens >= capacity else "max_tokens"

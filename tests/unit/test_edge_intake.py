@@ -105,8 +105,13 @@ def test_unknown_model_is_404():
 @pytest.mark.parametrize(
     ("code", "message", "status", "param"),
     [
-        ("context_length_exceeded", "prompt is 3000 tokens", 400, "messages"),
-        ("context_length_exceeded", "prompt + max_tokens = 5000 > 2048", 400, "max_tokens"),
+        ("context_length_exceeded", "prompt has 3000 tokens and max_tokens is 16: 3000+16 exceeds the model's "
+         "context of 2048 tokens", 400, "messages"),
+        ("context_length_exceeded", "prompt has 30 tokens and max_tokens is 4000: 30+4000 exceeds the model's "
+         "context of 2048 tokens", 400, "max_tokens"),
+        ("context_length_exceeded", "prompt has 30 tokens and max_tokens is 900: the request needs 940 KV cache "
+         "slots but the whole KV cache holds 512 tokens", 400, "max_tokens"),
+        ("context_length_exceeded", "the prompt is too long", 400, "messages"),
         ("invalid_request", "bad", 400, None),
         ("message_too_large", "2 MiB", 413, "messages"),
         ("deadline_exceeded", "late", 504, None),

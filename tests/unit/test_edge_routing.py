@@ -338,9 +338,10 @@ def test_http_client_errors_are_precise(edge_a, content, kwargs, status, code, p
 @pytest.mark.parametrize(
     ("prompt", "status", "code", "param"),
     [
-        ("ERROR:context_length_exceeded prompt has 9000 tokens, the model 2048", 400, "context_length_exceeded",
-         "messages"),
-        ("ERROR:context_length_exceeded prompt + max_tokens exceed 2048", 400, "context_length_exceeded", "max_tokens"),
+        ("ERROR:context_length_exceeded prompt has 9000 tokens and max_tokens is 8: 9000+8 exceeds the model's "
+         "context of 2048 tokens", 400, "context_length_exceeded", "messages"),
+        ("ERROR:context_length_exceeded prompt has 9 tokens and max_tokens is 4000: 9+4000 exceeds the model's "
+         "context of 2048 tokens", 400, "context_length_exceeded", "max_tokens"),
         ("ERROR:unknown_model not served", 404, "model_not_found", "model"),
         ("ERROR:overloaded busy", 503, "overloaded", None),
         ("ERROR:internal_error boom", 500, "internal_error", None),
