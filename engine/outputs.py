@@ -58,3 +58,26 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     spec: SpecStats = field(default_factory=SpecStats)
     stats: RequestStats | None = None  # set on the finishing output
+
+
+@dataclass
+class RequestOutputAccum:
+    """All of one request's outputs merged (what `LLMEngine.generate` returns)."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    spec: SpecStats = field(default_factory=SpecStats)
+    stats: RequestStats | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.token_ids.extend(out.token_ids)
+        self.text += out.text
+        self.spec.drafted += out.spec.drafted
+        self.spec.accepted += out.spec.accepted
+        if out.finished:
+            self.finished = True
+            self.finish_reason = out.finish_reason
+            self.stats = out.stats

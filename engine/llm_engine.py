@@ -1,0 +1,336 @@
+"""The engine facade: one `step()` = schedule, draft, one target forward, verify, commit.
+
+Driven from a single thread (the Kafka worker's engine loop); nothing here is
+thread-safe and nothing here knows about Kafka.
+
+A step:
+1. the speculation controller picks a draft length k_i per decoding sequence;
+2. the scheduler builds the batch (decodes first, then prefill chunks) and
+   drops aborted / expired requests;
+3. the proposer drafts up to k_i tokens per scheduled decode;
+4. ONE target forward over the flat batch: a decode feeds [last, d_1..d_k]
+   and gets k + 1 rows of logits, a prefill chunk that completes its prompt
+   gets its last row;
+5. the verifier turns each sequence's rows into 1..k+1 tokens (accepted
+   drafts plus one token of the target's own; with k = 0 this is plain
+   sampling), the KV counter is rolled back to the accepted prefix (O(1)),
+   and the controller learns what was accepted;
+6. tokens go through the finish checks (EOS, stop strings, max_tokens) and
+   the detokenizer; finished requests free their KV region at once.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalDetokenizer
+from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes
+from engine.loader import LoadedModel, load_model
+from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecStats
+from engine.request import EngineRequest, RequestRejected
+from engine.runner import ModelRunner, RunnerOutput
+from engine.sampler import RequestRng
+from engine.scheduler import ScheduledSequence, Scheduler
+from engine.sequence import Sequence
+from engine.spec.config import SpecConfig
+from engine.spec.controller import SpeculationController
+from engine.spec.proposer import DraftProposal, Proposer, ProposalInput
+from engine.spec.verifier import verify_batch
+
+Progress = Callable[[str], None]
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig,
+        proposer: Proposer | None = None,
+        controller: SpeculationController | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        """Wire an already loaded model; `from_config` is the usual entry point.
+
+        proposer / controller: injected for tests; by default built from
+        config.speculation (no proposer when speculation is disabled).
+        """
+        say = progress or _noop
+        self.config = config
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.model_name = config.model
+        self.eos_token_ids = loaded.eos_token_ids
+        self.vocab_size = loaded.model.cfg.vocab_size
+
+        context = loaded.max_context
+        if config.max_model_len is None:
+            self.max_model_len = min(context, 2048)
+        elif config.max_model_len > context:
+            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context of {context} tokens")
+        else:
+            self.max_model_len = config.max_model_len
+
+        spec = config.speculation
+        self.spec_config = SpecConfig.from_engine(spec)
+        self.speculation_enabled = spec.enabled and spec.max_draft_tokens > 0
+        self.max_draft_tokens = spec.max_draft_tokens if self.speculation_enabled else 0
+        if self.speculation_enabled:
+            self.proposer = proposer or self._build_proposer(loaded, say)
+            self.controller = controller or SpeculationController(self.spec_config)
+        else:
+            self.proposer, self.controller = None, None
+
+        # RoPE tables: drafts may run a few positions past max_model_len - 1.
+        self.model.init_rope(loaded.hf_config, self.max_model_len + self.max_draft_tokens + 1)
+
+        cfg = self.model.cfg
+        budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
+        # More than every running request at full length could never be used.
+        useful = config.max_running_requests * (self.max_model_len + self.max_draft_tokens + 1)
+        self.kv_cache = KVCache.from_budget(
+            budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
+        )
+        usage = self.kv_cache.usage()
+        say(f"KV cache: {usage.total_tokens} tokens, {usage.total_bytes / 2**20:.0f} MiB")
+
+        self.scheduler = Scheduler(
+            self.kv_cache,
+            max_model_len=self.max_model_len,
+            max_running_requests=config.max_running_requests,
+            max_batched_tokens=config.max_batched_tokens,
+            max_draft_tokens=self.max_draft_tokens,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache)
+        self.num_steps = 0
+        self.num_forwards = 0
+
+    @classmethod
+    def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> "LLMEngine":
+        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
+        return cls(loaded, cfg, progress=progress)
+
+    def _build_proposer(self, loaded: LoadedModel, say: Progress) -> Proposer:
+        spec = self.config.speculation
+        if spec.method == "ngram":
+            from engine.spec.ngram import NgramProposer
+
+            return NgramProposer(spec.ngram_min, spec.ngram_max)
+        if spec.method == "draft":
+            try:
+                from engine.spec.draft_model import DraftModelProposer  # type: ignore[import-not-found]
+            except ImportError as e:
+                raise ValueError("speculation method 'draft' is not available in this build") from e
+            say(f"loading draft model {spec.draft_model} ...")
+            return DraftModelProposer.from_engine(self.spec_config, loaded)  # type: ignore[no-any-return]
+        raise ValueError(f"unknown speculation method {spec.method!r}")
+
+    # ------------------------------------------------------------------ API
+
+    def add_request(self, req: EngineRequest) -> None:
+        """Queue a request; raises RequestRejected when it can never be served."""
+        bad = [t for t in req.prompt_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestRejected(
+                "invalid_request", f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
+            )
+        speculate = self.speculation_enabled and req.speculation is not False
+        seq = Sequence(request=req, speculate=speculate)
+        seq.rng = RequestRng(req.sampling.seed)
+        seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.sampling.stop)
+        if self.controller is not None:
+            seq.spec_state = self.controller.new_state(req.request_id, req.speculation if speculate else False)
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Cancel a waiting or running request; its KV region is free when this returns."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return None
+        self._release(seq)
+        return self._final_output(seq, [], "", SpecStats())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def cache_usage(self) -> CacheUsage:
+        return self.kv_cache.usage()
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration; outputs of the requests that progressed or finished."""
+        now = time.time()
+        self.num_steps += 1
+        draft_lens = self._plan_drafts()
+        batch = self.scheduler.schedule(now, draft_lens)
+        outputs = [self._expired_output(seq) for seq in batch.finished]
+        if batch.is_empty:
+            return outputs
+
+        draft_s = self._propose(batch.scheduled)
+        result = self.runner.execute(batch)
+        self.num_forwards += 1
+        t0 = time.perf_counter()
+        with_logits = [s for s in batch.scheduled if s.needs_logits]
+        emitted = self._verify(with_logits, result)
+        verify_s = result.forward_s + time.perf_counter() - t0
+
+        drafted_total = 0
+        for sched, tokens in zip(with_logits, emitted):
+            drafted_total += len(sched.draft_tokens)
+            out = self._commit(sched, tokens, draft_s, verify_s)
+            if out is not None:
+                outputs.append(out)
+        if self.controller is not None:
+            self.controller.observe_step(batch.num_batched_tokens, verify_s, draft_s, drafted_total)
+        return outputs
+
+    def generate(self, requests: list[EngineRequest]) -> dict[str, RequestOutputAccum]:
+        """Run requests to completion (tests, benchmarks); all are added up front."""
+        acc = {r.request_id: RequestOutputAccum(r.request_id) for r in requests}
+        for r in requests:
+            self.add_request(r)
+        while self.has_unfinished():
+            for out in self.step():
+                acc[out.request_id].add(out)
+        return acc
+
+    # ------------------------------------------------------------ speculation
+
+    def _plan_drafts(self) -> dict[str, int]:
+        if self.controller is None:
+            return {}
+        decoding = [s for s in self.scheduler.decoding() if s.speculate]
+        if not decoding:
+            return {}
+        # Tokens the step feeds anyway: one per decode plus what prefill can take.
+        n_decode = len(self.scheduler.decoding())
+        base = min(self.config.max_batched_tokens, n_decode + self.scheduler.pending_prefill_tokens())
+        caps = [s.params.max_tokens - len(s.output_ids) - 1 for s in decoding]
+        ks = self.controller.plan([s.spec_state for s in decoding], base, caps)
+        return {s.request_id: k for s, k in zip(decoding, ks) if k > 0}
+
+    def _propose(self, scheduled: list[ScheduledSequence]) -> float:
+        """Fill draft_tokens of the scheduled decodes; returns the proposer's seconds."""
+        todo = [s for s in scheduled if not s.is_prefill and s.draft_budget > 0]
+        if self.proposer is None or not todo:
+            return 0.0
+        t0 = time.perf_counter()
+        inputs = [
+            ProposalInput(
+                seq_id=s.seq.request_id,
+                token_ids=s.seq.all_token_ids(),
+                params=s.seq.params,
+                num_prompt_tokens=s.seq.num_prompt_tokens,
+                rng=s.seq.rng,
+            )
+            for s in todo
+        ]
+        proposals = self.proposer.propose(inputs, [s.draft_budget for s in todo])
+        for sched, prop in zip(todo, proposals):
+            tokens = list(prop.tokens[: sched.draft_budget])
+            sched.draft_tokens = tokens
+            sched.draft_probs = prop.probs[: len(tokens)] if prop.probs is not None else None
+            sched.finalize_drafts()
+        return time.perf_counter() - t0
+
+    def _verify(self, with_logits: list[ScheduledSequence], result: RunnerOutput) -> list[list[int]]:
+        """Per sequence needing logits, its emitted tokens (k = 0 is plain sampling)."""
+        if not with_logits:
+            return []
+        proposals = [DraftProposal(s.draft_tokens, s.draft_probs) for s in with_logits]  # type: ignore[arg-type]
+        return verify_batch(
+            result.logits,
+            proposals,
+            [s.seq.params for s in with_logits],
+            [s.seq.rng for s in with_logits],
+            [len(s.seq.output_ids) for s in with_logits],
+        )
+
+    # ------------------------------------------------------------ commit
+
+    def _commit(
+        self, sched: ScheduledSequence, tokens: list[int], draft_s: float, verify_s: float
+    ) -> RequestOutput | None:
+        seq = sched.seq
+        now = time.time()
+        k = len(sched.draft_tokens)
+        accepted = len(tokens) - 1
+        if seq.kv is None:
+            raise RuntimeError(f"{seq.request_id} lost its KV region mid-step")
+        if not sched.is_prefill:
+            # Valid KV: the prefix plus the fed last token plus the accepted drafts.
+            fed_from = seq.kv.num_cached - sched.num_new_tokens
+            seq.kv.rollback(fed_from + 1 + accepted)
+
+        seq.num_sampling_forwards += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        if k > 0:
+            seq.spec.drafted += k
+            seq.spec.accepted += accepted
+            while len(seq.drafted_at) < k:
+                seq.drafted_at.append(0)
+                seq.accepted_at.append(0)
+            for i in range(k):
+                seq.drafted_at[i] += 1
+            for i in range(accepted):
+                seq.accepted_at[i] += 1
+            seq.draft_time_s += draft_s
+            seq.verify_time_s += verify_s
+            if self.controller is not None:
+                self.controller.observe_acceptance(seq.spec_state, k, accepted)
+
+        new: list[int] = []
+        reason: FinishReason | None = None
+        params = seq.params
+        for tok in tokens:
+            seq.output_ids.append(tok)
+            new.append(tok)
+            if not params.ignore_eos and tok in self.eos_token_ids:
+                reason = "stop"
+            elif seq.detok.add_token(tok):
+                reason = "stop"
+            elif len(seq.output_ids) >= params.max_tokens:
+                reason = "length"
+            if reason is not None:
+                break  # tokens after a finish are dropped
+        step_spec = SpecStats(k, accepted)
+        if reason is not None:
+            self.scheduler.finish(seq, reason, now)
+            self._release(seq)
+            return self._final_output(seq, new, seq.detok.take_delta(final=True), step_spec)
+        if self.proposer is not None and seq.speculate:
+            self.proposer.rollback(seq.request_id, seq.num_tokens)
+        return RequestOutput(seq.request_id, new, seq.detok.take_delta(), spec=step_spec)
+
+    def _release(self, seq: Sequence) -> None:
+        if self.proposer is not None and seq.speculate:
+            self.proposer.release(seq.request_id)
+
+    def _expired_output(self, seq: Sequence) -> RequestOutput:
+        self._release(seq)
+        return self._final_output(seq, [], seq.detok.take_delta(final=True), SpecStats())
+
+    def _final_output(self, seq: Sequence, tokens: list[int], text: str, spec: SpecStats) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=tokens,
+            text=text,
+            finished=True,
+            finish_reason=seq.finish_reason,
+            spec=spec,
+            stats=seq.stats(),
+        )
+
+    # ------------------------------------------------------------ introspection
+
+    def telemetry(self) -> Any:
+        """The speculation controller's view of the running requests (None without speculation)."""
+        if self.controller is None:
+            return None
+        return self.controller.telemetry([s.spec_state for s in self.scheduler.running if s.spec_state is not None])

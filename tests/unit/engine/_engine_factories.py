@@ -1,0 +1,130 @@
+"""Small builders shared by the engine-core tests: tiny random models, a toy
+tokenizer, engines wired around them, HF references. No model files needed."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig, SpeculationConfig
+from engine.kv_cache import kv_bytes_per_token
+from engine.llm_engine import LLMEngine
+from engine.loader import LoadedModel
+from engine.model import Decoder
+from engine.request import EngineRequest, SamplingParams
+
+VOCAB = 300
+
+
+class CharTokenizer:
+    """Token i decodes to one letter; enough for engine tests (the detokenizer has its own, real-tokenizer tests)."""
+
+    eos_token_id = None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, **_: Any) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
+    """A random 2-layer GQA model of the given family, fp32, eval mode."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    families = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+        "mistral": (MistralConfig, MistralForCausalLM),
+    }
+    config_cls, model_cls = families[kind]
+    kw: dict[str, Any] = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        # Larger than the default 0.02: logits far apart, so greedy never hinges on a near tie.
+        initializer_range=0.2,
+        tie_word_embeddings=kind != "llama",
+    )
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    cfg = config_cls(**kw)
+    return model_cls(cfg).eval()
+
+
+def loaded_from_hf(hf: Any, eos: frozenset[int] = frozenset(), tokenizer: Any = None) -> LoadedModel:
+    return LoadedModel(
+        name="tiny",
+        path=Path("."),
+        model=Decoder.from_hf(hf, hf.config.max_position_embeddings),
+        tokenizer=tokenizer or CharTokenizer(),
+        hf_config=hf.config,
+        eos_token_ids=eos,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+
+
+def kv_bytes_for(hf: Any, tokens: int) -> int:
+    """KV budget (bytes) holding exactly `tokens` token slots of this model."""
+    c = hf.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return tokens * kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, head_dim, torch.float32)
+
+
+def make_engine(
+    hf: Any,
+    *,
+    kv_tokens: int = 4096,
+    max_batched_tokens: int = 512,
+    max_running_requests: int = 64,
+    max_model_len: int | None = None,
+    speculation: SpeculationConfig | None = None,
+    eos: frozenset[int] = frozenset(),
+    proposer: Any = None,
+    controller: Any = None,
+) -> LLMEngine:
+    cfg = EngineConfig(
+        model="tiny",
+        kv_cache_bytes=kv_bytes_for(hf, kv_tokens),
+        max_batched_tokens=max_batched_tokens,
+        max_running_requests=max_running_requests,
+        max_model_len=max_model_len,
+        speculation=speculation or SpeculationConfig(enabled=False),
+    )
+    return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller)
+
+
+def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def greedy_request(rid: str, prompt: list[int], max_tokens: int, **kw: Any) -> EngineRequest:
+    return EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), **kw)
+
+
+@torch.inference_mode()
+def hf_greedy(hf: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = hf.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
+    return out[0, len(prompt) :].tolist()

@@ -1,0 +1,238 @@
+"""The engine end to end on tiny random models: exactness against HF generate,
+speculation plumbing and KV rollback, memory admission, abort, deadlines, finish reasons."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from _engine_factories import greedy_request, hf_greedy, kv_bytes_for, make_engine, random_prompts, tiny_hf_model
+
+from engine.config import SpeculationConfig
+from engine.request import EngineRequest, RequestRejected, SamplingParams
+from engine.spec.config import SpecConfig
+from engine.spec.controller import SpeculationController
+from engine.spec.proposer import DraftProposal, ProposalInput
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def llama():  # noqa: ANN201
+    return tiny_hf_model("llama")
+
+
+def drain(engine, outputs: dict[str, list[int]]) -> None:  # noqa: ANN001
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).extend(out.token_ids)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_staggered_batch_equals_hf_generate_per_prompt(kind: str) -> None:
+    hf = tiny_hf_model(kind)
+    # 8 tokens per step: long prompts are prefilled in chunks next to running decodes.
+    engine = make_engine(hf, max_batched_tokens=8)
+    prompts = random_prompts([5, 19, 3, 26, 11])
+    new = [12, 7, 15, 9, 10]
+    got: dict[str, list[int]] = {}
+    for i in (0, 1):
+        engine.add_request(greedy_request(f"r{i}", prompts[i], new[i]))
+    for _ in range(3):
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    engine.add_request(greedy_request("r2", prompts[2], new[2]))
+    engine.add_request(greedy_request("r3", prompts[3], new[3]))
+    for _ in range(2):
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+    engine.add_request(greedy_request("r4", prompts[4], new[4]))
+    drain(engine, got)
+    for i, prompt in enumerate(prompts):
+        assert got[f"r{i}"] == hf_greedy(hf, prompt, new[i]), f"r{i}"
+    assert engine.cache_usage().used_tokens == 0
+
+
+class OracleProposer:
+    """Drafts the true greedy continuation, corrupted at chosen draft positions, to exercise partial acceptance."""
+
+    def __init__(self, truth: dict[str, list[int]], prompt_len: dict[str, int], wrong_every: int) -> None:
+        self.truth, self.prompt_len, self.wrong_every = truth, prompt_len, wrong_every
+        self.calls: dict[str, int] = {}
+        self.rollbacks: list[tuple[str, int]] = []
+
+    def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
+        out = []
+        for inp, k in zip(inputs, num_tokens):
+            self.calls[inp.seq_id] = self.calls.get(inp.seq_id, 0) + 1
+            pos = len(inp.token_ids) - self.prompt_len[inp.seq_id]
+            drafts = list(self.truth[inp.seq_id][pos : pos + k])
+            if self.calls[inp.seq_id] % self.wrong_every == 0 and len(drafts) > 1:
+                drafts[1] = (drafts[1] + 1) % 300  # reject from the second draft on
+            out.append(DraftProposal(drafts, None))
+        return out
+
+    def rollback(self, seq_id: str, num_tokens: int) -> None:
+        self.rollbacks.append((seq_id, num_tokens))
+
+    def release(self, seq_id: str) -> None:
+        pass
+
+
+def test_speculative_steps_emit_exactly_the_greedy_tokens(llama) -> None:  # noqa: ANN001
+    prompts = random_prompts([7, 15, 4], seed=3)
+    n_new = 20
+    truth = {f"s{i}": hf_greedy(llama, p, n_new) for i, p in enumerate(prompts)}
+    proposer = OracleProposer(truth, {f"s{i}": len(p) for i, p in enumerate(prompts)}, wrong_every=2)
+    spec = SpeculationConfig(enabled=True, max_draft_tokens=4)
+    controller = SpeculationController(SpecConfig(max_draft_tokens=4, adaptive=False))
+    engine = make_engine(llama, speculation=spec, proposer=proposer, controller=controller, max_batched_tokens=12)
+    res = engine.generate([greedy_request(f"s{i}", p, n_new) for i, p in enumerate(prompts)])
+    for rid, r in res.items():
+        assert r.token_ids == truth[rid]
+        st = r.stats
+        assert st is not None and st.spec.drafted > 0 and 0 < st.spec.accepted < st.spec.drafted
+        assert st.tokens_per_forward > 1.0  # fewer target forwards than tokens
+        assert st.accepted_at[0] >= st.accepted_at[-1] and len(st.drafted_at) == 4
+    assert engine.num_forwards < 3 * n_new
+    assert engine.cache_usage().used_tokens == 0
+
+
+def test_ngram_speculation_does_not_change_greedy_output(llama) -> None:  # noqa: ANN001
+    # Repetitive prompts so the n-gram proposer finds matches.
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 5 + [9]]
+    plain = make_engine(llama).generate([greedy_request(f"p{i}", p, 24) for i, p in enumerate(prompts)])
+    spec = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=3)
+    controller = SpeculationController(SpecConfig(max_draft_tokens=3, adaptive=False))
+    fast = make_engine(llama, speculation=spec, controller=controller)
+    res = fast.generate([greedy_request(f"p{i}", p, 24) for i, p in enumerate(prompts)])
+    for rid in res:
+        assert res[rid].token_ids == plain[rid].token_ids
+    assert sum(r.spec.drafted for r in res.values()) > 0
+
+
+def test_rollback_of_draft_positions_equals_a_cache_built_from_scratch(llama) -> None:  # noqa: ANN001
+    from engine.model import AttentionMetadata, SeqAttention, causal_mask_at_end
+
+    engine = make_engine(llama)
+    model, cache = engine.model, engine.kv_cache
+    prompt = random_prompts([10], seed=5)[0]
+    tail = [17, 23]  # committed after the prompt
+    drafts = [40, 41, 42]
+
+    def feed(slot, tokens: list[int]) -> torch.Tensor:  # noqa: ANN001
+        start, n = slot.num_cached, len(tokens)
+        r0 = slot.region.start
+        mask = causal_mask_at_end(n, start + n, "cpu") if n > 1 else None
+        attn = AttentionMetadata([SeqAttention(0, n, r0, start + n, mask)], torch.arange(r0 + start, r0 + start + n), cache)
+        with torch.inference_mode():
+            logits = model.compute_logits(model(torch.tensor(tokens), torch.arange(start, start + n), attn))
+        slot.num_cached += n
+        return logits[-1]
+
+    a = cache.allocate(32)
+    feed(a, prompt)
+    feed(a, [tail[0], *drafts])  # a verify step: last token + 3 drafts, all rejected
+    a.rollback(len(prompt) + 1)  # keep the fed token only: O(1)
+    next_a = feed(a, [tail[1]])
+
+    b = cache.allocate(32)
+    next_b = feed(b, prompt + tail)  # no drafts ever written
+    n = len(prompt) + 2
+    assert a.num_cached == b.num_cached == n
+    ka, va = cache.view(0, a.region.start, n)
+    kb, vb = cache.view(0, b.region.start, n)
+    torch.testing.assert_close(ka, kb, atol=1e-5, rtol=0)
+    torch.testing.assert_close(va, vb, atol=1e-5, rtol=0)
+    torch.testing.assert_close(next_a, next_b, atol=1e-4, rtol=0)
+
+
+def test_six_requests_through_memory_for_two(llama) -> None:  # noqa: ANN001
+    prompts = random_prompts([6, 9, 4, 8, 5, 7], seed=7)
+    # Each request needs prompt + 8 + 1 slots (<= 18): 40 slots hold two at a time, never three.
+    engine = make_engine(llama, kv_tokens=40)
+    for i, p in enumerate(prompts):
+        engine.add_request(greedy_request(f"m{i}", p, 8))
+    got: dict[str, list[int]] = {}
+    finished = set()
+    max_running = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            got.setdefault(out.request_id, []).extend(out.token_ids)
+            if out.finished:
+                finished.add(out.request_id)
+                assert out.finish_reason == "length"
+        max_running = max(max_running, engine.scheduler.num_running)
+        assert engine.cache_usage().used_tokens <= 40
+    assert max_running == 2
+    assert finished == {f"m{i}" for i in range(6)}
+    for i, p in enumerate(prompts):
+        assert got[f"m{i}"] == hf_greedy(llama, p, 8)
+    assert engine.cache_usage().used_tokens == 0 and engine.cache_usage().used_bytes == 0
+
+    with pytest.raises(RequestRejected) as e:
+        engine.add_request(greedy_request("huge", [i % 300 for i in range(500)], 100))
+    assert e.value.code == "context_length_exceeded"
+    assert e.value.message == (
+        "prompt has 500 tokens and max_tokens is 100: 500+100 exceeds the model's context of 512 tokens"
+    )
+    with pytest.raises(RequestRejected, match="the whole KV cache holds 40 tokens"):
+        engine.add_request(greedy_request("wide", list(range(30)), 30))
+    with pytest.raises(RequestRejected, match="outside the vocabulary"):
+        engine.add_request(greedy_request("bad", [1, 2, 300], 5))
+
+
+def test_abort_mid_generation_frees_its_region_at_once(llama) -> None:  # noqa: ANN001
+    engine = make_engine(llama)
+    engine.add_request(greedy_request("keep", [1, 2, 3], 20))
+    engine.add_request(greedy_request("drop", [4, 5, 6, 7], 20))
+    for _ in range(3):
+        engine.step()
+    before = engine.cache_usage().used_tokens
+    out = engine.abort("drop")
+    assert out is not None and out.finished and out.finish_reason == "abort"
+    assert out.stats is not None and out.stats.completion_tokens == 3
+    assert engine.cache_usage().used_tokens == before - (4 + 20 + 1)
+    assert engine.abort("drop") is None
+    res: dict[str, list[int]] = {}
+    drain(engine, res)
+    assert "drop" not in res and len(res["keep"]) == 20 - 3
+
+
+def test_deadlines(llama) -> None:  # noqa: ANN001
+    engine = make_engine(llama)
+    expired = greedy_request("late", [1, 2, 3], 10, deadline=time.time() - 1)
+    running = greedy_request("slow", [4, 5, 6], 50)
+    engine.add_request(expired)
+    engine.add_request(running)
+    outs = {o.request_id: o for o in engine.step()}
+    late = outs["late"]
+    assert late.finished and late.finish_reason == "deadline" and late.token_ids == []
+    assert late.stats is not None and late.stats.completion_tokens == 0
+    assert engine.scheduler.get("late") is None  # never started
+    for _ in range(3):
+        engine.step()
+    running.deadline = time.time() - 0.001  # expires mid-generation
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs["slow"].finish_reason == "deadline" and outs["slow"].stats.completion_tokens == 4
+    assert not engine.has_unfinished() and engine.cache_usage().used_tokens == 0
+
+
+def test_finish_reasons_eos_stop_string_and_length(llama) -> None:  # noqa: ANN001
+    prompt = random_prompts([6], seed=11)[0]
+    truth = hf_greedy(llama, prompt, 12)
+    # EOS: the 4th generated token is declared EOS.
+    engine = make_engine(llama, eos=frozenset({truth[3]}))
+    first_eos = truth.index(truth[3])
+    r = engine.generate([EngineRequest("e", prompt, SamplingParams(max_tokens=12))])["e"]
+    assert r.finish_reason == "stop" and r.token_ids == truth[: first_eos + 1]
+    r = engine.generate([EngineRequest("i", prompt, SamplingParams(max_tokens=12, ignore_eos=True))])["i"]
+    assert r.finish_reason == "length" and r.token_ids == truth
+    # Stop string: CharTokenizer renders token t as chr(97 + t % 26).
+    text = "".join(chr(97 + t % 26) for t in truth)
+    stop = text[5:7]
+    cut = text.index(stop)
+    r = make_engine(llama).generate([EngineRequest("s", prompt, SamplingParams(max_tokens=12, stop=(stop,)))])["s"]
+    assert r.finish_reason == "stop" and r.text == text[:cut] and r.token_ids == truth[: cut + 2]
+    assert r.stats is not None and r.stats.prompt_tokens == 6 and r.stats.completion_tokens == cut + 2
+    assert r.stats.ttft_s <= r.stats.total_s

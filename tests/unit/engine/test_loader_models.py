@@ -1,0 +1,98 @@
+"""Model resolution and loading: local HF folders, errors, device/dtype; the real default model (marked)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _engine_factories import tiny_hf_model
+
+from engine.config import EngineConfig, SpeculationConfig
+from engine.llm_engine import LLMEngine
+from engine.loader import (
+    cache_root,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_dir,
+)
+from engine.model import UnsupportedModelError
+from engine.request import EngineRequest, SamplingParams
+
+torch.set_num_threads(1)
+
+
+def test_a_local_hf_folder_loads(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    hf = tiny_hf_model("qwen2")
+    hf.save_pretrained(tmp_path)
+    # A word-level tokenizer over the tiny model's 300 ids: "t0" .. "t299".
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(300)}, unk_token="t0"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="t1").save_pretrained(tmp_path)
+    lines: list[str] = []
+    loaded = load_model(str(tmp_path), device="cpu", progress=lines.append)
+    assert loaded.path == tmp_path.resolve() and loaded.dtype == torch.float32
+    assert loaded.model.cfg.model_type == "qwen2" and 1 in loaded.eos_token_ids
+    assert any("loading model" in line for line in lines)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        ref = hf(ids).logits[0, -1]
+    engine = LLMEngine(loaded, EngineConfig(model=str(tmp_path), kv_cache_bytes=1 << 22,
+                                            speculation=SpeculationConfig(enabled=False)))
+    out = engine.generate([EngineRequest("x", [1, 2, 3, 4], SamplingParams(max_tokens=1, ignore_eos=True))])["x"]
+    assert out.token_ids == [int(ref.argmax())]
+
+
+def test_unknown_models_and_architectures_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="neither a known model .*smollm2-135m-instruct"):
+        resolve_model_dir("no-such-model")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        load_model(str(tmp_path), device="cpu")
+
+
+def test_cache_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path))
+    assert cache_root() == tmp_path / "models"
+    monkeypatch.delenv("SPECSTREAM_CACHE_DIR")
+    assert cache_root() == Path.home() / ".cache" / "specstream" / "models"
+
+
+def test_device_and_dtype_resolution() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    assert resolve_dtype("float16", cpu) == torch.float16
+    with pytest.raises(ValueError):
+        resolve_dtype("int3", cpu)
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.mark.model
+def test_default_model_greedy_equals_hf_generate() -> None:
+    from transformers import AutoModelForCausalLM
+
+    lines: list[str] = []
+    engine = LLMEngine.from_config(
+        EngineConfig(kv_cache_bytes=1 << 28, speculation=SpeculationConfig(enabled=False)), progress=lines.append
+    )
+    folder = resolve_model_dir("smollm2-135m-instruct")
+    assert (folder / "model.safetensors").is_file()
+    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
+    assert engine.tokenizer.chat_template and "<|im_start|>" in engine.tokenizer.chat_template
+    assert engine.max_model_len == 2048 and engine.model_name == "smollm2-135m-instruct"
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
+    out = engine.generate([EngineRequest("fr", prompt, SamplingParams(max_tokens=16, ignore_eos=True))])["fr"]
+    assert "Paris" in out.text
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    assert out.token_ids == ref[0, len(prompt):].tolist()
