@@ -43,6 +43,10 @@ class SpecConfig:
     # draft-model proposer
     draft_model: str | None = None
     draft_sampling: DraftSampling = "greedy"
+    # The draft's own KV arena: an absolute budget in bytes wins over the
+    # fraction of free memory; never more than max_running x context is used.
+    draft_kv_cache_bytes: int | None = None
+    draft_kv_cache_fraction: float = 0.1
 
     # --- adaptive controller
     # False: every enabled request gets max_draft_tokens (benchmarks, tests).
