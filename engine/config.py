@@ -17,6 +17,10 @@ class SpeculationConfig:
     method: Literal["ngram", "draft"] = "ngram"
     # Path or name of the draft model when method == "draft".
     draft_model: str | None = None
+    # How the draft model drafts for sampled requests (see engine.spec.config):
+    # "greedy" and "coupled" keep seeded text reproducible across redeliveries,
+    # "sampled" (Leviathan rejection with q) does not.
+    draft_sampling: Literal["greedy", "coupled", "sampled"] = "greedy"
     # Upper bound of k, the number of draft tokens verified per target forward.
     max_draft_tokens: int = 8
     # Below this acceptance rate the controller stops speculating for a sequence...
