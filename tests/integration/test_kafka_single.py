@@ -1,0 +1,126 @@
+"""The local single-node broker: lifecycle API, CLI and a real produce/consume."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from infra.kafka.broker import ClusterSpec, kill_node, single_node, start, status, stop
+from infra.kafka.errors import BrokerStartError
+from infra.kafka.storage import is_formatted
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
+
+pytestmark = pytest.mark.kafka
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "infra.kafka", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+
+
+def test_second_start_is_a_no_op(kafka_single: ClusterSpec) -> None:  # noqa: F811
+    before = status(kafka_single)
+    result = start(kafka_single)
+    assert result.started == ()
+    assert result.formatted == ()
+    assert result.status.pids == before.pids
+    assert result.ready is not None and result.ready.broker_ids == (1,)
+
+
+def test_status_reports_running(kafka_single: ClusterSpec) -> None:  # noqa: F811
+    current = status(kafka_single)
+    assert current.running
+    (node,) = current.nodes
+    assert node.pid is not None and node.broker_port_open and node.controller_port_open
+    port = str(kafka_single.nodes[0].broker_port)
+    cli = _run_cli("status", "--port", port)
+    assert cli.returncode == 0, cli.stderr
+    assert f"running on 127.0.0.1:{port} (pid {node.pid})" in cli.stdout
+
+
+async def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:  # noqa: F811
+    topic = unique_topic("single-roundtrip")
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        response = await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+        assert [error_code for _name, error_code, *_ in response.topic_errors] == [0]
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            sent = await producer.send_and_wait(topic, b"hello kafka", key=b"k1", headers=[("trace", b"t-1")])
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest", group_id=unique_topic("g")
+        )
+        await consumer.start()
+        try:
+            record = await consumer.getone()
+        finally:
+            await consumer.stop()
+        assert (record.offset, record.key, record.value) == (sent.offset, b"k1", b"hello kafka")
+        assert list(record.headers) == [("trace", b"t-1")]
+    finally:
+        await admin.delete_topics([topic])
+        await admin.close()
+
+
+def test_lifecycle_on_scratch_broker(tmp_path: Path) -> None:
+    spec = single_node(port=_free_port(), controller_port=_free_port(), state_dir=tmp_path / "kafka")
+    node = spec.nodes[0]
+    try:
+        first = start(spec)
+        assert first.started == (1,) and first.formatted == (1,)
+        assert is_formatted(node)
+        pid = first.status.pids[1]
+        assert node.pid_file.read_text().strip() == str(pid)
+
+        again = start(spec)
+        assert again.started == () and again.status.pids == {1: pid}
+
+        # Same state folder, other ports: refuse rather than wait on the wrong port.
+        moved = single_node(port=_free_port(), controller_port=_free_port(), state_dir=spec.state_dir)
+        with pytest.raises(BrokerStartError, match="is running with listeners"):
+            start(moved)
+        assert status(spec).pids == {1: pid}
+
+        stopped = stop(spec)
+        assert stopped.stopped == {1: pid} and stopped.forced == ()
+        assert not status(spec).running and not node.pid_file.exists()
+        assert stop(spec).stopped == {}
+
+        # A stale pid file pointing at a live, unrelated process must not count.
+        node.pid_file.write_text(f"{os.getpid()}\n")
+        assert status(spec).pids == {}
+        assert not node.pid_file.exists()
+
+        restarted = start(spec)
+        assert restarted.started == (1,) and restarted.formatted == ()
+        killed_pid = kill_node(spec, 1)
+        assert killed_pid == restarted.status.pids[1]
+        assert status(spec).pids == {}
+    finally:
+        stop(spec)
