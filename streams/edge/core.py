@@ -60,7 +60,9 @@ class Edge:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.last_error = f"cannot connect to Kafka at {self.settings.bootstrap_servers}: {exc!r}"
+                detail = str(exc) or type(exc).__name__
+                self.last_error = (detail if self.settings.bootstrap_servers in detail
+                                   else f"cannot connect to Kafka at {self.settings.bootstrap_servers}: {detail}")
                 log.warning("edge %s: %s; retrying in %.1f s", self.edge_id, self.last_error, delay)
                 await self._stop_parts()
                 await asyncio.sleep(delay)
