@@ -18,7 +18,6 @@ import json
 import threading
 import time
 import uuid
-from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -33,18 +32,7 @@ from schemas.topics import TopicCatalog
 from streams.edge.server import serve_in_thread
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, encode, ensure_topics, make_producer, request_key
-
-try:
-    from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-except ImportError:  # pragma: no cover - only until tests/kafka_fixtures.py is committed
-    import os
-
-    @pytest.fixture(scope="session")
-    def kafka_bootstrap() -> str:
-        address = os.environ.get("SPECSTREAM_BOOTSTRAP_SERVERS")
-        if not address:
-            pytest.skip("no Kafka broker: set SPECSTREAM_BOOTSTRAP_SERVERS")
-        return address
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
 
