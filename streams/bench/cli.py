@@ -18,6 +18,8 @@ import json
 import math
 import sys
 import uuid
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,11 @@ from streams.bench.record import RequestRecord
 from streams.bench.report import (
     bus_overhead, compare_table, load_result, overhead_table, ratios, result_file, run_result, summary_table, write_json,
 )
-from streams.bench.runner import LoadSpec, ProgressSink, RunOutcome, run_load
+from streams.bench.runner import LoadSpec, ProgressSink, RunOutcome, merge_outcomes, run_load, warm_up
 from streams.bench.stats import parse_slo
-from streams.bench.workload import SETS, LengthSpec, SamplingOptions, from_dataset, load_dataset, synthetic, take
+from streams.bench.workload import (
+    SETS, BenchRequest, LengthSpec, SamplingOptions, from_dataset, load_dataset, synthetic, take,
+)
 
 
 def _positive_int(text: str) -> int:
@@ -86,7 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--duration", type=float, default=None, help="send for this many seconds instead")
     g.add_argument("--warmup", type=_nonneg_int, default=2, help="requests sent first and left out of every figure")
     g.add_argument("--compare-inprocess", action="store_true",
-                   help="run the workload against the service, then against the engine in this process, and report the bus overhead")
+                   help="run the workload against the service and against the engine in this process, and report the bus overhead")
+    g.add_argument("--rounds", type=_positive_int, default=2,
+                   help="--compare-inprocess: split the workload into this many rounds, alternating service and "
+                        "in-process as ABBA..., so drift in the machine's load hits both alike")
 
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=SETS, default="mixed", help="built-in synthetic set")
@@ -220,16 +227,7 @@ async def _run_backend(
     name: str, options: BackendOptions, loads: list[LoadSpec], args: argparse.Namespace, sampling: SamplingOptions,
     lengths: LengthSpec, slo: dict[str, float], sink: ProgressSink, console: Any,
 ) -> list[dict[str, Any]]:
-    if name == "kafka":
-        from streams.bench.backends.kafka import KafkaBackend
-
-        backend: Any = KafkaBackend(options, timeout_s=args.timeout)
-    elif name == "inprocess":
-        from streams.bench.backends.inprocess import InProcessBackend
-
-        backend = InProcessBackend(options, timeout_s=args.timeout)
-    else:
-        backend = make_backend(name, options)
+    backend = _make_backend(name, options, args)
     results = []
     tag = f"bench-{uuid.uuid4().hex[:8]}"
     if name == "inprocess":
@@ -247,6 +245,79 @@ async def _run_backend(
             if stray:
                 results[-1]["errors"]["stray_events"] = stray
     return results
+
+
+def _make_backend(name: str, options: BackendOptions, args: argparse.Namespace) -> Any:
+    if name == "kafka":
+        from streams.bench.backends.kafka import KafkaBackend
+
+        return KafkaBackend(options, timeout_s=args.timeout)
+    if name == "inprocess":
+        from streams.bench.backends.inprocess import InProcessBackend
+
+        return InProcessBackend(options, timeout_s=args.timeout)
+    return make_backend(name, options)
+
+
+def _round_parts(args: argparse.Namespace, load: LoadSpec, sampling: SamplingOptions, lengths: LengthSpec,
+                 rounds: int) -> list[tuple[LoadSpec, list[BenchRequest] | None, int]]:
+    """(load, requests or None for a duration round, round number) per round; both backends get the same ones."""
+    if load.num_requests is not None:
+        full = take(_request_source(args, sampling, lengths, args.seed), load.num_requests)
+        rounds = min(rounds, len(full))
+        size, extra = divmod(len(full), rounds)
+        parts, start = [], 0
+        for r in range(rounds):
+            end = start + size + (1 if r < extra else 0)
+            parts.append((replace(load, num_requests=end - start), full[start:end], r))
+            start = end
+        return parts
+    assert load.duration_s is not None
+    return [(replace(load, duration_s=load.duration_s / rounds), None, r) for r in range(rounds)]
+
+
+def _round_source(part: tuple[LoadSpec, list[BenchRequest] | None, int], args: argparse.Namespace,
+                  sampling: SamplingOptions, lengths: LengthSpec) -> Iterator[BenchRequest]:
+    load, requests, r = part
+    if requests is not None:
+        return iter(requests)
+    # Duration rounds: an endless source of their own, indices kept apart so requests pair up across backends.
+    return (replace(q, index=r * 1_000_000 + q.index) for q in _request_source(args, sampling, lengths, args.seed + r))
+
+
+async def _run_compare(
+    options: BackendOptions, loads: list[LoadSpec], args: argparse.Namespace, sampling: SamplingOptions,
+    lengths: LengthSpec, slo: dict[str, float], sink: ProgressSink, console: Any,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Service and in-process, both started at once, measured in alternating rounds (ABBA...)."""
+    service = _make_backend(args.backend, options, args)
+    inprocess = _make_backend("inprocess", options, args)
+    console.print("[dim]loading the engine in this process...[/dim]")
+    service_runs, inprocess_runs, overheads = [], [], []
+    tag = f"bench-{uuid.uuid4().hex[:8]}"
+    async with service, inprocess:
+        warm = take(_request_source(args, sampling, lengths, args.seed + 1_000_003), loads[0].warmup)
+        for backend in (service, inprocess):
+            await warm_up(backend, warm, loads[0], sink=sink, tag=f"{tag}-{backend.name}")
+        for i, load in enumerate(loads):
+            outcomes: dict[str, list[RunOutcome]] = {service.name: [], inprocess.name: []}
+            parts = _round_parts(args, load, sampling, lengths, args.rounds)
+            for part in parts:
+                order = (service, inprocess) if part[2] % 2 == 0 else (inprocess, service)
+                for backend in order:
+                    label = f"{backend.name} {_load_label(load)} round {part[2] + 1}/{len(parts)}"
+                    outcomes[backend.name].append(await run_load(
+                        backend, _round_source(part, args, sampling, lengths), part[0], sink=sink, label=label,
+                        tag=f"{tag}-{i}-{part[2]}-{backend.name}",
+                    ))
+            merged = {name: merge_outcomes(f"{name} {_load_label(load)}", outs) for name, outs in outcomes.items()}
+            results = {name: run_result(m, slo, b.describe(), detail=not args.no_detail)
+                       for (name, m), b in zip(merged.items(), (service, inprocess))}
+            service_runs.append(results[service.name])
+            inprocess_runs.append(results[inprocess.name])
+            overheads.append(bus_overhead(results[service.name], results[inprocess.name],
+                                          merged[service.name].records, merged[inprocess.name].records, rounds=len(parts)))
+    return service_runs + inprocess_runs, overheads
 
 
 def _load_label(load: LoadSpec) -> str:
@@ -294,22 +365,24 @@ async def _bench(args: argparse.Namespace, argv: list[str]) -> int:
         "lengths": {"input_len": args.input_len, "input_len_jitter": args.input_len_jitter,
                     "output_len": args.output_len, "output_len_jitter": args.output_len_jitter},
         "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "speculation": args.speculation},
+        "rounds": args.rounds if args.compare_inprocess else None,
         "seed": args.seed, "slo_ms": {k: v * 1000 for k, v in slo.items()},
         "loads": [load.describe() for load in loads],
         "model": options.model, "base_url": options.base_url, "bootstrap_servers": options.bootstrap_servers,
     }
     sink_cm: Any = _NullContext() if args.no_progress else RichSink(console)
     sink = sink_cm if isinstance(sink_cm, ProgressSink) else ProgressSink()
+    overheads: list[dict[str, Any]] = []
     with sink_cm:
-        runs = await _run_backend(args.backend, options, loads, args, sampling, lengths, slo, sink, console)
-        overhead = None
         if args.compare_inprocess:
-            runs += await _run_backend("inprocess", options, loads, args, sampling, lengths, slo, sink, console)
-            overhead = bus_overhead(runs[0], runs[len(loads)])
+            runs, overheads = await _run_compare(options, loads, args, sampling, lengths, slo, sink, console)
+        else:
+            runs = await _run_backend(args.backend, options, loads, args, sampling, lengths, slo, sink, console)
+    overhead: Any = None if not overheads else overheads[0] if len(overheads) == 1 else overheads
     result = result_file(config, runs, argv, overhead)
     out_console.print(summary_table(runs))
-    if overhead is not None:
-        out_console.print(overhead_table(overhead))
+    for item in overheads:
+        out_console.print(overhead_table(item))
     if args.out:
         write_json(args.out, result)
         console.print(f"result: {args.out}")

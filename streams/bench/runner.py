@@ -75,10 +75,26 @@ class RunOutcome:
     t0: float
     t1: float
     schedule_lag: list[float] = field(default_factory=list)  # open loop: actual send - scheduled send
+    active_s: float | None = None  # several measured windows (rounds): their total length
 
     @property
     def duration_s(self) -> float:
-        return max(self.t1 - self.t0, 1e-9)
+        return max(self.active_s if self.active_s is not None else self.t1 - self.t0, 1e-9)
+
+
+def merge_outcomes(label: str, outcomes: list[RunOutcome]) -> RunOutcome:
+    """One outcome from several measured windows of the same backend (the rounds of --compare-inprocess).
+
+    Throughput divides by the windows' total length, so time spent measuring
+    the other backend between them is not counted.
+    """
+    first = outcomes[0]
+    records = sorted((r for o in outcomes for r in o.records), key=lambda r: r.request.index)
+    return RunOutcome(
+        label=label, load=first.load, records=records, warmup_records=[r for o in outcomes for r in o.warmup_records],
+        t0=first.t0, t1=outcomes[-1].t1, schedule_lag=[x for o in outcomes for x in o.schedule_lag],
+        active_s=sum(o.duration_s for o in outcomes),
+    )
 
 
 class ProgressSink:
@@ -188,12 +204,7 @@ async def run_load(
     """Run warmup then the measured load on a started backend."""
     sink = sink or ProgressSink()
     tag = tag or f"bench-{uuid.uuid4().hex[:8]}"
-    warm: list[RequestRecord] = []
-    if warmup_requests:
-        sink.phase("warmup", len(warmup_requests))
-        clients = min(len(warmup_requests), load.concurrency or load.max_concurrency or 4)
-        await _closed(backend, iter(warmup_requests), _records(tag, backend.name, True), clients,
-                      load.timeout_s, None, sink, warm)
+    warm = await warm_up(backend, list(warmup_requests), load, sink=sink, tag=tag)
     source: Iterator[BenchRequest] = requests
     if load.num_requests is not None:
         source = itertools.islice(requests, load.num_requests)
@@ -210,3 +221,18 @@ async def run_load(
     t1 = time.perf_counter()
     records.sort(key=lambda r: r.request.index)
     return RunOutcome(label=label, load=load, records=records, warmup_records=warm, t0=t0, t1=t1, schedule_lag=lag)
+
+
+async def warm_up(
+    backend: Backend, requests: list[BenchRequest], load: LoadSpec, *, sink: ProgressSink | None = None, tag: str | None = None,
+) -> list[RequestRecord]:
+    """Send ``requests`` closed-loop (at the run's concurrency, 4 for open loop) and wait for all; nothing is measured."""
+    if not requests:
+        return []
+    sink = sink or ProgressSink()
+    tag = tag or f"bench-{uuid.uuid4().hex[:8]}"
+    sink.phase(f"warmup {backend.name}", len(requests))
+    clients = min(len(requests), load.concurrency or load.max_concurrency or 4)
+    warm: list[RequestRecord] = []
+    await _closed(backend, iter(requests), _records(tag, backend.name, True), clients, load.timeout_s, None, sink, warm)
+    return warm

@@ -201,3 +201,26 @@ def test_cli_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "/nonexistent/a.json", "/nonexistent/b.json"]) == 2
     with pytest.raises(SystemExit):
         main(["--concurrency", "2", "--request-rate", "3"])
+
+
+async def test_rounds_merge_and_pair_up() -> None:
+    from streams.bench.report import paired_differences
+    from streams.bench.runner import merge_outcomes
+
+    fast, slow = _Sleepy(0.01), _Sleepy(0.03)
+    reqs = take(synthetic("mixed", LengthSpec(), seed=0), 6)
+    outs: dict[str, list] = {"fast": [], "slow": []}
+    for r, part in enumerate((reqs[:3], reqs[3:])):
+        for name, backend in ((("fast", fast), ("slow", slow)) if r % 2 == 0 else (("slow", slow), ("fast", fast))):
+            outs[name].append(await run_load(backend, iter(part), LoadSpec(concurrency=3, num_requests=len(part))))
+    a, b = merge_outcomes("slow", outs["slow"]), merge_outcomes("fast", outs["fast"])
+    assert [r.request.index for r in a.records] == list(range(6))
+    # Throughput counts only the measured windows, not the other backend's rounds in between.
+    assert a.duration_s < a.t1 - a.t0
+    paired = paired_differences(a.records, b.records)
+    assert paired["pairs"] == 6 and paired["same_output_tokens"] == 6
+    assert paired["e2e_ms"]["p50"] == pytest.approx(20.0, abs=12.0)
+    assert paired["ttft_ms"]["p50"] == pytest.approx(10.0, abs=8.0)
+    overhead = bus_overhead(run_result(a, {}, {}), run_result(b, {}, {}), a.records, b.records, rounds=2)
+    assert overhead["paired"]["pairs"] == 6 and overhead["rounds"] == 2
+    assert overhead["targets"]["added_e2e_p50_ms<=5"] is False
