@@ -10,7 +10,8 @@ from a stateful generator whose state would depend on the history of draws.
 
 The noise is a counter-based hash (two rounds of the `lowbias32` integer
 finaliser over a Weyl sequence) computed with int32 tensor ops. That makes it
-- independent of the device (CPU and CUDA produce bit-identical noise),
+- independent of the device: the hash bits and uniforms are bit-identical on
+  CPU and CUDA (only -log(u) may differ in the last ulp between libms),
 - batchable: one set of elementwise kernels serves rows of different
   requests and positions, with no per-row generator objects or launches.
 
@@ -242,9 +243,9 @@ def target_probs(logits: Tensor, params: SamplingParams | Sequence[SamplingParam
 
     top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in plist]
     if any(top_ks):
-        # Threshold at the k-th largest value of each row (rows without top-k
-        # use k = V, i.e. the minimum, which keeps everything). Ties at the
-        # threshold are all kept: deterministic, and never fewer than k tokens.
+        # Threshold at the k-th largest value of each row; rows without top-k
+        # are exempted by `no_k`. Ties at the threshold are all kept:
+        # deterministic, and never fewer than k tokens.
         kmax = max(top_ks)
         top_vals = x.topk(kmax, dim=-1).values  # [n, kmax]
         ks = torch.tensor([k if k else kmax for k in top_ks], device=device)  # [n]

@@ -182,7 +182,9 @@ def test_sample_is_position_keyed_and_batch_independent() -> None:
     rngs: list[RequestRng | None] = [rng] * 6 + others
     positions = [10 + i for i in range(6)] + [0, 1, 2, 3, 4, 5]
     perm = torch.randperm(12, generator=gen).tolist()
-    out = sample_batch(batch_logits[perm], [params[i] for i in perm], [rngs[i] for i in perm], [positions[i] for i in perm])
+    out = sample_batch(
+        batch_logits[perm], [params[i] for i in perm], [rngs[i] for i in perm], [positions[i] for i in perm]
+    )
     by_row = dict(zip(perm, out))
     assert [by_row[i] for i in range(6)] == alone
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,8 @@ def perturbed(hf: Any, scale: float, seed: int = 1) -> Any:
 
 def proposer_for(draft_hf: Any, cfg: SpecConfig | None = None, kv_tokens: int = 4096) -> DraftModelProposer:
     model = Decoder.from_hf(draft_hf, max_positions=256)
-    return DraftModelProposer(model, cfg or SpecConfig(max_draft_tokens=6), target_vocab_size=V, kv_cache_tokens=kv_tokens)
+    cfg = cfg or SpecConfig(max_draft_tokens=6)
+    return DraftModelProposer(model, cfg, target_vocab_size=V, kv_cache_tokens=kv_tokens)
 
 
 @torch.inference_mode()
@@ -109,7 +111,8 @@ def test_different_vocab_size_is_refused_with_a_clear_message() -> None:
 
 
 def test_same_size_different_mapping_is_refused() -> None:
-    with pytest.raises(DraftModelMismatch, match=r"draft model D maps token 'w10' to id 20, target T to id 10 \(2 tokens differ\)"):
+    msg = r"draft model D maps token 'w10' to id 20, target T to id 10 \(2 tokens differ\)"
+    with pytest.raises(DraftModelMismatch, match=msg):
         check_draft_compatible("T", make_tokenizer(64), 64, "D", make_tokenizer(64, swap=(10, 20)), 64)
 
 
@@ -149,7 +152,8 @@ def test_startup_refuses_a_draft_with_another_tokenizer(tmp_path: Path) -> None:
     bad_dir = str(bad)
     good_dir = _save(perturbed(tiny_llama(V), 0.1), make_tokenizer(V), tmp_path / "good")
     target = load_model(target_dir, device="cpu", dtype="float32")
-    with pytest.raises(DraftModelMismatch, match=f"draft model {bad_dir} has vocab 80 tokens, target {target_dir} has 64"):
+    msg = f"draft model {bad_dir} has vocab 80 tokens, target {target_dir} has 64"
+    with pytest.raises(DraftModelMismatch, match=re.escape(msg)):
         DraftModelProposer.from_engine(SpecConfig(method="draft", draft_model=bad_dir), target)
     cfg = SpecConfig(method="draft", draft_model=good_dir, draft_kv_cache_bytes=1 << 20)
     prop = DraftModelProposer.from_engine(cfg, target, max_model_len=128, max_running_requests=2)

@@ -147,7 +147,10 @@ def test_speed_on_long_context() -> None:
     for _ in range(20):
         naive_lookup(tokens, 5, 1, 4)
     naive_s = (time.perf_counter() - t0) / 20
-    print(f"ngram 4k: index {prefill_s * 1e3:.1f} ms once, {per_step_s * 1e6:.1f} us/step; naive rescan {naive_s * 1e3:.2f} ms/step")
+    print(
+        f"ngram 4k: index {prefill_s * 1e3:.1f} ms once, {per_step_s * 1e6:.1f} us/step; "
+        f"naive rescan {naive_s * 1e3:.2f} ms/step"
+    )
     # Generous bound for 2 shared cores; typically ~10 us.
     assert per_step_s < 1e-3
     assert per_step_s < naive_s
