@@ -128,11 +128,18 @@ class SpeculationSettings(Section):
         default="ngram", description="ngram: draft from the request's own text (no extra model); draft: a small draft model."
     )
     draft_model: str | None = Field(default=None, description="Name or path of the draft model (method: draft).")
+    draft_sampling: Literal["greedy", "coupled", "sampled"] = Field(
+        default="greedy",
+        description="How a draft model drafts for sampled requests; greedy and coupled keep seeded text reproducible.",
+    )
     max_draft_tokens: int = Field(default=8, gt=0, le=64, description="Most draft tokens verified per target forward.")
     min_acceptance: float = Field(
-        default=0.3, ge=0.0, le=1.0, description="Below this acceptance rate a sequence stops speculating..."
+        default=0.3, ge=0.0, le=1.0,
+        description="Below this acceptance rate a sequence stops speculating (and probes again later).",
     )
-    probe_interval_steps: int = Field(default=16, gt=0, description="...and probes again every this many steps.")
+    probe_interval_steps: int = Field(
+        default=16, gt=0, description="Steps between probes of a sequence that stopped speculating."
+    )
     ngram_min: int = Field(default=1, ge=1, description="Shortest n-gram matched when drafting (method: ngram).")
     ngram_max: int = Field(default=4, ge=1, description="Longest n-gram matched when drafting (method: ngram).")
 
@@ -150,8 +157,12 @@ class EngineSettings(Section):
         default=DEFAULT_MODEL, min_length=1,
         description="A known model name, a local Hugging Face model folder or a .gguf file.",
     )
-    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto, cpu, cuda or cuda:N.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(default="auto", description="Weights and KV dtype.")
+    device: str = Field(
+        default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="cpu, cuda, cuda:N, or auto (CUDA if present)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weights and KV cache dtype; auto picks one for the device."
+    )
     max_model_len: int | None = Field(
         default=None, ge=16, description="Longest prompt + completion in tokens; null: min(model context, 2048)."
     )
@@ -184,6 +195,7 @@ class EngineSettings(Section):
                 enabled=spec.enabled,
                 method=spec.method,
                 draft_model=spec.draft_model,
+                draft_sampling=spec.draft_sampling,
                 max_draft_tokens=spec.max_draft_tokens,
                 min_acceptance=spec.min_acceptance,
                 probe_interval_steps=spec.probe_interval_steps,
@@ -362,3 +374,64 @@ def _known_keys_hint(section: tuple[str, ...]) -> str:
         model = annotation
     where = ".".join(section) or "top level"
     return f" (valid at {where}: {', '.join(model.model_fields)})"
+
+
+# --- documentation generated from the models (config.example.yaml, README) --------------------------------------------
+
+
+def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], FieldInfo]]:
+    """Every leaf setting as (path, field), depth first in declaration order."""
+    leaves: list[tuple[tuple[str, ...], FieldInfo]] = []
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            leaves += _fields(annotation, (*prefix, name))
+        else:
+            leaves.append(((*prefix, name), info))
+    return leaves
+
+
+def _default(info: FieldInfo) -> Any:
+    return info.get_default(call_default_factory=True)
+
+
+def _yaml_scalar(value: Any) -> str:
+    import json
+
+    return json.dumps(value)  # JSON scalars are valid YAML: null, true, 8, 0.3, "text"
+
+
+def example_yaml() -> str:
+    """config.example.yaml: every key at its default, each with its description (kept in sync by a unit test)."""
+    lines = [
+        "# specstream configuration: every key with its default value.",
+        "# Copy to ./specstream.yaml (read automatically) or pass --config FILE; delete what you do not change.",
+        f"# Environment variables override the file: {ENV_PREFIX}<SECTION>{ENV_NESTED_DELIMITER}<KEY>, e.g.",
+        f"#   {ENV_PREFIX}KAFKA{ENV_NESTED_DELIMITER}BOOTSTRAP_SERVERS=broker:9092",
+        f"#   {ENV_PREFIX}ENGINE{ENV_NESTED_DELIMITER}SPECULATION{ENV_NESTED_DELIMITER}ENABLED=false",
+        "# Unknown keys are errors. Check a file with: specstream config check FILE",
+    ]
+    opened: tuple[str, ...] = ()
+    for path, info in _fields(Settings):
+        section = path[:-1]
+        for depth in range(len(section)):
+            if opened[: depth + 1] != section[: depth + 1]:
+                lines += ["", f"{'  ' * depth}{section[depth]}:"]
+        opened = section
+        indent = "  " * len(section)
+        if not section:
+            lines.append("")
+        if info.description:
+            lines.append(f"{indent}# {info.description}")
+        lines.append(f"{indent}{path[-1]}: {_yaml_scalar(_default(info))}")
+    return "\n".join(lines) + "\n"
+
+
+def reference_markdown() -> str:
+    """The README's configuration reference table (kept in sync by a unit test)."""
+    rows = ["| key | default | environment variable | meaning |", "|---|---|---|---|"]
+    for path, info in _fields(Settings):
+        env_name = ENV_PREFIX + ENV_NESTED_DELIMITER.join(path).upper()
+        description = (info.description or "").replace("|", "\\|")
+        rows.append(f"| `{'.'.join(path)}` | `{_yaml_scalar(_default(info))}` | `{env_name}` | {description} |")
+    return "\n".join(rows)
