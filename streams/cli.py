@@ -34,7 +34,7 @@ from typing import Any
 
 from rich.console import Console
 
-from streams.config import ConfigError, Settings, config_path, load_settings
+from streams.config import ConfigError, Settings, config_path, example_yaml, load_settings, reference_markdown
 
 # Progress and results go to stderr/stdout through rich; children inherit the terminal.
 console = Console(stderr=True, highlight=False)
@@ -113,7 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", nargs="?")
     check.add_argument("--show", action="store_true", help="print the effective configuration as YAML")
     check.set_defaults(handler=cmd_config_check)
+    config_actions.add_parser("example", help="print a documented configuration with every default").set_defaults(
+        handler=lambda args, settings: _print_and_succeed(example_yaml(), end=""))
+    config_actions.add_parser("reference", help="print the configuration reference (markdown)").set_defaults(
+        handler=lambda args, settings: _print_and_succeed(reference_markdown()))
     return parser
+
+
+def _print_and_succeed(text: str, end: str = "\n") -> int:
+    print(text, end=end)
+    return 0
 
 
 def _configure_logging(level: str) -> None:
@@ -400,20 +409,29 @@ def _spawn(name: str, args: argparse.Namespace, command: str) -> Child:
 
 
 def _stop_children(children: list[Child]) -> None:
-    for child in children:
-        if child.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.process.pid, signal.SIGTERM)
+    """SIGTERM each child's process group in order and wait; SIGKILL after STOP_TIMEOUT_S or a second Ctrl-C."""
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    for child in children:
-        try:
-            child.process.wait(max(0.1, deadline - time.monotonic()))
-            _say(f"{child.name}: stopped")
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.process.pid, signal.SIGKILL)
-            child.process.wait()
-            _say(f"{child.name}: killed after {STOP_TIMEOUT_S:.0f}s")
+    try:
+        for child in children:
+            if child.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGTERM)
+            try:
+                child.process.wait(max(0.1, deadline - time.monotonic()))
+                _say(f"{child.name}: stopped")
+            except subprocess.TimeoutExpired:
+                _kill(child, f"killed after {STOP_TIMEOUT_S:.0f}s")
+    except KeyboardInterrupt:
+        for child in children:
+            if child.process.poll() is None:
+                _kill(child, "killed (interrupted again)")
+
+
+def _kill(child: Child, why: str) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.process.pid, signal.SIGKILL)
+    child.process.wait()
+    _say(f"{child.name}: {why}")
 
 
 def _http_status(url: str) -> int | None:
@@ -426,15 +444,21 @@ def _http_status(url: str) -> int | None:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _stop_signals_interrupt() -> Iterator[None]:
+    """SIGINT (Ctrl-C) and SIGTERM both mean "stop everything cleanly".
+
+    SIGINT is set explicitly because a process started in the background by a
+    non-interactive shell inherits it ignored.
+    """
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
@@ -444,7 +468,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     children: list[Child] = []
     kafka: KafkaHandle | None = None
-    with _sigterm_as_interrupt():
+    with _stop_signals_interrupt():
         try:
             kafka = ensure_kafka(settings)
             with console.status("topics: creating ..."):

@@ -70,7 +70,8 @@ class _Malformed:
 
 def _loads(value: bytes) -> Any:
     try:
-        return json.loads(value)
+        # Decode explicitly: json.loads would also accept UTF-16/32 bytes, which the schema parser does not.
+        return json.loads(value.decode("utf-8"))
     except UnicodeDecodeError as error:
         return _Malformed(f"not UTF-8 ({error.reason} at byte {error.start})")
     except json.JSONDecodeError as error:

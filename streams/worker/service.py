@@ -76,6 +76,19 @@ class _DropDeclaredTopicWarning(logging.Filter):
 
 faststream_log.addFilter(_DropDeclaredTopicWarning())
 
+
+class _DropGoneReplyTopicErrors(logging.Filter):
+    """Reply topics come and go (an edge shuts down, `specstream send` deletes its own), but the producer keeps
+    asking for every topic it ever wrote to and logs an ERROR per refresh for each one that is gone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == "Topic %s not found in cluster metadata" and record.args:
+            return ".replies." not in str(record.args[0])
+        return True
+
+
+logging.getLogger("aiokafka.cluster").addFilter(_DropGoneReplyTopicErrors())
+
 Progress = Callable[[str], None]
 EngineFactory = Callable[[Any, Progress | None], Engine]
 
