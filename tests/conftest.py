@@ -1,0 +1,203 @@
+"""Shared fixtures.
+
+Kafka: ``kafka_bootstrap`` (the local single node, started for the session
+unless already running, or $SPECSTREAM_BOOTSTRAP_SERVERS) and ``kafka_cluster``
+come from :mod:`tests.kafka_fixtures`.
+
+Engine worker: ``worker_harness`` runs one real :class:`EngineWorker` on the
+real default model in this process (session-scoped: the model loads once), on
+topics with a prefix of its own, plus a producer to publish raw bytes onto its
+request topic and readers for reply and dead-letter topics. ``reply_inbox``
+gives each test a reply topic of its own.
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.structs import RecordMetadata
+from pydantic import BaseModel
+
+from schemas.events import Completion, DeadLetter, ErrorEvent, TokenChunk
+from streams import kafka_io
+from streams.config import EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
+from tests.kafka_fixtures import kafka_bootstrap, kafka_cluster, kafka_cluster_session, kafka_single  # noqa: F401
+
+# Small enough to be quick on 2 cores, large enough to hold a few short requests at once.
+TEST_MAX_MODEL_LEN = 512
+TEST_MAX_MESSAGE_BYTES = 64 * 1024
+
+
+def worker_test_settings(bootstrap_servers: str, prefix: str, worker_id: str) -> Settings:
+    return Settings(
+        kafka=KafkaSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix, request_partitions=2,
+                            manage_local=False),
+        engine=EngineSettings(max_model_len=TEST_MAX_MODEL_LEN, kv_cache_bytes=96 * 1024 * 1024,
+                              max_running_requests=8),
+        worker=WorkerSettings(id=worker_id, max_message_bytes=TEST_MAX_MESSAGE_BYTES, heartbeat_s=1.0,
+                              drain_timeout_s=5.0),
+        edge=EdgeSettings(),
+    )
+
+
+class ReplyInbox:
+    """Reads one reply topic from its start and sorts events by request id."""
+
+    def __init__(self, bootstrap_servers: str, topic: str) -> None:
+        self.topic = topic
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                                          auto_offset_reset="earliest")
+        self._events: dict[str | None, list[BaseModel]] = defaultdict(list)
+
+    async def start(self) -> None:
+        await self._consumer.start()
+        self._consumer.assign([TopicPartition(self.topic, 0)])
+
+    async def stop(self) -> None:
+        await self._consumer.stop()
+
+    async def _pump(self, timeout_s: float) -> None:
+        batch = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000))
+        for records in batch.values():
+            for record in records:
+                event = kafka_io.decode_reply(record.value)
+                self._events[getattr(event, "request_id", None)].append(event)
+
+    async def events_for(self, request_id: str | None, timeout_s: float = 120.0) -> list[BaseModel]:
+        """Every event of one request, up to and including its Completion or ErrorEvent."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            events = self._events[request_id]
+            if events and isinstance(events[-1], (Completion, ErrorEvent)):
+                return list(events)
+            if loop.time() > deadline:
+                raise AssertionError(f"no final event for {request_id!r} within {timeout_s}s; got {events}")
+            await self._pump(0.2)
+
+    async def error_for(self, request_id: str | None, timeout_s: float = 60.0) -> ErrorEvent:
+        events = await self.events_for(request_id, timeout_s)
+        assert len(events) == 1 and isinstance(events[0], ErrorEvent), events
+        return events[0]
+
+
+@dataclass
+class WorkerHarness:
+    settings: Settings
+    worker: Any  # streams.worker.EngineWorker
+    producer: AIOKafkaProducer
+    model: str
+    _dead_letters: AIOKafkaConsumer | None = None
+    _letters: list[DeadLetter] = field(default_factory=list)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.settings.kafka.bootstrap_servers
+
+    @property
+    def request_topic(self) -> str:
+        return self.settings.catalog.requests.name
+
+    def request(self, reply_topic: str, **fields: Any) -> dict[str, Any]:
+        """A valid GenerateRequest body (as a dict, so tests can break it on purpose)."""
+        body: dict[str, Any] = {
+            "request_id": f"t-{uuid.uuid4().hex[:12]}",
+            "messages": [{"role": "user", "content": "What is Apache Kafka? Answer in one sentence."}],
+            "model": self.model,
+            "sampling": {"max_tokens": 8},
+            "reply_to": {"topic": reply_topic, "partition": 0},
+        }
+        body.update(fields)
+        return body
+
+    async def publish_raw(self, value: bytes, key: bytes | None = None) -> RecordMetadata:
+        return await self.producer.send_and_wait(self.request_topic, value, key=key)
+
+    async def publish(self, body: dict[str, Any]) -> RecordMetadata:
+        import json
+
+        return await self.publish_raw(json.dumps(body).encode(), key=str(body.get("request_id", "")).encode())
+
+    async def dead_letter_for(self, sent: RecordMetadata, timeout_s: float = 30.0) -> DeadLetter:
+        """The dead letter whose source is the given published record."""
+        if self._dead_letters is None:
+            self._dead_letters = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                                  auto_offset_reset="earliest")
+            await self._dead_letters.start()
+            self._dead_letters.assign([TopicPartition(self.settings.catalog.dead_letters.name, 0)])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            for letter in self._letters:
+                if (letter.source_topic, letter.source_partition, letter.source_offset) == (
+                        sent.topic, sent.partition, sent.offset):
+                    return letter
+            if loop.time() > deadline:
+                raise AssertionError(f"no dead letter for {sent.topic}/{sent.partition}@{sent.offset}")
+            batch = await self._dead_letters.getmany(timeout_ms=200)
+            for records in batch.values():
+                self._letters.extend(kafka_io.decode(r.value, DeadLetter) for r in records)
+
+    async def serves_a_request(self, inbox: ReplyInbox) -> Completion:
+        """Proof that the worker still works: a short request completes."""
+        body = self.request(inbox.topic, sampling={"max_tokens": 2})
+        await self.publish(body)
+        events = await inbox.events_for(body["request_id"])
+        assert isinstance(events[-1], Completion), events
+        return events[-1]
+
+    async def close(self) -> None:
+        if self._dead_letters is not None:
+            await self._dead_letters.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def worker_harness(kafka_bootstrap: str) -> AsyncIterator[WorkerHarness]:  # noqa: F811
+    from streams.worker import EngineWorker
+
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    settings = worker_test_settings(kafka_bootstrap, prefix, worker_id=f"pytest-{uuid.uuid4().hex[:6]}")
+    producer = kafka_io.make_producer(kafka_bootstrap, client_id="pytest")
+    await producer.start()
+    worker = EngineWorker(settings)
+    await worker.start()
+    assert worker.engine is not None
+    harness = WorkerHarness(settings, worker, producer, model=worker.engine.model_name)
+    try:
+        yield harness
+    finally:
+        await harness.close()
+        await worker.stop()
+        await producer.stop()
+        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def reply_inbox(worker_harness: WorkerHarness) -> AsyncIterator[ReplyInbox]:
+    """A reply topic of this test's own, as an edge would own one."""
+    topic = worker_harness.settings.catalog.replies(f"t-{uuid.uuid4().hex[:10]}")
+    await kafka_io.ensure_topics(worker_harness.bootstrap_servers, [topic])
+    inbox = ReplyInbox(worker_harness.bootstrap_servers, topic.name)
+    await inbox.start()
+    try:
+        yield inbox
+    finally:
+        await inbox.stop()
+        await kafka_io.delete_topics(worker_harness.bootstrap_servers, [topic.name])
+
+
+def chunks_and_completion(events: list[BaseModel]) -> tuple[list[TokenChunk], Completion]:
+    """Split a finished stream, checking its shape: chunks 0..n-1 without gaps, then one Completion."""
+    *chunks, last = events
+    assert isinstance(last, Completion), f"stream did not end with a Completion: {last}"
+    assert all(isinstance(c, TokenChunk) for c in chunks), events
+    assert [c.index for c in chunks] == list(range(len(chunks)))  # type: ignore[attr-defined]
+    assert last.num_chunks == len(chunks)
+    return chunks, last  # type: ignore[return-value]
