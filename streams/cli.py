@@ -6,6 +6,7 @@
     specstream kafka start|stop|status the local broker (infra.kafka)
     specstream topics create|list|markdown
     specstream send "prompt"           one request straight onto the request topic, streamed back
+    specstream bench ...               load-test a running stack (streams.bench)
     specstream prepare                 fetch the Kafka jars and convert the model (what `up` would do first)
     specstream config check [FILE]
 
@@ -46,11 +47,12 @@ STOP_TIMEOUT_S = 45.0
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    delegated = _delegated(argv)
+    if delegated is not None:
+        return delegated
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "kafka":
-        # Delegated as is; only the port is taken from the configuration when not given.
-        return _kafka(args)
     try:
         settings = load_settings(args.config)
     except ConfigError as error:
@@ -62,6 +64,26 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args, settings)
     except KeyboardInterrupt:
         return 130
+
+
+def _delegated(argv: list[str]) -> int | None:
+    """`kafka` and `bench` hand their arguments, --help included, to their own parsers."""
+    config: str | None = None
+    rest = list(argv)
+    if rest[:1] == ["--config"] and len(rest) >= 2:
+        config, rest = rest[1], rest[2:]
+    elif rest[:1] and rest[0].startswith("--config="):
+        config, rest = rest[0].split("=", 1)[1], rest[1:]
+    if not rest or rest[0] not in ("kafka", "bench"):
+        return None
+    command, rest = rest[0], rest[1:]
+    if command == "kafka":
+        return _kafka(config, rest)
+    from streams.bench.cli import main as bench_main
+
+    if config and "--config" not in rest and rest[:1] != ["compare"]:
+        rest += ["--config", config]
+    return bench_main(rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,9 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("worker", help="run one engine worker").set_defaults(handler=cmd_worker)
     commands.add_parser("edge", help="run the HTTP/websocket edge").set_defaults(handler=cmd_edge)
 
-    kafka = commands.add_parser("kafka", help="local Kafka: start|stop|status|wait|reset|jars (see infra.kafka)",
-                                add_help=False)
-    kafka.add_argument("kafka_args", nargs=argparse.REMAINDER)
+    # Listed for --help only: main() hands these two to their own parsers before argparse runs.
+    commands.add_parser("kafka", help="local Kafka: start|stop|status|wait|reset|jars (see infra.kafka)")
+
+    commands.add_parser("bench", help="load-test a running stack (see streams.bench.cli)")
 
     topics = commands.add_parser("topics", help="the topic catalog")
     topics.add_argument("action", choices=["create", "list", "markdown"])
@@ -171,13 +194,12 @@ def _startup_errors() -> tuple[type[BaseException], ...]:
 # --- kafka -----------------------------------------------------------------------------------------------------------
 
 
-def _kafka(args: argparse.Namespace) -> int:
+def _kafka(config: str | None, rest: list[str]) -> int:
     from infra.kafka.cli import main as kafka_main
 
-    rest: list[str] = list(args.kafka_args)
     if rest and rest[0] not in ("-h", "--help") and "--port" not in rest and "--cluster" not in rest:
         try:
-            settings = load_settings(args.config)
+            settings = load_settings(config)
         except ConfigError as error:
             _say(f"config error: {error}")
             return EXIT_CONFIG
