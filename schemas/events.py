@@ -136,6 +136,11 @@ class TokenChunk(Event):
         default=None, description="Set on the last chunk only."
     )
     spec: SpecStepStats = Field(default_factory=SpecStepStats, description="Speculation in the step that produced this chunk.")
+    draft_chars: int | None = Field(
+        default=None, ge=0,
+        description="How many leading characters of `text` came from accepted draft tokens (the rest the target "
+        "produced); None: not reported (the edge then estimates it from token_ids and spec.accepted).",
+    )
 
 
 class Usage(BaseModel):
@@ -210,6 +215,10 @@ class ErrorEvent(Event):
     request_id: str | None = Field(description="Id of the failed request, when it could be read.")
     code: ErrorCode
     message: str
+    param: str | None = Field(
+        default=None, description="The request parameter at fault (e.g. 'max_tokens', 'messages'), when one is; "
+        "the edge reports it in OpenAI's error `param`.",
+    )
     retryable: bool = False
 
 

@@ -115,11 +115,14 @@ def from_worker_error(event: ErrorEvent, *, input_param: str = "messages") -> Ed
     """
     status, type_ = _WORKER_ERRORS.get(event.code, (500, "server_error"))
     code: str = event.code
-    param: str | None = None
+    param: str | None = event.param
     if event.code == "unknown_model":
         code, param = "model_not_found", "model"
-    elif event.code == "context_length_exceeded":
+    elif event.code == "context_length_exceeded" and param is None:
+        # Older workers do not set ErrorEvent.param: read it from the engine's message.
         param = _context_param(event.message, input_param)
+    elif event.code == "context_length_exceeded" and param == "prompt":
+        param = input_param  # the worker names the prompt generically; the client knows it as messages or prompt
     elif event.code == "message_too_large":
         param = input_param
     return EdgeError(status, event.message, type=type_, param=param, code=code)
