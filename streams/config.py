@@ -234,6 +234,29 @@ class WorkerSettings(Section):
         return self.group_id or f"{topic_prefix}.engine-workers"
 
 
+class EdgeAuthSettings(Section):
+    enabled: bool = Field(
+        default=True, description="Require an API key on every API call; false: anyone may call (`specstream up` warns)."
+    )
+    keys_file: str | None = Field(
+        default=None, description="Hashed API keys and tenant limits (`specstream keys`); null: ~/.config/specstream/keys.json."
+    )
+    key_hashes: list[str] = Field(
+        default_factory=list,
+        description="More keys as 'tenant:sha256-hex' entries, e.g. from the environment (`specstream keys hash`).",
+    )
+
+
+class EdgeLimitSettings(Section):
+    rpm: int | None = Field(default=600, ge=1, description="Requests per minute of a tenant that sets none; null: no limit.")
+    tpm: int | None = Field(
+        default=500_000, ge=1, description="Tokens (prompt + max_tokens) per minute of a tenant that sets none; null: no limit."
+    )
+    concurrency: int | None = Field(
+        default=32, ge=1, description="Requests in flight at once for a tenant that sets none; null: no limit."
+    )
+
+
 class EdgeSettings(Section):
     host: str = Field(default="127.0.0.1", min_length=1, description="Address the HTTP/websocket edge listens on.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port the edge listens on.")
@@ -252,6 +275,15 @@ class EdgeSettings(Section):
     )
     max_tokens_default: int = Field(default=128, ge=1, le=32768, description="max_tokens when a client gives none.")
     startup_timeout_s: float = Field(default=30.0, gt=0, description="Seconds the edge waits for Kafka at start.")
+    redis_url: str | None = Field(
+        default=None, description="Redis for rate-limit counters shared by every edge; null: in memory, per edge."
+    )
+    max_body_bytes: ByteSize = Field(default=MIB, ge=1024, description="Larger HTTP request bodies get 413.")
+    max_ws_frame_bytes: ByteSize = Field(
+        default=MIB, ge=1024, description="Larger websocket frames close the socket with code 1009."
+    )
+    auth: EdgeAuthSettings = Field(default_factory=EdgeAuthSettings)
+    limits: EdgeLimitSettings = Field(default_factory=EdgeLimitSettings)
 
 
 class Settings(BaseSettings):
