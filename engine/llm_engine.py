@@ -122,12 +122,15 @@ class LLMEngine:
 
             return NgramProposer(spec.ngram_min, spec.ngram_max)
         if spec.method == "draft":
-            try:
-                from engine.spec.draft_model import DraftModelProposer  # type: ignore[import-not-found]
-            except ImportError as e:
-                raise ValueError("speculation method 'draft' is not available in this build") from e
+            from engine.spec.draft_model import DraftModelProposer
+
             say(f"loading draft model {spec.draft_model} ...")
-            return DraftModelProposer.from_engine(self.spec_config, loaded)  # type: ignore[no-any-return]
+            return DraftModelProposer.from_engine(
+                self.spec_config,
+                loaded,
+                max_model_len=self.max_model_len,
+                max_running_requests=self.config.max_running_requests,
+            )
         raise ValueError(f"unknown speculation method {spec.method!r}")
 
     # ------------------------------------------------------------------ API

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _engine_factories import tiny_hf_model
+from _engine_factories import hf_greedy, tiny_hf_model
 
 from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
@@ -23,28 +23,53 @@ from engine.request import EngineRequest, SamplingParams
 torch.set_num_threads(1)
 
 
-def test_a_local_hf_folder_loads(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """A tiny qwen2 saved as an ordinary HF folder with a word-level tokenizer over its 300 ids."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    hf = tiny_hf_model("qwen2")
-    hf.save_pretrained(tmp_path)
-    # A word-level tokenizer over the tiny model's 300 ids: "t0" .. "t299".
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    # 301 rows: AutoTokenizer reads this folder as a Qwen2Tokenizer, which adds <|endoftext|> as id 300.
+    hf = tiny_hf_model("qwen2", vocab_size=301)
+    hf.save_pretrained(path)
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(300)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="t1").save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="t1").save_pretrained(path)
+    return path, hf
+
+
+def test_a_local_hf_folder_loads(tiny_folder: tuple[Path, object]) -> None:
+    path, hf = tiny_folder
     lines: list[str] = []
-    loaded = load_model(str(tmp_path), device="cpu", progress=lines.append)
-    assert loaded.path == tmp_path.resolve() and loaded.dtype == torch.float32
+    loaded = load_model(str(path), device="cpu", progress=lines.append)
+    assert loaded.path == path.resolve() and loaded.dtype == torch.float32
     assert loaded.model.cfg.model_type == "qwen2" and 1 in loaded.eos_token_ids
     assert any("loading model" in line for line in lines)
-    ids = torch.tensor([[1, 2, 3, 4]])
-    with torch.inference_mode():
-        ref = hf(ids).logits[0, -1]
-    engine = LLMEngine(loaded, EngineConfig(model=str(tmp_path), kv_cache_bytes=1 << 22,
+    prompt = [5, 6, 7, 8]
+    engine = LLMEngine(loaded, EngineConfig(model=str(path), kv_cache_bytes=1 << 22,
                                             speculation=SpeculationConfig(enabled=False)))
-    out = engine.generate([EngineRequest("x", [1, 2, 3, 4], SamplingParams(max_tokens=1, ignore_eos=True))])["x"]
-    assert out.token_ids == [int(ref.argmax())]
+    out = engine.generate([EngineRequest("x", prompt, SamplingParams(max_tokens=6, ignore_eos=True))])["x"]
+    assert out.token_ids == hf_greedy(hf, prompt, 6)
+    assert out.text == loaded.tokenizer.decode(out.token_ids) and out.text.startswith(f"t{out.token_ids[0]}")
+
+
+def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: tuple[Path, object]) -> None:
+    path, hf = tiny_folder
+    spec = SpeculationConfig(enabled=True, method="draft", draft_model=str(path), max_draft_tokens=3)
+    cfg = EngineConfig(model=str(path), device="cpu", kv_cache_bytes=1 << 22, speculation=spec)
+    engine = LLMEngine.from_config(cfg)
+    # A non-adaptive controller so every step drafts (the adaptive one may decide drafting does not pay).
+    from engine.spec.config import SpecConfig
+    from engine.spec.controller import SpeculationController
+
+    engine.controller = SpeculationController(SpecConfig(max_draft_tokens=3, adaptive=False))
+    prompts = {"a": [5, 6, 7, 8], "b": [9, 10, 11]}
+    res = engine.generate([EngineRequest(r, p, SamplingParams(max_tokens=10, ignore_eos=True)) for r, p in prompts.items()])
+    for rid, prompt in prompts.items():
+        assert res[rid].token_ids == hf_greedy(hf, prompt, 10)
+        assert res[rid].spec.drafted > 0 and res[rid].spec.accepted == res[rid].spec.drafted  # same model: all accepted
+    assert engine.cache_usage().used_tokens == 0
 
 
 def test_unknown_models_and_architectures_fail_clearly(tmp_path: Path) -> None:
