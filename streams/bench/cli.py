@@ -310,7 +310,7 @@ async def _run_compare(
                         backend, _round_source(part, args, sampling, lengths), part[0], sink=sink, label=label,
                         tag=f"{tag}-{i}-{part[2]}-{backend.name}",
                     ))
-            merged = {name: merge_outcomes(f"{name} {_load_label(load)}", outs) for name, outs in outcomes.items()}
+            merged = {name: merge_outcomes(f"{name} {_load_label(load)}", outs, load) for name, outs in outcomes.items()}
             results = {name: run_result(m, slo, b.describe(), detail=not args.no_detail)
                        for (name, m), b in zip(merged.items(), (service, inprocess))}
             service_runs.append(results[service.name])

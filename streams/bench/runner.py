@@ -82,7 +82,7 @@ class RunOutcome:
         return max(self.active_s if self.active_s is not None else self.t1 - self.t0, 1e-9)
 
 
-def merge_outcomes(label: str, outcomes: list[RunOutcome]) -> RunOutcome:
+def merge_outcomes(label: str, outcomes: list[RunOutcome], load: LoadSpec | None = None) -> RunOutcome:
     """One outcome from several measured windows of the same backend (the rounds of --compare-inprocess).
 
     Throughput divides by the windows' total length, so time spent measuring
@@ -91,7 +91,7 @@ def merge_outcomes(label: str, outcomes: list[RunOutcome]) -> RunOutcome:
     first = outcomes[0]
     records = sorted((r for o in outcomes for r in o.records), key=lambda r: r.request.index)
     return RunOutcome(
-        label=label, load=first.load, records=records, warmup_records=[r for o in outcomes for r in o.warmup_records],
+        label=label, load=load or first.load, records=records, warmup_records=[r for o in outcomes for r in o.warmup_records],
         t0=first.t0, t1=outcomes[-1].t1, schedule_lag=[x for o in outcomes for x in o.schedule_lag],
         active_s=sum(o.duration_s for o in outcomes),
     )
