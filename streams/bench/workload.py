@@ -26,12 +26,33 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import workloads as base
+
+def _base_workloads() -> Any:
+    """bench/workloads.py: importable from the repository root; found next to this package otherwise (editable installs)."""
+    try:
+        from bench import workloads
+
+        return workloads
+    except ImportError:
+        import importlib.util
+
+        path = Path(__file__).resolve().parents[2] / "bench" / "workloads.py"
+        spec = importlib.util.spec_from_file_location("specstream_bench_workloads", path)
+        if spec is None or spec.loader is None or not path.is_file():
+            raise ImportError(f"bench/workloads.py not found (looked in {path}); run from the repository") from None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+        spec.loader.exec_module(module)
+        return module
+
+
+base = _base_workloads()
 
 SETS = ("chat", "code", "rag", "mixed")
 CHARS_PER_TOKEN = 4
