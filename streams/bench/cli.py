@@ -25,6 +25,7 @@ from typing import Any
 
 from streams.bench import arrivals
 from streams.bench.backends import BACKENDS, BackendOptions, make_backend
+from streams.bench.backends.base import FailedBackend, start_or_fail
 from streams.bench.record import RequestRecord
 from streams.bench.report import (
     bus_overhead, compare_table, load_result, overhead_table, ratios, result_file, run_result, summary_table, write_json,
@@ -232,7 +233,10 @@ async def _run_backend(
     tag = f"bench-{uuid.uuid4().hex[:8]}"
     if name == "inprocess":
         console.print("[dim]loading the engine in this process...[/dim]")
-    async with backend:
+    backend = await start_or_fail(backend)
+    if isinstance(backend, FailedBackend):
+        console.print(f"[red]{backend.error}[/red]")
+    try:
         for i, load in enumerate(loads):
             warm = take(_request_source(args, sampling, lengths, args.seed + 1_000_003), load.warmup) if i == 0 else []
             label = f"{name} {_load_label(load)}"
@@ -244,6 +248,8 @@ async def _run_backend(
             stray = getattr(backend, "stray_events", 0)
             if stray:
                 results[-1]["errors"]["stray_events"] = stray
+    finally:
+        await backend.close()
     return results
 
 
@@ -295,7 +301,12 @@ async def _run_compare(
     console.print("[dim]loading the engine in this process...[/dim]")
     service_runs, inprocess_runs, overheads = [], [], []
     tag = f"bench-{uuid.uuid4().hex[:8]}"
-    async with service, inprocess:
+    service = await start_or_fail(service)
+    inprocess = await start_or_fail(inprocess)
+    for backend in (service, inprocess):
+        if isinstance(backend, FailedBackend):
+            console.print(f"[red]{backend.error}[/red]")
+    try:
         warm = take(_request_source(args, sampling, lengths, args.seed + 1_000_003), loads[0].warmup)
         for backend in (service, inprocess):
             await warm_up(backend, warm, loads[0], sink=sink, tag=f"{tag}-{backend.name}")
@@ -317,6 +328,8 @@ async def _run_compare(
             inprocess_runs.append(results[inprocess.name])
             overheads.append(bus_overhead(results[service.name], results[inprocess.name],
                                           merged[service.name].records, merged[inprocess.name].records, rounds=len(parts)))
+    finally:
+        await asyncio.gather(service.close(), inprocess.close(), return_exceptions=True)
     return service_runs + inprocess_runs, overheads
 
 

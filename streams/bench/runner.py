@@ -144,6 +144,8 @@ async def _closed(
             out.append(record)
             await run_one(backend, record, timeout_s)
             sink.done(record)
+            if stop_at is not None and getattr(backend, "dead", False):
+                return  # a backend that never started: one failure per client says it, not a flood of them
 
     await asyncio.gather(*(client() for _ in range(clients)))
 

@@ -224,3 +224,13 @@ async def test_rounds_merge_and_pair_up() -> None:
     overhead = bus_overhead(run_result(a, {}, {}), run_result(b, {}, {}), a.records, b.records, rounds=2)
     assert overhead["paired"]["pairs"] == 6 and overhead["rounds"] == 2
     assert overhead["targets"]["added_e2e_p50_ms<=5"] is False
+
+
+def test_cli_unreachable_kafka_is_connect_errors(tmp_path: Path) -> None:
+    out = tmp_path / "kafka.json"
+    args = ["--backend", "kafka", "--bootstrap-servers", f"127.0.0.1:{closed_port()}", "--concurrency", "2",
+            "--num-requests", "3", "--warmup", "0", "--no-progress", "--out", str(out), "--plot", "none"]
+    assert main(args) == 1
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["errors"]["by_kind"] == {"connect": 3}
+    assert "could not start" in run["errors"]["examples"]["connect"]

@@ -63,6 +63,44 @@ class Backend(abc.ABC):
         await self.close()
 
 
+class FailedBackend(Backend):
+    """Stands in for a backend that could not start (broker or edge unreachable, model missing).
+
+    Every request fails at once with kind ``connect`` and the start error, so an
+    unreachable service shows up in the figures as errors like any other.
+    """
+
+    dead = True
+
+    def __init__(self, name: str, options: BackendOptions, error: BaseException, describe: dict[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.name = name
+        self.error = f"the {name} backend could not start: {type(error).__name__}: {error}"
+        self._describe = describe or {}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), **self._describe, "backend": self.name, "start_error": self.error}
+
+    async def run(self, record: RequestRecord, checker: StreamChecker) -> None:
+        import time as _time
+
+        record.start = _time.perf_counter()
+        checker.error(record.start, "connect", self.error)
+
+
+async def start_or_fail(backend: Backend) -> Backend:
+    """Start ``backend``; if that fails, close it and return a :class:`FailedBackend` in its place."""
+    try:
+        await backend.start()
+        return backend
+    except Exception as error:  # noqa: BLE001 - any start failure becomes per-request errors
+        try:
+            await backend.close()
+        except Exception:  # noqa: BLE001
+            pass
+        return FailedBackend(backend.name, backend.options, error, backend.describe())
+
+
 def error_code_of(payload: Any) -> str | None:
     """The error code in an OpenAI error body, a websocket error message or an ErrorEvent."""
     if not isinstance(payload, dict):
