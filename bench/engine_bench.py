@@ -1,0 +1,331 @@
+"""Engine benchmark: our engine against Hugging Face on the same machine, in one run.
+
+    python -m bench.engine_bench            # everything (about half an hour on 2 cores)
+    python -m bench.engine_bench --quick    # 32 new tokens, 4 and 8 concurrent: a smoke run
+
+Every row runs in its own subprocess so that its peak RSS is its own, and the
+parent prints ratios, which survive a noisy machine better than absolute figures.
+Greedy decoding throughout: every greedy row of ours must emit exactly the
+tokens of our plain row, which the table reports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.workloads import ALL, BY_NAME
+
+SINGLE_ROWS = ("ours_plain", "ours_ngram", "ours_draft", "hf_generate", "hf_prompt_lookup")
+CONCURRENT_ROWS = ("ours_plain", "ours_ngram", "hf_padded_batch", "hf_generate_batch")
+
+
+@dataclass
+class RowResult:
+    row: str
+    scenario: str  # "single:<workload>" or "concurrent:<n>"
+    new_tokens: int
+    seconds: float
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    drafted: int = 0
+    accepted: int = 0
+    target_forwards: int = 0
+    peak_rss_mb: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+# ----------------------------------------------------------------------------- subprocess side
+
+
+def _prompts(tokenizer, names: list[str]) -> list[list[int]]:
+    out = []
+    for name in names:
+        enc = tokenizer.apply_chat_template(BY_NAME[name].messages, add_generation_prompt=True, tokenize=True)
+        out.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    return out
+
+
+def _mixed(n: int) -> list[str]:
+    return [ALL[i % len(ALL)].name for i in range(n)]
+
+
+def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent: bool) -> list[RowResult]:
+    from engine.config import EngineConfig, SpeculationConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loader import resolve_model_dir
+    from engine.request import EngineRequest, SamplingParams
+
+    spec = SpeculationConfig(enabled=method is not None, method=method or "ngram")
+    if method == "draft":
+        # A copy of the target as its own draft: full acceptance, the ceiling of the method.
+        spec = SpeculationConfig(enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")))
+    engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", speculation=spec))
+    params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
+
+    def run(batch: list[tuple[str, list[int]]]) -> tuple[float, dict[str, list[int]], int, int, int]:
+        for rid, ids in batch:
+            engine.add_request(EngineRequest(request_id=rid, prompt_token_ids=ids, sampling=params))
+        tokens: dict[str, list[int]] = {rid: [] for rid, _ in batch}
+        drafted = accepted = steps = 0
+        start = time.perf_counter()
+        while engine.has_unfinished():
+            steps += 1
+            for out in engine.step():
+                tokens[out.request_id].extend(out.token_ids)
+                drafted += out.spec.drafted
+                accepted += out.spec.accepted
+        return time.perf_counter() - start, tokens, drafted, accepted, steps
+
+    run([("warmup", _prompts(engine.tokenizer, ["open_question"])[0])])
+    results = []
+    if concurrent:
+        names = workloads
+        prompts = _prompts(engine.tokenizer, names)
+        secs, toks, d, a, steps = run([(f"{i}:{n}", p) for i, (n, p) in enumerate(zip(names, prompts))])
+        results.append(RowResult("", f"concurrent:{len(names)}", sum(map(len, toks.values())), secs, toks, d, a, steps))
+    else:
+        for name, prompt in zip(workloads, _prompts(engine.tokenizer, workloads)):
+            secs, toks, d, a, steps = run([(name, prompt)])
+            results.append(RowResult("", f"single:{name}", len(toks[name]), secs, toks, d, a, steps))
+    return results
+
+
+def _load_hf():
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.loader import resolve_model_dir
+
+    path = resolve_model_dir("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return tok, model
+
+
+def _hf_generation_config(model, max_new: int, **extra):
+    from transformers import GenerationConfig
+
+    # No EOS: every row generates exactly max_new tokens, like ours with ignore_eos.
+    return GenerationConfig(
+        max_new_tokens=max_new, do_sample=False, eos_token_id=None,
+        pad_token_id=model.config.pad_token_id or 0, **extra,
+    )
+
+
+def _run_hf_single(workloads: list[str], max_new: int, prompt_lookup: bool) -> list[RowResult]:
+    import torch
+
+    tok, model = _load_hf()
+    extra = {"prompt_lookup_num_tokens": 10} if prompt_lookup else {}
+    cfg = _hf_generation_config(model, max_new, **extra)
+    results = []
+    with torch.inference_mode():
+        model.generate(torch.tensor([_prompts(tok, ["open_question"])[0]]), generation_config=_hf_generation_config(model, 8))
+        for name, prompt in zip(workloads, _prompts(tok, workloads)):
+            ids = torch.tensor([prompt])
+            start = time.perf_counter()
+            out = model.generate(ids, generation_config=cfg)
+            secs = time.perf_counter() - start
+            new = out[0, len(prompt):].tolist()
+            results.append(RowResult("", f"single:{name}", len(new), secs, {name: new}))
+    return results
+
+
+def _run_hf_padded(workloads: list[str], max_new: int) -> list[RowResult]:
+    import torch
+
+    tok, model = _load_hf()
+    tok.padding_side = "left"
+    prompts = _prompts(tok, workloads)
+    width = max(map(len, prompts))
+    pad = model.config.pad_token_id or 0
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.inference_mode():
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, generation_config=_hf_generation_config(model, max_new))
+        secs = time.perf_counter() - start
+    toks = {f"{i}:{n}": out[i, width:].tolist() for i, n in enumerate(workloads)}
+    return [RowResult("", f"concurrent:{len(workloads)}", sum(map(len, toks.values())), secs, toks)]
+
+
+def _run_hf_generate_batch(workloads: list[str], max_new: int) -> list[RowResult]:
+    import torch
+
+    tok, model = _load_hf()
+    prompts = _prompts(tok, workloads)
+    cfg = _hf_generation_config(model, max_new)
+    with torch.inference_mode():
+        start = time.perf_counter()
+        outs = model.generate_batch(inputs=prompts, generation_config=cfg)
+        secs = time.perf_counter() - start
+    by_prompt = sorted(outs.values(), key=lambda o: prompts.index(list(o.prompt_ids)))
+    toks = {f"{i}:{n}": list(o.generated_tokens) for i, (n, o) in enumerate(zip(workloads, by_prompt))}
+    return [RowResult("", f"concurrent:{len(workloads)}", sum(map(len, toks.values())), secs, toks)]
+
+
+def run_row(row: str, scenario: str, max_new: int) -> list[RowResult]:
+    concurrent = scenario.startswith("concurrent:")
+    workloads = _mixed(int(scenario.split(":")[1])) if concurrent else [w.name for w in ALL]
+    if row.startswith("ours_"):
+        method = {"ours_plain": None, "ours_ngram": "ngram", "ours_draft": "draft"}[row]
+        results = _run_ours(method, workloads, max_new, concurrent)
+    elif row == "hf_generate":
+        results = _run_hf_single(workloads, max_new, prompt_lookup=False)
+    elif row == "hf_prompt_lookup":
+        results = _run_hf_single(workloads, max_new, prompt_lookup=True)
+    elif row == "hf_padded_batch":
+        results = _run_hf_padded(workloads, max_new)
+    elif row == "hf_generate_batch":
+        results = _run_hf_generate_batch(workloads, max_new)
+    else:
+        raise SystemExit(f"unknown row {row!r}")
+    for r in results:
+        r.row = row
+    return results
+
+
+# ----------------------------------------------------------------------------- parent side
+
+
+def _spawn(row: str, scenario: str, max_new: int) -> list[RowResult]:
+    cmd = [sys.executable, "-m", "bench.engine_bench", "--row", row, "--scenario", scenario, "--max-new", str(max_new)]
+    print(f"  running {row} on {scenario} ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(cmd, stdout=out)
+        # wait4 reaps the child and returns its own rusage: the row's peak RSS, not the parent's.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise SystemExit(f"{row} on {scenario} failed with exit code {proc.returncode}")
+        out.seek(0)
+        rows = [RowResult(**d) for d in json.loads(out.read().strip().splitlines()[-1])]
+    for r in rows:
+        r.peak_rss_mb = usage.ru_maxrss / 1024
+    return rows
+
+
+def _gemm_gflops() -> float:
+    """Measured fp32 GEMM rate of this machine, the denominator of the compute bound."""
+    import torch
+
+    a, b = torch.randn(64, 576), torch.randn(576, 1536)
+    for _ in range(50):
+        a @ b
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 1.0:
+        a @ b
+        n += 1
+    return 2 * 64 * 576 * 1536 * n / (time.perf_counter() - start) / 1e9
+
+
+def _identical_to_plain(results: list[RowResult]) -> dict[tuple[str, str], bool]:
+    plain = {r.scenario: r.token_ids for r in results if r.row == "ours_plain"}
+    return {
+        (r.row, r.scenario): r.token_ids == plain.get(r.scenario)
+        for r in results if r.row.startswith("ours_") and r.scenario in plain
+    }
+
+
+def report(results: list[RowResult], gemm_gflops: float, params: int) -> str:
+    same = _identical_to_plain(results)
+    hf_plain = {r.scenario: r.tokens_per_s for r in results if r.row == "hf_generate"}
+    hf_pld = {r.scenario: r.tokens_per_s for r in results if r.row == "hf_prompt_lookup"}
+    ours_plain = {r.scenario: r.tokens_per_s for r in results if r.row == "ours_plain"}
+    gen_batch = {r.scenario: r.tokens_per_s for r in results if r.row == "hf_generate_batch"}
+    lines = [
+        "| scenario | row | tokens/s | vs HF plain | vs HF prompt lookup | vs ours plain | vs generate_batch "
+        "| acceptance | tokens/forward | same tokens as ours plain | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def ratio(x: float, base: dict[str, float], scenario: str) -> str:
+        b = base.get(scenario)
+        return f"{x / b:.2f}x" if b else ""
+
+    for r in sorted(results, key=lambda r: (r.scenario, r.row)):
+        acc = f"{r.accepted / r.drafted:.2f}" if r.drafted else ""
+        per_fwd = ""
+        if r.target_forwards:
+            seqs = 1 if r.scenario.startswith("single") else int(r.scenario.split(":")[1])
+            per_fwd = f"{r.new_tokens / seqs / r.target_forwards:.2f}" if seqs == 1 else ""
+        match = same.get((r.row, r.scenario))
+        lines.append(
+            f"| {r.scenario} | {r.row} | {r.tokens_per_s:.1f} | {ratio(r.tokens_per_s, hf_plain, r.scenario)} "
+            f"| {ratio(r.tokens_per_s, hf_pld, r.scenario)} | {ratio(r.tokens_per_s, ours_plain, r.scenario)} "
+            f"| {ratio(r.tokens_per_s, gen_batch, r.scenario)} | {acc} | {per_fwd} "
+            f"| {'' if match is None else ('yes' if match else 'NO')} | {r.peak_rss_mb:.0f} |"
+        )
+    bound = gemm_gflops * 1e9 / (2 * params)
+    lines.append("")
+    lines.append(
+        f"Compute bound: measured GEMM {gemm_gflops:.1f} GFLOP/s, 2 x {params / 1e6:.0f}M parameters per token "
+        f"-> at most {bound:.0f} tokens/s."
+    )
+    for r in results:
+        if r.scenario.startswith("concurrent") and r.row.startswith("ours"):
+            lines.append(f"- {r.row} at {r.scenario}: {r.tokens_per_s:.1f} tokens/s = {r.tokens_per_s / bound:.0%} of the bound")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="32 new tokens; 4 and 8 concurrent")
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--rows", default="", help="comma-separated subset of rows")
+    ap.add_argument("--out", default="bench/results/engine.json")
+    ap.add_argument("--row", help=argparse.SUPPRESS)
+    ap.add_argument("--scenario", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    if args.row:  # subprocess mode
+        results = run_row(args.row, args.scenario, args.max_new)
+        print(json.dumps([asdict(r) for r in results]))
+        return 0
+
+    max_new = 32 if args.quick else args.max_new
+    concurrency = (4, 8) if args.quick else (16, 64)
+    wanted = set(filter(None, args.rows.split(",")))
+    plan = [(row, "single") for row in SINGLE_ROWS] + [
+        (row, f"concurrent:{n}") for n in concurrency for row in CONCURRENT_ROWS
+    ]
+    plan = [(r, s) for r, s in plan if not wanted or r in wanted]
+    print(f"engine benchmark: {len(plan)} runs, {max_new} new tokens, greedy", file=sys.stderr)
+    results: list[RowResult] = []
+    for row, scenario in plan:
+        results.extend(_spawn(row, scenario, max_new))
+
+    from engine.loader import resolve_model_dir
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(resolve_model_dir("smollm2-135m-instruct"))
+    params = _count_params(cfg)
+    text = report(results, _gemm_gflops(), params)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"max_new": max_new, "results": [asdict(r) for r in results], "table": text}, indent=1))
+    print(f"\nresults written to {out}", file=sys.stderr)
+    return 0
+
+
+def _count_params(cfg) -> int:
+    """Parameters touched per token (embedding lookup excluded, LM head included)."""
+    h, i, layers, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
+    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * i
+    return layers * per_layer + h * v
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
