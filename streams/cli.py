@@ -9,6 +9,7 @@
     specstream bench ...               load-test a running stack (streams.bench)
     specstream prepare                 fetch the Kafka jars and convert the model (what `up` would do first)
     specstream config check [FILE]
+    specstream keys create --tenant NAME | list | revoke ID   the edge's API keys (streams.edge.keys_cli)
 
 Every command reads one configuration (``--config FILE``, else $SPECSTREAM_CONFIG,
 else ./specstream.yaml if present, else the defaults). A configuration error
@@ -140,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         handler=lambda args, settings: _print_and_succeed(example_yaml(), end=""))
     config_actions.add_parser("reference", help="print the configuration reference (markdown)").set_defaults(
         handler=lambda args, settings: _print_and_succeed(reference_markdown()))
+
+    from streams.edge.keys_cli import add_keys_commands
+
+    add_keys_commands(commands)
     return parser
 
 
@@ -500,6 +505,9 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             edge = settings.edge
             base = f"http://{edge.host}:{edge.port}"
             edge_running = _http_status(f"{base}/healthz") == 200
+            from streams.edge.keys_cli import curl_auth, prepare_up
+
+            key_file = None if args.no_edge else prepare_up(settings, _say)  # the local API key, or a loud warning
             if args.no_worker:
                 _say("worker: not started (--no-worker)")
             else:
@@ -512,7 +520,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
                 children.append(_spawn("edge", args, "edge"))
             if not args.no_edge:
                 _wait_ready(base, children)
-                _print_urls(settings, base)
+                _print_urls(settings, base, curl_auth(key_file))
             else:
                 _say("running; Ctrl-C stops")
             while True:
@@ -551,17 +559,18 @@ def _wait_ready(base: str, children: list[Child]) -> None:
     raise TimeoutError(f"{base}/readyz not ready after {READY_TIMEOUT_S:.0f}s")
 
 
-def _print_urls(settings: Settings, base: str) -> None:
+def _print_urls(settings: Settings, base: str, auth: str = "") -> None:
     ws = base.replace("http://", "ws://", 1)
     model = settings.engine.model
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "What is Kafka?"}],
                        "max_tokens": 64, "stream": True})
     out.print("\n[bold green]specstream is up[/bold green]")
     out.print(f"""  edge HTTP        {base}   (/healthz, /readyz)
+  chat page        {base}/
   websocket        {ws}/v1/ws
   OpenAI base URL  {base}/v1   (model: {model})
 
-  curl -N {base}/v1/chat/completions -H 'content-type: application/json' \\
+  curl -N {base}/v1/chat/completions {auth}-H 'content-type: application/json' \\
     -d '{body}'
 
 Ctrl-C stops everything.

@@ -9,7 +9,15 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models`` (:mod:`streams.edge.openai_api`), websocket ``/v1/ws``
 (:mod:`streams.edge.ws`), ``GET /healthz`` (the process is alive) and
 ``GET /readyz`` (200 when Kafka is reachable and a worker announced ready
-recently, else 503 with the reason; :mod:`streams.edge.readiness`).
+recently, else 503 with the reason; :mod:`streams.edge.readiness`), ``GET /``
+(the browser chat page, ``streams/edge/static``) and ``GET /openapi.json``
+(:mod:`streams.edge.openapi`; ``/docs`` renders it).
+
+Security and validation: :mod:`streams.edge.auth` (API keys, per tenant),
+:mod:`streams.edge.limits` (per-tenant rpm / tpm / concurrency),
+:mod:`streams.edge.validation` (sizes, encoding, parameters, context length)
+and :mod:`streams.edge.gate`, which strings them together per request and
+writes the access log (never keys or prompts).
 """
 from __future__ import annotations
 
@@ -17,13 +25,19 @@ import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
+from pathlib import Path
+
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from streams.edge import errors, openai_api, ws
+from streams.edge import errors, openai_api, openapi, ws
 from streams.edge.core import Edge
+from streams.edge.gate import Gate
 from streams.edge.settings import EdgeOptions
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 log = logging.getLogger(__name__)
 
@@ -32,38 +46,55 @@ def create_app(settings: Any = None) -> FastAPI:
     """The edge's ASGI app. ``settings``: a streams.config.Settings, an EdgeOptions, or None (load_settings())."""
     edge_settings = EdgeOptions.from_settings(settings)
 
+    # Built here, not in the lifespan: a bad keys file or Redis URL fails the start, not the first request.
+    gate = Gate(edge_settings)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         edge = Edge(edge_settings)
         app.state.edge = edge
-        await edge.start()
+        await gate.start()
         try:
-            yield
+            await edge.start()
+            try:
+                yield
+            finally:
+                await edge.stop()
         finally:
-            await edge.stop()
+            await gate.stop()
 
     app = FastAPI(title="specstream edge", version="0.1.0", lifespan=lifespan)
     app.state.settings = edge_settings
+    app.state.gate = gate
+    openapi.install(app, edge_settings.models)
 
     @app.exception_handler(errors.EdgeError)
     async def _edge_error(request: Request, exc: errors.EdgeError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         body = errors.EdgeError(exc.status_code, str(exc.detail), code=None).body()
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=openapi.Health)
     async def healthz() -> dict[str, Any]:
+        """The process is alive."""
         return {"status": "ok", "edge_id": edge_settings.edge_id}
 
-    @app.get("/readyz")
+    @app.get("/readyz", response_model=openapi.Readiness, responses={
+        503: {"model": openapi.Readiness, "description": "Not ready: `reason` says why."}})
     async def readyz(request: Request) -> JSONResponse:
+        """200 when Kafka is reachable and a worker announced itself recently; else 503 with the reason."""
         state = await request.app.state.edge.ready_state()
         body = {**state.body(), "edge_id": edge_settings.edge_id}
         return JSONResponse(body, status_code=200 if state.ready else 503)
 
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(openai_api.router)
     app.include_router(ws.router)
     return app
@@ -75,4 +106,5 @@ def run_edge(settings: Any = None, **overrides: Any) -> None:
 
     edge_settings = EdgeOptions.from_settings(settings, **overrides)
     log.info("edge %s on http://%s:%d", edge_settings.edge_id, edge_settings.host, edge_settings.port)
-    uvicorn.run(create_app(edge_settings), host=edge_settings.host, port=edge_settings.port, log_level="info")
+    uvicorn.run(create_app(edge_settings), host=edge_settings.host, port=edge_settings.port, log_level="info",
+                ws_max_size=edge_settings.max_ws_frame_bytes)

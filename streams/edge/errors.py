@@ -20,7 +20,7 @@ from schemas.events import ErrorEvent
 class EdgeError(Exception):
     def __init__(
         self, status: int, message: str, *, type: str = "invalid_request_error",
-        param: str | None = None, code: str | None = None,
+        param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -28,6 +28,7 @@ class EdgeError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # e.g. Retry-After on a 429, WWW-Authenticate on a 401
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -48,6 +49,32 @@ def model_not_found(model: str, served: tuple[str, ...]) -> EdgeError:
         404, f"The model `{model}` does not exist or you do not have access to it. "
         f"Served models: {', '.join(served) or 'none'}.", param="model", code="model_not_found",
     )
+
+
+def missing_api_key() -> EdgeError:
+    return EdgeError(
+        401, "You didn't provide an API key. Send it in an Authorization header using Bearer auth "
+        "(Authorization: Bearer YOUR_KEY); create one with `specstream keys create --tenant NAME`.",
+        code="missing_api_key", headers={"WWW-Authenticate": 'Bearer realm="specstream"'},
+    )
+
+
+def invalid_api_key() -> EdgeError:
+    # Never echo the key, not even masked: error bodies end up in client logs.
+    return EdgeError(
+        401, "Incorrect API key provided (unknown or revoked). List keys with `specstream keys list`.",
+        code="invalid_api_key", headers={"WWW-Authenticate": 'Bearer realm="specstream", error="invalid_token"'},
+    )
+
+
+def body_too_large(limit: int) -> EdgeError:
+    return EdgeError(413, f"The request body exceeds the limit of {limit} bytes (edge.max_body_bytes).",
+                     code="request_too_large")
+
+
+def rate_limited(message: str, retry_after_s: int, *, limit: str) -> EdgeError:
+    return EdgeError(429, message, type="rate_limit_error", code="rate_limit_exceeded", param=None,
+                     headers={"Retry-After": str(retry_after_s), "X-RateLimit-Limited": limit})
 
 
 def not_ready(reason: str) -> EdgeError:

@@ -11,7 +11,8 @@ The edge assigns what the client does not give:
 * ``seed``, random, when the client gives none, so that a request redelivered
   to another worker after a crash regenerates the same text even when sampling;
 * ``created_at`` and, when the edge has a request timeout, ``deadline``;
-* ``reply_to``: this edge's reply topic.
+* ``reply_to``: this edge's reply topic;
+* ``tenant``: the tenant of the caller's API key (:mod:`streams.edge.auth`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import json
 import secrets
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -38,8 +39,9 @@ class TextPart(_Strict):
 
 
 class ClientMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="Author of the message; developer is treated as system.")
+    content: str | list[TextPart] = Field(description="Text, or a list of text parts that are joined.")
 
     def to_schema(self) -> ChatMessage:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
@@ -48,26 +50,35 @@ class ClientMessage(_Strict):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, description="Send a last chunk with the usage and no choices.")
 
 
 class _Common(_Strict):
     """Sampling fields shared by every API."""
 
-    model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
-    n: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    user: str | None = None
+    model: str = Field(min_length=1, description="A served model (GET /v1/models).")
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=32768,
+        description="Most tokens to generate; prompt + max_tokens must fit the model's context. "
+        "Default: edge.max_tokens_default, capped to what the context leaves.")
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="0 (the default) is greedy.")
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int | None = Field(default=None, ge=0, description="Extension: keep the k most likely tokens; 0: off.")
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1,
+                             description="Same seed, same parameters: same text. Default: a random seed.")
+    stop: str | Annotated[list[str], Field(max_length=8)] | None = Field(
+        default=None, description="Up to 8 strings that end generation; they are not returned.")
+    n: int | None = Field(default=None, description="Only 1 is supported.",
+                          json_schema_extra={"minimum": 1, "maximum": 1})
+    frequency_penalty: float | None = Field(default=None, description="Only 0 is supported.",
+                                            json_schema_extra={"minimum": 0, "maximum": 0})
+    presence_penalty: float | None = Field(default=None, description="Only 0 is supported.",
+                                           json_schema_extra={"minimum": 0, "maximum": 0})
+    user: str | None = Field(default=None, description="End-user id; accepted and ignored.")
     # Extensions (not in OpenAI's API).
-    speculation: bool | None = None
-    priority: int | None = Field(default=None, ge=-10, le=10)
+    speculation: bool | None = Field(
+        default=None, description="Extension: false turns speculative decoding off for this request.")
+    priority: int | None = Field(default=None, ge=-10, le=10, description="Extension: lower runs first.")
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "_Common":
@@ -84,11 +95,12 @@ class _Common(_Strict):
 
 
 class ChatCompletionBody(_Common):
-    messages: list[ClientMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stream: bool = False
+    messages: list[ClientMessage] = Field(min_length=1, description="The conversation so far.")
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768, description="Alias of max_tokens.")
+    stream: bool = Field(default=False, description="Stream chunks as Server-Sent Events.")
     stream_options: StreamOptions | None = None
-    logprobs: bool | None = None
+    logprobs: bool | None = Field(default=None, description="Not supported: only false.",
+                                  json_schema_extra={"enum": [False, None]})
 
     @model_validator(mode="after")
     def _no_logprobs(self) -> "ChatCompletionBody":
@@ -101,11 +113,14 @@ class ChatCompletionBody(_Common):
 
 
 class CompletionBody(_Common):
-    prompt: str | list[str]
-    stream: bool = False
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
+        description="The prompt: a string, or a list holding exactly one string.")
+    stream: bool = Field(default=False, description="Stream chunks as Server-Sent Events.")
     stream_options: StreamOptions | None = None
-    echo: bool | None = None
-    logprobs: int | None = None
+    echo: bool | None = Field(default=None, description="Not supported: only false.",
+                              json_schema_extra={"enum": [False, None]})
+    logprobs: int | None = Field(default=None, description="Not supported: only 0.",
+                                 json_schema_extra={"enum": [0, None]})
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "CompletionBody":
@@ -129,7 +144,7 @@ class WsRequestBody(_Common):
     type: Literal["request"] | None = None
     messages: list[ClientMessage] | None = Field(default=None, min_length=1)
     prompt: str | None = None
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
     # Accepted so a chat body can be sent unchanged; a websocket always streams.
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -187,6 +202,7 @@ def build_request(
     traceparent: str | None = None,
     tracestate: str | None = None,
     now: float | None = None,
+    tenant: str = "default",
 ) -> GenerateRequest:
     """The GenerateRequest for a validated client body, with the edge-assigned fields filled in."""
     check_model(body.model, settings)
@@ -225,6 +241,7 @@ def build_request(
             reply_to=ReplyRoute(topic=reply_topic),
             deadline=now + settings.request_timeout_s if settings.request_timeout_s else None,
             priority=body.priority or 0,
+            tenant=tenant,
             trace=TraceContext(traceparent=traceparent, tracestate=tracestate) if traceparent else None,
             created_at=now,
         )

@@ -15,6 +15,11 @@ A client that goes away (an aborted stream, or a dropped connection while a
 non-streamed request runs) makes the edge publish a ``CancelRequest``.
 Speculation statistics travel in an extra ``specstream`` field that OpenAI
 clients ignore.
+
+Every ``/v1/*`` route needs an API key (:func:`principal`, 401 otherwise);
+generation requests then pass the size, encoding and parameter checks of
+:mod:`streams.edge.validation` and the gate (:mod:`streams.edge.gate`: context
+length, the tenant's limits) before anything is published.
 """
 from __future__ import annotations
 
@@ -24,16 +29,18 @@ import logging
 import time
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request, Security
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, TokenChunk
-from streams.edge import errors
+from streams.edge import errors, openapi
 from streams.edge.core import Edge
-from streams.edge.intake import (
-    ChatCompletionBody, CompletionBody, build_request, parse_json_body, validate_body,
-)
+from streams.edge.gate import Gate, Ticket
+from streams.edge.intake import ChatCompletionBody, CompletionBody, build_request, validate_body
+from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.edge.validation import parse_json_object, read_body, strip_unsupported
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -48,14 +55,40 @@ def _edge(request: Request) -> Edge:
     return request.app.state.edge
 
 
-@router.get("/v1/models")
-async def list_models(request: Request) -> dict[str, Any]:
+def _gate(request: Request) -> Gate:
+    return request.app.state.gate
+
+
+bearer = HTTPBearer(
+    auto_error=False, scheme_name="ApiKey", bearerFormat="sk-ss-...",
+    description="An API key from `specstream keys create --tenant NAME` (or the one `specstream up` prints).",
+)
+
+
+def _api_of(path: str) -> str:
+    return {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, "models")
+
+
+async def principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
+    """The caller, from ``Authorization: Bearer <key>``; 401 in OpenAI's shape without a valid key."""
+    from streams.edge.auth import key_from_headers
+
+    key = credentials.credentials if credentials is not None else key_from_headers(request.headers)
+    return _gate(request).authenticate(key, api=_api_of(request.url.path))
+
+
+@router.get("/v1/models", response_model=openapi.ModelList, responses={**openapi.AUTH_ERRORS})
+async def list_models(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """The served models."""
     edge = _edge(request)
     return {"object": "list", "data": [_model_card(m, edge) for m in edge.settings.models]}
 
 
-@router.get("/v1/models/{model:path}")
-async def get_model(model: str, request: Request) -> dict[str, Any]:
+@router.get("/v1/models/{model:path}", response_model=openapi.ModelCard,
+            responses={**openapi.AUTH_ERRORS, 404: {"model": openapi.ErrorResponse,
+                                                    "description": "Not a served model (model_not_found)."}})
+async def get_model(model: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """One served model."""
     edge = _edge(request)
     if model not in edge.settings.models:
         raise errors.model_not_found(model, edge.settings.models)
@@ -66,34 +99,63 @@ def _model_card(model: str, edge: Edge) -> dict[str, Any]:
     return {"id": model, "object": "model", "created": int(edge.started_at), "owned_by": "specstream"}
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request) -> Response:
-    return await _generate(request, ChatCompletionBody, chat=True)
+@router.post("/v1/chat/completions", response_model=None, openapi_extra=openapi.request_body("ChatCompletionBody"),
+             responses=openapi.generation_responses(openapi.ChatCompletion))
+async def chat_completions(request: Request, caller: Principal = Depends(principal)) -> Response:
+    """Chat completion (OpenAI-compatible), streamed with `stream: true`."""
+    return await _generate(request, caller, ChatCompletionBody, chat=True)
 
 
-@router.post("/v1/completions")
-async def completions(request: Request) -> Response:
-    return await _generate(request, CompletionBody, chat=False)
+@router.post("/v1/completions", response_model=None, openapi_extra=openapi.request_body("CompletionBody"),
+             responses=openapi.generation_responses(openapi.TextCompletion))
+async def completions(request: Request, caller: Principal = Depends(principal)) -> Response:
+    """Text completion of a raw prompt (OpenAI-compatible), streamed with `stream: true`."""
+    return await _generate(request, caller, CompletionBody, chat=False)
 
 
-async def _generate(request: Request, body_model: type, *, chat: bool) -> Response:
+async def _admit(request: Request, caller: Principal, body_model: type, *, chat: bool) -> tuple[Any, Ticket]:
+    """Body -> validated, admitted request (nothing is published before this returns)."""
+    edge, gate = _edge(request), _gate(request)
+    api = "chat" if chat else "completions"
+    size: int | None = None
+    try:
+        raw = await read_body(request, edge.settings.max_body_bytes)
+        size = len(raw)
+        data = strip_unsupported(parse_json_object(raw), api)
+        body = validate_body(body_model, data)
+        gen = build_request(
+            body, edge.settings, edge.reply_topic, tenant=caller.tenant,
+            traceparent=request.headers.get("traceparent"), tracestate=request.headers.get("tracestate"),
+        )
+    except errors.EdgeError as exc:
+        gate.rejected(exc, api=api, principal=caller, body_bytes=size)
+        raise
+    ticket = await gate.admit(caller, gen, api=api, input_param="messages" if chat else "prompt",
+                              max_tokens_given=body.max_new_tokens() is not None, stream=body.stream,
+                              body_bytes=size)
+    return body, ticket
+
+
+async def _generate(request: Request, caller: Principal, body_model: type, *, chat: bool) -> Response:
     edge = _edge(request)
-    body = validate_body(body_model, parse_json_body(await request.body()))
-    gen = build_request(
-        body, edge.settings, edge.reply_topic,
-        traceparent=request.headers.get("traceparent"), tracestate=request.headers.get("tracestate"),
-    )
-    stream = await edge.submit(gen)
+    body, ticket = await _admit(request, caller, body_model, chat=chat)
+    gen = ticket.request
+    try:
+        stream = await edge.submit(gen)
+    except BaseException as exc:
+        ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 499, code="not_published")
+        raise
     input_param = "messages" if chat else "prompt"
     try:
         if not body.stream:
             try:
-                final = await _unless_disconnected(request, _final_event(stream))
+                final = await _unless_disconnected(request, _final_event(stream, ticket))
             except ReplyTimeout:
                 edge.abandon(stream, "deadline passed at the edge")
                 raise errors.reply_timeout(gen.request_id) from None
             if isinstance(final, ErrorEvent):
                 raise errors.from_worker_error(final, input_param=input_param)
+            ticket.finish(200, final)
             return JSONResponse(_full_response(gen, final, chat=chat, edge=edge))
 
         events = stream.events()
@@ -106,20 +168,25 @@ async def _generate(request: Request, body_model: type, *, chat: bool) -> Respon
             raise errors.from_worker_error(first, input_param=input_param)
     except ClientGone:
         edge.abandon(stream)
+        ticket.finish(499, code="client_gone")
         return Response(status_code=499)
-    except BaseException:
+    except BaseException as exc:
         edge.abandon(stream) if not stream.finished else stream.close()
+        ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 500,
+                      code=exc.code if isinstance(exc, errors.EdgeError) else type(exc).__name__)
         raise
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=include_usage, input_param=input_param)
+    sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=include_usage, input_param=input_param,
+               ticket=ticket)
     return StreamingResponse(sse, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
 
 
-async def _final_event(stream: ReplyStream) -> Completion | ErrorEvent:
+async def _final_event(stream: ReplyStream, ticket: Ticket) -> Completion | ErrorEvent:
     async for event in stream:
         if not isinstance(event, TokenChunk):
             return event
+        ticket.saw(event)
     raise RuntimeError("reply stream ended without a final event")  # pragma: no cover
 
 
@@ -176,7 +243,7 @@ def _data(obj: Any) -> str:
 
 async def _sse(
     edge: Edge, gen: GenerateRequest, stream: ReplyStream, first: TokenChunk | Completion,
-    events: AsyncIterator, *, chat: bool, include_usage: bool, input_param: str,
+    events: AsyncIterator, *, chat: bool, include_usage: bool, input_param: str, ticket: Ticket,
 ) -> AsyncIterator[str]:
     created = int(gen.created_at or time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -210,9 +277,11 @@ async def _sse(
 
         async for event in all_events():
             if isinstance(event, TokenChunk):
+                ticket.saw(event)
                 if event.text:
                     yield _data(chunk(event.text, None, extra={"index": event.index, "spec": event.spec.model_dump()}))
             elif isinstance(event, Completion):
+                ticket.finish(200, event)
                 yield _data(chunk(None if chat else "", event.finish_reason, extra=_extras(event, edge)))
                 if include_usage:
                     usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,
@@ -220,10 +289,12 @@ async def _sse(
                     yield _data(usage)
             else:
                 error = errors.from_worker_error(event, input_param=input_param)
+                ticket.finish(error.status, event)
                 yield _data(error.body())
         yield "data: [DONE]\n\n"
     except ReplyTimeout:
         edge.abandon(stream, "deadline passed at the edge")
+        ticket.finish(504, code="deadline_exceeded")
         yield _data(errors.reply_timeout(gen.request_id).body())
         yield "data: [DONE]\n\n"
     finally:
@@ -232,3 +303,4 @@ async def _sse(
             stream.close()
         else:
             edge.abandon(stream)
+        ticket.finish(499, code="client_gone")

@@ -60,7 +60,8 @@ def serve_in_thread(options: EdgeOptions, *, port: int | None = None, start_time
     bound_port = sock.getsockname()[1]
     options = replace(options, port=bound_port)
     app = create_app(options)
-    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+                            ws_max_size=options.max_ws_frame_bytes)
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
 

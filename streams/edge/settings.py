@@ -4,7 +4,9 @@
 ``kafka``, ``edge``, ``worker``, ``engine``) by :meth:`EdgeOptions.from_settings`;
 tests may also construct one directly. The served model list is
 ``engine.model``; the worker heartbeat that /readyz counts in is
-``worker.heartbeat_s``.
+``worker.heartbeat_s``; the context the edge checks prompts against is
+``engine.max_model_len``. Authentication is on by default here too
+(``auth_enabled``): a test that does not exercise it says ``auth_enabled=False``.
 """
 from __future__ import annotations
 
@@ -43,6 +45,19 @@ class EdgeOptions:
     max_tokens_default: int = 128
     startup_timeout_s: float = 30.0
     client_id: str = "specstream-edge"
+    # Authentication and limits (streams.edge.auth, streams.edge.keys, streams.edge.limits).
+    auth_enabled: bool = True
+    keys_file: str | None = None  # None: ~/.config/specstream/keys.json
+    key_hashes: tuple[str, ...] = ()  # 'tenant:sha256-hex' entries
+    default_rpm: int | None = 600  # limits of a tenant that sets none; None: no limit
+    default_tpm: int | None = 500_000
+    default_concurrency: int | None = 32
+    redis_url: str | None = None  # None: limit counters in memory (per edge)
+    # Validation (streams.edge.validation).
+    max_body_bytes: int = 1024 * 1024
+    max_ws_frame_bytes: int = 1024 * 1024
+    max_model_len: int | None = None  # None: the model's context, at most 2048 (as the engine)
+    count_tokens: bool = True  # load the tokenizer to check prompt lengths before publishing
 
     def __post_init__(self) -> None:
         edge_id = _TOPIC_UNSAFE.sub("-", self.edge_id or default_edge_id(self.host, self.port)).strip("-.")
@@ -50,6 +65,7 @@ class EdgeOptions:
             raise ValueError(f"edge id {self.edge_id!r} has no character usable in a topic name")
         object.__setattr__(self, "edge_id", edge_id)
         object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "key_hashes", tuple(self.key_hashes))
 
     @property
     def catalog(self) -> TopicCatalog:
@@ -83,6 +99,16 @@ class EdgeOptions:
             ready_heartbeats=edge.ready_heartbeats,
             max_tokens_default=edge.max_tokens_default,
             startup_timeout_s=edge.startup_timeout_s,
+            auth_enabled=edge.auth.enabled,
+            keys_file=edge.auth.keys_file,
+            key_hashes=tuple(edge.auth.key_hashes),
+            default_rpm=edge.limits.rpm,
+            default_tpm=edge.limits.tpm,
+            default_concurrency=edge.limits.concurrency,
+            redis_url=edge.redis_url,
+            max_body_bytes=edge.max_body_bytes,
+            max_ws_frame_bytes=edge.max_ws_frame_bytes,
+            max_model_len=settings.engine.max_model_len,
         )
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:

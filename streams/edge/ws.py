@@ -19,10 +19,21 @@ Edge -> client:
 
 When the socket closes, every request still in flight on it is cancelled
 (a ``CancelRequest`` is published for it).
+
+Authentication (:mod:`streams.edge.auth`): an ``Authorization`` header, the
+subprotocols ``specstream.v1`` + ``specstream.key.<key>``, or a first frame
+``{"type": "auth", "api_key": ...}`` (answered ``{"type": "auth", "ok": true,
+"tenant": ...}``). Without a valid key the socket is closed with 1008; a frame
+larger than ``edge.max_ws_frame_bytes`` closes it with 1009. Each request
+passes the same validation, context check and tenant limits as on HTTP (a
+refusal is an error frame; over a limit it carries ``retry_after``), and chunk
+frames carry ``draft_chars``: how many leading characters of ``text`` came
+from accepted draft tokens.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -32,39 +43,80 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from streams.edge import errors
+from streams.edge.auth import (
+    WS_CLOSE_POLICY, WS_CLOSE_TOO_BIG, WS_PROTOCOL, key_from_headers, key_from_subprotocols,
+)
 from streams.edge.core import Edge
+from streams.edge.gate import Gate, Ticket
 from streams.edge.intake import WsRequestBody, build_request, validate_body
+from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.edge.validation import parse_json_object, strip_unsupported
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 
 MAX_IN_FLIGHT_PER_SOCKET = 64
+AUTH_FRAME_TIMEOUT_S = 30.0
 
 
 @router.websocket("/v1/ws")
 async def websocket_endpoint(websocket: WebSocket) -> None:
-    await websocket.accept()
-    await WsSession(websocket.app.state.edge, websocket).run()
+    gate: Gate = websocket.app.state.gate
+    offered = list(websocket.scope.get("subprotocols") or [])
+    # Only specstream.v1 is ever chosen: the key subprotocol is never echoed back.
+    await websocket.accept(subprotocol=WS_PROTOCOL if WS_PROTOCOL in offered else None)
+    session = WsSession(websocket.app.state.edge, websocket, gate)
+    key = key_from_headers(websocket.headers) or key_from_subprotocols(offered)
+    if key is not None or not gate.auth.enabled:
+        try:
+            session.principal = gate.authenticate(key, api="ws")
+        except errors.EdgeError as exc:
+            await session.close(WS_CLOSE_POLICY, exc.code or "unauthorized")
+            return
+    await session.run()
 
 
 class WsSession:
-    def __init__(self, edge: Edge, websocket: WebSocket) -> None:
+    def __init__(self, edge: Edge, websocket: WebSocket, gate: Gate | None = None) -> None:
         self.edge = edge
         self.websocket = websocket
+        self.gate: Gate = gate if gate is not None else websocket.app.state.gate
+        self.principal: Principal | None = None
         self._send_lock = asyncio.Lock()
         self._tasks: dict[Any, asyncio.Task] = {}
         self.closed = False
 
+    async def close(self, code: int, reason: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.websocket.close(code=code, reason=reason[:120])
+        self.closed = True
+
+    async def _receive(self) -> dict[str, Any]:
+        if self.principal is None:
+            # Not authenticated yet: the first frame must be {"type": "auth", ...}, and soon.
+            try:
+                return await asyncio.wait_for(self.websocket.receive(), timeout=AUTH_FRAME_TIMEOUT_S)
+            except TimeoutError:
+                return {"type": "timeout"}
+        return await self.websocket.receive()
+
     async def run(self) -> None:
         try:
-            while True:
-                message = await self.websocket.receive()
+            while not self.closed:
+                message = await self._receive()
                 if message["type"] == "websocket.disconnect":
+                    break
+                if message["type"] == "timeout":
+                    await self.close(WS_CLOSE_POLICY, "missing_api_key: no auth frame")
                     break
                 raw = message.get("text")
                 if raw is None and message.get("bytes") is not None:
                     raw = message["bytes"]
+                size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass")) if raw else 0
+                if size > self.edge.settings.max_ws_frame_bytes:
+                    await self.close(WS_CLOSE_TOO_BIG, f"frame over {self.edge.settings.max_ws_frame_bytes} bytes")
+                    break
                 await self._on_frame(raw)
         except WebSocketDisconnect:
             pass
@@ -76,14 +128,31 @@ class WsSession:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _authenticate(self, data: dict[str, Any]) -> None:
+        key = data.get("api_key")
+        try:
+            self.principal = self.gate.authenticate(key if isinstance(key, str) else None, api="ws")
+        except errors.EdgeError as exc:
+            await self.close(WS_CLOSE_POLICY, exc.code or "unauthorized")
+            return
+        await self._send({"type": "auth", "ok": True, "tenant": self.principal.tenant})
+
     async def _on_frame(self, raw: str | bytes | None) -> None:
         try:
-            data = json.loads(raw) if raw else None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            await self._error(None, errors.invalid_json(str(exc)))
+            data = parse_json_object(raw or b"", what="frame")
+        except errors.EdgeError as exc:
+            if self.principal is None:
+                await self.close(WS_CLOSE_POLICY, "missing_api_key")
+                return
+            exc = errors.invalid_json("each frame must be a JSON object") if exc.code == "invalid_json" and \
+                "expected an object" in exc.message else exc
+            await self._error(None, exc)
             return
-        if not isinstance(data, dict):
-            await self._error(None, errors.invalid_json("each frame must be a JSON object"))
+        if data.get("type") == "auth":
+            await self._authenticate(data)
+            return
+        if self.principal is None:
+            await self.close(WS_CLOSE_POLICY, "missing_api_key: send an auth frame first")
             return
         client_id = data.get("id")
         if client_id is not None and not isinstance(client_id, (str, int)):
@@ -94,9 +163,10 @@ class WsSession:
             await self._cancel(client_id)
             return
         try:
-            body = validate_body(WsRequestBody, data)
-            request = build_request(body, self.edge.settings, self.edge.reply_topic)
+            body = validate_body(WsRequestBody, strip_unsupported(data, "chat"))
+            request = build_request(body, self.edge.settings, self.edge.reply_topic, tenant=self.principal.tenant)
         except errors.EdgeError as exc:
+            self.gate.rejected(exc, api="ws", principal=self.principal)
             await self._error(client_id, exc)
             return
         tag = client_id if client_id is not None else request.request_id
@@ -107,9 +177,16 @@ class WsSession:
         if len(self._tasks) >= MAX_IN_FLIGHT_PER_SOCKET:
             await self._error(tag, errors.EdgeError(
                 429, f"at most {MAX_IN_FLIGHT_PER_SOCKET} requests may be in flight on one socket",
-                type="rate_limit_error", code="too_many_requests"))
+                type="rate_limit_error", code="too_many_requests", headers={"Retry-After": "1"}))
             return
-        task = asyncio.create_task(self._serve(tag, request), name=f"ws-{request.request_id}")
+        try:
+            ticket = await self.gate.admit(
+                self.principal, request, api="ws", input_param="messages" if request.messages is not None else "prompt",
+                max_tokens_given=body.max_new_tokens() is not None, stream=True)
+        except errors.EdgeError as exc:
+            await self._error(tag, exc)
+            return
+        task = asyncio.create_task(self._serve(tag, ticket), name=f"ws-{request.request_id}")
         self._tasks[tag] = task
         task.add_done_callback(lambda _t, tag=tag: self._tasks.pop(tag, None))
 
@@ -122,17 +199,26 @@ class WsSession:
         task.cancel()
         await self._error(tag, errors.EdgeError(499, "cancelled by the client", code="cancelled"))
 
-    async def _serve(self, tag: Any, request) -> None:
+    async def _serve(self, tag: Any, ticket: Ticket) -> None:
+        request = ticket.request
         stream: ReplyStream | None = None
+        status, final, code = 499, None, "client_gone"
         try:
             stream = await self.edge.submit(request)
             async for event in stream:
                 if isinstance(event, TokenChunk):
+                    ticket.saw(event)
+                    draft_chars = event.draft_chars
+                    if draft_chars is None:
+                        draft_chars = self.gate.tokens.draft_chars(request.model, event.text, event.token_ids,
+                                                                   event.spec.accepted)
                     await self._send({
                         "type": "chunk", "id": tag, "request_id": request.request_id, "index": event.index,
                         "text": event.text, "token_ids": event.token_ids, "spec": event.spec.model_dump(),
+                        "draft_chars": draft_chars,
                     })
                 elif isinstance(event, Completion):
+                    status, final, code = 200, event, None
                     await self._send({
                         "type": "done", "id": tag, "request_id": request.request_id, "text": event.text,
                         "finish_reason": event.finish_reason, "usage": event.usage.model_dump(),
@@ -141,12 +227,16 @@ class WsSession:
                     })
                 elif isinstance(event, ErrorEvent):
                     input_param = "messages" if request.messages is not None else "prompt"
-                    await self._error(tag, errors.from_worker_error(event, input_param=input_param))
+                    error = errors.from_worker_error(event, input_param=input_param)
+                    status, final, code = error.status, event, None
+                    await self._error(tag, error)
         except ReplyTimeout:
+            status, code = 504, "deadline_exceeded"
             if stream is not None:
                 self.edge.abandon(stream, "deadline passed at the edge")
             await self._error(tag, errors.reply_timeout(request.request_id))
         except errors.EdgeError as exc:
+            status, code = exc.status, exc.code
             await self._error(tag, exc)
         except (WebSocketDisconnect, OSError, RuntimeError) as exc:
             log.debug("ws %s: send failed, client gone: %r", request.request_id, exc)
@@ -154,6 +244,7 @@ class WsSession:
             if stream is not None:
                 reason = "socket closed" if self.closed else "cancelled by the client"
                 self.edge.abandon(stream, reason)
+            ticket.finish(status, final, code=code)
 
     async def _send(self, message: dict[str, Any]) -> None:
         if self.websocket.application_state != WebSocketState.CONNECTED:
@@ -162,8 +253,11 @@ class WsSession:
             await self.websocket.send_text(json.dumps(message, separators=(",", ":")))
 
     async def _error(self, tag: Any, exc: errors.EdgeError) -> None:
+        message: dict[str, Any] = {"type": "error", "id": tag, "code": exc.code or exc.type, "message": exc.message,
+                                   "param": exc.param, "status": exc.status}
+        if exc.headers and "Retry-After" in exc.headers:
+            message["retry_after"] = int(exc.headers["Retry-After"])
         try:
-            await self._send({"type": "error", "id": tag, "code": exc.code or exc.type, "message": exc.message,
-                              "param": exc.param, "status": exc.status})
+            await self._send(message)
         except (WebSocketDisconnect, OSError, RuntimeError):
             pass

@@ -42,7 +42,7 @@ QUESTION = [{"role": "user", "content": "What is Apache Kafka? Answer in one sen
 
 def _options(bootstrap: str, prefix: str, edge_id: str) -> EdgeOptions:
     return EdgeOptions(bootstrap_servers=bootstrap, topic_prefix=prefix, edge_id=edge_id, heartbeat_s=HEARTBEAT_S,
-                       request_timeout_s=120.0)
+                       request_timeout_s=120.0, auth_enabled=False)  # auth: tests/integration/test_edge_security.py
 
 
 def _wait(predicate, timeout_s: float, what: str, check=lambda: None) -> None:

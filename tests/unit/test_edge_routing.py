@@ -148,7 +148,7 @@ def catalog() -> TopicCatalog:
 
 def options(bootstrap: str, catalog: TopicCatalog, edge_id: str, **kw) -> EdgeOptions:
     return EdgeOptions(bootstrap_servers=bootstrap, topic_prefix=catalog.prefix, edge_id=edge_id,
-                       request_partitions=catalog.request_partitions, **kw)
+                       request_partitions=catalog.request_partitions, auth_enabled=False, **kw)
 
 
 @pytest.fixture(scope="module")

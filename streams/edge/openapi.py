@@ -1,0 +1,209 @@
+"""The edge's OpenAPI document (``/openapi.json``, browsable at ``/docs``): complete and accurate.
+
+The generation routes parse their bodies by hand (for precise OpenAI-shaped
+errors, see :mod:`streams.edge.openai_api`), so FastAPI cannot infer their
+request bodies: :func:`install` adds them from the same pydantic models the
+routes validate with (``ChatCompletionBody``, ``CompletionBody``), with
+``model`` restricted to the served models. Responses are documented per
+status with the models below: the JSON replies, the ``text/event-stream``
+replies of ``stream: true``, and OpenAI's error shape for every 4xx/5xx the
+route can return. The bearer security scheme comes from the auth dependency
+(:func:`streams.edge.openai_api.principal`) and applies to the ``/v1/*`` HTTP
+routes; ``/healthz``, ``/readyz``, ``/`` and the document itself are public.
+The websocket (``/v1/ws``) cannot be described in OpenAPI; its protocol is in
+the document's description.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
+
+from schemas.events import SpecStats, Timings, Usage
+from streams.edge.intake import ChatCompletionBody, CompletionBody
+
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="What is wrong, in words.")
+    type: str = Field(description="invalid_request_error, rate_limit_error, server_error or timeout_error.")
+    param: str | None = Field(description="The request parameter at fault, e.g. 'max_tokens' or 'messages[0].content'.")
+    code: str | None = Field(
+        description="Machine-readable cause: missing_api_key, invalid_api_key, invalid_json, invalid_encoding, "
+        "unknown_parameter, unsupported_parameter, unsupported_value, invalid_value, missing_required_parameter, "
+        "model_not_found, context_length_exceeded, request_too_large, rate_limit_exceeded, service_unavailable, "
+        "deadline_exceeded, ...")
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape; every error the edge returns has it."""
+
+    error: ErrorDetail
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class SpecstreamExtras(BaseModel):
+    """Extension field that OpenAI clients ignore: how the answer was produced."""
+
+    edge_id: str
+    spec: SpecStats = Field(description="Speculative decoding: drafted and accepted tokens, acceptance rate.")
+    timings: Timings
+    num_chunks: int
+
+
+FinishReason = Literal["stop", "length", "abort", "deadline"]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: None
+    specstream: SpecstreamExtras
+
+
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: FinishReason
+    logprobs: None
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: Usage
+    system_fingerprint: None
+    specstream: SpecstreamExtras
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    edge_id: str
+
+
+class Readiness(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    ready: bool
+    reason: str | None = None
+    edge_id: str
+
+
+_SSE_DESCRIPTION = (
+    "With `stream: true`: Server-Sent Events, one `data: {json}` line per chunk in OpenAI's chunk format "
+    "(`chat.completion.chunk` / `text_completion`, each with an extra `specstream` field holding the chunk's "
+    "index and speculation stats), a last chunk with `finish_reason`, a usage-only chunk when "
+    "`stream_options.include_usage`, then `data: [DONE]`. An error after the first chunk is sent as "
+    "`data: {\"error\": {...}}`."
+)
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: _error("Missing (missing_api_key) or wrong/revoked (invalid_api_key) API key."),
+}
+
+
+def generation_responses(ok_model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {"model": ok_model, "description": "The completion; with `stream: true`, a stream of events.",
+              "content": {"text/event-stream": {"schema": {"type": "string"}, "example": "data: {...}\n\ndata: [DONE]\n\n"}}},
+        400: _error("Invalid input, naming the parameter: invalid_json, invalid_encoding, unknown_parameter, "
+                    "unsupported_parameter, unsupported_value, invalid_value, missing_required_parameter, "
+                    "context_length_exceeded."),
+        **AUTH_ERRORS,
+        404: _error("The model is not served (model_not_found)."),
+        413: _error("The body is larger than edge.max_body_bytes (request_too_large)."),
+        429: {**_error("The tenant is over a limit (rate_limit_exceeded): requests or tokens per minute, or "
+                       "requests in flight."),
+              "headers": {"Retry-After": {"description": "Seconds until the request would fit.",
+                                          "schema": {"type": "integer"}}}},
+        499: _error("The request was cancelled (the client went away)."),
+        500: _error("The worker failed (internal_error)."),
+        503: _error("Kafka, the workers or the rate limiter are unavailable (service_unavailable, overloaded)."),
+        504: _error("No reply before the request's deadline (deadline_exceeded)."),
+    }
+
+
+DESCRIPTION = """OpenAI-compatible LLM generation served over Apache Kafka.
+
+**Authentication**: every `/v1/*` call needs `Authorization: Bearer <API key>`; keys are managed with
+`specstream keys create|list|revoke` and map to a tenant with its own limits (requests and tokens per minute,
+requests in flight; over a limit: 429 with `Retry-After`).
+
+**Websocket** `/v1/ws` (not describable in OpenAPI): one JSON object per text frame. Authenticate with the
+`Authorization` header, or by offering the subprotocols `specstream.v1` and `specstream.key.<key>`, or with a
+first frame `{"type": "auth", "api_key": "<key>"}` (answered `{"type": "auth", "ok": true, "tenant": ...}`);
+without a valid key the socket closes with code 1008, and a frame over the size limit closes it with 1009.
+Requests are the chat body's fields (or `prompt`) plus an optional `id`; `{"type": "cancel", "id": ...}` cancels
+one. Replies: `{"type": "chunk", "id", "request_id", "index", "text", "token_ids", "spec": {"drafted",
+"accepted"}, "draft_chars"}` per chunk (`draft_chars`: leading characters of `text` that came from accepted
+drafts), `{"type": "done", "id", "text", "finish_reason", "usage", "timings", "spec", ...}` at the end, or
+`{"type": "error", "id", "code", "message", "param", "status"}` (plus `retry_after` on 429).
+
+**Browser page**: `/` serves a chat page that streams over the websocket and shows which tokens came from
+accepted drafts, live tokens/s and the acceptance rate.
+"""
+
+
+def install(app: FastAPI, served_models: tuple[str, ...]) -> None:
+    """Replace ``app.openapi`` with one that adds the request bodies and the served-model enum."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, description=DESCRIPTION, routes=app.routes)
+        components = doc.setdefault("components", {}).setdefault("schemas", {})
+        _, defs = models_json_schema([(ChatCompletionBody, "validation"), (CompletionBody, "validation")],
+                                     ref_template="#/components/schemas/{model}")
+        for name, schema in defs.get("$defs", {}).items():
+            components.setdefault(name, schema)
+        for name in ("ChatCompletionBody", "CompletionBody"):
+            model = components[name]["properties"]["model"]
+            model["enum"] = list(served_models)
+        doc["components"] = {"schemas": components, **{k: v for k, v in doc["components"].items() if k != "schemas"}}
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def request_body(model_name: str) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose JSON body is the named component."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{model_name}"}}}}}
