@@ -55,6 +55,7 @@ class RequestRecord:
     violations: list[str] = field(default_factory=list)
     final_seen: bool = False
     warmup: bool = False
+    scheduled_s: float | None = None  # open loop: when it was due, seconds after the window's start
 
     # -- outcome ---------------------------------------------------------------
 
@@ -158,6 +159,7 @@ class RequestRecord:
             "error": self.error_kind,
             "error_message": self.error_message,
             "start_s": r(self.start - t0),
+            "scheduled_s": r(self.scheduled_s),
             "ttft_s": r(self.ttft),
             "tpot_s": r(self.tpot),
             "e2e_s": r(self.e2e),

@@ -188,6 +188,7 @@ async def _open(
             break  # the schedule is behind (capped concurrency or an infinite rate): the window is over
         lag.append(max(0.0, time.perf_counter() - (t0 + offset)))
         record = make(req)
+        record.scheduled_s = offset
         out.append(record)
         tasks.append(asyncio.create_task(send(record)))
     await asyncio.gather(*tasks)

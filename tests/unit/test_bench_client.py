@@ -126,10 +126,12 @@ async def test_open_loop_follows_seeded_schedule() -> None:
     spec = LoadSpec(rate=50.0, num_requests=12, seed=4)
     outcome = await run_load(backend, synthetic("chat", LengthSpec(), seed=0), spec)
     expected = arrival_times(12, 50.0, seed=4)
-    actual = sorted(r.start - outcome.t0 for r in outcome.records)
-    for a, e in zip(actual, expected):
-        assert a == pytest.approx(e, abs=0.03)
-    assert max(outcome.schedule_lag) < 0.03
+    assert [r.scheduled_s for r in outcome.records] == pytest.approx(expected)
+    # Sent at (never before) the scheduled time; how late depends on the machine, and is recorded as lag.
+    for r in outcome.records:
+        assert r.start - outcome.t0 >= r.scheduled_s
+    assert len(outcome.schedule_lag) == 12 and min(outcome.schedule_lag) >= 0
+    assert sorted(outcome.schedule_lag)[6] < 0.5
 
 
 async def test_open_loop_duration_and_max_concurrency() -> None:
@@ -137,7 +139,7 @@ async def test_open_loop_duration_and_max_concurrency() -> None:
     spec = LoadSpec(rate=math.inf, duration_s=0.2, max_concurrency=2, seed=0)
     outcome = await run_load(backend, synthetic("chat", LengthSpec(), seed=0), spec)
     assert backend.max_in_flight == 2
-    assert 4 <= len(outcome.records) <= 12
+    assert 2 <= len(outcome.records) <= 12
     assert all(r.ok for r in outcome.records)
 
 
@@ -207,7 +209,7 @@ async def test_rounds_merge_and_pair_up() -> None:
     from streams.bench.report import paired_differences
     from streams.bench.runner import merge_outcomes
 
-    fast, slow = _Sleepy(0.01), _Sleepy(0.03)
+    fast, slow = _Sleepy(0.01), _Sleepy(0.1)
     reqs = take(synthetic("mixed", LengthSpec(), seed=0), 6)
     outs: dict[str, list] = {"fast": [], "slow": []}
     for r, part in enumerate((reqs[:3], reqs[3:])):
@@ -219,8 +221,8 @@ async def test_rounds_merge_and_pair_up() -> None:
     assert a.duration_s < a.t1 - a.t0
     paired = paired_differences(a.records, b.records)
     assert paired["pairs"] == 6 and paired["same_output_tokens"] == 6
-    assert paired["e2e_ms"]["p50"] == pytest.approx(20.0, abs=12.0)
-    assert paired["ttft_ms"]["p50"] == pytest.approx(10.0, abs=8.0)
+    # Nominally +90 ms end to end and +45 ms to the first token; sleeps only ever overshoot, on a busy machine by more.
+    assert 0 < paired["e2e_ms"]["p50"] and 0 < paired["ttft_ms"]["p50"] < paired["e2e_ms"]["p50"]
     overhead = bus_overhead(run_result(a, {}, {}), run_result(b, {}, {}), a.records, b.records, rounds=2)
     assert overhead["paired"]["pairs"] == 6 and overhead["rounds"] == 2
     assert overhead["targets"]["added_e2e_p50_ms<=5"] is False
@@ -234,3 +236,77 @@ def test_cli_unreachable_kafka_is_connect_errors(tmp_path: Path) -> None:
     run = json.loads(out.read_text())["runs"][0]
     assert run["errors"]["by_kind"] == {"connect": 3}
     assert "could not start" in run["errors"]["examples"]["connect"]
+
+
+class _FakeWs:
+    """A scripted /v1/ws: the request's model picks the script (ok, gap, error, close)."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.server = None
+
+    async def __aenter__(self) -> "_FakeWs":
+        from websockets.asyncio.server import serve
+
+        self.server = await serve(self._handle, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _handle(self, ws) -> None:  # type: ignore[no-untyped-def]
+        async for raw in ws:
+            req = json.loads(raw)
+            asyncio.create_task(self._answer(ws, req))
+
+    async def _answer(self, ws, req: dict) -> None:  # type: ignore[no-untyped-def]
+        rid, mode = req["id"], req["model"]
+        if mode == "error":
+            await ws.send(json.dumps({"type": "error", "id": rid, "code": "overloaded", "message": "busy", "status": 503}))
+            return
+        indices = [0, 2] if mode == "gap" else [0, 1]
+        for i in indices:
+            await asyncio.sleep(0.005)
+            await ws.send(json.dumps({"type": "chunk", "id": rid, "index": i, "text": f"t{i}", "token_ids": [i, i],
+                                      "spec": {"drafted": 3, "accepted": 1}}))
+            if mode == "close":
+                await ws.close()
+                return
+        await ws.send(json.dumps({"type": "done", "id": rid, "text": "".join(f"t{i}" for i in indices),
+                                  "finish_reason": "length", "num_chunks": len(indices),
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+                                  "timings": {"queued_s": 0, "ttft_s": 0.001, "total_s": 0.01},
+                                  "spec": {"drafted": 6, "accepted": 2}}))
+
+
+@pytest.mark.parametrize(("mode", "kinds"), [("ok", {}), ("gap", {"protocol:gap": 4}), ("error", {"error:overloaded": 4}),
+                                             ("close", {"disconnect": 4})])
+async def test_websocket_backend(mode: str, kinds: dict) -> None:
+    from streams.bench.backends.websocket import WebSocketBackend
+
+    async with _FakeWs() as fake:
+        backend = WebSocketBackend(BackendOptions(model=mode, base_url=f"http://127.0.0.1:{fake.port}", ws_connections=2))
+        async with backend:
+            outcome = await run_load(backend, synthetic("chat", LengthSpec(), seed=0),
+                                     LoadSpec(concurrency=4, num_requests=4, timeout_s=5))
+    result = run_result(outcome, {}, backend.describe())
+    assert result["errors"]["by_kind"] == kinds
+    if mode == "ok":
+        assert result["requests"]["completed"] == 4 and result["tokens"]["output"] == 16
+        assert result["client_minus_server_ttft_ms"]["count"] == 4
+        assert result["spec"]["mean_accepted_length"] == pytest.approx(2.0)
+
+
+def test_cli_dataset_uses_completions(tmp_path: Path) -> None:
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "Once upon a time"}\n{"prompt": "In a hole in the ground", "max_tokens": 5}\n')
+    out = tmp_path / "d.json"
+    with fake_server_in_thread(FakeOptions(chunks=2, delay_s=0.001)) as server:
+        assert main(["--base-url", server.base_url, "--model", "ok", "--dataset", str(data), "--concurrency", "1",
+                     "--num-requests", "4", "--warmup", "0", "--no-progress", "--out", str(out), "--plot", "none"]) == 0
+        assert {r["prompt"] for r in server.requests} == {"Once upon a time", "In a hole in the ground"}
+        assert all(r["stream"] and r["stream_options"] == {"include_usage": True} for r in server.requests)
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["requests"]["completed"] == 4 and run["per_request"][0]["workload"] == "p"

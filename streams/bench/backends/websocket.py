@@ -2,8 +2,8 @@
 
 The client sends a request frame with an ``id`` and receives, for that id,
 ``{"type": "chunk", "id", "index", "text", "token_ids", "spec"}`` frames and a
-final ``{"type": "done", ...}`` or ``{"type": "error", ...}``. Requests are
-spread round-robin over ``--ws-connections`` connections; a reader task per
+final ``{"type": "done", ...}`` or ``{"type": "error", ...}``. Requests go to
+the least busy of ``--ws-connections`` connections; a reader task per
 connection routes frames to their request. A dropped connection fails the
 requests it carried (``disconnect``) and is reopened for the next ones.
 """
@@ -120,8 +120,10 @@ class WebSocketBackend(Backend):
         return frame
 
     async def run(self, record: RequestRecord, checker: StreamChecker) -> None:
-        conn = self._connections[self._next % len(self._connections)]
+        # The least busy connection (round-robin among equals): the edge caps requests in flight per socket.
         self._next += 1
+        n = len(self._connections)
+        conn = min((self._connections[(self._next + i) % n] for i in range(n)), key=lambda c: len(c.routes))
         queue: asyncio.Queue[Any] = asyncio.Queue()
         conn.routes[record.request_id] = queue
         try:
