@@ -18,6 +18,10 @@ and the default model. Both processes are started with ``python -m streams.cli``
 environment variables; their output goes to log files whose tails are shown
 when something fails. ``running_stack`` returns once the edge's ``/readyz``
 answers 200, i.e. the worker has loaded the model and announced itself.
+
+The edge requires API keys, as in production: each stack has a keys file of
+its own with one key (tenant ``test``, no limits), ``stack.api_key``; send it
+as ``Authorization: Bearer`` (``stack.headers``) or ``OpenAI(api_key=...)``.
 Stopping sends SIGTERM to the edge, then the worker (which drains), then kills
 what is left.
 """
@@ -71,6 +75,12 @@ class Stack:
     model: str = DEFAULT_MODEL
     processes: list[Process] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    api_key: str = ""
+    keys_file: Path | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def base_url(self) -> str:
@@ -167,9 +177,14 @@ def running_stack(
     """
     tag = uuid.uuid4().hex[:8]
     stack = Stack(bootstrap_servers=bootstrap_servers, topic_prefix=f"st-{tag}", edge_id=f"edge-{tag}", port=free_port())
-    stack.env = stack_env(bootstrap_servers, stack.topic_prefix, stack.edge_id, stack.port, env)
     with contextlib.ExitStack() as cleanup:
         logs = Path(log_dir) if log_dir is not None else Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="specstream-stack-")))
+        from streams.edge.keys import create_key
+
+        stack.keys_file = logs / "keys.json"
+        stack.api_key, _ = create_key(stack.keys_file, "test", rpm=0, tpm=0, concurrency=0)
+        auth_env = {"SPECSTREAM_EDGE__AUTH__KEYS_FILE": str(stack.keys_file)}
+        stack.env = stack_env(bootstrap_servers, stack.topic_prefix, stack.edge_id, stack.port, {**auth_env, **(env or {})})
         try:
             if worker:
                 stack.processes.append(_spawn("worker", ["worker"], stack.env, logs))

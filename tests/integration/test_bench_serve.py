@@ -31,7 +31,8 @@ def _args(stack: Stack, backend: str, out: Path, *extra: str) -> list[str]:
         "--backend", backend, "--base-url", stack.base_url, "--bootstrap-servers", stack.bootstrap_servers,
         "--topic-prefix", stack.topic_prefix, "--model", stack.model, "--concurrency", "2",
         "--num-requests", str(NUM), "--output-len", str(TOKENS), "--warmup", "1", "--seed", "11",
-        "--slo", "ttft=60s,e2e=120s", "--timeout", "120", "--no-progress", "--out", str(out), *extra,
+        "--slo", "ttft=60s,e2e=120s", "--timeout", "120", "--no-progress", "--out", str(out), "--api-key", stack.api_key,
+        *extra,
     ]
 
 
