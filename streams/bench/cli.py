@@ -37,6 +37,9 @@ from streams.bench.workload import (
 )
 
 
+DEFAULT_CONCURRENCY = 8
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -80,9 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("load")
     shape = g.add_mutually_exclusive_group()
-    shape.add_argument("--concurrency", type=_positive_int, default=None, help="closed loop: this many clients")
+    shape.add_argument("--concurrency", type=_positive_int, default=None,
+                       help="closed loop: this many clients (the default, 8, when no rate is given)")
     shape.add_argument("--request-rate", type=_rate, default=None,
-                       help="open loop: requests per second with gamma arrivals ('inf' sends all at once; the default)")
+                       help="open loop: requests per second with gamma arrivals ('inf' sends all at once)")
     shape.add_argument("--sweep-rates", default=None, help="open loop at each of these rates, e.g. 1,2,4")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of inter-arrival gaps: 1 Poisson, <1 burstier")
     g.add_argument("--max-concurrency", type=_positive_int, default=None, help="open loop: cap on requests in flight")
@@ -356,10 +360,10 @@ async def _bench(args: argparse.Namespace, argv: list[str]) -> int:
                       duration_s=args.duration, warmup=args.warmup, timeout_s=args.timeout, seed=args.seed)
         if args.sweep_rates:
             loads = [LoadSpec(rate=r, **common) for r in arrivals.parse_rates(args.sweep_rates)]
-        elif args.concurrency:
-            loads = [LoadSpec(concurrency=args.concurrency, **common)]
+        elif args.request_rate is not None:
+            loads = [LoadSpec(rate=args.request_rate, **common)]
         else:
-            loads = [LoadSpec(rate=args.request_rate if args.request_rate is not None else math.inf, **common)]
+            loads = [LoadSpec(concurrency=args.concurrency or DEFAULT_CONCURRENCY, **common)]
         if args.compare_inprocess and args.backend == "inprocess":
             raise ValueError("--compare-inprocess compares a service backend (openai, ws, kafka) with the in-process engine")
         if args.burstiness <= 0:

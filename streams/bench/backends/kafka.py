@@ -47,7 +47,7 @@ class KafkaBackend(Backend):
         return {
             **super().describe(), "bootstrap_servers": self.options.bootstrap_servers,
             "request_topic": self.catalog.requests.name, "reply_topic": self.reply_topic,
-            "consumer": CONSUMER_OPTIONS,
+            "consumer": CONSUMER_OPTIONS, "producer": _producer_settings(),
         }
 
     async def start(self) -> None:
@@ -157,3 +157,10 @@ def _request_id_of(value: bytes | None, key: bytes | None) -> str | None:
     except ValueError:
         pass
     return key.decode("utf-8", "replace") if key else None
+
+
+def _producer_settings() -> dict[str, Any]:
+    from streams.kafka_io import producer_options
+
+    options = producer_options(client_id="bench")
+    return {k: options[k] for k in ("linger_ms", "acks", "enable_idempotence", "compression_type") if k in options}
