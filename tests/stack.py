@@ -110,8 +110,6 @@ def stack_env(bootstrap_servers: str, topic_prefix: str, edge_id: str, port: int
         "SPECSTREAM_EDGE__HOST": "127.0.0.1",
         "SPECSTREAM_EDGE__PORT": str(port),
         "SPECSTREAM_EDGE__EDGE_ID": edge_id,
-        # Tests call the edge without API keys; a test of authentication passes {"SPECSTREAM_EDGE__AUTH__ENABLED": "true"}.
-        "SPECSTREAM_EDGE__AUTH__ENABLED": "false",
         "PYTHONUNBUFFERED": "1",
     })
     env.update(extra or {})
