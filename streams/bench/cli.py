@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--bootstrap-servers", default=None, help="kafka backend (default: from the config)")
     g.add_argument("--topic-prefix", default=None, help="kafka backend (default: from the config)")
     g.add_argument("--model", default=None, help="model name (default: the config's engine.model)")
-    g.add_argument("--api-key", default=None, help="sent as a Bearer token")
+    g.add_argument("--api-key", default=None,
+                   help="sent as a Bearer token (default: $SPECSTREAM_API_KEY, else $OPENAI_API_KEY)")
     g.add_argument("--config", default=None, help="specstream.yaml to read defaults (and the in-process engine) from")
     g.add_argument("--timeout", type=float, default=120.0, help="seconds a request may take before it counts as a timeout")
 
@@ -214,7 +216,8 @@ def _backend_options(args: argparse.Namespace, settings: Any) -> BackendOptions:
         base_url=base_url, endpoint=args.endpoint, ws_connections=args.ws_connections,
         bootstrap_servers=args.bootstrap_servers or getattr(kafka, "bootstrap_servers", BackendOptions.bootstrap_servers),
         topic_prefix=args.topic_prefix or getattr(kafka, "topic_prefix", BackendOptions.topic_prefix),
-        api_key=args.api_key, engine_config=engine_config,
+        api_key=args.api_key or os.environ.get("SPECSTREAM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+        engine_config=engine_config,
     )
 
 
