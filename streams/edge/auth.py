@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 WS_PROTOCOL = "specstream.v1"
 WS_KEY_PROTOCOL_PREFIX = "specstream.key."
 ANONYMOUS_TENANT = "default"
-_BEARER = re.compile(r"^\s*bearer\s+(\S+)\s*$", re.IGNORECASE)
+_BEARER = re.compile(r"^\s*bearer(?:\s+(\S*))?\s*$", re.IGNORECASE)
 WS_CLOSE_POLICY = 1008  # policy violation: no key, or a wrong one
 WS_CLOSE_TOO_BIG = 1009  # message too big
 
@@ -47,7 +47,9 @@ def key_from_headers(headers: Mapping[str, str]) -> str | None:
     if not value:
         return None
     match = _BEARER.match(value)
-    return match.group(1) if match else value.strip() or None
+    if match:
+        return match.group(1) or None  # "Bearer" with nothing after it: no key
+    return value.strip() or None  # another scheme: a wrong key, not a missing one
 
 
 def key_from_subprotocols(protocols: Iterable[str]) -> str | None:

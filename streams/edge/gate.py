@@ -19,7 +19,8 @@ did not use, and writes one access-log line (logger ``streams.edge.access``):
 
 Requests refused before admission get a line too (status, code, tenant when
 known). Keys and prompt text never appear in any log line: a prompt is
-identified by its hash and sizes only.
+identified by its hash and sizes only, and the Kafka client's DEBUG records
+that carry whole messages are dropped (:func:`keep_payloads_out_of_logs`).
 """
 from __future__ import annotations
 
@@ -36,6 +37,24 @@ from streams.edge.settings import EdgeOptions
 from streams.edge.validation import TokenCounter, prompt_chars, prompt_hash
 
 access_log = logging.getLogger("streams.edge.access")
+
+# aiokafka logs whole messages at DEBUG ("Sending (key=... value=...)", the produce and fetch requests with their
+# record bytes): prompts and completions. The edge drops those loggers' DEBUG records, so that even a DEBUG log
+# level never writes a prompt. Their INFO and above (connection trouble) still come through.
+_PAYLOAD_LOGGERS = ("aiokafka.producer.producer", "aiokafka.conn", "aiokafka.consumer.fetcher")
+
+
+class _DropDebug(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG
+
+
+def keep_payloads_out_of_logs() -> None:
+    """Idempotent; called when an edge app is created."""
+    for name in _PAYLOAD_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropDebug) for f in logger.filters):
+            logger.addFilter(_DropDebug())
 
 
 def _fields(**values: Any) -> str:
@@ -96,6 +115,7 @@ class Ticket:
 
 class Gate:
     def __init__(self, settings: EdgeOptions) -> None:
+        keep_payloads_out_of_logs()
         self.settings = settings
         defaults = TenantLimits(settings.default_rpm, settings.default_tpm, settings.default_concurrency)
         self.auth = Authenticator(enabled=settings.auth_enabled, keys_file=settings.keys_file,

@@ -277,11 +277,18 @@ class TokenCounter:
         tokenizer, context = entry
         from streams.worker.intake import prompt_token_ids  # the worker's own rendering: same template, same count
 
-        if prompt_chars(request) > _THREAD_TOKENIZE_CHARS:
-            ids = await asyncio.to_thread(prompt_token_ids, request, tokenizer)
-        else:
-            ids = prompt_token_ids(request, tokenizer)
+        try:
+            if prompt_chars(request) > _THREAD_TOKENIZE_CHARS:
+                ids = await asyncio.to_thread(prompt_token_ids, request, tokenizer)
+            else:
+                ids = prompt_token_ids(request, tokenizer)
+        except Exception as error:  # noqa: BLE001 - e.g. a chat template that refuses this sequence of roles
+            raise errors.EdgeError(400, f"The {input_param} cannot be rendered for this model: {type(error).__name__}: "
+                                   f"{str(error)[:200]}", param=input_param, code="invalid_value") from None
         n = len(ids)
+        if n == 0:
+            raise errors.EdgeError(400, f"The {input_param} is empty: it has no tokens.", param=input_param,
+                                   code="invalid_value")
         m = request.sampling.max_tokens
         if n + m <= context:
             return request, n

@@ -1,0 +1,158 @@
+"""Helpers for the edge's security, limits, OpenAI, browser and fuzz tests.
+
+* :func:`redis_server`: a real ``redis-server`` (Debian package) on a free port,
+  in-memory only, stopped afterwards.
+* :func:`shared_worker`: one real ``specstream worker`` subprocess (tests/stack.py)
+  for every edge test module of the session, on a topic prefix of its own; the
+  first module that asks starts it, the end of the session stops it. Loading the
+  model takes a while on two cores, so the modules share it. Edges run in the
+  test process (``streams.edge.server.serve_in_thread``) on that prefix.
+* :func:`edge_options`: EdgeOptions for such an edge (auth on, a keys file of the
+  test's own, the worker's context length).
+* :func:`request_topic_messages`: every message on a prefix's request topic, to
+  check that nothing malformed was published.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from streams.edge.settings import EdgeOptions
+from tests.stack import Stack, free_port, running_stack
+
+HEARTBEAT_S = 1.0
+MAX_MODEL_LEN = 512
+WORKER_ENV = {
+    "SPECSTREAM_WORKER__HEARTBEAT_S": str(HEARTBEAT_S),
+    "SPECSTREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+    "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "96MiB",
+}
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str]:
+    """``redis://127.0.0.1:<port>/0`` of a fresh redis-server; fails (never skips) when the binary is missing."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server not found: install Debian's redis-server package (./dev setup does)")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--protected-mode", "yes", "--loglevel", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"redis-server exited: {process.stdout.read().decode(errors='replace')}")
+            with contextlib.suppress(redis.RedisError):
+                if client.ping():
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("redis-server did not answer PING within 20 s")
+            time.sleep(0.05)
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+
+_shared: dict[str, Any] = {}
+
+
+def shared_worker(bootstrap_servers: str) -> Iterator[Stack]:
+    """Body of a session-scoped fixture: the session's one worker (see the module docstring)."""
+    owner = "stack" not in _shared
+    if owner:
+        prefix = f"t-edge-sec-{uuid.uuid4().hex[:8]}"
+        manager = running_stack(bootstrap_servers, edge=False, env={**WORKER_ENV, "SPECSTREAM_KAFKA__TOPIC_PREFIX": prefix})
+        stack = manager.__enter__()
+        stack.topic_prefix = prefix
+        _shared.update(stack=stack, manager=manager)
+    try:
+        yield _shared["stack"]
+    finally:
+        if owner:
+            manager = _shared.pop("manager")
+            _shared.pop("stack")
+            manager.__exit__(None, None, None)
+
+
+def edge_options(bootstrap_servers: str, prefix: str, edge_id: str, keys_file: Path | None, **overrides: Any) -> EdgeOptions:
+    values: dict[str, Any] = dict(
+        bootstrap_servers=bootstrap_servers, topic_prefix=prefix, edge_id=edge_id, heartbeat_s=HEARTBEAT_S,
+        request_timeout_s=120.0, auth_enabled=True, keys_file=str(keys_file) if keys_file else None,
+        max_model_len=MAX_MODEL_LEN,
+    )
+    values.update(overrides)
+    return EdgeOptions(**values)
+
+
+def wait_ready(base_url: str, stack: Stack | None = None, timeout_s: float = 300.0) -> None:
+    """Until the edge's /readyz is 200 (the worker announced itself)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if stack is not None:
+            stack.check_alive()
+        with contextlib.suppress(httpx.HTTPError):
+            response = httpx.get(base_url + "/readyz", timeout=5)
+            if response.status_code == 200:
+                return
+            last = response.text[:200]
+        time.sleep(0.3)
+    raise AssertionError(f"{base_url} not ready after {timeout_s:.0f}s: {last}\n{stack.logs() if stack else ''}")
+
+
+async def request_topic_messages(bootstrap_servers: str, prefix: str) -> list[bytes]:
+    """Every message on ``<prefix>.requests`` (all partitions, from the start)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from schemas.topics import TopicCatalog
+
+    topic = TopicCatalog(prefix=prefix).requests.name
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic) or set()
+        if not partitions:
+            await consumer._client.force_metadata_update()  # noqa: SLF001 - a topic created a moment ago
+            partitions = consumer.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        if not tps:
+            return []
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[bytes] = []
+        await consumer.seek_to_beginning(*tps)
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, tps)):
+                return out
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"reading {topic} did not reach its end")
+            batch = await consumer.getmany(timeout_ms=1000)
+            for records in batch.values():
+                out.extend(r.value for r in records)
+    finally:
+        await consumer.stop()
