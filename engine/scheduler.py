@@ -202,14 +202,22 @@ class Scheduler:
         scheduled: list[ScheduledSequence] = []
 
         # 1. decodes: 1 + k tokens each; k trimmed when the budget is short.
+        skipped: list[Sequence] = []
         for seq in self.running:
-            if seq.is_prefilling or budget < 1:
+            if seq.is_prefilling:
+                continue
+            if budget < 1:
+                skipped.append(seq)
                 continue
             k = min(draft_lens.get(seq.request_id, 0), self.max_draft_tokens, budget - 1)
             # Never draft past max_tokens: the last step emits at most k + 1 tokens.
             k = max(0, min(k, seq.params.max_tokens - len(seq.output_ids) - 1))
             scheduled.append(ScheduledSequence(seq, 1 + k, is_prefill=False, needs_logits=True, draft_budget=k))
             budget -= 1 + k
+
+        if skipped:
+            # More decodes than tokens in a step: those left out go first next step (round robin).
+            self.running = skipped + [s for s in self.running if s not in skipped]
 
         # 2. prefill chunks of sequences already part-way through their prompt.
         for seq in self.running:

@@ -165,3 +165,20 @@ def test_max_running_requests_bounds_admission() -> None:
     out = sch.schedule()
     assert [s.seq.request_id for s in out.scheduled] == ["r0", "r1"]
     assert sch.num_running == 2 and sch.num_waiting == 2
+
+
+def test_decodes_beyond_the_token_budget_take_turns() -> None:
+    sch = make_scheduler(max_batched=8, max_running=8)
+    for i in range(6):
+        sch.add(make_seq(f"r{i}", 1, max_tokens=50))
+    run_step(sch.schedule())  # all six prefilled
+    sch.max_batched_tokens = 4  # now fewer tokens per step than decoding sequences
+    seen: dict[str, int] = {}
+    for _ in range(3):
+        out = sch.schedule()
+        assert out.num_batched_tokens == 4
+        for s in out.scheduled:
+            seen[s.seq.request_id] = seen.get(s.seq.request_id, 0) + 1
+        run_step(out)
+    assert sorted(seen) == [f"r{i}" for i in range(6)]  # nobody starves
+    assert sum(seen.values()) == 12
