@@ -156,12 +156,19 @@ _UNSUPPORTED: dict[str, tuple[str, Any]] = {
     "metadata": ("stored completions", _empty),
     "service_tier": ("service tiers", lambda v: v in (None, "auto", "default")),
     "verbosity": ("verbosity control", lambda v: v is None),
+    "moderation": ("moderation", lambda v: v is None),
+    # Hints that change nothing about the answer: accepted with any value and ignored.
+    "safety_identifier": ("end-user identification", lambda v: True),
+    "prompt_cache_key": ("prompt caching hints", lambda v: True),
+    "prompt_cache_retention": ("prompt caching hints", lambda v: True),
+    "prompt_cache_options": ("prompt caching hints", lambda v: True),
     "best_of": ("best-of sampling", lambda v: v in (None, 1)),
     "suffix": ("insertion (suffix)", lambda v: v in (None, "")),
 }
 _CHAT_ONLY = {"tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "response_format",
               "top_logprobs", "audio", "modalities", "prediction", "reasoning_effort", "web_search_options", "store",
-              "metadata", "service_tier", "verbosity"}
+              "metadata", "service_tier", "verbosity", "moderation", "safety_identifier", "prompt_cache_key",
+              "prompt_cache_retention", "prompt_cache_options"}
 _COMPLETIONS_ONLY = {"best_of", "suffix"}
 
 

@@ -1,0 +1,176 @@
+"""OpenAI compatibility, checked with the official `openai` client against an edge on the real worker and Kafka.
+
+Chat completions and completions, streamed and not; ``stop``, ``seed``,
+``max_tokens``, ``temperature``, ``top_p``, ``n=1``, ``user``,
+``stream_options.include_usage``; usage and finish_reason; ``/v1/models``;
+errors as the client's typed exceptions with OpenAI's ``code`` and ``param``;
+the ``specstream`` extra field. Answers are a few tokens long.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from openai import OpenAI
+
+from streams.edge.keys import create_key
+from streams.edge.server import RunningEdge, serve_in_thread
+from tests.edge_support import edge_options, shared_worker, wait_ready
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
+from tests.stack import DEFAULT_MODEL as MODEL
+from tests.stack import Stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(400)]
+
+QUESTION = [{"role": "user", "content": "Name three colors."}]
+PROMPT = "The three primary colors are"
+
+
+@pytest.fixture(scope="session")
+def edge_worker(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
+    yield from shared_worker(kafka_bootstrap)
+
+
+@pytest.fixture(scope="module")
+def setup(kafka_bootstrap: str, edge_worker: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:  # noqa: F811
+    keys_file: Path = tmp_path_factory.mktemp("keys") / "keys.json"
+    key, _ = create_key(keys_file, "openai-tests")
+    limited, _ = create_key(keys_file, "one-per-minute", rpm=1)
+    options = edge_options(kafka_bootstrap, edge_worker.topic_prefix, f"oai-{uuid.uuid4().hex[:6]}", keys_file)
+    with serve_in_thread(options) as edge:
+        wait_ready(edge.base_url, edge_worker)
+        yield {"edge": edge, "key": key, "limited": limited}
+
+
+@pytest.fixture(scope="module")
+def client(setup: dict) -> OpenAI:
+    return OpenAI(base_url=setup["edge"].base_url + "/v1", api_key=setup["key"], max_retries=0, timeout=120)
+
+
+def test_models_list_and_retrieve(client: OpenAI) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL] and models.data[0].object == "model"
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-9")
+    assert caught.value.code == "model_not_found" and caught.value.param == "model"
+
+
+def test_chat_with_every_sampling_parameter(client: OpenAI) -> None:
+    response = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=6, temperature=0.7, top_p=0.9, seed=11, n=1, user="user-42",
+    )
+    assert response.object == "chat.completion" and response.id.startswith("chatcmpl-") and response.model == MODEL
+    assert len(response.choices) == 1
+    choice = response.choices[0]
+    assert choice.index == 0 and choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("length", "stop")
+    usage = response.usage
+    assert usage.prompt_tokens > 5 and 0 < usage.completion_tokens <= 6
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    if choice.finish_reason == "length":
+        assert usage.completion_tokens == 6
+    extra = response.model_extra["specstream"]
+    assert set(extra["spec"]) == {"drafted", "accepted", "acceptance_rate", "tokens_per_forward"}
+    # Same seed and parameters: same text, even when sampling.
+    again = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, temperature=0.7, top_p=0.9,
+                                           seed=11)
+    assert again.choices[0].message.content == choice.message.content
+
+
+def test_max_tokens_and_finish_reason_length(client: OpenAI) -> None:
+    response = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3)
+    assert response.choices[0].finish_reason == "length" and response.usage.completion_tokens == 3
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_completion_tokens=2)
+    assert chat.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_stop_ends_the_text_before_the_stop_string(client: OpenAI, api: str) -> None:
+    def run(**kw) -> tuple[str, str]:
+        if api == "chat":
+            r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16, seed=3, **kw)
+            return r.choices[0].message.content, r.choices[0].finish_reason
+        r = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, seed=3, **kw)
+        return r.choices[0].text, r.choices[0].finish_reason
+
+    full, _ = run()
+    words = [w for w in full.split() if w.isalpha() and full.index(w) >= 3]
+    assert words, f"no word to stop at in {full!r}"
+    stop = words[0]
+    text, finish = run(stop=[stop, "never-appears"])
+    assert finish == "stop" and text == full[: full.index(stop)], (full, stop, text)
+    text_single, _ = run(stop=stop)  # a single string works too
+    assert text_single == text
+
+
+def test_chat_stream_with_include_usage_matches_the_unstreamed_answer(client: OpenAI) -> None:
+    full = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, seed=5)
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, seed=5, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage_chunks = [c for c in chunks if c.usage is not None]
+    assert len(usage_chunks) == 1 and usage_chunks[0] is chunks[-1] and chunks[-1].choices == []
+    assert usage_chunks[0].usage.completion_tokens == full.usage.completion_tokens
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == [full.choices[0].finish_reason]
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2  # streamed in steps
+
+
+def test_chat_stream_without_include_usage_has_no_usage(client: OpenAI) -> None:
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, stream=True))
+    assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason in ("length", "stop")
+
+
+def test_completions_streamed_and_not(client: OpenAI) -> None:
+    full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=9)
+    assert full.object == "text_completion" and full.id.startswith("cmpl-") and full.choices[0].text
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=9, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == \
+        [full.choices[0].finish_reason]
+
+
+def test_error_shapes_as_the_client_sees_them(setup: dict, client: OpenAI) -> None:
+    base = setup["edge"].base_url + "/v1"
+    with pytest.raises(openai.AuthenticationError) as caught:
+        OpenAI(base_url=base, api_key="sk-ss-wrong", max_retries=0).models.list()
+    assert caught.value.status_code == 401 and caught.value.code == "invalid_api_key"
+
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 600}],
+                                       max_tokens=4)
+    assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "messages")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=600)
+    assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "max_tokens")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, n=2)
+    assert caught.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=QUESTION,
+                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "tools")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=3)
+    assert caught.value.param == "temperature" and caught.value.type == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", messages=QUESTION)
+    with pytest.raises(openai.BadRequestError) as caught:  # an error the stream reports before its first chunk
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=600, stream=True)
+    assert caught.value.code == "context_length_exceeded"
+
+    limited = OpenAI(base_url=base, api_key=setup["limited"], max_retries=0, timeout=120)
+    limited.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as caught:
+        limited.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+    assert caught.value.code == "rate_limit_exceeded" and int(caught.value.response.headers["retry-after"]) >= 1
