@@ -181,7 +181,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         max_tokens: int | None = None,
-    ) -> "KVCache":
+    ) -> KVCache:
         """The largest arena within `budget_bytes` (capped at `max_tokens` slots: more could never be used)."""
         per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         num_tokens = budget_bytes // per_token

@@ -36,7 +36,7 @@ from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence
 from engine.spec.config import SpecConfig
 from engine.spec.controller import SpeculationController
-from engine.spec.proposer import DraftProposal, Proposer, ProposalInput
+from engine.spec.proposer import DraftProposal, ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
 
 Progress = Callable[[str], None]
@@ -44,6 +44,12 @@ Progress = Callable[[str], None]
 
 def _noop(_: str) -> None:
     pass
+
+
+def _detok(seq: Sequence) -> IncrementalDetokenizer:
+    if seq.detok is None:  # set in add_request; only hand-built sequences lack it
+        raise RuntimeError(f"{seq.request_id} has no detokenizer")
+    return seq.detok
 
 
 class LLMEngine:
@@ -80,6 +86,8 @@ class LLMEngine:
         self.spec_config = SpecConfig.from_engine(spec)
         self.speculation_enabled = spec.enabled and spec.max_draft_tokens > 0
         self.max_draft_tokens = spec.max_draft_tokens if self.speculation_enabled else 0
+        self.proposer: Proposer | None
+        self.controller: SpeculationController | None
         if self.speculation_enabled:
             self.proposer = proposer or self._build_proposer(loaded, say)
             self.controller = controller or SpeculationController(self.spec_config)
@@ -111,7 +119,7 @@ class LLMEngine:
         self.num_forwards = 0
 
     @classmethod
-    def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> "LLMEngine":
+    def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
         loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
         return cls(loaded, cfg, progress=progress)
 
@@ -146,8 +154,8 @@ class LLMEngine:
         seq = Sequence(request=req, speculate=speculate)
         seq.rng = RequestRng(req.sampling.seed)
         seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.sampling.stop)
-        if self.controller is not None:
-            seq.spec_state = self.controller.new_state(req.request_id, req.speculation if speculate else False)
+        if self.controller is not None and speculate:
+            seq.spec_state = self.controller.new_state(req.request_id, req.speculation)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -207,14 +215,14 @@ class LLMEngine:
     def _plan_drafts(self) -> dict[str, int]:
         if self.controller is None:
             return {}
-        decoding = [s for s in self.scheduler.decoding() if s.speculate]
+        decoding = [s for s in self.scheduler.decoding() if s.spec_state is not None]
         if not decoding:
             return {}
         # Tokens the step feeds anyway: one per decode plus what prefill can take.
         n_decode = len(self.scheduler.decoding())
         base = min(self.config.max_batched_tokens, n_decode + self.scheduler.pending_prefill_tokens())
         caps = [s.params.max_tokens - len(s.output_ids) - 1 for s in decoding]
-        ks = self.controller.plan([s.spec_state for s in decoding], base, caps)
+        ks = self.controller.plan([s.spec_state for s in decoding if s.spec_state is not None], base, caps)
         return {s.request_id: k for s, k in zip(decoding, ks) if k > 0}
 
     def _propose(self, scheduled: list[ScheduledSequence]) -> float:
@@ -285,18 +293,19 @@ class LLMEngine:
                 seq.accepted_at[i] += 1
             seq.draft_time_s += draft_s
             seq.verify_time_s += verify_s
-            if self.controller is not None:
+            if self.controller is not None and seq.spec_state is not None:
                 self.controller.observe_acceptance(seq.spec_state, k, accepted)
 
+        detok = _detok(seq)
         new: list[int] = []
         reason: FinishReason | None = None
         params = seq.params
         for tok in tokens:
             seq.output_ids.append(tok)
             new.append(tok)
-            if not params.ignore_eos and tok in self.eos_token_ids:
-                reason = "stop"
-            elif seq.detok.add_token(tok):
+            # EOS tokens are not text: they never reach the detokenizer.
+            eos = not params.ignore_eos and tok in self.eos_token_ids
+            if eos or detok.add_token(tok):  # EOS, or a stop string completed
                 reason = "stop"
             elif len(seq.output_ids) >= params.max_tokens:
                 reason = "length"
@@ -306,10 +315,10 @@ class LLMEngine:
         if reason is not None:
             self.scheduler.finish(seq, reason, now)
             self._release(seq)
-            return self._final_output(seq, new, seq.detok.take_delta(final=True), step_spec)
+            return self._final_output(seq, new, detok.take_delta(final=True), step_spec)
         if self.proposer is not None and seq.speculate:
             self.proposer.rollback(seq.request_id, seq.num_tokens)
-        return RequestOutput(seq.request_id, new, seq.detok.take_delta(), spec=step_spec)
+        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec)
 
     def _release(self, seq: Sequence) -> None:
         if self.proposer is not None and seq.speculate:
@@ -317,7 +326,7 @@ class LLMEngine:
 
     def _expired_output(self, seq: Sequence) -> RequestOutput:
         self._release(seq)
-        return self._final_output(seq, [], seq.detok.take_delta(final=True), SpecStats())
+        return self._final_output(seq, [], _detok(seq).take_delta(final=True), SpecStats())
 
     def _final_output(self, seq: Sequence, tokens: list[int], text: str, spec: SpecStats) -> RequestOutput:
         return RequestOutput(

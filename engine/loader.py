@@ -122,7 +122,7 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = _noop) -> Path:
         # send the next load through the GGUF quantizer again.
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         del model

@@ -13,6 +13,7 @@ gate/up into one matmul each, and the HF module is dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +82,7 @@ class DecoderConfig:
     attention_window: int | None
 
     @classmethod
-    def from_hf(cls, hf_config: object) -> "DecoderConfig":
+    def from_hf(cls, hf_config: Any) -> DecoderConfig:
         model_type = getattr(hf_config, "model_type", "?")
         if model_type not in SUPPORTED_ARCHITECTURES:
             archs = getattr(hf_config, "architectures", None) or [model_type]
@@ -118,7 +119,7 @@ class DecoderConfig:
         )
 
 
-def rope_inv_freq(hf_config: object, device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
+def rope_inv_freq(hf_config: Any, device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim / 2] and the cos/sin scale, exactly as HF computes them.
 
     rope_scaling variants (linear, llama3, yarn, ...) come from transformers'
@@ -267,7 +268,7 @@ class Decoder(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
-    def init_rope(self, hf_config: object, max_positions: int) -> None:
+    def init_rope(self, hf_config: Any, max_positions: int) -> None:
         inv_freq, scale = rope_inv_freq(hf_config, self.device)  # [D / 2]
         pos = torch.arange(max_positions, device=self.device, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D / 2]
@@ -297,7 +298,7 @@ class Decoder(nn.Module):
         return F.linear(hidden, weight).float()
 
     @classmethod
-    def from_hf(cls, hf_model: nn.Module, max_positions: int) -> "Decoder":
+    def from_hf(cls, hf_model: nn.Module, max_positions: int) -> Decoder:
         """Copy (and fuse) the weights of a loaded HF *ForCausalLM; keeps its device and dtype."""
         cfg = DecoderConfig.from_hf(hf_model.config)
         sd = hf_model.state_dict()

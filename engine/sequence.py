@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
+from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import CacheSlot
 from engine.outputs import FinishReason, RequestStats, SpecStats
 from engine.request import EngineRequest, SamplingParams
+from engine.sampler import RequestRng
+from engine.spec.controller import SpecState
 
 
 class SequenceStatus(enum.Enum):
@@ -25,12 +27,12 @@ class Sequence:
     finish_reason: FinishReason | None = None
     # Whether this sequence drafts at all (request opt-out or engine-wide off).
     speculate: bool = False
-    # The speculation controller keeps its per-sequence state here.
-    spec_state: Any = None
-    # Sampling randomness (engine.sampler.RequestRng once that lands); made on admission.
-    rng: Any = None
-    # Incremental detokenizer (engine.detokenizer.IncrementalDetokenizer); made on admission.
-    detok: Any = None
+    # The speculation controller's per-sequence state (None without speculation).
+    spec_state: SpecState | None = None
+    # Position-keyed sampling randomness and the incremental detokenizer: the
+    # engine sets both in add_request (scheduler tests run without them).
+    rng: RequestRng | None = None
+    detok: IncrementalDetokenizer | None = None
 
     # Timing (time.time()) and counters for RequestStats.
     first_scheduled_time: float | None = None

@@ -46,19 +46,19 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         "mistral": (MistralConfig, MistralForCausalLM),
     }
     config_cls, model_cls = families[kind]
-    kw: dict[str, Any] = dict(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=512,
+    kw: dict[str, Any] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 512,
         # Larger than the default 0.02: logits far apart, so greedy never hinges on a near tie.
-        initializer_range=0.2,
-        tie_word_embeddings=kind != "llama",
-    )
+        "initializer_range": 0.2,
+        "tie_word_embeddings": kind != "llama",
+    }
     kw.update(overrides)
     torch.manual_seed(seed)
     cfg = config_cls(**kw)

@@ -6,7 +6,13 @@ import time
 
 import pytest
 import torch
-from _engine_factories import greedy_request, hf_greedy, kv_bytes_for, make_engine, random_prompts, tiny_hf_model
+from _engine_factories import (
+    greedy_request,
+    hf_greedy,
+    make_engine,
+    random_prompts,
+    tiny_hf_model,
+)
 
 from engine.config import SpeculationConfig
 from engine.request import EngineRequest, RequestRejected, SamplingParams
@@ -18,11 +24,11 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def llama():  # noqa: ANN201
+def llama():
     return tiny_hf_model("llama")
 
 
-def drain(engine, outputs: dict[str, list[int]]) -> None:  # noqa: ANN001
+def drain(engine, outputs: dict[str, list[int]]) -> None:
     while engine.has_unfinished():
         for out in engine.step():
             outputs.setdefault(out.request_id, []).extend(out.token_ids)
@@ -79,7 +85,7 @@ class OracleProposer:
         pass
 
 
-def test_speculative_steps_emit_exactly_the_greedy_tokens(llama) -> None:  # noqa: ANN001
+def test_speculative_steps_emit_exactly_the_greedy_tokens(llama) -> None:
     prompts = random_prompts([7, 15, 4], seed=3)
     n_new = 20
     truth = {f"s{i}": hf_greedy(llama, p, n_new) for i, p in enumerate(prompts)}
@@ -98,7 +104,7 @@ def test_speculative_steps_emit_exactly_the_greedy_tokens(llama) -> None:  # noq
     assert engine.cache_usage().used_tokens == 0
 
 
-def test_ngram_speculation_does_not_change_greedy_output(llama) -> None:  # noqa: ANN001
+def test_ngram_speculation_does_not_change_greedy_output(llama) -> None:
     # Repetitive prompts so the n-gram proposer finds matches.
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 5 + [9]]
     plain = make_engine(llama).generate([greedy_request(f"p{i}", p, 24) for i, p in enumerate(prompts)])
@@ -111,7 +117,7 @@ def test_ngram_speculation_does_not_change_greedy_output(llama) -> None:  # noqa
     assert sum(r.spec.drafted for r in res.values()) > 0
 
 
-def test_rollback_of_draft_positions_equals_a_cache_built_from_scratch(llama) -> None:  # noqa: ANN001
+def test_rollback_of_draft_positions_equals_a_cache_built_from_scratch(llama) -> None:
     from engine.model import AttentionMetadata, SeqAttention, causal_mask_at_end
 
     engine = make_engine(llama)
@@ -120,7 +126,7 @@ def test_rollback_of_draft_positions_equals_a_cache_built_from_scratch(llama) ->
     tail = [17, 23]  # committed after the prompt
     drafts = [40, 41, 42]
 
-    def feed(slot, tokens: list[int]) -> torch.Tensor:  # noqa: ANN001
+    def feed(slot, tokens: list[int]) -> torch.Tensor:
         start, n = slot.num_cached, len(tokens)
         r0 = slot.region.start
         mask = causal_mask_at_end(n, start + n, "cpu") if n > 1 else None
@@ -147,7 +153,7 @@ def test_rollback_of_draft_positions_equals_a_cache_built_from_scratch(llama) ->
     torch.testing.assert_close(next_a, next_b, atol=1e-4, rtol=0)
 
 
-def test_six_requests_through_memory_for_two(llama) -> None:  # noqa: ANN001
+def test_six_requests_through_memory_for_two(llama) -> None:
     prompts = random_prompts([6, 9, 4, 8, 5, 7], seed=7)
     # Each request needs prompt + 8 + 1 slots (<= 18): 40 slots hold two at a time, never three.
     engine = make_engine(llama, kv_tokens=40)
@@ -182,7 +188,7 @@ def test_six_requests_through_memory_for_two(llama) -> None:  # noqa: ANN001
         engine.add_request(greedy_request("bad", [1, 2, 300], 5))
 
 
-def test_abort_mid_generation_frees_its_region_at_once(llama) -> None:  # noqa: ANN001
+def test_abort_mid_generation_frees_its_region_at_once(llama) -> None:
     engine = make_engine(llama)
     engine.add_request(greedy_request("keep", [1, 2, 3], 20))
     engine.add_request(greedy_request("drop", [4, 5, 6, 7], 20))
@@ -199,7 +205,7 @@ def test_abort_mid_generation_frees_its_region_at_once(llama) -> None:  # noqa: 
     assert "drop" not in res and len(res["keep"]) == 20 - 3
 
 
-def test_deadlines(llama) -> None:  # noqa: ANN001
+def test_deadlines(llama) -> None:
     engine = make_engine(llama)
     expired = greedy_request("late", [1, 2, 3], 10, deadline=time.time() - 1)
     running = greedy_request("slow", [4, 5, 6], 50)
@@ -218,7 +224,7 @@ def test_deadlines(llama) -> None:  # noqa: ANN001
     assert not engine.has_unfinished() and engine.cache_usage().used_tokens == 0
 
 
-def test_finish_reasons_eos_stop_string_and_length(llama) -> None:  # noqa: ANN001
+def test_finish_reasons_eos_stop_string_and_length(llama) -> None:
     prompt = random_prompts([6], seed=11)[0]
     truth = hf_greedy(llama, prompt, 12)
     # EOS: the 4th generated token is declared EOS.

@@ -1,12 +1,19 @@
 """ArenaAllocator (first fit, coalescing) and the KV cache around it."""
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 import torch
 
-from engine.kv_cache import ArenaAllocator, CacheSlot, KVCache, Region, kv_bytes_per_token
+from engine.kv_cache import (
+    ArenaAllocator,
+    CacheSlot,
+    KVCache,
+    Region,
+    kv_bytes_per_token,
+)
 
 
 def test_first_fit_takes_the_lowest_run_that_fits() -> None:
@@ -57,10 +64,10 @@ def test_random_alloc_free_keeps_the_free_list_consistent() -> None:
                 live.append(r)
         runs = a.free_runs()
         # Sorted, disjoint, never adjacent (adjacent runs would have been merged).
-        assert all(x.end < y.start for x, y in zip(runs, runs[1:]))
+        assert all(x.end < y.start for x, y in itertools.pairwise(runs))
         spans = sorted([(r.start, r.end) for r in live] + [(r.start, r.end) for r in runs])
         assert spans[0][0] == 0 and spans[-1][1] == 1000
-        assert all(p[1] == q[0] for p, q in zip(spans, spans[1:]))  # live + free tile the arena
+        assert all(p[1] == q[0] for p, q in itertools.pairwise(spans))  # live + free tile the arena
         assert a.used == sum(r.size for r in live)
     for r in live:
         a.free(r)

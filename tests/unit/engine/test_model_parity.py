@@ -6,7 +6,13 @@ import torch
 from _engine_factories import tiny_hf_model
 
 from engine.kv_cache import KVCache
-from engine.model import AttentionMetadata, Decoder, SeqAttention, UnsupportedModelError, causal_mask_at_end
+from engine.model import (
+    AttentionMetadata,
+    Decoder,
+    SeqAttention,
+    UnsupportedModelError,
+    causal_mask_at_end,
+)
 
 torch.set_num_threads(1)
 
@@ -28,13 +34,13 @@ def run_chunks(model: Decoder, cache: KVCache, seqs: list[tuple[int, list[int], 
         return model.compute_logits(hidden)
 
 
-def cache_for(hf) -> KVCache:  # noqa: ANN001
+def cache_for(hf) -> KVCache:
     c = hf.config
     return KVCache(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 256, torch.float32, "cpu")
 
 
 @torch.inference_mode()
-def hf_logits(hf, ids: list[int]) -> torch.Tensor:  # noqa: ANN001
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
     return hf(torch.tensor([ids])).logits[0]  # [S, V]
 
 
