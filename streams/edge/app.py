@@ -66,7 +66,7 @@ def create_app(settings: Any = None) -> FastAPI:
     app = FastAPI(title="specstream edge", version="0.1.0", lifespan=lifespan)
     app.state.settings = edge_settings
     app.state.gate = gate
-    openapi.install(app, edge_settings.models)
+    openapi.install(app, edge_settings.models, edge_settings.max_model_len)
 
     @app.exception_handler(errors.EdgeError)
     async def _edge_error(request: Request, exc: errors.EdgeError) -> JSONResponse:

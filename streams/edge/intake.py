@@ -113,8 +113,9 @@ class ChatCompletionBody(_Common):
 
 
 class CompletionBody(_Common):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
-        description="The prompt: a string, or a list holding exactly one string.")
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                             Field(min_length=1, max_length=1)] = Field(
+        description="The prompt: a non-empty string, or a list holding exactly one.")
     stream: bool = Field(default=False, description="Stream chunks as Server-Sent Events.")
     stream_options: StreamOptions | None = None
     echo: bool | None = Field(default=None, description="Not supported: only false.",

@@ -100,14 +100,14 @@ def _model_card(model: str, edge: Edge) -> dict[str, Any]:
 
 
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=openapi.request_body("ChatCompletionBody"),
-             responses=openapi.generation_responses(openapi.ChatCompletion))
+             responses=openapi.generation_responses(openapi.ChatCompletion, openapi.ChatCompletionChunk))
 async def chat_completions(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Chat completion (OpenAI-compatible), streamed with `stream: true`."""
     return await _generate(request, caller, ChatCompletionBody, chat=True)
 
 
 @router.post("/v1/completions", response_model=None, openapi_extra=openapi.request_body("CompletionBody"),
-             responses=openapi.generation_responses(openapi.TextCompletion))
+             responses=openapi.generation_responses(openapi.TextCompletion, openapi.TextCompletionChunk))
 async def completions(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Text completion of a raw prompt (OpenAI-compatible), streamed with `stream: true`."""
     return await _generate(request, caller, CompletionBody, chat=False)

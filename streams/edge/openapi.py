@@ -108,6 +108,62 @@ class TextCompletion(BaseModel):
     specstream: SpecstreamExtras
 
 
+class ChunkExtras(BaseModel):
+    """The ``specstream`` field of a streamed chunk: its index and the speculation in the step that produced it."""
+
+    index: int | None = None
+    spec: dict[str, Any] | None = None
+    edge_id: str | None = None
+    timings: Timings | None = None
+    num_chunks: int | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: FinishReason | None
+    logprobs: None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One Server-Sent Event's data with `stream: true` on /v1/chat/completions."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice] = Field(description="Empty in the usage-only chunk.")
+    usage: Usage | None = Field(default=None, description="With stream_options.include_usage: null, and set in the last chunk.")
+    specstream: ChunkExtras | None = None
+
+
+class TextChunkChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: None
+
+
+class TextCompletionChunk(BaseModel):
+    """One Server-Sent Event's data with `stream: true` on /v1/completions."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChunkChoice] = Field(description="Empty in the usage-only chunk.")
+    usage: Usage | None = None
+    specstream: ChunkExtras | None = None
+
+
+STREAM_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionChunk, TextCompletionChunk)
+
+
 class Health(BaseModel):
     status: Literal["ok"]
     edge_id: str
@@ -139,10 +195,35 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def generation_responses(ok_model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+def sse_event_schema(chunk_model: type[BaseModel]) -> dict[str, Any]:
+    """One event of the stream (OpenAPI 3.1 ``schema`` of text/event-stream, i.e. 3.2's ``itemSchema``): its data is
+    a JSON chunk, an error object, or the literal ``[DONE]``."""
     return {
-        200: {"model": ok_model, "description": "The completion; with `stream: true`, a stream of events.",
-              "content": {"text/event-stream": {"schema": {"type": "string"}, "example": "data: {...}\n\ndata: [DONE]\n\n"}}},
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "description": "A JSON chunk (" + chunk_model.__name__ + "), an error (ErrorResponse) after the first "
+                "chunk, or `[DONE]` at the end.",
+                "anyOf": [
+                    {"type": "string", "const": "[DONE]"},
+                    {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": {"anyOf": [{"$ref": f"#/components/schemas/{chunk_model.__name__}"},
+                                                 {"$ref": "#/components/schemas/ErrorResponse"}]}},
+                ],
+            },
+            "event": {"type": "string", "description": "Always the default, message."},
+            "id": {"type": "string"},
+            "retry": {"type": "integer"},
+        },
+    }
+
+
+def generation_responses(ok_model: type[BaseModel], chunk_model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    return {
+        200: {"model": ok_model, "description": "The completion; with `stream: true`, a stream of events. "
+              + _SSE_DESCRIPTION,
+              "content": {"text/event-stream": {"schema": sse_event_schema(chunk_model)}}},
         400: _error("Invalid input, naming the parameter: invalid_json, invalid_encoding, unknown_parameter, "
                     "unsupported_parameter, unsupported_value, invalid_value, missing_required_parameter, "
                     "context_length_exceeded."),
@@ -181,21 +262,32 @@ accepted drafts, live tokens/s and the acceptance rate.
 """
 
 
-def install(app: FastAPI, served_models: tuple[str, ...]) -> None:
-    """Replace ``app.openapi`` with one that adds the request bodies and the served-model enum."""
+def install(app: FastAPI, served_models: tuple[str, ...], max_model_len: int | None = None) -> None:
+    """Replace ``app.openapi`` with one that adds the request bodies, the served-model enum and, when the context
+    length is configured, the largest max_tokens that can ever fit it."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, description=DESCRIPTION, routes=app.routes)
         components = doc.setdefault("components", {}).setdefault("schemas", {})
-        _, defs = models_json_schema([(ChatCompletionBody, "validation"), (CompletionBody, "validation")],
-                                     ref_template="#/components/schemas/{model}")
+        _, defs = models_json_schema(
+            [(ChatCompletionBody, "validation"), (CompletionBody, "validation"),
+             *((model, "serialization") for model in STREAM_MODELS)],
+            ref_template="#/components/schemas/{model}")
         for name, schema in defs.get("$defs", {}).items():
             components.setdefault(name, schema)
         for name in ("ChatCompletionBody", "CompletionBody"):
-            model = components[name]["properties"]["model"]
-            model["enum"] = list(served_models)
+            properties = components[name]["properties"]
+            properties["model"]["enum"] = list(served_models)
+            if max_model_len is not None:
+                for field in ("max_tokens", "max_completion_tokens"):
+                    for option in properties.get(field, {}).get("anyOf", []):
+                        if option.get("type") == "integer":
+                            option["maximum"] = min(option.get("maximum", max_model_len), max_model_len - 1)
+        for parameter in doc["paths"].get("/v1/models/{model}", {}).get("get", {}).get("parameters", []):
+            if parameter.get("name") == "model":
+                parameter["schema"]["enum"] = list(served_models)
         doc["components"] = {"schemas": components, **{k: v for k, v in doc["components"].items() if k != "schemas"}}
         app.openapi_schema = doc
         return doc
