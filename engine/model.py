@@ -204,13 +204,18 @@ class Attention(nn.Module):
         cache = attn.kv_cache
         cache.write(self.layer, attn.slot_mapping, k, v)
 
+        # Per sequence, attention over views: the layer's arena [Hkv, N, D] sliced to
+        # the sequence's region (prefix + this step's rows), no gather copies.
+        k_arena, v_arena = cache.k[self.layer], cache.v[self.layer]  # [Hkv, N, D]
+        q_heads = q.transpose(0, 1)  # [Hq, T, D]
         out = torch.empty_like(q)  # [T, Hq, D]
+        out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s in attn.seqs:
-            # Views of the sequence's region, prefix and this step's rows: [Hkv, kv_len, D].
-            ks, vs = cache.view(self.layer, s.kv_start, s.kv_len)
-            qs = q[s.q_start : s.q_start + s.q_len].transpose(0, 1)  # [Hq, q_len, D]
-            os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=s.mask, enable_gqa=True)
-            out[s.q_start : s.q_start + s.q_len] = os_.transpose(0, 1)
+            kv = slice(s.kv_start, s.kv_start + s.kv_len)
+            rows = slice(s.q_start, s.q_start + s.q_len)
+            out_heads[:, rows] = F.scaled_dot_product_attention(
+                q_heads[:, rows], k_arena[:, kv], v_arena[:, kv], attn_mask=s.mask, enable_gqa=True
+            )  # [Hq, q_len, D]
         return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
 
 
