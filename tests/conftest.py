@@ -13,10 +13,11 @@ gives each test a reply topic of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -94,8 +95,6 @@ class WorkerHarness:
     worker: Any  # streams.worker.EngineWorker
     producer: AIOKafkaProducer
     model: str
-    _dead_letters: AIOKafkaConsumer | None = None
-    _letters: list[DeadLetter] = field(default_factory=list)
 
     @property
     def bootstrap_servers(self) -> str:
@@ -127,23 +126,26 @@ class WorkerHarness:
 
     async def dead_letter_for(self, sent: RecordMetadata, timeout_s: float = 30.0) -> DeadLetter:
         """The dead letter whose source is the given published record."""
-        if self._dead_letters is None:
-            self._dead_letters = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                                  auto_offset_reset="earliest")
-            await self._dead_letters.start()
-            self._dead_letters.assign([TopicPartition(self.settings.catalog.dead_letters.name, 0)])
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            for letter in self._letters:
-                if (letter.source_topic, letter.source_partition, letter.source_offset) == (
-                        sent.topic, sent.partition, sent.offset):
-                    return letter
-            if loop.time() > deadline:
-                raise AssertionError(f"no dead letter for {sent.topic}/{sent.partition}@{sent.offset}")
-            batch = await self._dead_letters.getmany(timeout_ms=200)
-            for records in batch.values():
-                self._letters.extend(kafka_io.decode(r.value, DeadLetter) for r in records)
+        # A consumer per call, read from the start: an idle consumer kept for the whole session
+        # only adds fetch traffic and a shutdown that can fail under load.
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(self.settings.catalog.dead_letters.name, 0)])
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while loop.time() < deadline:
+                batch = await consumer.getmany(timeout_ms=200)
+                for records in batch.values():
+                    for record in records:
+                        letter = kafka_io.decode(record.value, DeadLetter)
+                        if (letter.source_topic, letter.source_partition, letter.source_offset) == (
+                                sent.topic, sent.partition, sent.offset):
+                            return letter
+        finally:
+            await consumer.stop()
+        raise AssertionError(f"no dead letter for {sent.topic}/{sent.partition}@{sent.offset}")
 
     async def serves_a_request(self, inbox: ReplyInbox) -> Completion:
         """Proof that the worker still works: a short request completes."""
@@ -152,10 +154,6 @@ class WorkerHarness:
         events = await inbox.events_for(body["request_id"])
         assert isinstance(events[-1], Completion), events
         return events[-1]
-
-    async def close(self) -> None:
-        if self._dead_letters is not None:
-            await self._dead_letters.stop()
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -173,10 +171,12 @@ async def worker_harness(kafka_bootstrap: str) -> AsyncIterator[WorkerHarness]: 
     try:
         yield harness
     finally:
-        await harness.close()
+        # Each step on its own: one failing close must not leave the others running.
         await worker.stop()
-        await producer.stop()
-        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        with contextlib.suppress(Exception):
+            await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
 
 
 @pytest_asyncio.fixture(loop_scope="session")

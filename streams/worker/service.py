@@ -197,6 +197,12 @@ class EngineWorker:
             ack_policy=AckPolicy.MANUAL,
             auto_offset_reset="earliest",
             listener=_Rebalance(self),
+            # A worker that crashed gives up its partitions after the session timeout (a clean stop leaves at
+            # once); the survivors learn of the rebalance at their next heartbeat. Heartbeats run on the event
+            # loop, which the engine thread leaves free, so a few seconds tolerate a busy machine
+            # (worker.session_timeout_ms; raise it where stalls are longer).
+            session_timeout_ms=settings.worker.session_timeout_ms,
+            heartbeat_interval_ms=settings.worker.heartbeat_interval_ms,
             title="requests",
             description="GenerateRequest events; engine workers share them as one consumer group.",
         )
