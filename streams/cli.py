@@ -161,6 +161,15 @@ def _configure_logging(level: str) -> None:
         logging.getLogger(name).setLevel(quiet)
 
 
+def _describe(error: BaseException) -> str:
+    """The message alone: aiokafka's errors print their class name before it (and sometimes twice)."""
+    from aiokafka.errors import KafkaError
+
+    if isinstance(error, KafkaError) and error.args:
+        return str(error.args[0])
+    return str(error)
+
+
 def _say(message: str) -> None:
     """One plain line on stderr: never wrapped or styled, so it can be grepped and read in CI logs."""
     print(message, file=sys.stderr, flush=True)
@@ -178,7 +187,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     try:
         asyncio.run(run_worker(settings, progress=progress))
     except _startup_errors() as error:
-        _say(f"worker: error: {error}")
+        _say(f"worker: error: {_describe(error)}")
         return 1
     return 0
 
@@ -286,7 +295,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
                 if name.startswith(prefix):
                     print(name)
     except KafkaError as error:
-        _say(f"topics: error: {error}")
+        _say(f"topics: error: {_describe(error)}")
         return 1
     return 0
 
@@ -300,7 +309,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
     try:
         return asyncio.run(_send(args, settings))
     except KafkaError as error:
-        _say(f"send: error: {error}")
+        _say(f"send: error: {_describe(error)}")
         return 1
 
 
@@ -534,7 +543,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
             _say("stopping ...")
             return 0
         except (KafkaInfraError, KafkaError, ConfigError, OSError, TimeoutError) as error:
-            _say(f"up: error: {error}")
+            _say(f"up: error: {_describe(error)}")
             return 1
         finally:
             # Edge first (no new requests), then the worker (drains), then the broker we started.
