@@ -101,10 +101,14 @@ def loc_to_param(loc: tuple[Any, ...]) -> str:
 
 def from_validation_error(exc: ValidationError, *, loc_prefix_drop: tuple[str, ...] = ()) -> EdgeError:
     """The first error of a pydantic validation, naming its field."""
-    err = exc.errors(include_url=False)[0]
+    errs = exc.errors(include_url=False)
+    # For a union (prompt: str | list[str]) pydantic reports every member; a type mismatch with one member is
+    # the least telling of them ("should be a valid string" for a list), so prefer another error when there is one.
+    err = next((e for e in errs if not e["type"].endswith("_type")), errs[0])
     loc = tuple(p for p in err["loc"] if p not in loc_prefix_drop)
-    # pydantic puts the union member's tag in the location ("str", "list[str]"); drop those.
-    loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in {"str", "int", "float", "bool"})))
+    # pydantic puts the union member's tag in the location ("str", "list[str]", "constrained-str"); drop those.
+    loc = tuple(p for p in loc if not (isinstance(p, str) and (
+        "[" in p or p in {"str", "int", "float", "bool"} or p.startswith(("constrained-", "function-")))))
     param = loc_to_param(loc) or None
     if err["type"] == "extra_forbidden":
         return EdgeError(400, f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")
