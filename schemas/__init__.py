@@ -3,6 +3,7 @@ from schemas.events import (
     CancelRequest,
     ChatMessage,
     DeadLetter,
+    EdgeAnnouncement,
     Completion,
     ErrorEvent,
     GenerateRequest,
@@ -19,7 +20,7 @@ from schemas.events import (
 )
 
 __all__ = [
-    "SCHEMA_VERSION", "CancelRequest", "ChatMessage", "DeadLetter", "Completion", "ErrorEvent", "GenerateRequest", "ReplyEvent",
+    "SCHEMA_VERSION", "CancelRequest", "ChatMessage", "DeadLetter", "EdgeAnnouncement", "Completion", "ErrorEvent", "GenerateRequest", "ReplyEvent",
     "ReplyRoute", "SamplingParams", "SpecStats", "SpecStepStats", "Timings", "TokenChunk", "TraceContext", "Usage",
     "WorkerAnnouncement",
 ]

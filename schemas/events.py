@@ -141,6 +141,15 @@ class TokenChunk(Event):
         description="How many leading characters of `text` came from accepted draft tokens (the rest the target "
         "produced); None: not reported (the edge then estimates it from token_ids and spec.accepted).",
     )
+    text_offset: int | None = Field(
+        default=None, ge=0,
+        description="Characters of generated text before this chunk's `text` (its start in the whole answer). "
+        "Chunk boundaries depend on timing (adaptive speculation), so after a redelivery the edge deduplicates by "
+        "this offset, not by `index`; None: an older worker (the edge falls back to `index`).",
+    )
+    token_offset: int | None = Field(
+        default=None, ge=0, description="Generated tokens before this chunk's `token_ids`; None: not reported.",
+    )
 
 
 class Usage(BaseModel):
@@ -196,6 +205,9 @@ class Completion(Event):
 ErrorCode = Literal[
     "invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded",
     "cancelled", "overloaded", "internal_error", "unsupported_schema_version", "message_too_large",
+    # Raised by the edge itself (never on the bus from a worker): a redelivered request regenerated text that differs
+    # from what the client already received, so the stream stops instead of continuing with silently wrong text.
+    "regeneration_diverged",
 ]
 
 
@@ -237,6 +249,16 @@ class WorkerAnnouncement(Event):
     worker_id: str
     models: list[str]
     state: Literal["ready", "draining", "stopped"]
+    at: float
+
+
+class EdgeAnnouncement(Event):
+    """Published by each edge on start and every minute; `specstream topics gc` keeps the reply topics of edges
+    announced recently and deletes those of edges gone for longer."""
+
+    type: Literal["edge"] = "edge"
+    edge_id: str
+    reply_topic: str
     at: float
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from schemas.events import CancelRequest, DeadLetter, GenerateRequest, WorkerAnnouncement
+from schemas.events import CancelRequest, DeadLetter, EdgeAnnouncement, GenerateRequest, WorkerAnnouncement
 
 HOUR_MS = 3_600_000
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
@@ -26,6 +26,9 @@ class Topic:
     compacted: bool = False
     # Topic-level max.message.bytes; None keeps the broker's default (about 1 MiB).
     max_message_bytes: int | None = None
+    # Topic-level segment.ms; None keeps the broker's default (7 days). Retention only ever deletes whole closed
+    # segments, so a short retention needs segments that roll about as often, or nothing expires for a week.
+    segment_ms: int | None = None
 
     def config(self, min_insync_replicas: int | None = None) -> dict[str, str]:
         cfg = {"retention.ms": str(self.retention_ms)}
@@ -33,6 +36,8 @@ class Topic:
             cfg["cleanup.policy"] = "compact"
         if self.max_message_bytes is not None:
             cfg["max.message.bytes"] = str(self.max_message_bytes)
+        if self.segment_ms is not None:
+            cfg["segment.ms"] = str(self.segment_ms)
         if min_insync_replicas is not None:
             cfg["min.insync.replicas"] = str(min_insync_replicas)
         return cfg
@@ -62,7 +67,9 @@ class TopicCatalog:
             name=f"{self.prefix}.replies.{edge_id}", partitions=1, key="request_id",
             retention_ms=1 * HOUR_MS, carries="TokenChunk | Completion | ErrorEvent",
             purpose="Replies for one edge (or client): each edge owns its reply topic, so it receives only its own "
-            "replies; one partition keeps every request's events in order. Short retention bounds what a dead edge leaves.",
+            "replies; one partition keeps every request's events in order. Short retention bounds what a dead edge "
+            "leaves; `specstream topics gc` deletes the topics of edges gone for longer.",
+            segment_ms=1 * HOUR_MS,
         )
 
     @property
@@ -71,6 +78,7 @@ class TopicCatalog:
             name=f"{self.prefix}.cancellations", partitions=1, key="request_id",
             retention_ms=1 * HOUR_MS, carries=_describe(CancelRequest),
             purpose="Cancellation of requests whose client went away; every worker reads all of it.",
+            segment_ms=1 * HOUR_MS,
         )
 
     @property
@@ -79,6 +87,15 @@ class TopicCatalog:
             name=f"{self.prefix}.workers", partitions=1, key="worker_id",
             retention_ms=24 * HOUR_MS, carries=_describe(WorkerAnnouncement), compacted=True,
             purpose="Engine workers announce ready/draining/stopped; the edge's /readyz reads it.",
+        )
+
+    @property
+    def edges(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.edges", partitions=1, key="edge_id",
+            retention_ms=24 * HOUR_MS, carries=_describe(EdgeAnnouncement), compacted=True,
+            purpose="Edges announce themselves every minute; `specstream topics gc` deletes reply topics of edges "
+            "not seen for a while.",
         )
 
     @property
@@ -93,7 +110,7 @@ class TopicCatalog:
 
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
-        return [self.requests, self.cancellations, self.workers, self.dead_letters]
+        return [self.requests, self.cancellations, self.workers, self.edges, self.dead_letters]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

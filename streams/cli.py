@@ -4,7 +4,8 @@
     specstream worker                  one engine worker (a second one joins the same consumer group)
     specstream edge                    the HTTP/websocket edge
     specstream kafka start|stop|status the local broker (infra.kafka)
-    specstream topics create|list|markdown
+    specstream topics create|list|markdown|gc
+    specstream dlq list|redrive         the dead-letter topic (streams.dlq)
     specstream send "prompt"           one request straight onto the request topic, streamed back
     specstream bench ...               load-test a running stack (streams.bench)
     specstream prepare                 fetch the Kafka jars and convert the model (what `up` would do first)
@@ -111,8 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("bench", help="load-test a running stack (see streams.bench.cli)")
 
     topics = commands.add_parser("topics", help="the topic catalog")
-    topics.add_argument("action", choices=["create", "list", "markdown"])
+    topics.add_argument("action", choices=["create", "list", "markdown", "gc"])
+    topics.add_argument("--idle-minutes", type=float, default=60.0,
+                        help="gc: delete reply topics of edges neither announced nor replied to for this long")
+    topics.add_argument("--dry-run", action="store_true", help="gc: only say what would be deleted")
     topics.set_defaults(handler=cmd_topics)
+
+    from streams.dlq import add_dlq_commands
+
+    add_dlq_commands(commands)
 
     send = commands.add_parser("send", help="publish one request onto the request topic and stream the reply")
     send.add_argument("prompt")
@@ -286,6 +294,10 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     from streams import kafka_io
 
     try:
+        if args.action == "gc":
+            from streams.topics_gc import run_gc
+
+            return run_gc(settings, idle_minutes=args.idle_minutes, dry_run=args.dry_run)
         if args.action == "create":
             for result in create_topics(settings):
                 print(f"{result.name}: {'created' if result.created else 'exists'}")

@@ -223,6 +223,14 @@ class WorkerSettings(Section):
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="On shutdown, seconds to finish running requests before aborting the rest."
     )
+    session_timeout_ms: int = Field(
+        default=6000, ge=1000, le=300_000,
+        description="Consumer-group session timeout: a worker killed without warning loses its request partitions "
+        "to the others after this long (the broker's group.min.session.timeout.ms, 6000 by default, is the floor).",
+    )
+    heartbeat_interval_ms: int = Field(
+        default=1000, ge=100, description="Consumer-group heartbeats; a rebalance reaches a worker within one of them."
+    )
 
     def resolved_id(self) -> str:
         if self.id:
@@ -232,6 +240,15 @@ class WorkerSettings(Section):
 
     def resolved_group_id(self, topic_prefix: str) -> str:
         return self.group_id or f"{topic_prefix}.engine-workers"
+
+    @model_validator(mode="after")
+    def _heartbeat_below_session(self) -> "WorkerSettings":
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError(
+                f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below session_timeout_ms "
+                f"({self.session_timeout_ms})"
+            )
+        return self
 
 
 class EdgeAuthSettings(Section):

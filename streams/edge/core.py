@@ -12,9 +12,9 @@ import asyncio
 import logging
 import time
 
-from schemas.events import GenerateRequest
+from schemas.events import EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
-from streams.kafka_io import ensure_topics
+from streams.kafka_io import encode, ensure_topics
 from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
@@ -22,16 +22,23 @@ from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)
 
+# How often an edge announces itself on the edges topic, so `specstream topics gc` can tell the reply topics of
+# running edges from those of edges that are gone.
+ANNOUNCE_S = 60.0
+
 
 class Edge:
     def __init__(self, settings: EdgeOptions) -> None:
         self.settings = settings
         self.publisher = Publisher(settings)
         self.router = ReplyRouter(settings)
+        # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
+        self.router.on_abandon = self.publisher.cancel_soon
         self.readiness = Readiness(settings)
         self.connected = asyncio.Event()
         self.last_error: str = "not connected yet"
         self._connect_task: asyncio.Task | None = None
+        self._announce_task: asyncio.Task | None = None
         self.started_at = time.time()
 
     @property
@@ -70,6 +77,7 @@ class Edge:
                 continue
             self.last_error = ""
             self.connected.set()
+            self._announce_task = asyncio.create_task(self._announce_forever(), name=f"edge-announce-{self.edge_id}")
             log.info("edge %s connected: requests -> %s, replies <- %s",
                      self.edge_id, self.publisher.request_topic, self.reply_topic)
             return
@@ -85,6 +93,19 @@ class Edge:
         await self.router.start()
         await self.readiness.start()
 
+    async def _announce_forever(self) -> None:
+        announcement = EdgeAnnouncement(edge_id=self.edge_id, reply_topic=self.reply_topic, at=0.0)
+        while True:
+            try:
+                await self.publisher.producer.send_and_wait(
+                    self.settings.catalog.edges.name, encode(announcement.model_copy(update={"at": time.time()})),
+                    key=self.edge_id.encode())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - best effort; the next one retries
+                log.debug("edge %s: announcement failed: %r", self.edge_id, exc)
+            await asyncio.sleep(ANNOUNCE_S)
+
     async def _stop_parts(self) -> None:
         for part in (self.readiness, self.router, self.publisher):
             try:
@@ -93,6 +114,8 @@ class Edge:
                 log.exception("edge %s: stopping %s failed", self.edge_id, type(part).__name__)
 
     async def stop(self) -> None:
+        if self._announce_task is not None:
+            self._announce_task.cancel()
         if self._connect_task is not None:
             self._connect_task.cancel()
             try:

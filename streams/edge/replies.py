@@ -23,9 +23,10 @@ that are not in flight (late events of a cancelled or timed-out request, or a
 worker's duplicate after a redelivery) are dropped with a debug log.
 
 One partition keeps each request's events in order. :class:`ReplyStream` also
-drops duplicate chunks (an index already delivered), which a redelivered
-request produces when a worker restarts generation with the same seed, and
-enforces the request's deadline on the edge's side.
+drops what the client already has when a redelivered request is regenerated
+(see :mod:`streams.edge.dedupe`: by text offset, with an explicit
+``regeneration_diverged`` error if the new text differs), and enforces the
+request's deadline on the edge's side.
 """
 from __future__ import annotations
 
@@ -34,13 +35,14 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
+from streams.edge.dedupe import Diverged, Forwarded
 from streams.kafka_io import decode_reply, ensure_topics
 from streams.edge.settings import EdgeOptions
 
@@ -59,6 +61,7 @@ class RouterStats:
     unknown: int = 0
     undecodable: int = 0
     duplicates: int = 0
+    diverged: int = 0
 
 
 class ReplyRouter:
@@ -75,6 +78,9 @@ class ReplyRouter:
         self.seen: collections.deque[str] = collections.deque(maxlen=seen_capacity)
         self.started = asyncio.Event()
         self.last_poll_ok: float = 0.0
+        # Called with (request_id, reason) when the edge gives up on a request whose worker still runs it
+        # (a diverged regeneration); the Edge sets it to publish a CancelRequest.
+        self.on_abandon: Callable[[str, str], None] | None = None
 
     @property
     def reply_topic(self) -> str:
@@ -194,7 +200,7 @@ class ReplyStream:
         self._queue = queue
         self.deadline = deadline
         self.grace_s = grace_s
-        self.next_index = 0
+        self.forwarded = Forwarded(request_id)
         self.final: Completion | ErrorEvent | None = None
         self.closed = False
 
@@ -224,22 +230,35 @@ class ReplyStream:
         except TimeoutError:
             raise ReplyTimeout(f"no reply for request {self.request_id} before its deadline") from None
 
+    @property
+    def next_index(self) -> int:
+        """Index of the next chunk the client will receive (chunks forwarded so far)."""
+        return self.forwarded.chunks
+
     async def events(self) -> AsyncIterator[ReplyEventT]:
-        """Yield chunks in index order (duplicates dropped), then the final event; then stop."""
+        """Yield the chunks the client has not seen yet (indexes 0, 1, 2, ...), then the final event; then stop."""
         while self.final is None:
             event = await self._get()
-            if isinstance(event, TokenChunk):
-                if event.index < self.next_index:
-                    self.router.stats.duplicates += 1
-                    log.debug("request %s: duplicate chunk %d dropped", self.request_id, event.index)
+            duplicates = self.forwarded.duplicates
+            try:
+                if isinstance(event, TokenChunk):
+                    fresh = self.forwarded.chunk(event)
+                    self.router.stats.duplicates += self.forwarded.duplicates - duplicates
+                    if fresh is not None:
+                        yield fresh
                     continue
-                if event.index > self.next_index:
-                    log.warning("request %s: chunk %d arrived, expected %d", self.request_id, event.index, self.next_index)
-                self.next_index = event.index + 1
-                yield event
-            else:
-                self.final = event
-                yield event
+                if isinstance(event, Completion):
+                    tail, event = self.forwarded.completion(event)
+                    if tail is not None:
+                        yield tail
+            except Diverged as diverged:
+                self.router.stats.diverged += 1
+                log.error("request %s: %s", self.request_id, diverged)
+                if self.router.on_abandon is not None:
+                    self.router.on_abandon(self.request_id, "regeneration diverged")
+                event = diverged.event()
+            self.final = event
+            yield event
         self.close()
 
     def __aiter__(self) -> AsyncIterator[ReplyEventT]:

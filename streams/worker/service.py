@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -125,6 +126,8 @@ class InFlight:
     engine_request: EngineRequest | None = None
     next_index: int = 0
     text: list[str] = field(default_factory=list)
+    text_chars: int = 0  # characters published so far: the next chunk's text_offset
+    tokens: int = 0  # tokens published so far: the next chunk's token_offset
     deliveries: list[asyncio.Future[Any]] = field(default_factory=list)
     done: bool = False
 
@@ -178,6 +181,10 @@ class EngineWorker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
         self._state: str = "starting"
+        # Request partitions this worker owns (updated on every rebalance).
+        self._owned: set[tuple[str, int]] = set()
+        # True while the request partitions are paused because every slot is taken (back-pressure).
+        self._intake_paused = False
 
         self.broker = KafkaBroker(
             settings.kafka.bootstrap_servers,
@@ -326,13 +333,20 @@ class EngineWorker:
             # Redelivered while still running here (e.g. after a rebalance): answer once, commit both offsets then.
             held.sources.append(source)
             return
-        # Back-pressure: waiting here stops this subscriber from reading further messages.
+        # Back-pressure: waiting here stops this subscriber from reading further messages, and pausing the
+        # partitions stops the consumer from fetching more of them meanwhile: a burst waits in Kafka.
+        if self._slots.locked():
+            self._pause_intake()
         await self._slots.acquire()
         if self._state not in ("starting", "ready"):  # draining: leave it uncommitted for another worker
-            self._slots.release()
+            self._release_slot()
+            return
+        if self._owned and (source.topic, source.partition) not in self._owned:
+            # Its partition moved to another worker while we waited for a slot; the new owner serves it.
+            self._release_slot()
             return
         if request.request_id in self._cancelled:  # the cancel arrived while we waited for a slot
-            self._slots.release()
+            self._release_slot()
             await self._reject(Rejection("cancelled", "cancelled before it started", request.request_id,
                                          request.reply_to), value, key, source)
             return
@@ -346,7 +360,7 @@ class EngineWorker:
             )
         except RuntimeError:  # driver stopped: shutting down, leave it uncommitted for redelivery
             self._in_flight.pop(request.request_id, None)
-            self._slots.release()
+            self._release_slot()
             return
         # Not awaited here: the engine thread applies adds between steps, and reading the next request
         # meanwhile is what lets requests arriving together share a batch.
@@ -402,9 +416,13 @@ class EngineWorker:
             token_ids=list(output.token_ids),
             finish_reason=finish_reason,
             spec=SpecStepStats(drafted=output.spec.drafted, accepted=output.spec.accepted),
+            text_offset=flight.text_chars,
+            token_offset=flight.tokens,
         )
         flight.next_index += 1
         flight.text.append(output.text)
+        flight.text_chars += len(output.text)
+        flight.tokens += len(output.token_ids)
         self._publish_reply(flight, chunk)
         if output.finished:
             self._publish_reply(flight, self._completion(flight, output, finish_reason or "stop"))
@@ -474,10 +492,23 @@ class EngineWorker:
         # The inbox is FIFO, so this abort reaches the engine after the request's add. None back means the
         # engine no longer held it (finished in the meantime, or rejected): its own reply is on its way.
         final = await self._driver.abort(cancel.request_id)
+        log.info("cancelled %s after %d token(s); KV cache in use: %s", cancel.request_id, flight.tokens,
+                 self._cache_in_use())
         if final is not None and not flight.done:
             if not final.finished:
                 final.finished, final.finish_reason = True, "abort"
             self._emit(flight, final)
+
+    def _cache_in_use(self) -> str:
+        """'<used> of <total> tokens', read right after an abort (the engine frees a request's KV region in abort)."""
+        usage = getattr(self.engine, "cache_usage", None)
+        if usage is None:
+            return "unknown"
+        try:
+            current = usage()
+        except Exception:  # noqa: BLE001 - diagnostics only
+            return "unknown"
+        return f"{current.used_tokens} of {current.total_tokens} tokens"
 
     def _remember_cancel(self, request_id: str) -> None:
         self._cancelled[request_id] = None
@@ -538,7 +569,7 @@ class EngineWorker:
             )
         if self._in_flight.get(flight.request.request_id) is flight:
             del self._in_flight[flight.request.request_id]
-            self._slots.release()
+            self._release_slot()
         for source in flight.sources:
             self._offsets.finished(source.topic, source.partition, source.offset)
         await self._commit()
@@ -613,6 +644,51 @@ class EngineWorker:
         for tp in revoked:
             self._offsets.forget(tp.topic, tp.partition)
 
+    def _partitions_assigned(self, assigned: set[AIOKafkaTopicPartition]) -> None:
+        """Hand back the requests of partitions another worker owns now: it regenerates them from their
+        uncommitted offsets, and the edge forwards only text its client has not seen yet. Requests of partitions
+        kept here go on (the consumer reads them again from the last commit; ``_intake`` attaches those copies to
+        the running requests)."""
+        self._owned = {(tp.topic, tp.partition) for tp in assigned}
+        if self._intake_paused:
+            # A new assignment starts unpaused; keep it paused while every slot is taken.
+            self._intake_paused = False
+            if self._slots.locked():
+                self._pause_intake()
+        lost = [f for f in self._in_flight.values()
+                if not f.done and not any((s.topic, s.partition) in self._owned for s in f.sources)]
+        if not lost:
+            return
+        log.info("rebalance: handing back %d request(s) of partitions now owned elsewhere", len(lost))
+        for flight in lost:
+            flight.done = True
+            del self._in_flight[flight.request.request_id]
+            self._release_slot()
+            if self._driver is not None:
+                # The inbox is FIFO: a request still being added is aborted right after its add.
+                with contextlib.suppress(RuntimeError):
+                    self._driver.abort(flight.request.request_id)
+
+    # --- back-pressure ----------------------------------------------------------------------------------------------
+
+    def _pause_intake(self) -> None:
+        consumer = self.requests.consumer
+        if consumer is None or self._intake_paused:
+            return
+        partitions = consumer.assignment()
+        if partitions:
+            consumer.pause(*partitions)
+            self._intake_paused = True
+            log.debug("every slot taken: paused %d request partition(s)", len(partitions))
+
+    def _release_slot(self) -> None:
+        self._slots.release()
+        if self._intake_paused and self._state in ("starting", "ready"):
+            self._intake_paused = False
+            consumer = self.requests.consumer
+            if consumer is not None:
+                consumer.resume(*consumer.assignment())
+
     # --- announcements ----------------------------------------------------------------------------------------------
 
     async def _announce(self, state: str) -> None:
@@ -667,6 +743,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[AIOKafkaTopicPartition]) -> None:
         log.info("assigned %s", ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(assigned)) or "no partitions")
+        self._worker._partitions_assigned(assigned)
 
 
 def create_app(settings: Settings, *, engine_factory: EngineFactory = load_engine,
