@@ -94,6 +94,8 @@ Progress = Callable[[str], None]
 EngineFactory = Callable[[Any, Progress | None], Engine]
 
 _JSON_HEADERS = {"content-type": "application/json"}
+# Seconds before a failed offset commit is tried again.
+_COMMIT_RETRY_S = 1.0
 # Cancellations remembered for requests not (yet) seen here: a cancel may overtake its request.
 _REMEMBERED_CANCELS = 10_000
 _ERROR_CODES = {"invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded", "cancelled",
@@ -185,6 +187,7 @@ class EngineWorker:
         self._owned: set[tuple[str, int]] = set()
         # True while the request partitions are paused because every slot is taken (back-pressure).
         self._intake_paused = False
+        self._commit_retry_pending = False
 
         self.broker = KafkaBroker(
             settings.kafka.bootstrap_servers,
@@ -635,10 +638,21 @@ class EngineWorker:
             try:
                 await consumer.commit({AIOKafkaTopicPartition(t, p): offset for (t, p), offset in positions.items()})
             except (KafkaError, AssertionError) as error:
-                # Typically a rebalance took the partition away; its new owner resumes from the last commit.
-                log.warning("offset commit failed (%s); will retry with the next one", error)
+                # Typically a rebalance took the partition away (its new owner resumes from the last commit), or the
+                # group coordinator moved (a broker died). Retry soon: the last requests before a quiet spell must
+                # not stay uncommitted (they would be generated again after the next rebalance).
+                log.warning("offset commit failed (%s); retrying in %.0f s", error, _COMMIT_RETRY_S)
+                if not self._commit_retry_pending:
+                    self._commit_retry_pending = True
+                    self._spawn(self._retry_commit())
                 return
             self._offsets.mark_committed(positions)
+
+    async def _retry_commit(self) -> None:
+        await asyncio.sleep(_COMMIT_RETRY_S)
+        self._commit_retry_pending = False
+        if self._state != "stopped":
+            await self._commit()
 
     def _partitions_revoked(self, revoked: set[AIOKafkaTopicPartition]) -> None:
         for tp in revoked:
