@@ -61,7 +61,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _RELOAD_EVERY_S = 1.0
 
 
-class KeyStoreError(Exception):
+class KeyStoreError(ValueError):
     """A keys file that cannot be read or a request the store cannot carry out (message is one line)."""
 
 

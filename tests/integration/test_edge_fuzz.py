@@ -112,3 +112,36 @@ def test_api_conforms_to_its_openapi_document(api_schema, fuzz_target: tuple[Run
     assert statuses and max(statuses) < 500
     if mode is GenerationMode.POSITIVE:
         assert any(200 <= s < 300 for s in statuses), statuses  # valid input really was served, not only refused
+
+
+def test_the_document_is_complete(fuzz_target: tuple[RunningEdge, str]) -> None:
+    """Bodies, responses with OpenAI's error shape, the SSE events and the security scheme are all described."""
+    import httpx
+
+    edge, _ = fuzz_target
+    doc = httpx.get(edge.base_url + "/openapi.json", timeout=10).json()
+    schemes = doc["components"]["securitySchemes"]
+    assert schemes == {"ApiKey": {"type": "http", "scheme": "bearer", "bearerFormat": "sk-ss-...",
+                                  "description": schemes["ApiKey"]["description"]}}
+    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            public = not path.startswith("/v1/")
+            assert ("security" in operation) != public, (method, path)
+            if not public:
+                assert operation["security"] == [{"ApiKey": []}]
+                assert operation["responses"]["401"]["content"]["application/json"]["schema"] == error_ref
+            assert operation.get("summary") or operation.get("description"), (method, path)
+    for path, body in (("/v1/chat/completions", "ChatCompletionBody"), ("/v1/completions", "CompletionBody")):
+        operation = doc["paths"][path]["post"]
+        assert operation["requestBody"]["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{body}"}
+        schema = doc["components"]["schemas"][body]
+        assert schema["additionalProperties"] is False and "model" in schema["required"]
+        assert schema["properties"]["model"]["enum"] == list(edge.options.models)
+        for status in ("400", "401", "404", "413", "429", "503", "504"):
+            assert operation["responses"][status]["content"]["application/json"]["schema"] == error_ref, status
+        assert "Retry-After" in operation["responses"]["429"]["headers"]
+        ok = operation["responses"]["200"]["content"]
+        assert set(ok) == {"application/json", "text/event-stream"}
+        assert ok["text/event-stream"]["schema"]["properties"]["data"]["anyOf"][0] == {"type": "string", "const": "[DONE]"}
+    assert "/v1/ws" in doc["info"]["description"] and "1008" in doc["info"]["description"]
