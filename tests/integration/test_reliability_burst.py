@@ -1,0 +1,89 @@
+"""Back-pressure: a burst of ten times a worker's capacity waits in Kafka, not in the worker's memory.
+
+The worker holds at most ``worker.max_inflight`` requests (here 4, with 4
+running in the engine); beyond that it stops reading and pauses its request
+partitions. Forty requests at once must all complete, the worker's peak RSS
+(``VmHWM``) must barely move past what four concurrent requests already
+needed, and the clients must see at most four requests generating at a time.
+"""
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
+from tests.reliability import PROMPTS, WORKER_ENV, Fleet, chat_body, group_lag, max_overlap, run_ws, vm_kib
+from tests.stack import DEFAULT_MODEL, running_stack
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model]
+
+CAPACITY = 4
+BURST = 10 * CAPACITY
+MAX_TOKENS = 16
+# Peak RSS may grow by allocator noise, not by anything proportional to the burst.
+RSS_SLACK_KIB = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def fleet(kafka_bootstrap: str) -> Iterator[Fleet]:  # noqa: F811
+    with tempfile.TemporaryDirectory(prefix="specstream-burst-") as logs:
+        env = {**WORKER_ENV, "SPECSTREAM_WORKER__MAX_INFLIGHT": str(CAPACITY),
+               "SPECSTREAM_ENGINE__MAX_RUNNING_REQUESTS": str(CAPACITY)}
+        with running_stack(kafka_bootstrap, env=env, log_dir=logs) as stack:
+            yield Fleet(stack, Path(logs))
+
+
+def _bodies(tag: str, n: int) -> list[dict]:
+    return [chat_body(f"{tag}-{i}", PROMPTS[i % len(PROMPTS)], model=DEFAULT_MODEL, max_tokens=MAX_TOKENS)
+            for i in range(n)]
+
+
+def test_burst_of_10x_capacity_waits_in_kafka_all_complete_rss_flat(fleet: Fleet) -> None:
+    stack = fleet.stack
+    (worker,) = fleet.alive
+    pid = worker.popen.pid
+    # Warm up at full capacity, twice: the peak RSS then includes a full batch.
+    for round_ in range(2):
+        warm = asyncio.run(run_ws(stack.ws_url, stack.api_key, _bodies(f"warm{round_}", CAPACITY)))
+        assert all(not a.problems() for a in warm.values())
+    hwm_before = vm_kib(pid)
+
+    lag_seen: list[int] = []
+    group, topic = f"{stack.topic_prefix}.engine-workers", f"{stack.topic_prefix}.requests"
+
+    async def burst() -> dict:
+        async def watch_lag() -> None:
+            while True:
+                committed, ends = await group_lag(stack.bootstrap_servers, group, topic)
+                lag_seen.append(sum(e - max(c, 0) for c, e in zip(committed.values(), ends.values())))
+                await asyncio.sleep(1.0)
+
+        watcher = asyncio.create_task(watch_lag())
+        try:
+            return await run_ws(stack.ws_url, stack.api_key, _bodies("burst", BURST), timeout_s=600)
+        finally:
+            watcher.cancel()
+
+    started = time.monotonic()
+    answers = asyncio.run(burst())
+    elapsed = time.monotonic() - started
+    problems = {a.tag: a.problems() for a in answers.values() if a.problems()}
+    assert not problems, (problems, stack.logs())
+
+    hwm_after = vm_kib(pid)
+    active = max_overlap([(a.first_chunk_at, a.final_at) for a in answers.values()])  # type: ignore[misc]
+    latencies = sorted(a.latency_s for a in answers.values())  # type: ignore[type-var]
+    print(f"\nburst of {BURST} (capacity {CAPACITY}): all complete in {elapsed:.1f}s; latency min "
+          f"{latencies[0]:.1f}s max {latencies[-1]:.1f}s; peak RSS {hwm_before // 1024} -> {hwm_after // 1024} MiB; "
+          f"at most {active} generating at once; request lag up to {max(lag_seen, default=0)}")
+    assert hwm_after - hwm_before < RSS_SLACK_KIB, (hwm_before, hwm_after)
+    # Slots are released when a Completion is stored, and the next request's first chunk needs a step: a client
+    # may see the done of one and the first chunk of the next in either order, hence the one of slack.
+    assert active <= CAPACITY + 1, active
+    # Latency grew (they queued) but nothing failed.
+    assert latencies[-1] > 2 * latencies[0]
