@@ -178,6 +178,11 @@ def _describe(error: BaseException) -> str:
     return str(error)
 
 
+def _prefixed(who: str, line: str) -> str:
+    line = line.strip()
+    return line if line.startswith(f"{who}:") else f"{who}: {line}"
+
+
 def _say(message: str) -> None:
     """One plain line on stderr: never wrapped or styled, so it can be grepped and read in CI logs."""
     print(message, file=sys.stderr, flush=True)
@@ -259,9 +264,9 @@ def ensure_kafka(settings: Settings) -> KafkaHandle:
         return KafkaHandle(kafka.bootstrap_servers, started_here=False)
     with console.status(f"kafka: starting the local broker on 127.0.0.1:{port} ...") as status:
         def progress(line: str) -> None:
-            status.update(f"kafka: {line.strip()}")
+            status.update(_prefixed("kafka", line))
             if "downloaded" not in line:
-                _say(f"kafka: {line.strip()}")
+                _say(_prefixed("kafka", line))
 
         result = broker.start(spec, progress=progress)
     if result.started:
@@ -408,7 +413,7 @@ def cmd_prepare(args: argparse.Namespace, settings: Settings) -> int:
     if settings.kafka.managed_port is not None:
         from infra.kafka.jars import ensure_kafka_jars
 
-        libs = ensure_kafka_jars(progress=lambda line: _say(f"kafka: {line.strip()}"))
+        libs = ensure_kafka_jars(progress=lambda line: _say(_prefixed("kafka", line)))
         _say(f"kafka: jars in {libs}")
     from engine.loader import resolve_model_dir
 
