@@ -190,7 +190,8 @@ class EngineWorker:
         self._commit_retry_pending = False
 
         self.broker = KafkaBroker(
-            settings.kafka.bootstrap_servers,
+            # A list: FastStream would pass a comma-separated string on as one host name.
+            [server.strip() for server in settings.kafka.bootstrap_servers.split(",") if server.strip()],
             # Large enough for a dead letter of a request at the broker's size limit.
             **kafka_io.producer_options(client_id=f"specstream-worker-{self.worker_id}",
                                         max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),
