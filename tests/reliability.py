@@ -195,6 +195,10 @@ class Fleet:
         self.stack.processes.insert(0, process)  # stopped by running_stack's cleanup too (after the edge)
         return process
 
+    def forget_dead(self) -> None:
+        """Drop exited workers from the stack (its check_alive would report them)."""
+        self.stack.processes = [p for p in self.stack.processes if p not in self.workers or p.popen.poll() is None]
+
     def kill(self, worker: Process, sig: signal.Signals = signal.SIGKILL) -> float:
         """Signal the worker (default kill -9); the time it was sent."""
         at = time.time()

@@ -19,8 +19,11 @@ replies left over from an earlier run of the same edge (whose clients are gone)
 are skipped. Each in-flight request registers an ``asyncio.Queue`` under its
 ``request_id`` *before* its request is published; the consumer loop decodes
 every message and puts it on the queue of its ``request_id``. Events for ids
-that are not in flight (late events of a cancelled or timed-out request, or a
-worker's duplicate after a redelivery) are dropped with a debug log.
+that are not in flight (late events of a cancelled or timed-out request, a
+worker's duplicate after a redelivery, or requests this edge published before
+it restarted) are dropped with a debug log; while such a request is still
+generating, the edge publishes one ``CancelRequest`` for it so no worker keeps
+spending steps on an answer nobody reads.
 
 One partition keeps each request's events in order. :class:`ReplyStream` also
 drops what the client already has when a redelivered request is regenerated
@@ -49,6 +52,8 @@ from streams.edge.settings import EdgeOptions
 log = logging.getLogger(__name__)
 
 ReplyEventT = TokenChunk | Completion | ErrorEvent
+# Request ids already cancelled as orphans (see ReplyRouter._orphaned), newest last.
+_REMEMBERED_ORPHANS = 10_000
 
 
 class ReplyTimeout(Exception):
@@ -81,6 +86,7 @@ class ReplyRouter:
         # Called with (request_id, reason) when the edge gives up on a request whose worker still runs it
         # (a diverged regeneration); the Edge sets it to publish a CancelRequest.
         self.on_abandon: Callable[[str, str], None] | None = None
+        self._orphans: collections.OrderedDict[str, None] = collections.OrderedDict()
 
     @property
     def reply_topic(self) -> str:
@@ -163,6 +169,16 @@ class ReplyRouter:
                 for message in messages:
                     self.dispatch(message.value, offset=message.offset)
 
+    def _orphaned(self, request_id: str) -> None:
+        """A worker is still generating a request nobody here waits for: one whose client went away, a redelivered
+        copy of one already answered, or one sent by this edge before it restarted. Cancel it once."""
+        if request_id in self._orphans or self.on_abandon is None:
+            return
+        self._orphans[request_id] = None
+        while len(self._orphans) > _REMEMBERED_ORPHANS:
+            self._orphans.popitem(last=False)
+        self.on_abandon(request_id, "no client waits for it at this edge")
+
     def dispatch(self, value: bytes | None, *, offset: int = -1) -> None:
         """Route one raw reply message to its request's queue."""
         if value is None:
@@ -183,6 +199,8 @@ class ReplyRouter:
         if queue is None:
             self.stats.unknown += 1
             log.debug("reply router: dropping %s for unknown request %s (offset %d)", event.type, request_id, offset)
+            if isinstance(event, TokenChunk) and event.finish_reason is None:
+                self._orphaned(request_id)
             return
         self.stats.delivered += 1
         queue.put_nowait(event)

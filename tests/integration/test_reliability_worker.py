@@ -6,6 +6,7 @@ every test counts what its websocket clients received.
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import tempfile
 import time
@@ -17,12 +18,13 @@ import pytest
 
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
 from tests.reliability import PROMPTS, WORKER_ENV, Fleet, chat_body, group_lag, regenerated, reply_records, run_ws
-from tests.stack import DEFAULT_MODEL, running_stack
+from tests.stack import DEFAULT_MODEL, _spawn, running_stack, wait_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
 PARTITIONS = 6
 MAX_TOKENS = 40
+LONG = 400  # tokens: a request still generating when the test acts on it
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +37,7 @@ def fleet(kafka_bootstrap: str) -> Iterator[Fleet]:  # noqa: F811
 
 
 def _workers(fleet: Fleet, n: int) -> None:
+    fleet.forget_dead()
     while len(fleet.alive) < n:
         fleet.add()
     fleet.wait_balanced(PARTITIONS)
@@ -88,35 +91,39 @@ def test_client_disconnect_cancels_and_frees_the_cache(fleet: Fleet) -> None:
         from websockets.asyncio.client import connect
 
         async with connect(stack.ws_url, additional_headers=stack.headers) as ws:
-            await ws.send(__import__("json").dumps(chat_body("gone", PROMPTS[0], model=DEFAULT_MODEL,
-                                                              max_tokens=400)))
+            await ws.send(json.dumps(chat_body("gone", "Count from 1 to 300, separated by commas.",
+                                               model=DEFAULT_MODEL, max_tokens=LONG)))
             while True:
-                frame = __import__("json").loads(await ws.recv())
+                frame = json.loads(await ws.recv())
                 if frame["type"] == "chunk":
                     return frame["request_id"]
 
-    ws_request = asyncio.run(ws_close_after_first_chunk())
+    def cancellation(request_id: str) -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = next((ln for ln in fleet.log_text().splitlines() if f"cancelled {request_id} after" in ln), "")
+            if line:
+                return line
+            time.sleep(0.2)
+        raise AssertionError(f"no cancellation of {request_id} in the worker log\n{stack.logs()}")
 
-    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 400,
-            "stream": True}
+    def check(line: str) -> None:
+        tokens = int(line.split(" after ")[1].split(" token")[0])
+        assert tokens < LONG, line
+        # Nothing else runs: once the abort returned (between two steps), the cache holds nothing.
+        assert "KV cache in use: 0 of" in line, line
+
+    check(cancellation(asyncio.run(ws_close_after_first_chunk())))
+
+    body = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": "Count from 1 to 301, separated by commas."}],
+            "max_tokens": LONG, "stream": True}
     with httpx.stream("POST", stack.base_url + "/v1/chat/completions", json=body, headers=stack.headers,
                       timeout=60) as response:
         http_request = response.headers["x-request-id"]
         for line in response.iter_lines():
             if '"content"' in line and '"content":""' not in line:
                 break  # the first text: abort the stream here
-
-    for request_id in (ws_request, http_request):
-        deadline = time.monotonic() + 30
-        line = ""
-        while time.monotonic() < deadline and not line:
-            line = next((ln for ln in fleet.log_text().splitlines() if f"cancelled {request_id} after" in ln), "")
-            time.sleep(0.2)
-        assert line, f"no cancellation of {request_id} in the worker log\n{stack.logs()}"
-        tokens = int(line.split(" after ")[1].split(" token")[0])
-        assert tokens < 400, line
-        # Nothing else runs: once the abort returned (between two steps), the cache holds nothing.
-        assert "KV cache in use: 0 of" in line, line
+    check(cancellation(http_request))
 
 
 def test_sigterm_drains_commits_and_exits_0(fleet: Fleet) -> None:
@@ -140,3 +147,43 @@ def test_sigterm_drains_commits_and_exits_0(fleet: Fleet) -> None:
     assert {p: max(c, 0) for p, c in committed.items()} == ends, (committed, ends)
     log = worker.log.read_text(errors="replace")
     assert "aborting" not in log, log[-2000:]
+
+
+def test_edge_restart_clients_reconnect_and_orphans_are_cancelled(fleet: Fleet) -> None:
+    _workers(fleet, 1)
+    stack = fleet.stack
+    edge = next(p for p in stack.processes if p.name == "edge")
+    cut: dict[str, float] = {}
+
+    def kill_edge_when_streaming(answers: dict) -> None:
+        if not cut and all(a.chunks for a in answers.values()):
+            cut["at"] = fleet.kill(edge)
+
+    orphans: dict = {}
+    long = [chat_body(f"orphan-{i}", f"Count from 1 to {200 + i}, separated by commas.", model=DEFAULT_MODEL,
+                      max_tokens=LONG) for i in range(2)]
+    with pytest.raises(Exception) as closed:  # the socket dies with the edge
+        asyncio.run(run_ws(stack.ws_url, stack.api_key, long,
+                           on_frame=lambda answers: (orphans.update(answers), kill_edge_when_streaming(answers))))
+    assert "ConnectionClosed" in type(closed.value).__name__, closed.value
+    edge.popen.wait(10)
+
+    # The same edge (same id, same reply topic) comes back; clients reconnect and are served.
+    restarted = _spawn("edge-restarted", ["edge"], stack.env, fleet.log_dir)
+    stack.processes[stack.processes.index(edge)] = restarted
+    wait_ready(stack, 120)
+    again = asyncio.run(run_ws(stack.ws_url, stack.api_key, _bodies("back", 2)))
+    for answer in again.values():
+        assert not answer.problems(), (answer.tag, answer.problems())
+
+    # Requests of the dead edge's clients were still generating: the restarted edge saw their chunks arrive for
+    # nobody and cancelled them, so the worker stopped spending steps on them.
+    for answer in orphans.values():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and f"cancelled {answer.request_id} after" not in fleet.log_text():
+            time.sleep(0.3)
+        assert f"cancelled {answer.request_id} after" in fleet.log_text(), answer.request_id
+    records = asyncio.run(reply_records(stack.bootstrap_servers, f"{stack.topic_prefix}.replies.{stack.edge_id}"))
+    for answer in orphans.values():
+        (final,) = [e for _, e in records if e.get("request_id") == answer.request_id and e["type"] != "chunk"]
+        assert final["finish_reason"] == "abort" and final["usage"]["completion_tokens"] < LONG, final
