@@ -63,6 +63,7 @@ class Answer:
     tag: str
     sent_at: float
     request_id: str | None = None
+    prompt: str = ""
     chunks: list[dict[str, Any]] = field(default_factory=list)
     dones: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
