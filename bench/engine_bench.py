@@ -67,7 +67,11 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
     spec = SpeculationConfig(enabled=method is not None, method=method or "ngram")
     if method == "draft":
         # A copy of the target as its own draft: full acceptance, the ceiling of the method.
-        spec = SpeculationConfig(enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")))
+        # Drafting with a copy costs as much as verifying, so the adaptive controller would rightly
+        # switch it off; pin k to show what full acceptance buys per target forward.
+        spec = SpeculationConfig(
+            enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")), adaptive=False
+        )
     engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", speculation=spec))
     params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
 

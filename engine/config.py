@@ -23,6 +23,8 @@ class SpeculationConfig:
     draft_sampling: Literal["greedy", "coupled", "sampled"] = "greedy"
     # Upper bound of k, the number of draft tokens verified per target forward.
     max_draft_tokens: int = 8
+    # False pins k at max_draft_tokens: for benchmarks that show a method's ceiling.
+    adaptive: bool = True
     # Below this acceptance rate the controller stops speculating for a sequence...
     min_acceptance: float = 0.3
     # ...and probes again every this many steps.

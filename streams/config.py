@@ -133,6 +133,10 @@ class SpeculationSettings(Section):
         description="How a draft model drafts for sampled requests; greedy and coupled keep seeded text reproducible.",
     )
     max_draft_tokens: int = Field(default=8, gt=0, le=64, description="Most draft tokens verified per target forward.")
+    adaptive: bool = Field(
+        default=True,
+        description="Adapt draft lengths to measured acceptance and step costs; false always drafts max_draft_tokens.",
+    )
     min_acceptance: float = Field(
         default=0.3, ge=0.0, le=1.0,
         description="Below this acceptance rate a sequence stops speculating (and probes again later).",
@@ -191,17 +195,8 @@ class EngineSettings(Section):
             kv_cache_fraction=self.kv_cache_fraction,
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
-            speculation=SpeculationConfig(
-                enabled=spec.enabled,
-                method=spec.method,
-                draft_model=spec.draft_model,
-                draft_sampling=spec.draft_sampling,
-                max_draft_tokens=spec.max_draft_tokens,
-                min_acceptance=spec.min_acceptance,
-                probe_interval_steps=spec.probe_interval_steps,
-                ngram_min=spec.ngram_min,
-                ngram_max=spec.ngram_max,
-            ),
+            # Field names match one to one; the settings class is the validated twin of the dataclass.
+            speculation=SpeculationConfig(**spec.model_dump()),
         )
 
 
