@@ -92,9 +92,9 @@ RAG_ANSWER = Workload(
     messages=[
         {
             "role": "user",
-            "content": "Answer using only the context below, quoting the sentences you rely on word for word.\n\n"
-            "Context:\n" + _CONTEXT + "\n\nQuestion: What happened when the railway reached Lindvik, and what did "
-            "the town council decide after 1688?",
+            # Context first, then the ask: the small default model quotes far more faithfully this way.
+            "content": "Context:\n" + _CONTEXT + "\n\nCopy word for word the paragraph of the context that "
+            "describes the arrival of the railway.",
         }
     ],
 )
