@@ -20,7 +20,7 @@ OPEN_QUESTION = Workload(
     messages=[{"role": "user", "content": "Why do people enjoy long walks in the countryside? Give a few reasons."}],
 )
 
-_FUNCTION = '''def summarize_orders(orders, currency="EUR", include_refunds=False):
+CODE_FUNCTION = '''def summarize_orders(orders, currency="EUR", include_refunds=False):
     """Aggregate a list of order dicts into totals per customer."""
     totals = {}
     counts = {}
@@ -68,12 +68,12 @@ CODE_EDIT = Workload(
         {
             "role": "user",
             "content": "Rename the variable `totals` to `spent` in this Python code and print the whole updated "
-            "code, nothing else.\n\n```python\n" + _FUNCTION + "```",
+            "code, nothing else.\n\n```python\n" + CODE_FUNCTION + "```",
         }
     ],
 )
 
-_CONTEXT = """The harbour town of Lindvik grew around a deep, sheltered inlet on the northern coast. In the twelfth century fishermen from the surrounding islands began to winter there, because the inlet rarely froze and the cliffs kept off the worst of the storms. By the fourteenth century the settlement had a stone church, a market square and a wooden quay that could berth twenty boats at once.
+RAG_CONTEXT = """The harbour town of Lindvik grew around a deep, sheltered inlet on the northern coast. In the twelfth century fishermen from the surrounding islands began to winter there, because the inlet rarely froze and the cliffs kept off the worst of the storms. By the fourteenth century the settlement had a stone church, a market square and a wooden quay that could berth twenty boats at once.
 
 Trade changed the town in the sixteenth century. Merchants from the south arrived to buy dried cod, which kept for years and could be shipped across the sea without spoiling. The merchants built warehouses along the quay and paid for a new harbour wall made of granite blocks cut from the hills behind the town. The wall still stands today and is the oldest surviving structure in Lindvik.
 
@@ -93,7 +93,7 @@ RAG_ANSWER = Workload(
         {
             "role": "user",
             # Context first, then the ask: the small default model quotes far more faithfully this way.
-            "content": "Context:\n" + _CONTEXT + "\n\nCopy word for word the paragraph of the context that "
+            "content": "Context:\n" + RAG_CONTEXT + "\n\nCopy word for word the paragraph of the context that "
             "describes the arrival of the railway.",
         }
     ],

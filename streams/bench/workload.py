@@ -158,16 +158,11 @@ _RAG_QUESTIONS = (
 
 
 def _function_code() -> str:
-    content = base.CODE_EDIT.messages[0]["content"]
-    match = re.search(r"```python\n(.*)```", content, re.S)
-    return match.group(1) if match else content
+    return base.CODE_FUNCTION
 
 
 def _context_paragraphs() -> list[str]:
-    content = base.RAG_ANSWER.messages[0]["content"]
-    match = re.search(r"Context:\n(.*)\n\nQuestion:", content, re.S)
-    text = match.group(1) if match else content
-    return [p for p in text.split("\n\n") if p.strip()]
+    return [p for p in base.RAG_CONTEXT.split("\n\n") if p.strip()]
 
 
 def _chat(rng: random.Random, variant: int, input_len: int | None) -> tuple[dict[str, str], ...]:
@@ -208,6 +203,8 @@ def _code(rng: random.Random, variant: int, input_len: int | None) -> tuple[dict
 
 
 def _rag(rng: random.Random, variant: int, input_len: int | None) -> tuple[dict[str, str], ...]:
+    if variant == 0 and input_len is None:
+        return tuple(base.RAG_ANSWER.messages)  # the engine benchmark's own RAG prompt
     paragraphs = _context_paragraphs()
     question = _RAG_QUESTIONS[0] if variant == 0 else rng.choice(_RAG_QUESTIONS)
     if variant != 0:
