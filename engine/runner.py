@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kv_cache import KVCache
-from engine.model import AttentionMetadata, Decoder, SeqAttention, causal_mask_at_end
+from engine.model import AttentionMetadata, Decoder, FlatBatchBuilder
 from engine.scheduler import SchedulerOutput
 
 
@@ -41,10 +41,7 @@ class ModelRunner:
         self.device = model.device
 
     def prepare(self, batch: SchedulerOutput) -> FlatBatch:
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seqs: list[SeqAttention] = []
+        builder = FlatBatchBuilder(self.device)
         logit_rows: list[int] = []
         rows: dict[str, tuple[int, int]] = {}
         for sched in batch.scheduled:
@@ -62,14 +59,7 @@ class ModelRunner:
                 tokens = [seq.last_token, *sched.draft_tokens]
             if len(tokens) != n or start + n > seq.kv.region.size:
                 raise RuntimeError(f"{seq.request_id}: {len(tokens)} tokens scheduled as {n}, or past its KV region")
-            q_start = len(input_ids)
-            input_ids.extend(tokens)
-            positions.extend(range(start, start + n))
-            base = seq.kv.region.start
-            slots.extend(range(base + start, base + start + n))
-            kv_len = start + n
-            mask = causal_mask_at_end(n, kv_len, self.device) if n > 1 else None
-            seqs.append(SeqAttention(q_start, n, base, kv_len, mask))
+            q_start = builder.add(tokens, start, seq.kv.region.start)
             if sched.needs_logits:
                 first = len(logit_rows)
                 if sched.is_prefill:
@@ -78,15 +68,9 @@ class ModelRunner:
                     logit_rows.extend(range(q_start, q_start + n))
                 rows[seq.request_id] = (first, len(logit_rows))
 
-        def t(xs: list[int]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.long).to(self.device, non_blocking=True)
-
+        input_ids, positions, attn = builder.build(self.kv_cache)
         return FlatBatch(
-            input_ids=t(input_ids),
-            positions=t(positions),
-            attn=AttentionMetadata(seqs=seqs, slot_mapping=t(slots), kv_cache=self.kv_cache),
-            logit_rows=t(logit_rows),
-            rows=rows,
+            input_ids=input_ids, positions=positions, attn=attn, logit_rows=builder.tensor(logit_rows), rows=rows
         )
 
     @torch.inference_mode()

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_token
-from engine.model import AttentionMetadata, Decoder, SeqAttention, causal_mask_at_end
+from engine.model import Decoder, FlatBatchBuilder
 from engine.sampler import STREAM_DRAFT, STREAM_SAMPLE, NoiseKey, exponential_noise, race, target_probs
 from engine.spec.config import SpecConfig
 from engine.spec.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
@@ -279,29 +279,10 @@ class DraftModelProposer:
     def _forward(self, feeds: list[tuple[_DraftSeq, list[int]]]) -> Tensor:
         """Feed each sequence its tokens in one flat forward. Returns the logits
         of each sequence's last fed row, [len(feeds), V_target] fp32."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seqs: list[SeqAttention] = []
-        last_rows: list[int] = []
-        for st, toks in feeds:
-            start, n = st.slot.num_cached, len(toks)
-            q_start = len(input_ids)
-            input_ids.extend(toks)
-            positions.extend(range(start, start + n))
-            base = st.slot.region.start
-            slots.extend(range(base + start, base + start + n))
-            kv_len = start + n
-            mask = causal_mask_at_end(n, kv_len, self.device) if n > 1 else None
-            seqs.append(SeqAttention(q_start, n, base, kv_len, mask))
-            last_rows.append(q_start + n - 1)
-
-        def t(xs: list[int]) -> Tensor:
-            return torch.tensor(xs, dtype=torch.long).to(self.device, non_blocking=True)
-
-        attn = AttentionMetadata(seqs=seqs, slot_mapping=t(slots), kv_cache=self.kv_cache)
-        hidden = self.model(t(input_ids), t(positions), attn)  # [T, hidden]
-        logits = self.model.compute_logits(hidden[t(last_rows)])  # [n, V_draft]
+        builder = FlatBatchBuilder(self.device)
+        last_rows = [builder.add(toks, st.slot.num_cached, st.slot.region.start) + len(toks) - 1 for st, toks in feeds]
+        hidden = self.model(*builder.build(self.kv_cache))  # [T, hidden]
+        logits = self.model.compute_logits(hidden[builder.tensor(last_rows)])  # [n, V_draft]
         for st, toks in feeds:
             st.slot.num_cached += len(toks)
             st.fed.extend(toks)
