@@ -183,8 +183,8 @@ class EngineWorker:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
         self._state: str = "starting"
-        # Request partitions this worker owns (updated on every rebalance).
-        self._owned: set[tuple[str, int]] = set()
+        # Request partitions this worker owns (updated on every rebalance; None before the first assignment).
+        self._owned: set[tuple[str, int]] | None = None
         # True while the request partitions are paused because every slot is taken (back-pressure).
         self._intake_paused = False
         self._commit_retry_pending = False
@@ -345,7 +345,7 @@ class EngineWorker:
         if self._state not in ("starting", "ready"):  # draining: leave it uncommitted for another worker
             self._release_slot()
             return
-        if self._owned and (source.topic, source.partition) not in self._owned:
+        if self._owned is not None and (source.topic, source.partition) not in self._owned:
             # Its partition moved to another worker while we waited for a slot; the new owner serves it.
             self._release_slot()
             return
@@ -670,8 +670,9 @@ class EngineWorker:
             self._intake_paused = False
             if self._slots.locked():
                 self._pause_intake()
+        owned = self._owned
         lost = [f for f in self._in_flight.values()
-                if not f.done and not any((s.topic, s.partition) in self._owned for s in f.sources)]
+                if not f.done and not any((s.topic, s.partition) in owned for s in f.sources)]
         if not lost:
             return
         log.info("rebalance: handing back %d request(s) of partitions now owned elsewhere", len(lost))
