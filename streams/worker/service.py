@@ -25,6 +25,8 @@ import base64
 import collections
 import contextlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -96,6 +98,9 @@ EngineFactory = Callable[[Any, Progress | None], Engine]
 _JSON_HEADERS = {"content-type": "application/json"}
 # Seconds before a failed offset commit is tried again.
 _COMMIT_RETRY_S = 1.0
+_ANNOUNCE_TIMEOUT_S = 3.0
+# After the drain, how long the Kafka clients may take to stop before the process exits anyway.
+_CLIENT_STOP_GRACE_S = 10.0
 # Cancellations remembered for requests not (yet) seen here: a cancel may overtake its request.
 _REMEMBERED_CANCELS = 10_000
 _ERROR_CODES = {"invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded", "cancelled",
@@ -274,8 +279,12 @@ class EngineWorker:
             for request_id in list(self._in_flight):
                 self._in_flight.pop(request_id).done = True
                 self._driver.abort(request_id)
-        await self._drain_lanes()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        try:
+            # Bounded: with the broker gone these would wait out the producer's request timeout; what is not
+            # acknowledged by then is not committed either, so Kafka redelivers it.
+            await asyncio.wait_for(self._settle_pending(), timeout=max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
+            log.warning("replies still unacknowledged at the end of the drain; their requests will be redelivered")
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         self._state = "stopped"
@@ -553,6 +562,10 @@ class EngineWorker:
         # No await between the emptiness check and this: a job enqueued later starts a new lane.
         del self._lanes[topic]
 
+    async def _settle_pending(self) -> None:
+        await self._drain_lanes()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
     async def _drain_lanes(self) -> None:
         while self._lanes:
             await asyncio.gather(*[lane.task for lane in self._lanes.values() if lane.task], return_exceptions=True)
@@ -712,12 +725,16 @@ class EngineWorker:
             worker_id=self.worker_id, models=self.served_models, state=state, at=time.time()  # type: ignore[arg-type]
         )
         try:
-            await self.broker.publish(
-                kafka_io.encode(announcement), self.catalog.workers.name,
-                key=self.worker_id.encode(), headers=_JSON_HEADERS,
+            # Best effort and bounded, so that a missing broker cannot hold up a shutdown.
+            await asyncio.wait_for(
+                self.broker.publish(
+                    kafka_io.encode(announcement), self.catalog.workers.name,
+                    key=self.worker_id.encode(), headers=_JSON_HEADERS,
+                ),
+                timeout=_ANNOUNCE_TIMEOUT_S,
             )
         except Exception as error:  # noqa: BLE001 - an announcement is best effort; the next heartbeat retries
-            log.warning("could not announce %s: %s", state, error)
+            log.warning("could not announce %s: %s", state, repr(error))
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -780,4 +797,22 @@ def create_app(settings: Settings, *, engine_factory: EngineFactory = load_engin
 async def run_worker(settings: Settings, *, progress: Progress | None = None) -> None:
     """Serve until SIGINT/SIGTERM (FastStream installs the handlers), then drain and stop."""
     app, _ = create_app(settings, progress=progress)
-    await app.run()
+    watchdog = threading.Timer(_CLIENT_STOP_GRACE_S, _exit_stuck_clients)
+    watchdog.daemon = True
+
+    @app.on_shutdown
+    async def _arm_watchdog() -> None:
+        # Runs after the drain. FastStream then stops the Kafka clients, which with the broker gone wait out
+        # their own retries; the drain already settled what could be, so that wait has nothing left to save.
+        watchdog.start()
+
+    try:
+        await app.run()
+    finally:
+        watchdog.cancel()
+
+
+def _exit_stuck_clients() -> None:
+    log.warning("Kafka clients did not stop within %.0f s (broker unreachable?); exiting", _CLIENT_STOP_GRACE_S)
+    logging.shutdown()
+    os._exit(0)
