@@ -50,7 +50,8 @@ async function loadModels() {
     ui.model.replaceChildren(...body.data.map((m) => new Option(m.id, m.id)));
     if (previous && body.data.some((m) => m.id === previous)) ui.model.value = previous;
   } catch (error) {
-    setStatus(`models: ${error.message}`, "bad");
+    // Without a key both this call and the websocket fail; the websocket's "rejected" says why, keep it.
+    if (!ui.status.textContent.includes("rejected")) setStatus(`models: ${error.message}`, "bad");
   }
 }
 
