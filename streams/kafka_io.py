@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.codec import has_lz4
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
@@ -237,3 +237,15 @@ async def _wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s:
         if loop.time() > deadline:
             raise KafkaError(f"topics not visible after {timeout_s:.0f}s: {', '.join(pending)}")
         await asyncio.sleep(0.1)
+
+
+async def stop_polling(task: asyncio.Task[None] | None, consumer: AIOKafkaConsumer | None) -> None:
+    """Stop a background poll loop, then its consumer: the loop first, so it never polls a closed consumer."""
+    if task is not None:
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass  # the loop's own end, or the error it died of, was already logged by it
+    if consumer is not None:
+        await consumer.stop()

@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from schemas.events import WorkerAnnouncement
-from streams.kafka_io import decode
+from streams.kafka_io import decode, stop_polling
 from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)
@@ -80,16 +80,8 @@ class Readiness:
         self._task = asyncio.create_task(self._run(), name=f"readiness-{s.edge_id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
+        await stop_polling(task, consumer)
 
     async def _run(self) -> None:
         assert self._consumer is not None

@@ -46,7 +46,7 @@ from pydantic import ValidationError
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from streams.edge.dedupe import Diverged, Forwarded
-from streams.kafka_io import decode_reply, ensure_topics
+from streams.kafka_io import decode_reply, ensure_topics, stop_polling
 from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)
@@ -128,16 +128,8 @@ class ReplyRouter:
         self.started.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
+        task, consumer, self._task, self._consumer = self._task, self._consumer, None, None
+        await stop_polling(task, consumer)
         self.started.clear()
 
     def open(self, request_id: str, *, deadline: float | None = None, grace_s: float | None = None) -> "ReplyStream":
