@@ -46,4 +46,8 @@ class EngineConfig:
     kv_cache_fraction: float = 0.3
     max_running_requests: int = 64
     max_batched_tokens: int = 512
+    # CPU only: keep a oneDNN-prepacked copy of the weights for steps of 4..48 rows
+    # (speculative verification, small batches), which MKL handles poorly; one more
+    # copy of the weights in memory (engine.packed_linear).
+    prepack_weights: bool = True
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)

@@ -96,6 +96,8 @@ class LLMEngine:
 
         # RoPE tables: drafts may run a few positions past max_model_len - 1.
         self.model.init_rope(loaded.hf_config, self.max_model_len + self.max_draft_tokens + 1)
+        if config.prepack_weights and self.model.prepack_for_cpu():
+            say("weights prepacked for few-row CPU steps (verification, small batches)")
 
         cfg = self.model.cfg
         budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kv_cache import KVCache
+from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -298,6 +299,21 @@ class Decoder(nn.Module):
         self.rope_sin: torch.Tensor | None
         self.register_buffer("rope_cos", None, persistent=False)
         self.register_buffer("rope_sin", None, persistent=False)
+        # Set by prepack_for_cpu: the LM head's weight (maybe the tied embedding) with its packed twin.
+        self._packed_head: PrepackedWeight | None = None
+
+    def prepack_for_cpu(self, rows: PackedRows = PackedRows()) -> bool:
+        """On CPU, give every linear layer and the LM head a oneDNN-prepacked copy for
+        steps of rows.min_rows..rows.max_rows rows (see engine.packed_linear). Costs one
+        more copy of the weights; returns False (and does nothing) where it does not apply."""
+        if self._packed_head is not None:
+            return True
+        if not packing_available(self.device, self.dtype):
+            return False
+        prepack_linears(self.layers, rows)
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        self._packed_head = PrepackedWeight(weight, None, rows)
+        return True
 
     @property
     def dtype(self) -> torch.dtype:
@@ -333,6 +349,8 @@ class Decoder(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need a next-token distribution) -> fp32 logits [n, vocab]."""
+        if self._packed_head is not None:
+            return self._packed_head.apply(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 

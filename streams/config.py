@@ -178,6 +178,11 @@ class EngineSettings(Section):
     )
     max_running_requests: int = Field(default=64, ge=1, description="Most requests decoded together in one batch.")
     max_batched_tokens: int = Field(default=512, ge=16, description="Most tokens (prefill + decode) in one engine step.")
+    prepack_weights: bool = Field(
+        default=True,
+        description="CPU: keep a oneDNN-prepacked copy of the weights for steps of 4-48 rows "
+        "(speculative verification, small batches); costs one more copy of the weights in memory.",
+    )
     speculation: SpeculationSettings = Field(default_factory=SpeculationSettings)
 
     def to_engine_config(self) -> EngineConfig:
@@ -195,6 +200,7 @@ class EngineSettings(Section):
             kv_cache_fraction=self.kv_cache_fraction,
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
+            prepack_weights=self.prepack_weights,
             # Field names match one to one; the settings class is the validated twin of the dataclass.
             speculation=SpeculationConfig(**spec.model_dump()),
         )
