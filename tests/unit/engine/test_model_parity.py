@@ -110,3 +110,22 @@ def test_causal_mask_is_aligned_to_the_end() -> None:
         [True, True, True, True, False],
         [True, True, True, True, True],
     ]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_whole_sequence_attends_causally_without_a_mask(kind: str) -> None:
+    hf = tiny_hf_model(kind)
+    model = Decoder.from_hf(hf, 256)
+    ids = torch.randint(0, 300, (23,)).tolist()
+    masked = run_chunks(model, cache_for(hf), [(0, ids, 0)])  # explicit bottom-right mask
+    seq = SeqAttention(0, len(ids), 0, len(ids), None)  # SDPA's is_causal
+    attn = AttentionMetadata([seq], torch.arange(len(ids)), cache_for(hf))
+    with torch.inference_mode():
+        unmasked = model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), attn))
+    torch.testing.assert_close(unmasked, masked, atol=1e-5, rtol=0)
+    torch.testing.assert_close(unmasked, hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+
+def test_rows_after_a_cached_prefix_need_a_mask() -> None:
+    with pytest.raises(ValueError, match="need a mask"):
+        SeqAttention(q_start=0, q_len=3, kv_start=0, kv_len=10, mask=None)
