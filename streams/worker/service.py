@@ -30,14 +30,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from aiokafka import ConsumerRebalanceListener
 from aiokafka import TopicPartition as AIOKafkaTopicPartition
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
-from faststream.kafka.annotations import KafkaMessage
+from faststream._internal.context import Context as FastStreamContext
+from faststream.kafka.message import KafkaMessage as FastStreamKafkaMessage
 from faststream.kafka.schemas import Topic as FastStreamTopic
 from faststream.middlewares import AckPolicy
 from pydantic import BaseModel, ValidationError
@@ -91,6 +92,23 @@ class _DropGoneReplyTopicErrors(logging.Filter):
 
 
 logging.getLogger("aiokafka.cluster").addFilter(_DropGoneReplyTopicErrors())
+
+
+class _InlineContext(FastStreamContext):
+    """``Context("message")`` resolved on the event loop.
+
+    FastStream resolves a handler's context parameter (``msg: KafkaMessage``) by calling the field's synchronous
+    ``use`` through ``anyio.to_thread.run_sync``: one thread-pool hop before every request and cancellation reaches its
+    handler, which on a busy machine waits for a CPU like any wakeup. ``use`` only looks the message up, so an async
+    ``use`` (run inline) gives the same value without the hop.
+    """
+
+    async def use(self, /, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        return super().use(**kwargs)
+
+
+# The consumed message, as ``faststream.kafka.annotations.KafkaMessage`` gives it, without the thread hop.
+KafkaMessage = Annotated[FastStreamKafkaMessage, _InlineContext("message")]
 
 Progress = Callable[[str], None]
 EngineFactory = Callable[[Any, Progress | None], Engine]
