@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
 ALL_NODES = [1, 2, 3]
 ISR_RECOVERY_TIMEOUT_S = 60.0
+TOPIC_PROPAGATION_TIMEOUT_S = 15.0
 
 
 @contextlib.asynccontextmanager
@@ -41,7 +42,25 @@ async def _create_replicated_topic(admin: AIOKafkaAdminClient, partitions: int) 
     )
     response = await admin.create_topics([new_topic])
     assert [error_code for _name, error_code, *_ in response.topic_errors] == [0]
+    await _wait_until_known(admin, topic, partitions)
     return topic
+
+
+async def _wait_until_known(admin: AIOKafkaAdminClient, topic: str, partitions: int) -> None:
+    """Until the broker the admin asks knows the new topic with a leader for every partition.
+
+    create_topics returns once the controller has the topic; each broker learns it
+    from the metadata log a moment later, so an immediate describe may still say
+    UNKNOWN_TOPIC_OR_PARTITION.
+    """
+    deadline = time.monotonic() + TOPIC_PROPAGATION_TIMEOUT_S
+    while True:
+        (described,) = await admin.describe_topics([topic])
+        known = described["error_code"] == 0 and len(described["partitions"]) == partitions
+        if known and all(p["leader"] in ALL_NODES for p in described["partitions"]):
+            return
+        assert time.monotonic() < deadline, f"topic {topic} not known to the cluster after create: {described}"
+        await asyncio.sleep(0.1)
 
 
 async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[dict[str, Any]]:
