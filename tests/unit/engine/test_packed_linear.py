@@ -10,9 +10,13 @@ from engine.model import Decoder
 from engine.packed_linear import PackedRows, PrepackedLinear, packing_available, prepack_linears
 from tests.unit.engine._engine_factories import tiny_hf_model
 
-pytestmark = pytest.mark.skipif(
-    not packing_available(torch.device("cpu"), torch.float32), reason="this torch build has no oneDNN"
-)
+
+
+def test_this_torch_can_prepack_cpu_weights() -> None:
+    # The project's torch (PyPI, x86-64) ships oneDNN; without it the engine would
+    # silently run every step on the plain weights.
+    assert packing_available(torch.device("cpu"), torch.float32)
+    assert packing_available(torch.device("cpu"), torch.bfloat16)
 
 
 @pytest.mark.parametrize("bias", [False, True])
