@@ -178,7 +178,7 @@ async def ensure_topics(
                 raise KafkaError(f"cannot create topic {name}: {type(error).__name__}: {error}")
         # Creation is acknowledged by the controller before every broker knows the
         # topic; wait until metadata shows it so the first produce does not fail.
-        await _wait_visible(admin, [t.name for t in wanted], timeout_s)
+        await wait_visible(admin, [t.name for t in wanted], timeout_s)
         if any(r.created for r in results):
             # Leaders are elected a moment before they accept writes; without
             # this pause the first send logs a (harmless) NotLeaderForPartition retry.
@@ -221,7 +221,12 @@ async def _start_admin(admin: AIOKafkaAdminClient, bootstrap_servers: str, timeo
         raise KafkaConnectionError(f"cannot reach Kafka at {bootstrap_servers}: {reason}") from error
 
 
-async def _wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    """Until the broker the admin asks knows every topic with a leader for each partition.
+
+    The controller acknowledges a creation before every broker has the topic from the
+    metadata log, so a describe or produce right after it may hear UNKNOWN_TOPIC_OR_PARTITION.
+    """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:

@@ -14,6 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from infra.kafka.broker import ClusterSpec, kill_node, start_node, status
+from streams import kafka_io
 from tests.kafka_fixtures import kafka_cluster, kafka_cluster_session, unique_topic  # noqa: F401
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
@@ -42,25 +43,8 @@ async def _create_replicated_topic(admin: AIOKafkaAdminClient, partitions: int) 
     )
     response = await admin.create_topics([new_topic])
     assert [error_code for _name, error_code, *_ in response.topic_errors] == [0]
-    await _wait_until_known(admin, topic, partitions)
+    await kafka_io.wait_visible(admin, [topic], TOPIC_PROPAGATION_TIMEOUT_S)
     return topic
-
-
-async def _wait_until_known(admin: AIOKafkaAdminClient, topic: str, partitions: int) -> None:
-    """Until the broker the admin asks knows the new topic with a leader for every partition.
-
-    create_topics returns once the controller has the topic; each broker learns it
-    from the metadata log a moment later, so an immediate describe may still say
-    UNKNOWN_TOPIC_OR_PARTITION.
-    """
-    deadline = time.monotonic() + TOPIC_PROPAGATION_TIMEOUT_S
-    while True:
-        (described,) = await admin.describe_topics([topic])
-        known = described["error_code"] == 0 and len(described["partitions"]) == partitions
-        if known and all(p["leader"] in ALL_NODES for p in described["partitions"]):
-            return
-        assert time.monotonic() < deadline, f"topic {topic} not known to the cluster after create: {described}"
-        await asyncio.sleep(0.1)
 
 
 async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[dict[str, Any]]:
