@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.codec import has_lz4
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
@@ -242,6 +243,29 @@ async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: 
         if loop.time() > deadline:
             raise KafkaError(f"topics not visible after {timeout_s:.0f}s: {', '.join(pending)}")
         await asyncio.sleep(0.1)
+
+
+async def read_partition(bootstrap_servers: str, topic: str, *, timeout_s: float = 30.0) -> list[ConsumerRecord]:
+    """Every record of the topic's partition 0, from the beginning up to the end it had when called.
+
+    For small bookkeeping topics (announcements, one reply topic) read whole; stops at
+    timeout_s with what it has.
+    """
+    tp = TopicPartition(topic, 0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    records: list[ConsumerRecord] = []
+    try:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        deadline = time.monotonic() + timeout_s
+        while await consumer.position(tp) < end and time.monotonic() < deadline:
+            batch = await consumer.getmany(tp, timeout_ms=500)
+            records.extend(r for r in batch.get(tp, []) if r.offset < end)
+    finally:
+        await consumer.stop()
+    return records
 
 
 async def stop_polling(task: asyncio.Task[None] | None, consumer: AIOKafkaConsumer | None) -> None:

@@ -43,24 +43,12 @@ async def last_announcements(bootstrap_servers: str, catalog: TopicCatalog, time
     topic = catalog.edges.name
     if topic not in await kafka_io.list_topics(bootstrap_servers, timeout_s=timeout_s):
         return seen
-    tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        deadline = time.monotonic() + timeout_s
-        while await consumer.position(tp) < end and time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            for record in batch.get(tp, []):
-                try:
-                    event = kafka_io.decode(record.value or b"", EdgeAnnouncement)
-                except ValidationError:
-                    continue
-                seen[event.edge_id] = max(seen.get(event.edge_id, 0.0), event.at)
-    finally:
-        await consumer.stop()
+    for record in await kafka_io.read_partition(bootstrap_servers, topic, timeout_s=timeout_s):
+        try:
+            event = kafka_io.decode(record.value or b"", EdgeAnnouncement)
+        except ValidationError:
+            continue
+        seen[event.edge_id] = max(seen.get(event.edge_id, 0.0), event.at)
     return seen
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams import kafka_io
 from tests.stack import Process, Stack, _spawn
 
 # Small and quick on 2 cores: the model work of these tests is a few dozen tokens per request.
@@ -268,23 +269,8 @@ async def group_lag(bootstrap: str, group_id: str, topic: str) -> tuple[dict[int
 
 async def reply_records(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[tuple[float, dict[str, Any]]]:
     """Every record of a reply topic as (broker timestamp in s, decoded JSON); records without a value skipped."""
-    tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-    await consumer.start()
-    out: list[tuple[float, dict[str, Any]]] = []
-    try:
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        deadline = time.monotonic() + timeout_s
-        while await consumer.position(tp) < end and time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            for record in batch.get(tp, []):
-                if record.value:
-                    out.append((record.timestamp / 1000, json.loads(record.value)))
-    finally:
-        await consumer.stop()
-    return out
-
+    records = await kafka_io.read_partition(bootstrap, topic, timeout_s=timeout_s)
+    return [(record.timestamp / 1000, json.loads(record.value)) for record in records if record.value]
 
 def regenerated(records: list[tuple[float, dict[str, Any]]], since: float = 0.0) -> dict[str, float]:
     """request_id -> time of its regeneration's first chunk, for requests whose stream restarted at offset 0 after

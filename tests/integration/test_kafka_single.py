@@ -15,6 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from infra.kafka.broker import ClusterSpec, kill_node, single_node, start, status, stop
 from infra.kafka.errors import BrokerStartError
 from infra.kafka.storage import is_formatted
+from streams import kafka_io
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
 
 pytestmark = pytest.mark.kafka
@@ -124,3 +125,25 @@ def test_lifecycle_on_scratch_broker(tmp_path: Path) -> None:
         assert status(spec).pids == {}
     finally:
         stop(spec)
+
+
+async def test_read_partition_returns_the_records_up_to_the_end_it_saw(kafka_bootstrap: str) -> None:  # noqa: F811
+    topic = unique_topic("read-partition")
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+        await kafka_io.wait_visible(admin, [topic], 30.0)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await producer.start()
+        try:
+            for value in (b"a", b"b", b"c"):
+                await producer.send_and_wait(topic, value)
+        finally:
+            await producer.stop()
+        records = await kafka_io.read_partition(kafka_bootstrap, topic, timeout_s=30.0)
+        assert [r.value for r in records] == [b"a", b"b", b"c"]
+        assert [r.offset for r in records] == [0, 1, 2]
+    finally:
+        await admin.delete_topics([topic])
+        await admin.close()
