@@ -97,17 +97,7 @@ async def _client(n: int, url: str, key: str, stop_at: float, max_tokens: int, a
                         frame = json.loads(await asyncio.wait_for(ws.recv(), timeout=deadline - time.monotonic()))
                         if frame.get("id") != tag:
                             continue
-                        now = time.time()
-                        if frame["type"] == "chunk":
-                            answer.request_id = frame["request_id"]
-                            answer.first_chunk_at = answer.first_chunk_at or now
-                            answer.chunks.append(frame)
-                        elif frame["type"] == "done":
-                            answer.dones.append(frame)
-                            answer.final_at = now
-                        else:
-                            answer.errors.append(frame)
-                            answer.final_at = now
+                        answer.record(frame, time.time())
                     if not answer.final:
                         raise TimeoutError(f"{tag}: no final frame in {timeout_s:.0f}s")
         except (OSError, TimeoutError, asyncio.TimeoutError, Exception) as error:  # noqa: BLE001

@@ -83,6 +83,19 @@ class Answer:
     def latency_s(self) -> float | None:
         return None if self.final_at is None else self.final_at - self.sent_at
 
+    def record(self, frame: dict[str, Any], now: float) -> None:
+        """File one websocket frame of this request (chunk, done or error) received at `now`."""
+        if frame["type"] == "chunk":
+            self.request_id = frame["request_id"]
+            self.first_chunk_at = self.first_chunk_at or now
+            self.chunks.append(frame)
+        elif frame["type"] == "done":
+            self.dones.append(frame)
+            self.final_at = now
+        elif frame["type"] == "error":
+            self.errors.append(frame)
+            self.final_at = now
+
     def problems(self) -> list[str]:
         """Why this answer is not 'complete, exactly once' (empty when it is)."""
         out: list[str] = []
@@ -135,17 +148,7 @@ async def run_ws(url: str, api_key: str, bodies: list[dict[str, Any]], *, timeou
             answer = answers.get(str(frame.get("id")))
             if answer is None:
                 continue
-            now = time.time()
-            if frame["type"] == "chunk":
-                answer.request_id = frame["request_id"]
-                answer.first_chunk_at = answer.first_chunk_at or now
-                answer.chunks.append(frame)
-            elif frame["type"] == "done":
-                answer.dones.append(frame)
-                answer.final_at = now
-            elif frame["type"] == "error":
-                answer.errors.append(frame)
-                answer.final_at = now
+            answer.record(frame, time.time())
             if on_frame is not None:
                 on_frame(answers)
     return answers
