@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
@@ -34,6 +34,7 @@ from tests.kafka_fixtures import kafka_bootstrap, kafka_cluster, kafka_cluster_s
 # Small enough to be quick on 2 cores, large enough to hold a few short requests at once.
 TEST_MAX_MODEL_LEN = 512
 TEST_MAX_MESSAGE_BYTES = 64 * 1024
+EventT = TypeVar("EventT", bound=BaseModel)
 
 
 def worker_test_settings(bootstrap_servers: str, prefix: str, worker_id: str) -> Settings:
@@ -124,28 +125,39 @@ class WorkerHarness:
 
         return await self.publish_raw(json.dumps(body).encode(), key=str(body.get("request_id", "")).encode())
 
-    async def dead_letter_for(self, sent: RecordMetadata, timeout_s: float = 30.0) -> DeadLetter:
-        """The dead letter whose source is the given published record."""
+    async def first_event(self, topic: str, model: type[EventT], matches: Callable[[EventT], bool],
+                          timeout_s: float = 30.0) -> EventT | None:
+        """The first event of partition 0 of `topic`, read from the start, that `matches`; None after timeout_s."""
         # A consumer per call, read from the start: an idle consumer kept for the whole session
         # only adds fetch traffic and a shutdown that can fail under load.
         consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
                                     auto_offset_reset="earliest")
         await consumer.start()
         try:
-            consumer.assign([TopicPartition(self.settings.catalog.dead_letters.name, 0)])
+            consumer.assign([TopicPartition(topic, 0)])
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
             while loop.time() < deadline:
                 batch = await consumer.getmany(timeout_ms=200)
                 for records in batch.values():
                     for record in records:
-                        letter = kafka_io.decode(record.value, DeadLetter)
-                        if (letter.source_topic, letter.source_partition, letter.source_offset) == (
-                                sent.topic, sent.partition, sent.offset):
-                            return letter
+                        event = kafka_io.decode(record.value, model)
+                        if matches(event):
+                            return event
         finally:
             await consumer.stop()
-        raise AssertionError(f"no dead letter for {sent.topic}/{sent.partition}@{sent.offset}")
+        return None
+
+    async def dead_letter_for(self, sent: RecordMetadata, timeout_s: float = 30.0) -> DeadLetter:
+        """The dead letter whose source is the given published record."""
+        letter = await self.first_event(
+            self.settings.catalog.dead_letters.name, DeadLetter,
+            lambda d: (d.source_topic, d.source_partition, d.source_offset) == (sent.topic, sent.partition, sent.offset),
+            timeout_s,
+        )
+        if letter is None:
+            raise AssertionError(f"no dead letter for {sent.topic}/{sent.partition}@{sent.offset}")
+        return letter
 
     async def serves_a_request(self, inbox: ReplyInbox) -> Completion:
         """Proof that the worker still works: a short request completes."""

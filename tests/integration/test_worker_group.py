@@ -11,11 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.events import WorkerAnnouncement
-from streams import kafka_io
 from tests.conftest import TEST_MAX_MODEL_LEN, WorkerHarness
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.kafka, pytest.mark.model]
@@ -44,23 +42,13 @@ def _env(harness: WorkerHarness, worker_id: str) -> dict[str, str]:
 
 
 async def _announcements(harness: WorkerHarness, worker_id: str, state: str, timeout_s: float) -> WorkerAnnouncement:
-    consumer = AIOKafkaConsumer(bootstrap_servers=harness.bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(harness.settings.catalog.workers.name, 0)])
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while loop.time() < deadline:
-            batch = await consumer.getmany(timeout_ms=500)
-            for records in batch.values():
-                for record in records:
-                    announcement = kafka_io.decode(record.value, WorkerAnnouncement)
-                    if announcement.worker_id == worker_id and announcement.state == state:
-                        return announcement
+    announcement = await harness.first_event(
+        harness.settings.catalog.workers.name, WorkerAnnouncement,
+        lambda a: a.worker_id == worker_id and a.state == state, timeout_s,
+    )
+    if announcement is None:
         raise AssertionError(f"worker {worker_id} did not announce {state!r} within {timeout_s}s")
-    finally:
-        await consumer.stop()
+    return announcement
 
 
 async def _group_members(harness: WorkerHarness) -> int:
