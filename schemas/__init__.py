@@ -10,6 +10,7 @@ from schemas.events import (
     ReplyEvent,
     ReplyRoute,
     SamplingParams,
+    ServiceAnnouncement,
     SpecStats,
     SpecStepStats,
     Timings,
@@ -21,6 +22,6 @@ from schemas.events import (
 
 __all__ = [
     "SCHEMA_VERSION", "CancelRequest", "ChatMessage", "DeadLetter", "EdgeAnnouncement", "Completion", "ErrorEvent", "GenerateRequest", "ReplyEvent",
-    "ReplyRoute", "SamplingParams", "SpecStats", "SpecStepStats", "Timings", "TokenChunk", "TraceContext", "Usage",
+    "ReplyRoute", "SamplingParams", "ServiceAnnouncement", "SpecStats", "SpecStepStats", "Timings", "TokenChunk", "TraceContext", "Usage",
     "WorkerAnnouncement",
 ]

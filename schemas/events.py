@@ -252,6 +252,24 @@ class WorkerAnnouncement(Event):
     at: float
 
 
+class ServiceAnnouncement(Event):
+    """Published by every service on the bus (engine workers, the edge, each consumer) on start, every heartbeat and
+    on shutdown, keyed by ``<kind>/<service_id>`` on the compacted services topic. `/readyz`, `specstream status`
+    and the autoscaler read it to see every service, whatever its kind."""
+
+    type: Literal["service"] = "service"
+    kind: str = Field(min_length=1, max_length=64, description="Service kind, e.g. engine-worker, edge, parser.")
+    service_id: str = Field(min_length=1, max_length=256, description="Unique id of this service instance.")
+    state: Literal["starting", "ready", "draining", "stopped"] = Field(description="Lifecycle state.")
+    host: str = Field(default="", description="Host name the service runs on.")
+    pid: int | None = Field(default=None, description="Process id on that host.")
+    started_at: float = Field(description="Unix time the service started.")
+    in_flight: int = Field(default=0, ge=0, description="Messages (requests) held and not yet answered.")
+    models: list[str] = Field(default_factory=list, description="Models served (engine workers).")
+    metrics_url: str | None = Field(default=None, description="Where the service's Prometheus metrics are served.")
+    at: float = Field(description="Unix time of this announcement.")
+
+
 class EdgeAnnouncement(Event):
     """Published by each edge on start and every minute; `specstream topics gc` keeps the reply topics of edges
     announced recently and deletes those of edges gone for longer."""

@@ -9,7 +9,14 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from schemas.events import CancelRequest, DeadLetter, EdgeAnnouncement, GenerateRequest, WorkerAnnouncement
+from schemas.events import (
+    CancelRequest,
+    DeadLetter,
+    EdgeAnnouncement,
+    GenerateRequest,
+    ServiceAnnouncement,
+    WorkerAnnouncement,
+)
 
 HOUR_MS = 3_600_000
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
@@ -90,6 +97,15 @@ class TopicCatalog:
         )
 
     @property
+    def services(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.services", partitions=1, key="<kind>/<service_id>",
+            retention_ms=24 * HOUR_MS, carries=_describe(ServiceAnnouncement), compacted=True,
+            purpose="Every service (engine workers, edges, consumers) announces starting/ready/draining/stopped with "
+            "its kind, id, host, pid and requests in flight; /readyz, `specstream status` and the autoscaler read it.",
+        )
+
+    @property
     def edges(self) -> Topic:
         return Topic(
             name=f"{self.prefix}.edges", partitions=1, key="edge_id",
@@ -110,7 +126,7 @@ class TopicCatalog:
 
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
-        return [self.requests, self.cancellations, self.workers, self.edges, self.dead_letters]
+        return [self.requests, self.cancellations, self.workers, self.services, self.edges, self.dead_letters]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]
