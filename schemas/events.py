@@ -295,3 +295,8 @@ class DeadLetter(Event):
     original_key_b64: str | None = None
     consumer: str = Field(description="Which consumer rejected it (worker id).")
     at: float
+    undelivered: str | None = Field(
+        default=None,
+        description="For reply_undeliverable: the final reply event (JSON) that could not be delivered to the "
+        "request's reply topic; the original is the request, so a redrive generates the answer again.",
+    )
