@@ -100,6 +100,11 @@ class GenerateRequest(Event):
     tenant: str = Field(default="default", min_length=1, max_length=64, description="Tenant the request is billed to.")
     trace: TraceContext | None = Field(default=None, description="Trace context propagated from the client.")
     created_at: float | None = Field(default=None, description="Unix time the request was published.")
+    log_prompt: bool = Field(
+        default=True,
+        description="False keeps the prompt out of the completions log (the edge sets it from the tenant's "
+        "`log_prompts`); such requests cannot be replayed by `specstream eval replay`.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> "GenerateRequest":
@@ -300,3 +305,49 @@ class DeadLetter(Event):
         description="For reply_undeliverable: the final reply event (JSON) that could not be delivered to the "
         "request's reply topic; the original is the request, so a redrive generates the answer again.",
     )
+
+
+class CompletionRecord(Event):
+    """One finished request, published once by the worker that answered it (after its final reply event was
+    acknowledged) to ``<prefix>.completions``, keyed by request_id. What `specstream eval` replays and draft training
+    reads. A request regenerated after a redelivery may be recorded twice: readers deduplicate by request_id."""
+
+    type: Literal["completion_record"] = "completion_record"
+    request_id: str = Field(description="Id of the recorded request.")
+    tenant: str = Field(description="Tenant the request was billed to.")
+    model: str = Field(description="Model the request asked for.")
+    sampling: SamplingParams = Field(description="Sampling parameters as received (seed included), even without the prompt.")
+    request: GenerateRequest | None = Field(
+        description="The request as received; None when its prompt was not to be logged (log_prompt false)."
+    )
+    completion: Completion | None = Field(
+        default=None, description="The final Completion (text, finish reason, usage, timings, speculation stats)."
+    )
+    error: ErrorEvent | None = Field(default=None, description="The ErrorEvent, when the request failed after it started.")
+    served_model: str | None = Field(default=None, description="Name of the model the engine served it with.")
+    worker_id: str = Field(description="Worker that answered it.")
+    config_fingerprint: str = Field(description="Stable hash of the worker's engine settings (model, dtype, speculation, ...).")
+    recorded_at: float = Field(description="Unix time the record was published.")
+
+    @model_validator(mode="after")
+    def _exactly_one_outcome(self) -> "CompletionRecord":
+        if (self.completion is None) == (self.error is None):
+            raise ValueError("exactly one of 'completion' and 'error' must be given")
+        return self
+
+
+class EvalSample(Event):
+    """One evaluation item on ``<prefix>.eval-samples``: an input, optionally the answer it should get, and tags."""
+
+    type: Literal["eval_sample"] = "eval_sample"
+    sample_id: str = Field(min_length=1, max_length=128, description="Id of the sample, unique within its set.")
+    prompt: str | None = Field(default=None, description="Raw prompt text. Exactly one of prompt and messages.")
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, description="Chat messages.")
+    reference: str | None = Field(default=None, description="The expected answer, for exact match and token F1.")
+    tags: list[str] = Field(default_factory=list, description="Labels to break scores down by (task, language, ...).")
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> "EvalSample":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        return self

@@ -11,8 +11,10 @@ from pydantic import BaseModel
 
 from schemas.events import (
     CancelRequest,
+    CompletionRecord,
     DeadLetter,
     EdgeAnnouncement,
+    EvalSample,
     GenerateRequest,
     ServiceAnnouncement,
     WorkerAnnouncement,
@@ -60,6 +62,7 @@ class TopicCatalog:
 
     prefix: str = "specstream"
     request_partitions: int = 6
+    completions_retention_ms: int = 7 * 24 * HOUR_MS
 
     @property
     def requests(self) -> Topic:
@@ -124,9 +127,31 @@ class TopicCatalog:
             max_message_bytes=DEAD_LETTER_MAX_BYTES,
         )
 
+    @property
+    def completions(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.completions", partitions=1, key="request_id",
+            retention_ms=self.completions_retention_ms, carries=_describe(CompletionRecord),
+            purpose="Every finished request once (request as received unless its tenant keeps prompts out, answer, "
+            "timings, speculation stats, worker, config fingerprint); `specstream eval replay` and draft training "
+            "read it. Retention: eval.completions_retention_h.",
+            # A record holds the request and its answer: room for a request at the worker's size limit.
+            max_message_bytes=DEAD_LETTER_MAX_BYTES,
+        )
+
+    @property
+    def eval_samples(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.eval-samples", partitions=1, key="sample_id",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(EvalSample),
+            purpose="Evaluation items (input, optional reference answer, tags) that `specstream eval run` published "
+            "and scored; `eval replay` reads references from it.",
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
-        return [self.requests, self.cancellations, self.workers, self.services, self.edges, self.dead_letters]
+        return [self.requests, self.cancellations, self.workers, self.services, self.edges, self.dead_letters,
+                self.completions, self.eval_samples]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]
@@ -135,6 +160,6 @@ class TopicCatalog:
             "|---|---|---|---|---|---|",
         ]
         for t in rows:
-            retention = f"{t.retention_ms // HOUR_MS} h" + (", compacted" if t.compacted else "")
+            retention = f"{t.retention_ms / HOUR_MS:g} h" + (", compacted" if t.compacted else "")
             lines.append(f"| `{t.name}` | {t.partitions} | {t.key} | {retention} | `{t.carries}` | {t.purpose} |")
         return "\n".join(lines)

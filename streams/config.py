@@ -337,6 +337,37 @@ class EdgeSettings(Section):
     limits: EdgeLimitSettings = Field(default_factory=EdgeLimitSettings)
 
 
+class CandidateSampling(Section):
+    max_tokens_cap: int | None = Field(
+        default=None, ge=1,
+        description="Candidate policy for `eval replay`: caps every replayed request's max_tokens; null: as recorded."
+    )
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=2.0, description="Candidate policy for `eval replay`: replaces the recorded temperature; null: as recorded."
+    )
+    top_p: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="Candidate policy for `eval replay`: replaces the recorded top_p; null: as recorded."
+    )
+    top_k: int | None = Field(
+        default=None, ge=0, description="Candidate policy for `eval replay`: replaces the recorded top_k; null: as recorded."
+    )
+
+
+class EvalSettings(Section):
+    log_completions: bool = Field(
+        default=True, description="Workers publish every finished request once to <prefix>.completions (what "
+        "`specstream eval replay` replays); a tenant's `log_prompts: false` keeps its prompts out.",
+    )
+    completions_retention_h: float = Field(
+        default=168.0, gt=0, description="Hours the completions topic keeps records (how far back a replay reaches).",
+    )
+    candidate_sampling: CandidateSampling = Field(
+        default_factory=CandidateSampling,
+        description="Read when this file is the --candidate of `specstream eval replay`: the sampling policy of the "
+        "candidate deployment, applied to each recorded request before it is replayed.",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -351,6 +382,7 @@ class Settings(BaseSettings):
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
 
     @classmethod
@@ -367,7 +399,8 @@ class Settings(BaseSettings):
 
     @property
     def catalog(self) -> TopicCatalog:
-        return TopicCatalog(prefix=self.kafka.topic_prefix, request_partitions=self.kafka.request_partitions)
+        return TopicCatalog(prefix=self.kafka.topic_prefix, request_partitions=self.kafka.request_partitions,
+                            completions_retention_ms=int(self.eval.completions_retention_h * 3_600_000))
 
 
 # The file's contents for the Settings() call in progress. A context variable
