@@ -6,6 +6,7 @@
     specstream kafka start|stop|status the local broker (infra.kafka)
     specstream topics create|list|markdown|gc
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
+    specstream eval replay|run         compare a candidate with recorded completions; score eval samples (streams.eval)
     specstream send "prompt"           one request straight onto the request topic, streamed back
     specstream bench ...               load-test a running stack (streams.bench)
     specstream prepare                 fetch the Kafka jars and convert the model (what `up` would do first)
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     from streams.dlq import add_dlq_commands
 
     add_dlq_commands(commands)
+    from streams.eval.cli import add_eval_commands
+
+    add_eval_commands(commands)
 
     send = commands.add_parser("send", help="publish one request onto the request topic and stream the reply")
     send.add_argument("prompt")

@@ -63,6 +63,7 @@ from schemas.events import (
 from schemas.topics import DEAD_LETTER_MAX_BYTES
 from streams import kafka_io
 from streams.config import Settings
+from streams.eval.completions_log import completion_record, config_fingerprint
 from streams.reply_routes import ReplyRoutes, RouteCheck, compile_patterns
 from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import Rejection, parse_request, to_engine_request
@@ -229,6 +230,7 @@ class EngineWorker:
         self._intake_paused = False
         self._commit_retry_pending = False
         self._admin: AIOKafkaAdminClient | None = None
+        self.config_fingerprint = config_fingerprint(settings.engine)
         self.routes = ReplyRoutes(
             compile_patterns(settings.delivery.reply_topic_patterns, settings.kafka.topic_prefix),
             self._list_topics,
@@ -675,9 +677,27 @@ class EngineWorker:
         if self._in_flight.get(flight.request.request_id) is flight:
             del self._in_flight[flight.request.request_id]
             self._release_slot()
+        if not failures:
+            await self._log_completion(flight)
         for source in flight.sources:
             self._offsets.finished(source.topic, source.partition, source.offset)
         await self._commit()
+
+    async def _log_completion(self, flight: InFlight) -> None:
+        """The completions log's record of a delivered answer, acknowledged before the offset is committed (a crash
+        in between regenerates the request, which may record it twice: readers deduplicate by request_id)."""
+        final = flight.final_event
+        if not self.settings.eval.log_completions or not isinstance(final, (Completion, ErrorEvent)):
+            return
+        record = completion_record(flight.request, final, worker_id=self.worker_id,
+                                   fingerprint=self.config_fingerprint,
+                                   served_model=self.engine.model_name if self.engine else None)
+        logged = self._enqueue(self.catalog.completions.name, None, kafka_io.request_key(record.request_id), record)
+        try:
+            await logged
+        except Exception as error:  # noqa: BLE001 - the client has its answer; only the log misses it
+            log.error("could not record %s in %s: %s", record.request_id, self.catalog.completions.name,
+                      _describe_error(error))
 
     async def _fail(self, flight: InFlight, code: Any, message: str) -> None:
         if flight.done:

@@ -1,0 +1,146 @@
+"""`specstream eval replay|run`: the command line of evaluation.
+
+    specstream eval replay (--since 2h | --from-offset N) (--candidate FILE.yaml | --target-prefix P)
+                           [--tenant T] [--limit N] [--references FILE.jsonl | --references-topic]
+                           [--out DIR] [gates ...]
+    specstream eval run --samples FILE.jsonl [--max-tokens N] [--target-prefix P] [--out DIR] [gates ...]
+
+The report goes to stdout as JSON (and to DIR as report.json, summary.png, report.html with --out); a one-line
+summary per gate goes to stderr. Exit status: 0 every gate passed, 1 a gate failed, 3 the evaluation could not run
+(nothing to replay, the candidate did not start, Kafka unreachable).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiokafka.errors import KafkaError
+
+from streams.config import ConfigError, Settings, load_settings
+from streams.eval.gates import add_gate_options, check_gates, gate_section
+from streams.eval.source import SourceError
+
+EXIT_GATE_FAILED = 1
+EXIT_CANNOT_RUN = 3
+_RUN_GATES = ("min-reference-exact-match", "min-token-f1", "max-error-rate")
+
+
+def add_eval_commands(commands: Any) -> None:
+    evaluate = commands.add_parser("eval", help="replay recorded requests against a candidate; score eval samples")
+    actions = evaluate.add_subparsers(dest="eval_action", required=True, metavar="ACTION")
+
+    replay = actions.add_parser("replay", help="replay recorded completions against a candidate and compare")
+    start = replay.add_mutually_exclusive_group(required=True)
+    start.add_argument("--since", metavar="DURATION", help="records of the last 30m, 2h, 1d, ...")
+    start.add_argument("--from-offset", type=int, metavar="N", help="records from this offset of the completions topic")
+    target = replay.add_mutually_exclusive_group(required=True)
+    target.add_argument("--candidate", type=Path, metavar="FILE", help="start a candidate worker with this config")
+    target.add_argument("--target-prefix", metavar="P", help="replay to a worker group already serving prefix P")
+    replay.add_argument("--tenant", help="only this tenant's requests")
+    replay.add_argument("--limit", type=int, help="at most N requests (the first ones)")
+    refs = replay.add_mutually_exclusive_group()
+    refs.add_argument("--references", type=Path, metavar="FILE", help="reference answers (JSONL samples)")
+    refs.add_argument("--references-topic", action="store_true", help="reference answers from <prefix>.eval-samples")
+    replay.add_argument("--ready-timeout", type=float, default=900.0, help="seconds for the candidate to load (900)")
+    _common(replay)
+    add_gate_options(replay)
+    replay.set_defaults(handler=cmd_replay)
+
+    run = actions.add_parser("run", help="publish eval samples and score the deployment serving now")
+    run.add_argument("--samples", type=Path, required=True, metavar="FILE", help="JSONL: input, reference, tags")
+    run.add_argument("--max-tokens", type=int, help="per sample (default: edge.max_tokens_default)")
+    run.add_argument("--target-prefix", metavar="P", help="score the deployment on prefix P (default: kafka.topic_prefix)")
+    _common(run)
+    add_gate_options(run, flags=_RUN_GATES)
+    run.set_defaults(handler=cmd_run)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", type=int, default=4, help="requests outstanding at once (4)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer (300)")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="also write report.json, summary.png, report.html here")
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from streams.eval.replay import ReplayPlan, replay
+    from schemas.events import CompletionRecord
+    from streams.eval.source import parse_duration, read_topic, select_records
+
+    try:
+        candidate_settings = load_settings(args.candidate) if args.candidate is not None else settings
+        since_s = parse_duration(args.since) if args.since else None
+        references = _references(args, settings)
+        kafka = settings.kafka
+        read = asyncio.run(read_topic(kafka.bootstrap_servers, settings.catalog.completions.name, CompletionRecord,
+                                      since_s=since_s, from_offset=args.from_offset))
+    except (ConfigError, SourceError, KafkaError) as error:
+        return _cannot_run(str(error))
+    selection = select_records(read, tenant=args.tenant, limit=args.limit)
+    if not selection.records:
+        return _cannot_run(f"nothing to replay in {settings.catalog.completions.name}: {selection.counts()}")
+    plan = ReplayPlan(settings, selection, args.candidate, candidate_settings, args.target_prefix, args.concurrency,
+                      args.timeout, args.ready_timeout, references)
+    return _finish(args, lambda: replay(plan, _progress))
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from streams.eval.run import run_samples
+    from streams.eval.source import load_samples
+
+    try:
+        samples = load_samples(args.samples)
+    except SourceError as error:
+        return _cannot_run(str(error))
+    if args.target_prefix:
+        settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(
+            update={"topic_prefix": args.target_prefix})})
+    max_tokens = args.max_tokens or settings.edge.max_tokens_default
+    return _finish(args, lambda: run_samples(settings, samples, max_tokens=max_tokens, concurrency=args.concurrency,
+                                             timeout_s=args.timeout, progress=_progress))
+
+
+def _references(args: argparse.Namespace, settings: Settings) -> dict[str, tuple[str, tuple[str, ...]]]:
+    from schemas.events import EvalSample
+    from streams.eval.source import input_key, load_samples, read_topic
+
+    if args.references is not None:
+        samples = load_samples(args.references)
+    elif args.references_topic:
+        samples = asyncio.run(read_topic(settings.kafka.bootstrap_servers, settings.catalog.eval_samples.name,
+                                         EvalSample)).events
+    else:
+        return {}
+    return {input_key(s.prompt, s.messages): (s.reference, tuple(s.tags)) for s in samples if s.reference is not None}
+
+
+def _finish(args: argparse.Namespace, work: Any) -> int:
+    """Run the evaluation, add the gates, write the report; the exit status says whether every gate passed."""
+    from streams.eval.candidate import CandidateError
+    from streams.eval.report import write_reports
+
+    try:
+        report = asyncio.run(work())
+    except (KafkaError, CandidateError, OSError) as error:
+        return _cannot_run(f"{type(error).__name__}: {error}")
+    results = check_gates(args, report)
+    report["gates"] = gate_section(results)
+    print(json.dumps(report, indent=2))
+    if args.out is not None:
+        for path in write_reports(report, args.out):
+            _progress(f"wrote {path}")
+    for result in results:
+        _progress(result.describe())
+    return 0 if report["gates"]["passed"] else EXIT_GATE_FAILED
+
+
+def _progress(line: str) -> None:
+    print(f"eval: {line}", file=sys.stderr, flush=True)
+
+
+def _cannot_run(message: str) -> int:
+    _progress(f"error: {message}")
+    return EXIT_CANNOT_RUN

@@ -1,0 +1,76 @@
+"""Send many GenerateRequests to one deployment's request topic and collect each final answer.
+
+Answers come back on a reply topic of this run's own, ``<prefix>.replies.eval-<tag>`` (what the workers' default
+reply patterns admit), created first and deleted afterwards. At most ``concurrency`` requests are outstanding, so
+latencies measure the candidate, not a queue this tool built up. A request without an answer by ``timeout_s``
+counts as failed (``timeout``).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from schemas.events import Completion, ErrorEvent, GenerateRequest, ReplyRoute
+from schemas.topics import TopicCatalog
+from streams import kafka_io
+
+Final = Completion | ErrorEvent
+_PROGRESS_EVERY_S = 10.0
+
+
+async def send_all(bootstrap_servers: str, catalog: TopicCatalog, requests: Sequence[GenerateRequest], *,
+                   concurrency: int, timeout_s: float, progress: Callable[[str], None]) -> dict[str, Final]:
+    """The final event of each request, by request_id (re-addressed to this run's reply topic)."""
+    reply = catalog.replies(f"eval-{uuid.uuid4().hex[:10]}")
+    await kafka_io.ensure_topics(bootstrap_servers, [reply])
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    producer = kafka_io.make_producer(bootstrap_servers, client_id="specstream-eval")
+    await consumer.start()
+    await producer.start()
+    try:
+        consumer.assign([TopicPartition(reply.name, 0)])
+        return await _exchange(consumer, producer, catalog.requests.name, reply.name, requests,
+                               concurrency=concurrency, timeout_s=timeout_s, progress=progress)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        with contextlib.suppress(Exception):
+            await kafka_io.delete_topics(bootstrap_servers, [reply.name])
+
+
+async def _exchange(consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, request_topic: str, reply_topic: str,
+                    requests: Sequence[GenerateRequest], *, concurrency: int, timeout_s: float,
+                    progress: Callable[[str], None]) -> dict[str, Final]:
+    waiting = list(reversed(requests))
+    answers: dict[str, Final] = {}
+    outstanding: dict[str, float] = {}  # request_id -> when sent (monotonic)
+    last_note = time.monotonic()
+    while waiting or outstanding:
+        while waiting and len(outstanding) < concurrency:
+            request = waiting.pop().model_copy(update={"reply_to": ReplyRoute(topic=reply_topic, partition=0),
+                                                       "created_at": time.time(), "deadline": None})
+            await producer.send_and_wait(request_topic, kafka_io.encode(request),
+                                         key=kafka_io.request_key(request.request_id))
+            outstanding[request.request_id] = time.monotonic()
+        batch = await consumer.getmany(timeout_ms=200)
+        for record in (r for records in batch.values() for r in records):
+            event = kafka_io.decode_reply(record.value or b"")
+            request_id = getattr(event, "request_id", None)
+            if isinstance(event, (Completion, ErrorEvent)) and request_id in outstanding:
+                del outstanding[request_id]
+                answers[request_id] = event
+        now = time.monotonic()
+        for request_id in [r for r, sent in outstanding.items() if now - sent > timeout_s]:
+            del outstanding[request_id]
+            answers[request_id] = ErrorEvent(request_id=request_id, code="deadline_exceeded",
+                                             message=f"timeout: no answer within {timeout_s:g} s")
+        if now - last_note > _PROGRESS_EVERY_S:
+            last_note = now
+            progress(f"{len(answers)} of {len(requests)} answered")
+    progress(f"{len(answers)} of {len(requests)} answered")
+    return answers
