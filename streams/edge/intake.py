@@ -204,6 +204,7 @@ def build_request(
     tracestate: str | None = None,
     now: float | None = None,
     tenant: str = "default",
+    log_prompt: bool = True,
 ) -> GenerateRequest:
     """The GenerateRequest for a validated client body, with the edge-assigned fields filled in."""
     check_model(body.model, settings)
@@ -243,6 +244,7 @@ def build_request(
             deadline=now + settings.request_timeout_s if settings.request_timeout_s else None,
             priority=body.priority or 0,
             tenant=tenant,
+            log_prompt=log_prompt,
             trace=TraceContext(traceparent=traceparent, tracestate=tracestate) if traceparent else None,
             created_at=now,
         )

@@ -9,7 +9,7 @@ The key store is one JSON file (``edge.auth.keys_file``, by default
         {"id": "3f9a1c2e", "sha256": "<hex digest of the whole key>", "tenant": "alice",
          "created_at": 1732890000.0, "revoked_at": null, "label": null}
       ],
-      "tenants": {"alice": {"rpm": 60, "tpm": 100000, "concurrency": 4}}
+      "tenants": {"alice": {"rpm": 60, "tpm": 100000, "concurrency": 4, "log_prompts": false}}
     }
 
 A key looks like ``sk-ss-3f9a1c2e-<43 url-safe characters>``: 256 random bits
@@ -25,7 +25,9 @@ with the digest printed by ``specstream keys hash``.
 
 Limits belong to the tenant, not the key: every key of a tenant shares them.
 A tenant limit left out (or a tenant missing from ``tenants``) takes the
-configured default (``edge.limits``); ``null`` means no limit. The edge
+configured default (``edge.limits``); ``null`` means no limit. ``log_prompts: false``
+keeps the tenant's prompts out of the completions log (the edge marks its requests
+``log_prompt: false``; `specstream eval replay` cannot replay them). The edge
 re-reads the file when it changes (checked at most once a second), so
 ``keys create`` and ``keys revoke`` take effect on a running edge.
 
@@ -111,6 +113,7 @@ class Principal:
     tenant: str
     key_id: str
     limits: TenantLimits = field(default_factory=TenantLimits)
+    log_prompts: bool = True  # False: the tenant's prompts stay out of the completions log
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class KeyRecord:
 
 
 _LIMIT_NAMES = ("rpm", "tpm", "concurrency")
+_LOG_PROMPTS = "log_prompts"
 
 
 @dataclass
@@ -139,7 +143,7 @@ class KeyFile:
     """The file's contents."""
 
     keys: list[KeyRecord] = field(default_factory=list)
-    tenants: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    tenants: dict[str, dict[str, int | bool | None]] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str, where: str) -> "KeyFile":
@@ -165,17 +169,23 @@ class KeyFile:
             if not _HEX64.match(record.sha256):
                 raise KeyStoreError(f"{where}: keys[{i}].sha256 is not a SHA-256 hex digest")
             keys.append(record)
-        tenants: dict[str, dict[str, int | None]] = {}
+        tenants: dict[str, dict[str, int | bool | None]] = {}
         raw_tenants = data.get("tenants", {})
         if not isinstance(raw_tenants, dict):
             raise KeyStoreError(f"{where}: 'tenants' must be an object")
         for name, limits in raw_tenants.items():
             if not isinstance(limits, dict):
                 raise KeyStoreError(f"{where}: tenants.{name} must be an object")
-            clean: dict[str, int | None] = {}
+            clean: dict[str, int | bool | None] = {}
             for limit_name, value in limits.items():
+                if limit_name == _LOG_PROMPTS:
+                    if not isinstance(value, bool):
+                        raise KeyStoreError(f"{where}: tenants.{name}.log_prompts must be true or false")
+                    clean[limit_name] = value
+                    continue
                 if limit_name not in _LIMIT_NAMES:
-                    raise KeyStoreError(f"{where}: tenants.{name}.{limit_name}: unknown limit (use rpm, tpm, concurrency)")
+                    raise KeyStoreError(f"{where}: tenants.{name}.{limit_name}: unknown setting "
+                                        "(use rpm, tpm, concurrency, log_prompts)")
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                     raise KeyStoreError(f"{where}: tenants.{name}.{limit_name} must be a positive integer or null")
                 clean[limit_name] = value
@@ -189,6 +199,9 @@ class KeyFile:
     def limits_for(self, tenant: str, defaults: TenantLimits) -> TenantLimits:
         own = self.tenants.get(tenant, {})
         return TenantLimits(**{name: own.get(name, getattr(defaults, name)) for name in _LIMIT_NAMES})
+
+    def log_prompts(self, tenant: str) -> bool:
+        return self.tenants.get(tenant, {}).get(_LOG_PROMPTS) is not False
 
 
 def read_key_file(path: Path) -> KeyFile:
@@ -239,7 +252,8 @@ def write_private(path: Path, text: str) -> None:
 
 
 def create_key(path: Path, tenant: str, *, rpm: int | None = None, tpm: int | None = None,
-               concurrency: int | None = None, label: str | None = None) -> tuple[str, KeyRecord]:
+               concurrency: int | None = None, label: str | None = None,
+               log_prompts: bool | None = None) -> tuple[str, KeyRecord]:
     """Add a key for ``tenant``; a limit given here (0: no limit) is set on the tenant. Returns (key, record)."""
     check_tenant(tenant)
     with locked(path):
@@ -256,6 +270,8 @@ def create_key(path: Path, tenant: str, *, rpm: int | None = None, tpm: int | No
             if value < 0:
                 raise KeyStoreError(f"--{name} must be 0 (no limit) or more")
             data.tenants.setdefault(tenant, {})[name] = value or None
+        if log_prompts is not None:
+            data.tenants.setdefault(tenant, {})[_LOG_PROMPTS] = log_prompts
         write_private(path, data.dumps())
     return key, record
 
@@ -386,10 +402,10 @@ class KeyStore:
         digest = hash_key(key)
         record = self._by_hash.get(digest)
         if record is not None and hmac.compare_digest(record.sha256, digest):
-            return Principal(record.tenant, record.id, self.limits_for(record.tenant))
+            return Principal(record.tenant, record.id, self.limits_for(record.tenant), self._data.log_prompts(record.tenant))
         tenant = self._env.get(digest)
         if tenant is not None:
-            return Principal(tenant, f"env-{digest[:8]}", self.limits_for(tenant))
+            return Principal(tenant, f"env-{digest[:8]}", self.limits_for(tenant), self._data.log_prompts(tenant))
         return None
 
     def records(self) -> list[KeyRecord]:

@@ -54,6 +54,8 @@ def _add_actions(keys: argparse.ArgumentParser) -> None:
     create.add_argument("--tpm", type=int, help="the tenant's tokens per minute, prompt + max_tokens (0: no limit)")
     create.add_argument("--concurrency", type=int, help="the tenant's requests in flight at once (0: no limit)")
     create.add_argument("--label", help="a note shown by `keys list`")
+    create.add_argument("--no-log-prompts", dest="log_prompts", action="store_false", default=None,
+                        help="keep the tenant's prompts out of the completions log (no replay by `specstream eval`)")
     create.set_defaults(handler=cmd_create)
 
     listing = actions.add_parser("list", help="keys (never the keys themselves: ids, tenants, limits)")
@@ -92,7 +94,7 @@ def cmd_create(args: argparse.Namespace, settings: Any) -> int:
     path = _keys_file(args, settings)
     try:
         key, record = create_key(path, args.tenant, rpm=args.rpm, tpm=args.tpm, concurrency=args.concurrency,
-                                 label=args.label)
+                                 label=args.label, log_prompts=args.log_prompts)
         limits = read_key_file(path).limits_for(args.tenant, _defaults(settings))
     except KeyStoreError as error:
         _say(f"keys: error: {error}")

@@ -124,7 +124,7 @@ async def _admit(request: Request, caller: Principal, body_model: type, *, chat:
         data = strip_unsupported(parse_json_object(raw), api)
         body = validate_body(body_model, data)
         gen = build_request(
-            body, edge.settings, edge.reply_topic, tenant=caller.tenant,
+            body, edge.settings, edge.reply_topic, tenant=caller.tenant, log_prompt=caller.log_prompts,
             traceparent=request.headers.get("traceparent"), tracestate=request.headers.get("tracestate"),
         )
     except errors.EdgeError as exc:

@@ -164,7 +164,8 @@ class WsSession:
             return
         try:
             body = validate_body(WsRequestBody, strip_unsupported(data, "chat"))
-            request = build_request(body, self.edge.settings, self.edge.reply_topic, tenant=self.principal.tenant)
+            request = build_request(body, self.edge.settings, self.edge.reply_topic, tenant=self.principal.tenant,
+                                    log_prompt=self.principal.log_prompts)
         except errors.EdgeError as exc:
             self.gate.rejected(exc, api="ws", principal=self.principal)
             await self._error(client_id, exc)
