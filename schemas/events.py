@@ -66,6 +66,11 @@ class TraceContext(BaseModel):
     tracestate: str | None = Field(default=None, description="W3C tracestate header value.")
 
 
+def _exactly_one_input(prompt: str | None, messages: list[ChatMessage] | None) -> None:
+    if (prompt is None) == (messages is None):
+        raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+
+
 class GenerateRequest(Event):
     model_config = ConfigDict(
         extra="forbid",
@@ -108,8 +113,7 @@ class GenerateRequest(Event):
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> "GenerateRequest":
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        _exactly_one_input(self.prompt, self.messages)
         return self
 
 
@@ -348,6 +352,5 @@ class EvalSample(Event):
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> "EvalSample":
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("exactly one of 'prompt' and 'messages' must be given")
+        _exactly_one_input(self.prompt, self.messages)
         return self

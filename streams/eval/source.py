@@ -21,6 +21,7 @@ from streams import kafka_io
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_INTERRUPTED = ("abort", "deadline")
 
 
 class SourceError(ValueError):
@@ -88,19 +89,24 @@ class Selection:
     duplicates: int
     other_tenants: int
     prompt_not_logged: int
+    interrupted: int
     unreadable: int
 
     def counts(self) -> dict[str, int]:
         return {"replayable": len(self.records), "duplicates_dropped": self.duplicates,
                 "other_tenants": self.other_tenants, "prompt_not_logged": self.prompt_not_logged,
-                "unreadable": self.unreadable}
+                "interrupted": self.interrupted, "unreadable": self.unreadable}
 
 
 def select_records(read: Read, *, tenant: str | None = None, limit: int | None = None) -> Selection:
-    """First record per request_id, of one tenant if given, with its request (prompt) logged; at most ``limit``."""
+    """First record per request_id, of one tenant if given, with its request (prompt) logged; at most ``limit``.
+
+    Answers cut short by their client (cancelled) or by a deadline are left out: their text says how far the
+    generation got before it was stopped, not what the model answers, so nothing can match it.
+    """
     seen: set[str] = set()
     kept: list[CompletionRecord] = []
-    duplicates = other_tenants = dropped = 0
+    duplicates = other_tenants = dropped = interrupted = 0
     for record in read.events:
         if record.request_id in seen:
             duplicates += 1
@@ -110,9 +116,11 @@ def select_records(read: Read, *, tenant: str | None = None, limit: int | None =
             other_tenants += 1
         elif record.request is None:
             dropped += 1
+        elif record.completion is not None and record.completion.finish_reason in _INTERRUPTED:
+            interrupted += 1
         elif limit is None or len(kept) < limit:
             kept.append(record)
-    return Selection(kept, duplicates, other_tenants, dropped, read.unreadable)
+    return Selection(kept, duplicates, other_tenants, dropped, interrupted, read.unreadable)
 
 
 def input_key(prompt: str | None, messages: Iterable[ChatMessage] | None) -> str:

@@ -61,14 +61,17 @@ def test_the_fingerprint_follows_what_decides_the_text_not_capacity() -> None:
     assert len(config_fingerprint(base)) == 16
 
 
-def test_selection_keeps_the_first_record_per_request_and_counts_what_it_leaves_out() -> None:
+def test_selection_keeps_the_first_complete_record_per_request_and_counts_what_it_leaves_out() -> None:
     first = _record("r1")
+    cancelled = _record("r5")
+    cancelled = cancelled.model_copy(update={"completion": cancelled.completion.model_copy(  # type: ignore[union-attr]
+        update={"finish_reason": "abort"})})
     read = Read(events=[first, _record("r1"), _record("r2", tenant="bob"), _record("r3", log_prompt=False),
-                        _record("r4")], unreadable=2)
+                        _record("r4"), cancelled], unreadable=2)
     selection = select_records(read, tenant="alice")
     assert [r.request_id for r in selection.records] == ["r1", "r4"] and selection.records[0] is first
     assert selection.counts() == {"replayable": 2, "duplicates_dropped": 1, "other_tenants": 1,
-                                  "prompt_not_logged": 1, "unreadable": 2}
+                                  "prompt_not_logged": 1, "interrupted": 1, "unreadable": 2}
     assert [r.request_id for r in select_records(read, limit=1).records] == ["r1"]
 
 
