@@ -340,16 +340,19 @@ class EdgeSettings(Section):
 class CandidateSampling(Section):
     max_tokens_cap: int | None = Field(
         default=None, ge=1,
-        description="Candidate policy for `eval replay`: caps every replayed request's max_tokens; null: as recorded."
+        description="Candidate policy for `eval replay`: caps every replayed request's max_tokens; null: as recorded.",
     )
     temperature: float | None = Field(
-        default=None, ge=0.0, le=2.0, description="Candidate policy for `eval replay`: replaces the recorded temperature; null: as recorded."
+        default=None, ge=0.0, le=2.0,
+        description="Candidate policy for `eval replay`: replaces the recorded temperature; null: as recorded.",
     )
     top_p: float | None = Field(
-        default=None, gt=0.0, le=1.0, description="Candidate policy for `eval replay`: replaces the recorded top_p; null: as recorded."
+        default=None, gt=0.0, le=1.0,
+        description="Candidate policy for `eval replay`: replaces the recorded top_p; null: as recorded.",
     )
     top_k: int | None = Field(
-        default=None, ge=0, description="Candidate policy for `eval replay`: replaces the recorded top_k; null: as recorded."
+        default=None, ge=0,
+        description="Candidate policy for `eval replay`: replaces the recorded top_k; null: as recorded.",
     )
 
 

@@ -38,12 +38,10 @@ class CandidateError(RuntimeError):
 @dataclass(frozen=True)
 class Candidate:
     settings: Settings  # as the candidate worker sees them (its own prefix)
-    process: subprocess.Popen[bytes] | None  # None: a group that was already running (--target-prefix)
-    log: Path | None
+    process: subprocess.Popen[bytes]
+    log: Path
 
     def tail(self, lines: int = 30) -> str:
-        if self.log is None:
-            return ""
         text = self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
@@ -70,15 +68,15 @@ def candidate_env(config: Path, prefix: str, bootstrap_servers: str) -> dict[str
 
 @contextlib.asynccontextmanager
 async def started_candidate(settings: Settings, config: Path, bootstrap_servers: str, *, ready_timeout_s: float,
-                            progress: Callable[[str], None], keep_topics: bool = False) -> AsyncIterator[Candidate]:
+                            progress: Callable[[str], None]) -> AsyncIterator[Candidate]:
     """A candidate worker on a new prefix, ready to serve; stopped and its topics deleted on exit."""
     prefix = derived_prefix(settings.kafka.topic_prefix)
     env = candidate_env(config, prefix, bootstrap_servers)
     candidate_settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(
         update={"topic_prefix": prefix, "bootstrap_servers": bootstrap_servers})})
-    kafka = candidate_settings.kafka
-    await kafka_io.ensure_topics(bootstrap_servers, candidate_settings.catalog.shared_topics(),
-                                 replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas)
+    kafka, topics = candidate_settings.kafka, candidate_settings.catalog.shared_topics()
+    await kafka_io.ensure_topics(bootstrap_servers, topics, replication_factor=kafka.replication_factor,
+                                 min_insync_replicas=kafka.min_insync_replicas)
     with tempfile.TemporaryDirectory(prefix="specstream-eval-") as folder:
         log = Path(folder) / "candidate-worker.log"
         with open(log, "wb") as handle:
@@ -91,9 +89,8 @@ async def started_candidate(settings: Settings, config: Path, bootstrap_servers:
             yield candidate
         finally:
             await asyncio.to_thread(_stop, process)
-            if not keep_topics:
-                with contextlib.suppress(Exception):
-                    await kafka_io.delete_topics(bootstrap_servers, [t.name for t in candidate_settings.catalog.shared_topics()])
+            with contextlib.suppress(Exception):
+                await kafka_io.delete_topics(bootstrap_servers, [t.name for t in topics])
 
 
 async def wait_ready(candidate: Candidate, timeout_s: float, progress: Callable[[str], None]) -> None:
@@ -107,7 +104,7 @@ async def wait_ready(candidate: Candidate, timeout_s: float, progress: Callable[
         consumer.assign(topics)
         started = last_note = time.monotonic()
         while time.monotonic() - started < timeout_s:
-            if candidate.process is not None and candidate.process.poll() is not None:
+            if candidate.process.poll() is not None:
                 raise CandidateError(f"candidate worker exited with status {candidate.process.returncode}:\n"
                                      f"{candidate.tail()}")
             batch = await consumer.getmany(timeout_ms=500)

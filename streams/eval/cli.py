@@ -6,8 +6,9 @@
     specstream eval run --samples FILE.jsonl [--max-tokens N] [--target-prefix P] [--out DIR] [gates ...]
 
 The report goes to stdout as JSON (and to DIR as report.json, summary.png, report.html with --out); a one-line
-summary per gate goes to stderr. Exit status: 0 every gate passed, 1 a gate failed, 3 the evaluation could not run
-(nothing to replay, the candidate did not start, Kafka unreachable).
+summary per gate goes to stderr. Exit status: 0 every gate passed, 1 a gate failed, 2 a bad configuration (the
+candidate's included), 3 the evaluation could not run (nothing to replay, the candidate did not start, Kafka
+unreachable).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from streams.eval.gates import add_gate_options, check_gates, gate_section
 from streams.eval.source import SourceError
 
 EXIT_GATE_FAILED = 1
+EXIT_CONFIG = 2
 EXIT_CANNOT_RUN = 3
 _RUN_GATES = ("min-reference-exact-match", "min-token-f1", "max-error-rate")
 
@@ -77,7 +79,10 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         kafka = settings.kafka
         read = asyncio.run(read_topic(kafka.bootstrap_servers, settings.catalog.completions.name, CompletionRecord,
                                       since_s=since_s, from_offset=args.from_offset))
-    except (ConfigError, SourceError, KafkaError) as error:
+    except ConfigError as error:
+        _progress(f"config error: {error}")
+        return EXIT_CONFIG
+    except (SourceError, KafkaError) as error:
         return _cannot_run(str(error))
     selection = select_records(read, tenant=args.tenant, limit=args.limit)
     if not selection.records:

@@ -57,6 +57,8 @@ async def read_topic(bootstrap_servers: str, topic: str, model: type[ModelT], *,
     await consumer.start()
     read = Read()
     try:
+        if topic not in await consumer.topics():
+            raise SourceError(f"topic {topic} does not exist (another kafka.topic_prefix? nothing recorded yet?)")
         consumer.assign([tp])
         end = (await consumer.end_offsets([tp]))[tp]
         start = (await consumer.beginning_offsets([tp]))[tp]
