@@ -3,7 +3,7 @@
 Answers come back on a reply topic of this run's own, ``<prefix>.replies.eval-<tag>`` (what the workers' default
 reply patterns admit), created first and deleted afterwards. At most ``concurrency`` requests are outstanding, so
 latencies measure the candidate, not a queue this tool built up. A request without an answer by ``timeout_s``
-counts as failed (``timeout``).
+counts as failed (``deadline_exceeded``); an unreadable reply is skipped.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from pydantic import ValidationError
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, ReplyRoute
 from schemas.topics import TopicCatalog
@@ -59,7 +60,10 @@ async def _exchange(consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, requ
             outstanding[request.request_id] = time.monotonic()
         batch = await consumer.getmany(timeout_ms=200)
         for record in (r for records in batch.values() for r in records):
-            event = kafka_io.decode_reply(record.value or b"")
+            try:
+                event = kafka_io.decode_reply(record.value or b"")
+            except ValidationError:
+                continue
             request_id = getattr(event, "request_id", None)
             if isinstance(event, (Completion, ErrorEvent)) and request_id in outstanding:
                 del outstanding[request_id]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,9 @@ def load_samples(path: Path) -> list[EvalSample]:
             raise SourceError(f"{path} line {number}: {error}") from None
     if not samples:
         raise SourceError(f"{path}: no samples")
+    repeated = sorted(i for i, n in Counter(s.sample_id for s in samples).items() if n > 1)
+    if repeated:
+        raise SourceError(f"{path}: sample ids must be unique; repeated: {', '.join(repeated)}")
     return samples
 
 

@@ -100,6 +100,10 @@ def test_a_samples_file_reads_input_as_a_user_message_and_names_a_bad_line(tmp_p
     bad.write_text('{"input": "Hi"}\n{"input": "Hi", "refrence": "x"}\n')
     with pytest.raises(SourceError, match=r"bad.jsonl line 2: unknown field 'refrence'"):
         load_samples(bad)
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text('{"id": "a", "input": "Hi"}\n{"id": "a", "input": "Ho"}\n')
+    with pytest.raises(SourceError, match="sample ids must be unique; repeated: a"):
+        load_samples(twice)
 
 
 def _gated(*argv: str) -> argparse.Namespace:
