@@ -1,4 +1,10 @@
-"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, the edge); Ctrl-C stops all."""
+"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, the edge); Ctrl-C stops all.
+
+The worker and the edge it starts are supervised (:mod:`streams.supervisor`):
+one that dies is restarted with backoff; one that crash-loops makes ``up`` say
+so and stop. Ctrl-C or SIGTERM stops the edge (no new requests), then the
+worker (it drains), then the broker ``up`` started.
+"""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +19,7 @@ from streams.commands.common import console, describe, out, say
 from streams.commands.kafka import KafkaHandle, ensure_kafka
 from streams.commands.topics import create_topics
 from streams.config import ConfigError, Settings
-from streams.supervisor import Child, spawn, stop_children
+from streams.supervisor import CrashLoop, Supervisor, service_argv
 
 READY_TIMEOUT_S = 900.0  # first start converts the model; later starts take seconds
 
@@ -57,65 +63,71 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     from infra.kafka.errors import KafkaInfraError
 
-    children: list[Child] = []
+    supervisor = Supervisor(say=say)
     kafka: KafkaHandle | None = None
     with _stop_signals_interrupt():
         try:
             kafka = ensure_kafka(settings)
-            with console.status("topics: creating ..."):
-                results = create_topics(settings)
-            created = [r.name for r in results if r.created]
-            say(f"topics: {', '.join(created) + ' created' if created else 'all present'}")
-            edge = settings.edge
-            base = f"http://{edge.host}:{edge.port}"
-            edge_running = _http_status(f"{base}/healthz") == 200
-            from streams.edge.keys_cli import curl_auth, prepare_up
-
-            key_file = None if args.no_edge else prepare_up(settings, say)  # the local API key, or a loud warning
-            if args.no_worker:
-                say("worker: not started (--no-worker)")
-            else:
-                children.append(spawn("worker", args.config, "worker"))
-            if args.no_edge:
-                say("edge: not started (--no-edge)")
-            elif edge_running:
-                say(f"edge: already running on {base}")
-            else:
-                children.append(spawn("edge", args.config, "edge"))
-            if not args.no_edge:
-                _wait_ready(base, children)
-                _print_urls(settings, base, curl_auth(key_file))
-            else:
-                say("running; Ctrl-C stops")
+            _create_topics(settings)
+            _start_services(args, settings, supervisor)
             while True:
-                for child in children:
-                    code = child.process.poll()
-                    if code is not None:
-                        say(f"{child.name}: exited with status {code}; stopping the rest")
-                        return 1
+                supervisor.check()
                 time.sleep(0.5)
         except KeyboardInterrupt:
             say("stopping ...")
             return 0
+        except CrashLoop as error:
+            say(f"up: {error}; stopping the rest")
+            return 1
         except (KafkaInfraError, KafkaError, ConfigError, OSError, TimeoutError) as error:
             say(f"up: error: {describe(error)}")
             return 1
         finally:
             # Edge first (no new requests), then the worker (drains), then the broker we started.
-            stop_children(list(reversed(children)))
+            supervisor.stop()
             if kafka is not None:
                 kafka.stop_if_started_here()
 
 
-def _wait_ready(base: str, children: list[Child]) -> None:
+def _create_topics(settings: Settings) -> None:
+    with console.status("topics: creating ..."):
+        results = create_topics(settings)
+    created = [r.name for r in results if r.created]
+    say(f"topics: {', '.join(created) + ' created' if created else 'all present'}")
+
+
+def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Supervisor) -> None:
+    """Start the worker and the edge (unless told not to, or already running); return once the edge is ready."""
+    from streams.edge.keys_cli import curl_auth, prepare_up
+
+    edge = settings.edge
+    base = f"http://{edge.host}:{edge.port}"
+    edge_running = _http_status(f"{base}/healthz") == 200
+    key_file = None if args.no_edge else prepare_up(settings, say)  # the local API key, or a loud warning
+    if args.no_worker:
+        say("worker: not started (--no-worker)")
+    else:
+        supervisor.start("worker", service_argv(args.config, "worker"))
+    if args.no_edge:
+        say("edge: not started (--no-edge)")
+        say("running; Ctrl-C stops")
+        return
+    if edge_running:
+        say(f"edge: already running on {base}")
+    else:
+        supervisor.start("edge", service_argv(args.config, "edge"))
+    _wait_ready(base, supervisor)
+    _print_urls(settings, base, curl_auth(key_file))
+
+
+def _wait_ready(base: str, supervisor: Supervisor) -> None:
+    """Until the edge's /readyz says a worker announced itself; children that die meanwhile are restarted."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     with console.status("waiting for the engine worker to load the model and announce itself ..."):
         while time.monotonic() < deadline:
             if _http_status(f"{base}/readyz") == 200:
                 return
-            for child in children:
-                if child.process.poll() is not None:
-                    raise OSError(f"{child.name} exited with status {child.process.returncode} while starting")
+            supervisor.check()
             time.sleep(1.0)
     raise TimeoutError(f"{base}/readyz not ready after {READY_TIMEOUT_S:.0f}s")
 
