@@ -3,6 +3,7 @@
     specstream up                      Kafka (if local and missing), topics, engine worker, edge; Ctrl-C stops them
     specstream worker                  one engine worker (a second one joins the same consumer group)
     specstream edge                    the HTTP/websocket edge
+    specstream status                  every service on the bus: kind, id, state, host/pid, uptime, load
     specstream kafka start|stop|status the local broker (infra.kafka)
     specstream topics create|list|markdown|gc
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
@@ -26,7 +27,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from streams.commands import kafka, run, send, setup, topics, up
+from streams.commands import kafka, run, send, setup, status, topics, up
 from streams.commands.common import EXIT_CONFIG, say
 from streams.config import ConfigError, Settings, load_settings
 
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up.add_commands(commands)
+    status.add_commands(commands)
     run.add_commands(commands)
     kafka.add_commands(commands)
     # Listed for --help only: main() hands `bench` to streams.bench.cli before argparse runs.

@@ -34,3 +34,15 @@ def describe(error: BaseException) -> str:
 def print_and_succeed(text: str, end: str = "\n") -> int:
     print(text, end=end)
     return 0
+
+
+def format_duration(seconds: float) -> str:
+    """``42s``, ``5m02s``, ``3h04m``, ``2d03h``: short enough for a table column."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
