@@ -65,11 +65,11 @@ class Up:
             time.sleep(0.3)
 
 
-def _config(tmp_path: Path, bootstrap: str, prefix: str, port: int) -> Path:
+def _config(tmp_path: Path, bootstrap: str, prefix: str, port: int, engine: dict[str, Any]) -> Path:
     config = {
         "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": prefix, "request_partitions": 2,
                   "manage_local": False},
-        "engine": {"max_model_len": 512, "kv_cache_bytes": "96MiB", "max_running_requests": 8},
+        "engine": {"max_model_len": 512, "kv_cache_bytes": "96MiB", "max_running_requests": 8, **engine},
         "worker": {"heartbeat_s": 1.0, "drain_timeout_s": 5.0},
         "edge": {"host": "127.0.0.1", "port": port, "edge_id": f"edge-{prefix}",
                  "auth": {"keys_file": str(tmp_path / "keys.json")}},
@@ -79,18 +79,19 @@ def _config(tmp_path: Path, bootstrap: str, prefix: str, port: int) -> Path:
     return path
 
 
-@pytest.fixture
-def up(tmp_path: Path, kafka_bootstrap: str) -> Iterator[Up]:  # noqa: F811
+@contextlib.contextmanager
+def running_up(tmp_path: Path, bootstrap: str, *args: str, engine: dict[str, Any] | None = None) -> Iterator[Up]:
+    """`specstream --config <this test's> up ARGS` as a subprocess; stopped, with what it started, afterwards."""
     prefix = f"t-up-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    config = _config(tmp_path, kafka_bootstrap, prefix, port)
+    config = _config(tmp_path, bootstrap, prefix, port, engine or {})
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSTREAM_") or k == "SPECSTREAM_CACHE_DIR"}
     env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
     log = tmp_path / "up.log"
     with log.open("wb") as handle:
-        process = subprocess.Popen([sys.executable, "-m", "streams.cli", "--config", str(config), "up"], cwd=REPO,
-                                   env=env, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+        process = subprocess.Popen([sys.executable, "-m", "streams.cli", "--config", str(config), "up", *args],
+                                   cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
     running = Up(process, log, f"http://127.0.0.1:{port}", (tmp_path / "keys.json").with_name("local.key"))
     try:
         yield running
@@ -105,7 +106,13 @@ def up(tmp_path: Path, kafka_bootstrap: str) -> Iterator[Up]:  # noqa: F811
                 os.killpg(pid, signal.SIGKILL)
         catalog = TopicCatalog(prefix)
         topics = [t.name for t in catalog.shared_topics()] + [catalog.replies(f"edge-{prefix}").name]
-        asyncio.run(kafka_io.delete_topics(kafka_bootstrap, topics))
+        asyncio.run(kafka_io.delete_topics(bootstrap, topics))
+
+
+@pytest.fixture
+def up(tmp_path: Path, kafka_bootstrap: str) -> Iterator[Up]:  # noqa: F811
+    with running_up(tmp_path, kafka_bootstrap) as running:
+        yield running
 
 
 def test_a_worker_killed_under_up_is_restarted_announces_ready_and_serves_a_request(up: Up) -> None:
@@ -137,3 +144,16 @@ def test_a_worker_killed_under_up_is_restarted_announces_ready_and_serves_a_requ
     assert "restarted" not in shutdown
     with pytest.raises(ProcessLookupError):
         os.kill(new_worker, 0)
+
+
+def test_a_worker_that_keeps_dying_at_start_is_reported_as_crash_looping_and_up_stops(
+        tmp_path: Path, kafka_bootstrap: str) -> None:  # noqa: F811
+    # A model that does not exist: the worker exits with status 1 a few seconds after every start.
+    with running_up(tmp_path, kafka_bootstrap, "--no-edge", engine={"model": str(tmp_path / "missing.gguf")}) as up:
+        assert up.process.wait(300) == 1, up.text()[-4000:]
+        text = up.text()
+    assert "up: worker is crash-looping: it died 6 times in a row, each within 60s of starting" in text
+    assert "(last: exited with status 1" in text and "not restarting it; stopping the rest" in text
+    waits = re.findall(r"^worker \(pid \d+\): exited with status 1 after [\d.]+s; restarting in (\S+)$", text, re.M)
+    assert waits == ["1s", "2s", "4s", "8s", "15s"]
+    assert len(up.pids("worker")) == 6
