@@ -1,5 +1,5 @@
 """`specstream bench` against the real stack: Kafka, a `specstream worker` subprocess on the default model and
-an edge subprocess (tests/stack.py). Short runs (4 requests, 16 tokens) through every door, the in-process
+an edge subprocess (streams/testing/stack.py). Short runs (4 requests, 16 tokens) through every door, the in-process
 baseline, the compare command, and failing servers reported as errors."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from streams.bench.cli import main
 from streams.bench.fake_server import FakeOptions, closed_port, fake_server_in_thread
+from streams.testing.stack import Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import Stack, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(300)]
 

@@ -29,8 +29,8 @@ import yaml
 
 from schemas.topics import TopicCatalog
 from streams import kafka_io
+from streams.testing.stack import DEFAULT_MODEL, REPO, free_port
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import DEFAULT_MODEL, REPO, free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
 
