@@ -141,7 +141,7 @@ def test_websocket_malformed_frame_keeps_the_socket_open(edge_a, worker):
 # --- OpenAI-compatible HTTP ----------------------------------------------------------------------------------------
 
 
-def test_openai_client_chat_streamed_and_not_and_completions(edge_a, worker):
+def test_the_openai_client_gets_the_same_text_streamed_and_not_and_completions_work(edge_a, worker):
     client = OpenAI(base_url=edge_a.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
     assert [m.id for m in client.models.list().data] == [MODEL]
 
