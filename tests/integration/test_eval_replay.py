@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,14 +21,15 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
-from schemas.events import CompletionRecord, EvalSample, GenerateRequest, ReplyRoute, SamplingParams
+from schemas.events import CompletionRecord, EvalSample
 from streams import kafka_io
-from streams.eval.completions_log import config_fingerprint
 from streams.config import load_settings
+from streams.eval.completions_log import config_fingerprint
+from streams.edge.keys import create_key
 from streams.eval.source import read_topic
+from streams.testing.reliability import PROMPTS, WORKER_ENV
+from streams.testing.stack import REPO, Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
-from tests.reliability import PROMPTS, WORKER_ENV
-from tests.stack import REPO, Stack, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
 
@@ -74,17 +73,17 @@ def _wait_for_records(stack: Stack, count: int, timeout_s: float = 120.0) -> lis
         time.sleep(1.0)
 
 
-async def _publish_unlogged_request(stack: Stack) -> str:
-    """A request straight onto the bus whose tenant keeps prompts out of the log."""
-    reply = f"{stack.topic_prefix}.replies.t-{uuid.uuid4().hex[:8]}"
-    from schemas.topics import TopicCatalog
-
-    await kafka_io.ensure_topics(stack.bootstrap_servers, [TopicCatalog(stack.topic_prefix).replies(reply.rsplit(".", 1)[-1])])
-    request = GenerateRequest(request_id=f"private-{uuid.uuid4().hex[:8]}", prompt="My secret is", model=stack.model,
-                              sampling=SamplingParams(max_tokens=4, seed=3), reply_to=ReplyRoute(topic=reply, partition=0),
-                              tenant="private", log_prompt=False)
-    await _publish(stack, "requests", request, request.request_id)
-    return request.request_id
+def _chat(stack: Stack, key: str, prompt: str, **sampling: Any) -> None:
+    """One chat completion; a key created a moment ago is retried while the edge has not re-read its keys file."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        response = httpx.post(stack.base_url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                              timeout=240.0, json={"model": stack.model, "max_tokens": MAX_TOKENS, **sampling,
+                                                   "messages": [{"role": "user", "content": prompt}]})
+        if response.status_code != 401 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert response.status_code == 200, response.text
 
 
 async def _publish(stack: Stack, topic: str, event: BaseModel, request_id: str) -> None:
@@ -102,14 +101,13 @@ def recorded(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> 
     folder = tmp_path_factory.mktemp("eval")
     with running_stack(kafka_bootstrap, env=WORKER_ENV) as stack:
         for prompt, sampling in SESSION:
-            response = httpx.post(stack.base_url + "/v1/chat/completions", headers=stack.headers, timeout=240.0, json={
-                "model": stack.model, "messages": [{"role": "user", "content": prompt}], "max_tokens": MAX_TOKENS,
-                **sampling})
-            assert response.status_code == 200, response.text
-        private_id = asyncio.run(_publish_unlogged_request(stack))
+            _chat(stack, stack.api_key, prompt, **sampling)
+        # A tenant that keeps its prompts out of the log.
+        assert stack.keys_file is not None
+        private_key, _ = create_key(stack.keys_file, "private", log_prompts=False)
+        _chat(stack, private_key, "My secret is", temperature=0)
         records = _wait_for_records(stack, len(SESSION) + 1)
         assert len(records) == len(SESSION) + 1, records
-        assert {r.request_id for r in records if r.request is None} == {private_id}
         # What a worker that regenerated a redelivered request does: record it a second time.
         asyncio.run(_publish(stack, "completions", records[0], records[0].request_id))
         yield Recorded(stack, records, folder)
@@ -131,8 +129,10 @@ def test_the_worker_records_every_finished_request_once_with_what_produced_it(re
         assert record.sampling.seed is not None  # the edge seeds every request: replays are reproducible
     logged = [r for r in recorded.records if r.request is not None]
     assert [r.request.messages[0].content for r in logged if r.request.messages] == [p for p, _ in SESSION]
-    private = next(r for r in recorded.records if r.request is None)
-    assert private.tenant == "private" and private.completion is not None
+    # The private tenant's request is recorded without its prompt, but with everything else.
+    private = [r for r in recorded.records if r.request is None]
+    assert [r.tenant for r in private] == ["private"] and private[0].completion is not None
+    assert "My secret is" not in private[0].model_dump_json()
 
 
 def test_replay_against_an_identical_candidate_matches_exactly_and_passes_its_gates(recorded: Recorded) -> None:
