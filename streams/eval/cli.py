@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from streams.eval.replay import ReplayPlan, replay
     from schemas.events import CompletionRecord
+    from streams.eval.replay import ReplayPlan, replay
     from streams.eval.source import parse_duration, read_topic, select_records
 
     try:
@@ -87,8 +88,10 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     selection = select_records(read, tenant=args.tenant, limit=args.limit)
     if not selection.records:
         return _cannot_run(f"nothing to replay in {settings.catalog.completions.name}: {selection.counts()}")
-    plan = ReplayPlan(settings, selection, args.candidate, candidate_settings, args.target_prefix, args.concurrency,
-                      args.timeout, args.ready_timeout, references)
+    plan = ReplayPlan(settings=settings, selection=selection, candidate_config=args.candidate,
+                      candidate_settings=candidate_settings, target_prefix=args.target_prefix,
+                      concurrency=args.concurrency, timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
+                      references=references)
     return _finish(args, lambda: replay(plan, _progress))
 
 
@@ -122,7 +125,7 @@ def _references(args: argparse.Namespace, settings: Settings) -> dict[str, tuple
     return {input_key(s.prompt, s.messages): (s.reference, tuple(s.tags)) for s in samples if s.reference is not None}
 
 
-def _finish(args: argparse.Namespace, work: Any) -> int:
+def _finish(args: argparse.Namespace, work: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> int:
     """Run the evaluation, add the gates, write the report; the exit status says whether every gate passed."""
     from streams.eval.candidate import CandidateError
     from streams.eval.report import write_reports
