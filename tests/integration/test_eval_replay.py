@@ -175,11 +175,12 @@ def test_replay_with_a_lower_max_tokens_cap_shortens_answers_and_fails_the_exact
     assert report["gates"]["passed"] is False
 
 
-def test_replay_with_hotter_sampling_diverges_and_fails_the_exact_match_gate(recorded: Recorded) -> None:
-    result = recorded.eval("replay", "--from-offset", "0",
+def test_replay_of_one_tenants_last_hour_with_hotter_sampling_diverges_and_fails_the_gate(recorded: Recorded) -> None:
+    result = recorded.eval("replay", "--since", "1h", "--tenant", "test",
                            "--candidate", str(recorded.candidate("hot", candidate_sampling={"temperature": 1.5})),
                            "--min-exact-match", "0.9")
     report = _report(result)
+    assert (report["recorded"]["replayable"], report["recorded"]["other_tenants"]) == (len(SESSION), 1)
     scores = report["scores"]
     assert scores["exact_match_rate"] < 0.9
     assert scores["first_divergence"]["diverged"] >= 1
