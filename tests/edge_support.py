@@ -102,7 +102,7 @@ def edge_options(bootstrap_servers: str, prefix: str, edge_id: str, keys_file: P
     auth = EdgeAuthSettings(enabled=True, keys_file=str(keys_file) if keys_file else None)
     return EdgeOptions(Settings(
         kafka=KafkaSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix),
-        edge=EdgeSettings(edge_id=edge_id, request_timeout_s=120.0, auth=auth, **edge),
+        edge=EdgeSettings(**{"edge_id": edge_id, "request_timeout_s": 120.0, "auth": auth, **edge}),
         engine=EngineSettings(max_model_len=MAX_MODEL_LEN),
         worker=WorkerSettings(heartbeat_s=HEARTBEAT_S),
     ))

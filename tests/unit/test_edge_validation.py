@@ -60,6 +60,12 @@ def test_unsupported_openai_parameters_are_named(name: str, value) -> None:
     assert f"'{name}' is not supported" in error.message
 
 
+def test_an_integer_is_a_valid_float() -> None:
+    body = parse_body(ChatCompletionBody, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                           "temperature": 1, "top_p": 1})
+    assert (body.temperature, body.top_p) == (1.0, 1.0)
+
+
 def test_neutral_values_of_unsupported_parameters_are_dropped() -> None:
     data = {"model": MODEL, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
             "logit_bias": {}, "store": False, "parallel_tool_calls": None, "service_tier": "auto"}
@@ -89,6 +95,11 @@ def test_the_chat_body_refuses_an_unsupported_parameter_before_anything_else() -
     ({"presence_penalty": 0.5}, "unsupported_value", "presence_penalty"),
     ({"stop": ["a"] * 9}, "invalid_value", "stop"),
     ({"temprature": 0.5}, "unknown_parameter", "temprature"),
+    # Numbers and booleans are strict, as in OpenAI's API: true is not 1.0, "5" is not 5, 1 is not true.
+    ({"top_p": True}, "invalid_value", "top_p"),
+    ({"max_tokens": "5"}, "invalid_value", "max_tokens"),
+    ({"stream": 1}, "invalid_value", "stream"),
+    ({"stream_options": {"include_usage": "yes"}}, "invalid_value", "stream_options.include_usage"),
     ({"messages": []}, "invalid_value", "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "invalid_value", "messages[0].role"),
 ])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
 from schemas.events import ChatMessage
 from streams.edge import errors
@@ -24,6 +24,9 @@ from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS
 
 
 class _Strict(BaseModel):
+    """Unknown fields are errors, and numbers and booleans are strict (StrictInt, ...): JSON ``true`` is not 1 nor
+    ``"5"`` 5, as in OpenAI's API; an integer is still a valid float."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -44,7 +47,7 @@ class ClientMessage(_Strict):
 
 
 class StreamOptions(_Strict):
-    include_usage: bool = Field(default=False, description="Send a last chunk with the usage and no choices.")
+    include_usage: StrictBool = Field(default=False, description="Send a last chunk with the usage and no choices.")
 
 
 def _unsupported_value(message: str, param: str) -> errors.EdgeError:
@@ -58,29 +61,29 @@ class Body(_Strict):
     unsupported: ClassVar[frozenset[str]]  # the OpenAI parameters of streams.edge.admission.unsupported it knows
 
     model: str = Field(min_length=1, description="A served model (GET /v1/models).")
-    max_tokens: int | None = Field(
+    max_tokens: StrictInt | None = Field(
         default=None, ge=1, le=32768,
         description="Most tokens to generate; prompt + max_tokens must fit the model's context. "
         "Default: edge.max_tokens_default, capped to what the context leaves.")
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0, description="0 (the default) is greedy.")
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    top_k: int | None = Field(default=None, ge=0, description="Extension: keep the k most likely tokens; 0: off.")
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1,
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0, description="0 (the default) is greedy.")
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: StrictInt | None = Field(default=None, ge=0, description="Extension: keep the k most likely tokens; 0: off.")
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1,
                              description="Same seed, same parameters: same text. Default: a random seed.")
     stop: str | Annotated[list[str], Field(max_length=8)] | None = Field(
         default=None, description="Up to 8 strings that end generation; they are not returned.")
-    n: int | None = Field(default=None, description="Only 1 is supported.",
+    n: StrictInt | None = Field(default=None, description="Only 1 is supported.",
                           json_schema_extra={"minimum": 1, "maximum": 1})
-    frequency_penalty: float | None = Field(default=None, description="Only 0 is supported.",
+    frequency_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
                                             json_schema_extra={"minimum": 0, "maximum": 0})
-    presence_penalty: float | None = Field(default=None, description="Only 0 is supported.",
+    presence_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
                                            json_schema_extra={"minimum": 0, "maximum": 0})
     user: str | None = Field(default=None, description="End-user id; accepted and ignored.")
     stream_options: StreamOptions | None = None
     # Extensions (not in OpenAI's API).
-    speculation: bool | None = Field(
+    speculation: StrictBool | None = Field(
         default=None, description="Extension: false turns speculative decoding off for this request.")
-    priority: int | None = Field(default=None, ge=-10, le=10, description="Extension: lower runs first.")
+    priority: StrictInt | None = Field(default=None, ge=-10, le=10, description="Extension: lower runs first.")
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "Body":
@@ -119,7 +122,7 @@ class Body(_Strict):
 class _Chat(Body):
     """The chat fields other than ``messages``, shared by the chat API and the websocket."""
 
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768, description="Alias of max_tokens.")
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=32768, description="Alias of max_tokens.")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -130,8 +133,8 @@ class ChatCompletionBody(_Chat):
     unsupported: ClassVar[frozenset[str]] = FOR_CHAT
 
     messages: list[ClientMessage] = Field(min_length=1, description="The conversation so far.")
-    stream: bool = Field(default=False, description="Stream chunks as Server-Sent Events.")
-    logprobs: bool | None = Field(default=None, description="Not supported: only false.",
+    stream: StrictBool = Field(default=False, description="Stream chunks as Server-Sent Events.")
+    logprobs: StrictBool | None = Field(default=None, description="Not supported: only false.",
                                   json_schema_extra={"enum": [False, None]})
 
     @model_validator(mode="after")
@@ -159,10 +162,10 @@ class CompletionBody(Body):
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
                                                              Field(min_length=1, max_length=1)] = Field(
         description="The prompt: a non-empty string, or a list holding exactly one.")
-    stream: bool = Field(default=False, description="Stream chunks as Server-Sent Events.")
-    echo: bool | None = Field(default=None, description="Not supported: only false.",
+    stream: StrictBool = Field(default=False, description="Stream chunks as Server-Sent Events.")
+    echo: StrictBool | None = Field(default=None, description="Not supported: only false.",
                               json_schema_extra={"enum": [False, None]})
-    logprobs: int | None = Field(default=None, description="Not supported: only 0.",
+    logprobs: StrictInt | None = Field(default=None, description="Not supported: only 0.",
                                  json_schema_extra={"enum": [0, None]})
 
     @model_validator(mode="after")
@@ -193,12 +196,12 @@ class WsRequestBody(_Chat):
     api: ClassVar[str] = "ws"
     unsupported: ClassVar[frozenset[str]] = FOR_CHAT
 
-    id: str | int | None = None
+    id: str | StrictInt | None = None
     type: Literal["request"] | None = None
     messages: list[ClientMessage] | None = Field(default=None, min_length=1)
     prompt: str | None = None
     # Accepted so a chat body can be sent unchanged; a websocket always streams.
-    stream: bool | None = None
+    stream: StrictBool | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> "WsRequestBody":
