@@ -69,16 +69,17 @@ class Body(_Strict):
     top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: StrictInt | None = Field(default=None, ge=0, description="Extension: keep the k most likely tokens; 0: off.")
     seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1,
-                             description="Same seed, same parameters: same text. Default: a random seed.")
+                                   description="Same seed, same parameters: same text. Default: a random seed.")
     stop: str | Annotated[list[str], Field(max_length=8)] | None = Field(
         default=None, description="Up to 8 strings that end generation; they are not returned.")
     n: StrictInt | None = Field(default=None, description="Only 1 is supported.",
-                          json_schema_extra={"minimum": 1, "maximum": 1})
+                                json_schema_extra={"minimum": 1, "maximum": 1})
     frequency_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
-                                            json_schema_extra={"minimum": 0, "maximum": 0})
+                                                  json_schema_extra={"minimum": 0, "maximum": 0})
     presence_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
-                                           json_schema_extra={"minimum": 0, "maximum": 0})
+                                                 json_schema_extra={"minimum": 0, "maximum": 0})
     user: str | None = Field(default=None, description="End-user id; accepted and ignored.")
+    stream: StrictBool | None = Field(default=None, description="Stream chunks as Server-Sent Events.")
     stream_options: StreamOptions | None = None
     # Extensions (not in OpenAI's API).
     speculation: StrictBool | None = Field(
@@ -112,7 +113,7 @@ class Body(_Strict):
 
     @property
     def streams(self) -> bool:
-        return False
+        return bool(self.stream)
 
     @property
     def include_usage(self) -> bool:
@@ -133,9 +134,8 @@ class ChatCompletionBody(_Chat):
     unsupported: ClassVar[frozenset[str]] = FOR_CHAT
 
     messages: list[ClientMessage] = Field(min_length=1, description="The conversation so far.")
-    stream: StrictBool = Field(default=False, description="Stream chunks as Server-Sent Events.")
     logprobs: StrictBool | None = Field(default=None, description="Not supported: only false.",
-                                  json_schema_extra={"enum": [False, None]})
+                                        json_schema_extra={"enum": [False, None]})
 
     @model_validator(mode="after")
     def _no_logprobs(self) -> "ChatCompletionBody":
@@ -150,9 +150,6 @@ class ChatCompletionBody(_Chat):
     def input_param(self) -> str:
         return "messages"
 
-    @property
-    def streams(self) -> bool:
-        return self.stream
 
 
 class CompletionBody(Body):
@@ -162,11 +159,10 @@ class CompletionBody(Body):
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
                                                              Field(min_length=1, max_length=1)] = Field(
         description="The prompt: a non-empty string, or a list holding exactly one.")
-    stream: StrictBool = Field(default=False, description="Stream chunks as Server-Sent Events.")
     echo: StrictBool | None = Field(default=None, description="Not supported: only false.",
-                              json_schema_extra={"enum": [False, None]})
+                                    json_schema_extra={"enum": [False, None]})
     logprobs: StrictInt | None = Field(default=None, description="Not supported: only 0.",
-                                 json_schema_extra={"enum": [0, None]})
+                                       json_schema_extra={"enum": [0, None]})
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "CompletionBody":
@@ -185,9 +181,6 @@ class CompletionBody(Body):
     def input_param(self) -> str:
         return "prompt"
 
-    @property
-    def streams(self) -> bool:
-        return self.stream
 
 
 class WsRequestBody(_Chat):
@@ -200,8 +193,6 @@ class WsRequestBody(_Chat):
     type: Literal["request"] | None = None
     messages: list[ClientMessage] | None = Field(default=None, min_length=1)
     prompt: str | None = None
-    # Accepted so a chat body can be sent unchanged; a websocket always streams.
-    stream: StrictBool | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> "WsRequestBody":
@@ -222,4 +213,4 @@ class WsRequestBody(_Chat):
 
     @property
     def streams(self) -> bool:
-        return True
+        return True  # a websocket always streams; ``stream`` is accepted so a chat body can be sent unchanged
