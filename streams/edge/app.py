@@ -32,8 +32,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from streams.edge import errors, openai_api, openapi, ws
 from streams.config import Settings
+from streams.edge import errors, openai_api, openapi, ws
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge
 from streams.edge.settings import EdgeOptions

@@ -14,7 +14,8 @@ Edge -> client:
 * ``{"type": "done", "id", "request_id", "text", "finish_reason", "usage",
   "timings", "spec"}`` once, at the end;
 * ``{"type": "error", "id", "code", "message", "param", "status"}`` for a request
-  that failed (``id`` null when the frame could not be read). A malformed frame
+  that failed (``id`` null when the frame could not be read, or a request
+  without an ``id`` was refused before admission). A malformed frame
   gets an error and the socket stays open.
 
 When the socket closes, every request still in flight on it is cancelled
@@ -208,8 +209,8 @@ class WsSession:
                     ticket.saw(event)
                     draft_chars = event.draft_chars
                     if draft_chars is None:
-                        draft_chars = self.pipeline.tokenizers.draft_chars(request.model, event.text, event.token_ids,
-                                                                   event.spec.accepted)
+                        draft_chars = self.pipeline.tokenizers.draft_chars(
+                            request.model, event.text, event.token_ids, event.spec.accepted)
                     await self._send({
                         "type": "chunk", "id": tag, "request_id": request.request_id, "index": event.index,
                         "text": event.text, "token_ids": event.token_ids, "spec": event.spec.model_dump(),

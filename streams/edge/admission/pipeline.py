@@ -8,7 +8,10 @@
     validate  the served model; prompt + max_tokens vs context  404 / 400          admission.validate
     admit     the tenant's limits -> a Ticket                   429                admission.admit
 
-Each stage takes the previous stage's output and returns its own; the caller
+Each stage takes the previous stage's output and returns its own. Building
+comes before validating because the context check renders the wire request
+exactly as the worker will (its chat template, its token count), and the
+default ``max_tokens`` it caps is the built one. The caller
 (:mod:`streams.edge.openai_api`, :mod:`streams.edge.ws`) was authenticated
 first (401 / close 1008) and publishes the ticket's request afterwards.
 :class:`Pipeline` (one per app, ``app.state.pipeline``) owns what the stages
