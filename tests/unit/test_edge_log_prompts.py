@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from streams.edge.intake import ChatCompletionBody, build_request, validate_body
+from streams.config import Settings
+from streams.edge.admission.bodies import ChatCompletionBody
+from streams.edge.admission.build import build_request
+from streams.edge.admission.parse import parse_body
 from streams.edge.keys import KeyStore, KeyStoreError, create_key, read_key_file
 from streams.edge.settings import EdgeOptions
 
@@ -32,6 +35,6 @@ def test_log_prompts_must_be_a_boolean_in_the_keys_file(tmp_path: Path) -> None:
 
 
 def test_the_edge_marks_requests_of_such_a_tenant_and_only_those() -> None:
-    body = validate_body(ChatCompletionBody, BODY)
-    assert build_request(body, EdgeOptions(), "t", tenant="private", log_prompt=False).log_prompt is False
-    assert build_request(body, EdgeOptions(), "t", tenant="open").log_prompt is True
+    body = parse_body(ChatCompletionBody, BODY)
+    assert build_request(body, EdgeOptions(Settings()), tenant="private", log_prompt=False).log_prompt is False
+    assert build_request(body, EdgeOptions(Settings()), tenant="open").log_prompt is True
