@@ -3,7 +3,8 @@
     specstream up                      Kafka (if local and missing), topics, engine worker, edge; Ctrl-C stops them
     specstream worker                  one engine worker (a second one joins the same consumer group)
     specstream edge                    the HTTP/websocket edge
-    specstream kafka start|stop|status the local broker (infra.kafka)
+    specstream kafka start|stop|status the local broker (infra.kafka); --secure: SASL_SSL with ACLs
+    specstream kafka acls --print|--apply  each service's least privileges (streams.kafka_acls_cli)
     specstream topics create|list|markdown|gc
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
     specstream send "prompt"           one request straight onto the request topic, streamed back
@@ -107,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("edge", help="run the HTTP/websocket edge").set_defaults(handler=cmd_edge)
 
     # Listed for --help only: main() hands these two to their own parsers before argparse runs.
-    commands.add_parser("kafka", help="local Kafka: start|stop|status|wait|reset|jars (see infra.kafka)")
+    commands.add_parser("kafka", help="local Kafka: start|stop|status|wait|reset|jars (see infra.kafka); "
+                        "acls --print|--apply|--revoke (streams.kafka_acls_cli)")
 
     commands.add_parser("bench", help="load-test a running stack (see streams.bench.cli)")
 
@@ -207,8 +209,13 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_edge(args: argparse.Namespace, settings: Settings) -> int:
     from streams.edge.app import run_edge
+    from streams.kafka_connection import KafkaAccessError
 
-    run_edge(settings)
+    try:
+        run_edge(settings)
+    except KafkaAccessError as error:
+        _say(f"edge: error: {_describe(error)}")
+        return 1
     return 0
 
 
@@ -224,7 +231,11 @@ def _startup_errors() -> tuple[type[BaseException], ...]:
 def _kafka(config: str | None, rest: list[str]) -> int:
     from infra.kafka.cli import main as kafka_main
 
-    if rest and rest[0] not in ("-h", "--help") and "--port" not in rest and "--cluster" not in rest:
+    if rest[:1] == ["acls"]:
+        from streams.kafka_acls_cli import main as acls_main
+
+        return acls_main(config, rest[1:])
+    if rest and rest[0] not in ("-h", "--help") and not {"--port", "--cluster", "--secure"} & set(rest):
         try:
             settings = load_settings(config)
         except ConfigError as error:
@@ -285,7 +296,7 @@ def create_topics(settings: Settings) -> list[Any]:
 
     kafka = settings.kafka
     return asyncio.run(kafka_io.ensure_topics(
-        kafka.bootstrap_servers, settings.catalog.shared_topics(),
+        kafka, settings.catalog.shared_topics(),
         replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
     ))
 
@@ -308,7 +319,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"{result.name}: {'created' if result.created else 'exists'}")
         else:
             prefix = settings.kafka.topic_prefix + "."
-            for name in asyncio.run(kafka_io.list_topics(settings.kafka.bootstrap_servers)):
+            for name in asyncio.run(kafka_io.list_topics(settings.kafka)):
                 if name.startswith(prefix):
                     print(name)
     except KafkaError as error:
@@ -331,7 +342,7 @@ def cmd_send(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _send(args: argparse.Namespace, settings: Settings) -> int:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     from schemas.events import ChatMessage, Completion, ErrorEvent, GenerateRequest, ReplyRoute, SamplingParams
     from streams import kafka_io
@@ -340,7 +351,7 @@ async def _send(args: argparse.Namespace, settings: Settings) -> int:
     catalog = settings.catalog
     # A reply topic of our own, as an edge would have; deleted afterwards.
     reply = catalog.replies(f"cli-{uuid.uuid4().hex[:10]}")
-    await kafka_io.ensure_topics(kafka.bootstrap_servers, [reply], replication_factor=kafka.replication_factor,
+    await kafka_io.ensure_topics(kafka, [reply], replication_factor=kafka.replication_factor,
                                  min_insync_replicas=kafka.min_insync_replicas)
     request_id = f"cli-{uuid.uuid4().hex[:12]}"
     messages = None
@@ -358,9 +369,8 @@ async def _send(args: argparse.Namespace, settings: Settings) -> int:
         created_at=time.time(),
         deadline=time.time() + args.timeout,
     )
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    producer = kafka_io.make_producer(kafka.bootstrap_servers, client_id="specstream-send")
+    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+    producer = kafka_io.make_producer(kafka, client_id="specstream-send")
     await consumer.start()
     await producer.start()
     try:
@@ -391,7 +401,7 @@ async def _send(args: argparse.Namespace, settings: Settings) -> int:
         await consumer.stop()
         await producer.stop()
         with contextlib.suppress(Exception):
-            await kafka_io.delete_topics(kafka.bootstrap_servers, [reply.name])
+            await kafka_io.delete_topics(kafka, [reply.name])
 
 
 def _print_completion(event: Any) -> None:

@@ -21,21 +21,24 @@ writes the access log (never keys or prompts).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from streams.edge import errors, openai_api, openapi, ws
-from streams.edge.core import Edge
+from streams.edge.core import Edge, prepare_edge
 from streams.edge.gate import Gate
 from streams.edge.settings import EdgeOptions
+from streams.kafka_connection import KafkaAccessError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
@@ -100,11 +103,25 @@ def create_app(settings: Any = None) -> FastAPI:
     return app
 
 
+def _check_access(options: EdgeOptions) -> None:
+    """Before serving: Kafka refusing this edge (credentials, certificate, ACLs) raises KafkaAccessError, in one line.
+
+    Kafka being unreachable does not stop the start: the edge then serves 503 and keeps connecting.
+    """
+    try:
+        asyncio.run(prepare_edge(options))
+    except KafkaAccessError:
+        raise
+    except KafkaError as error:
+        log.warning("edge %s: Kafka not ready at start (%s); connecting in the background", options.edge_id, error)
+
+
 def run_edge(settings: Any = None, **overrides: Any) -> None:
     """Serve the edge with uvicorn on settings.edge host:port (default 127.0.0.1:8000) until interrupted."""
     import uvicorn
 
     edge_settings = EdgeOptions.from_settings(settings, **overrides)
+    _check_access(edge_settings)
     log.info("edge %s on http://%s:%d", edge_settings.edge_id, edge_settings.host, edge_settings.port)
     uvicorn.run(create_app(edge_settings), host=edge_settings.host, port=edge_settings.port, log_level="info",
                 ws_max_size=edge_settings.max_ws_frame_bytes)

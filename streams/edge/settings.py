@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 import socket
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from schemas.topics import TopicCatalog
-from streams.config import DEFAULT_MODEL, Settings, load_settings
+from streams.config import DEFAULT_MODEL, KafkaSettings, Settings, load_settings
 
 _TOPIC_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
 
@@ -58,6 +58,8 @@ class EdgeOptions:
     max_ws_frame_bytes: int = 1024 * 1024
     max_model_len: int | None = None  # None: the model's context, at most 2048 (as the engine)
     count_tokens: bool = True  # load the tokenizer to check prompt lengths before publishing
+    # How every Kafka client of the edge connects (TLS, SASL); its bootstrap_servers follow the field above.
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
 
     def __post_init__(self) -> None:
         edge_id = _TOPIC_UNSAFE.sub("-", self.edge_id or default_edge_id(self.host, self.port)).strip("-.")
@@ -66,6 +68,8 @@ class EdgeOptions:
         object.__setattr__(self, "edge_id", edge_id)
         object.__setattr__(self, "models", tuple(self.models))
         object.__setattr__(self, "key_hashes", tuple(self.key_hashes))
+        if self.kafka.bootstrap_servers != self.bootstrap_servers:
+            object.__setattr__(self, "kafka", self.kafka.model_copy(update={"bootstrap_servers": self.bootstrap_servers}))
 
     @property
     def catalog(self) -> TopicCatalog:
@@ -109,6 +113,7 @@ class EdgeOptions:
             max_body_bytes=edge.max_body_bytes,
             max_ws_frame_bytes=edge.max_ws_frame_bytes,
             max_model_len=settings.engine.max_model_len,
+            kafka=kafka,
         )
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
