@@ -5,7 +5,9 @@ cannot drift apart on durability settings, topic layout or wire format:
 
 * :func:`producer_options` / :func:`make_producer`: an idempotent ``acks=all``
   producer (a reply event is either stored on all in-sync replicas or the send
-  fails; retries never duplicate it).
+  fails; retries never duplicate it). :func:`make_consumer` / :func:`make_admin`:
+  the other clients. All connect with :func:`streams.kafka_connection.client_options`
+  (TLS, SASL), and take the ``kafka.*`` settings or a plain address.
 * :func:`ensure_topics`: create catalog topics idempotently with the configured
   replication factor and ``min.insync.replicas``.
 * :func:`encode` / :func:`decode` / :func:`decode_reply`: the JSON wire format

@@ -30,7 +30,7 @@ ANNOUNCE_S = 60.0
 
 
 async def prepare_edge(s: EdgeOptions) -> None:
-    """The edge's topics (its reply topic included), then its permissions; one-line KafkaAccessError if refused."""
+    """The edge's permissions, then its topics (its reply topic included); one-line KafkaAccessError if refused."""
     await prepare_service(
         s.kafka, edge_grants(s.catalog, s.edge_id), [s.catalog.replies(s.edge_id)],
         replication_factor=s.replication_factor, min_insync_replicas=s.min_insync_replicas,
