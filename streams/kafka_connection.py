@@ -36,9 +36,10 @@ class KafkaAccessError(KafkaError):
     """Kafka refused this client (credentials, certificates, permissions): retrying cannot help."""
 
 
-def not_authorized(what: str) -> str:
+def not_authorized(*what: str) -> str:
     """The one-line error for missing ACLs, e.g. ``not_authorized("WRITE topic specstream.replies.*")``."""
-    return f"kafka: not authorized to {what} — grant it with `specstream kafka acls --apply`"
+    return f"kafka: not authorized to {', '.join(what)} — grant {'them' if len(what) > 1 else 'it'} with " \
+           "`specstream kafka acls --apply`"
 
 
 def settings_of(kafka: Connectable) -> KafkaSettings:
@@ -156,13 +157,13 @@ async def check_connection(kafka: Connectable) -> None:
         except (OSError, asyncio.TimeoutError, KafkaConnectionError) as error:
             if isinstance(error, ssl.SSLError) or _closed_in_handshake(error):
                 raise KafkaAccessError(explain(error, settings, server)) from None
-            unreachable.append(f"{server} ({explain(error, settings, server)})")
+            unreachable.append(explain(error, settings, server))
             continue
         except SaslAuthenticationFailed as error:
             raise KafkaAccessError(explain(error, settings, server)) from None
         conn.close()
         return
-    raise KafkaConnectionError(f"kafka: cannot reach {', '.join(unreachable)}")
+    raise KafkaConnectionError(f"cannot reach Kafka at {settings.bootstrap_servers}: {'; '.join(unreachable)}")
 
 
 def _closed_in_handshake(error: BaseException) -> bool:

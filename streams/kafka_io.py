@@ -249,12 +249,18 @@ async def delete_topics(kafka: Connectable, names: Sequence[str], *, timeout_s: 
 
 
 async def start_admin(admin: AIOKafkaAdminClient, kafka: Connectable, timeout_s: float) -> None:
+    """Start an admin client, or raise one line: KafkaAccessError (refused) or KafkaConnectionError (unreachable).
+
+    One direct connection goes first: it names what is wrong (credentials, certificate, protocol), where
+    aiokafka would log an error of its own and then only say that it could not bootstrap.
+    """
     try:
+        await asyncio.wait_for(check_connection(kafka), timeout=timeout_s)
         await asyncio.wait_for(admin.start(), timeout=timeout_s)
-    except (KafkaConnectionError, asyncio.TimeoutError) as error:
+    except (KafkaError, asyncio.TimeoutError) as error:
         await admin.close()
-        # aiokafka only logs why it could not bootstrap; one direct connection says it in one line.
-        await check_connection(kafka)
+        if isinstance(error, (KafkaAccessError, KafkaConnectionError)):
+            raise
         reason = "timed out" if isinstance(error, asyncio.TimeoutError) else (error.args[0] if error.args else error)
         raise KafkaConnectionError(f"cannot reach Kafka at {settings_of(kafka).bootstrap_servers}: {reason}") from error
 

@@ -186,4 +186,4 @@ async def require(kafka: Connectable, grants: Sequence[Grant]) -> None:
     """Raise :class:`KafkaAccessError` naming every missing grant, in one line."""
     missing = await missing_grants(kafka, grants)
     if missing:
-        raise KafkaAccessError(not_authorized(", ".join(f"{g.operation} {g.resource}" for g in missing)))
+        raise KafkaAccessError(not_authorized(*(f"{g.operation} {g.resource}" for g in missing)))

@@ -60,9 +60,11 @@ def stack(kafka_secured: SecuredKafka) -> Iterator[Stack]:  # noqa: F811
 
 
 def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with status 1 and said why in exactly one line (no library log lines, no traceback)."""
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "Traceback" not in done.stderr, done.stderr
-    return done.stderr.strip().splitlines()[-1]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    return lines[0]
 
 
 @pytest.mark.model
@@ -141,7 +143,8 @@ def test_a_user_without_any_grant_is_told_every_missing_permission(kafka_secured
     prefix = f"nogrant-{uuid.uuid4().hex[:6]}"
     assert cli(kafka_secured.env(ADMIN), "topics", "create", prefix=prefix).returncode == 0
     line = _one_line_error(cli(kafka_secured.env(EDGE_USER), "edge", prefix=prefix, timeout_s=60))
-    assert line.startswith("edge: error: kafka: not authorized to ")
+    assert line.startswith("edge: error: kafka: not authorized to ") and line.endswith(
+        "— grant them with `specstream kafka acls --apply`")
     for grant in kafka_acls.edge_grants(TopicCatalog(prefix=prefix)):
         if grant.operation != "CREATE" and not grant.prefixed:
             assert f"{grant.operation} {grant.resource}" in line
