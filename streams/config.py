@@ -82,7 +82,8 @@ class KafkaSettings(Section):
     )
     manage_local: bool = Field(
         default=True,
-        description="`specstream up` starts a local broker when bootstrap_servers names this machine and none answers.",
+        description="`specstream up` starts a local broker when bootstrap_servers names this machine, "
+        "security_protocol is PLAINTEXT and none answers.",
     )
     local_port: int | None = Field(
         default=None, ge=1, le=65535,
@@ -169,7 +170,8 @@ class KafkaSettings(Section):
     @property
     def managed_port(self) -> int | None:
         """Port of the local broker `specstream up` should start, or None when Kafka is someone else's."""
-        if not self.manage_local:
+        # The managed broker is the plain one; a secured local broker is started with `specstream kafka start --secure`.
+        if not self.manage_local or self.security_protocol != "PLAINTEXT":
             return None
         return self.local_bootstrap_port
 

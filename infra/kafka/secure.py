@@ -111,7 +111,11 @@ def _write_client_files(cluster: ClusterSpec, security: BrokerSecurity, users: d
 
 
 def scram_format_flags(security: BrokerSecurity) -> list[str]:
-    """``kafka-storage format`` arguments creating every user's SCRAM credentials in the bootstrap metadata."""
+    """``kafka-storage format`` arguments creating every user's SCRAM credentials in the bootstrap metadata.
+
+    The formatter takes them on its command line only, so the passwords are visible to local ``ps`` for the
+    seconds it runs; acceptable for a local broker whose passwords also sit in its state folder.
+    """
     flags: list[str] = []
     for user, password in passwords(security).items():
         for mechanism in SCRAM_MECHANISMS:

@@ -173,3 +173,8 @@ def test_preparing_again_keeps_the_ca_and_the_passwords(broker_files: Path) -> N
     before = (passwords(spec.security), (broker_files / "ca.pem").read_bytes())
     prepare(spec)
     assert (passwords(spec.security), (broker_files / "ca.pem").read_bytes()) == before
+
+
+def test_up_never_starts_the_plain_local_broker_for_a_secured_configuration() -> None:
+    assert KafkaSettings().managed_port == 9092
+    assert scram(bootstrap_servers="127.0.0.1:9092").managed_port is None
