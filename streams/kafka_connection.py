@@ -58,6 +58,7 @@ def client_options(kafka: Connectable) -> dict[str, Any]:
 
 
 def security_options(kafka: KafkaSettings) -> dict[str, Any]:
+    """The TLS and SASL keyword arguments alone (what ``aiokafka.conn.create_conn`` takes too)."""
     options: dict[str, Any] = {"security_protocol": kafka.security_protocol}
     if kafka.uses_tls:
         options["ssl_context"] = ssl_context(kafka)
@@ -67,8 +68,13 @@ def security_options(kafka: KafkaSettings) -> dict[str, Any]:
             options["sasl_oauth_token_provider"] = token_provider(kafka)
         else:
             options["sasl_plain_username"] = kafka.sasl_username
-            options["sasl_plain_password"] = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+            options["sasl_plain_password"] = _password(kafka)
     return options
+
+
+def _password(kafka: KafkaSettings) -> str | None:
+    # The only place the secret leaves its SecretStr: straight into a client's keyword arguments.
+    return kafka.sasl_password.get_secret_value() if kafka.sasl_password is not None else None
 
 
 def faststream_options(kafka: Connectable) -> dict[str, Any]:
@@ -86,8 +92,8 @@ def faststream_options(kafka: Connectable) -> dict[str, Any]:
         options["sasl_oauth_token_provider"] = token_provider(settings)
     elif mechanism is not None:
         kind = {"PLAIN": SASLPlaintext, "SCRAM-SHA-256": SASLScram256, "SCRAM-SHA-512": SASLScram512}[mechanism]
-        password = settings.sasl_password.get_secret_value() if settings.sasl_password else ""
-        security = kind(username=settings.sasl_username or "", password=password, ssl_context=context, use_ssl=use_ssl)
+        security = kind(username=settings.sasl_username or "", password=_password(settings) or "", ssl_context=context,
+                        use_ssl=use_ssl)
     elif use_ssl:
         security = BaseSecurity(ssl_context=context, use_ssl=True)
     if security is not None:
