@@ -1,8 +1,9 @@
 """The candidate worker group of a replay: an engine worker process on a topic namespace of its own.
 
-`eval replay --candidate FILE` starts ``specstream --config FILE worker`` with a derived topic prefix
-(``<prefix>.eval-<tag>``), consumer group and worker id given through the environment (which wins over the file),
-waits until it announces itself ready, and stops it (SIGTERM: it drains) and deletes its topics afterwards. Its
+`eval replay --candidate FILE` starts ``specstream --config <derived> worker``, where the derived file (private, in a
+temporary folder) is the candidate file with the recording's Kafka connection (servers, security, replication), a
+topic prefix of its own (``<prefix>.eval-<tag>``), and its own consumer group and worker id. It waits until the
+worker announces itself ready, and stops it (SIGTERM: it drains) and deletes its topics afterwards. The worker's
 output goes to a log file whose tail is shown when it fails to start.
 """
 from __future__ import annotations
@@ -19,16 +20,20 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from pydantic import ValidationError
+import yaml
+from aiokafka import TopicPartition
+from pydantic import SecretStr, ValidationError
 
 from schemas.events import ServiceAnnouncement, WorkerAnnouncement
 from streams import kafka_io
-from streams.config import Settings
+from streams.config import KafkaSettings, Settings, read_yaml
 
 STOP_TIMEOUT_S = 60.0
 _PROGRESS_EVERY_S = 15.0
+# Caches are shared; every other SPECSTREAM_* variable of ours would override the candidate's file.
+_KEPT_ENV = ("SPECSTREAM_CACHE_DIR", "SPECSTREAM_STATE_DIR")
 
 
 class CandidateError(RuntimeError):
@@ -46,42 +51,37 @@ class Candidate:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def derived_prefix(prefix: str) -> str:
-    return f"{prefix}.eval-{uuid.uuid4().hex[:8]}"
-
-
-def candidate_env(config: Path, prefix: str, bootstrap_servers: str) -> dict[str, str]:
-    # The file describes the candidate: our own SPECSTREAM_* overrides stay out (caches excepted).
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SPECSTREAM_") or k in ("SPECSTREAM_CACHE_DIR", "SPECSTREAM_STATE_DIR")}
-    env.update({
-        "SPECSTREAM_CONFIG": str(config),
-        "SPECSTREAM_KAFKA__TOPIC_PREFIX": prefix,
-        "SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers,
-        # Never join (or take requests from) the serving group, whatever the file says.
-        "SPECSTREAM_WORKER__GROUP_ID": f"{prefix}.engine-workers",
-        "SPECSTREAM_WORKER__ID": f"{prefix.rsplit('.', 1)[-1]}-worker",
-        "PYTHONUNBUFFERED": "1",
-    })
-    return env
+def derived_config(config: Path, kafka: KafkaSettings, prefix: str, folder: Path) -> Path:
+    """The candidate file on the recording's Kafka, under ``prefix``, never in the serving consumer group."""
+    data: dict[str, Any] = read_yaml(config)
+    connection = {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in kafka.model_dump().items()}
+    data["kafka"] = {**connection, "topic_prefix": prefix}
+    data["worker"] = {**(data.get("worker") or {}), "group_id": f"{prefix}.engine-workers",
+                      "id": f"{prefix.rsplit('.', 1)[-1]}-worker"}
+    path = folder / "candidate.yaml"
+    path.touch(mode=0o600)  # it may hold the SASL password
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
 
 
 @contextlib.asynccontextmanager
-async def started_candidate(settings: Settings, config: Path, bootstrap_servers: str, *, ready_timeout_s: float,
+async def started_candidate(settings: Settings, config: Path, kafka: KafkaSettings, *, ready_timeout_s: float,
                             progress: Callable[[str], None]) -> AsyncIterator[Candidate]:
     """A candidate worker on a new prefix, ready to serve; stopped and its topics deleted on exit."""
-    prefix = derived_prefix(settings.kafka.topic_prefix)
-    env = candidate_env(config, prefix, bootstrap_servers)
-    candidate_settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(
-        update={"topic_prefix": prefix, "bootstrap_servers": bootstrap_servers})})
-    kafka, topics = candidate_settings.kafka, candidate_settings.catalog.shared_topics()
-    await kafka_io.ensure_topics(bootstrap_servers, topics, replication_factor=kafka.replication_factor,
+    prefix = f"{kafka.topic_prefix}.eval-{uuid.uuid4().hex[:8]}"
+    candidate_kafka = kafka.model_copy(update={"topic_prefix": prefix})
+    candidate_settings = settings.model_copy(update={"kafka": candidate_kafka})
+    topics = candidate_settings.catalog.shared_topics()
+    await kafka_io.ensure_topics(candidate_kafka, topics, replication_factor=kafka.replication_factor,
                                  min_insync_replicas=kafka.min_insync_replicas)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSTREAM_") or k in _KEPT_ENV}
     with tempfile.TemporaryDirectory(prefix="specstream-eval-") as folder:
+        derived = derived_config(config, kafka, prefix, Path(folder))
         log = Path(folder) / "candidate-worker.log"
         with open(log, "wb") as handle:
-            process = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker"], env=env, stdout=handle,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen([sys.executable, "-m", "streams.cli", "--config", str(derived), "worker"],
+                                       env={**env, "PYTHONUNBUFFERED": "1"}, stdout=handle, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
         candidate = Candidate(candidate_settings, process, log)
         progress(f"candidate worker started (pid {process.pid}) on topic prefix {prefix}")
         try:
@@ -90,15 +90,14 @@ async def started_candidate(settings: Settings, config: Path, bootstrap_servers:
         finally:
             await asyncio.to_thread(_stop, process)
             with contextlib.suppress(Exception):
-                await kafka_io.delete_topics(bootstrap_servers, [t.name for t in topics])
+                await kafka_io.delete_topics(candidate_kafka, [t.name for t in topics])
 
 
 async def wait_ready(candidate: Candidate, timeout_s: float, progress: Callable[[str], None]) -> None:
     """Until a worker of the candidate's prefix announces `ready` (on the workers or the services topic)."""
     catalog = candidate.settings.catalog
     topics = [TopicPartition(catalog.workers.name, 0), TopicPartition(catalog.services.name, 0)]
-    consumer = AIOKafkaConsumer(bootstrap_servers=candidate.settings.kafka.bootstrap_servers,
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = kafka_io.make_consumer(candidate.settings.kafka, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
         consumer.assign(topics)

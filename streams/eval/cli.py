@@ -78,7 +78,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
         since_s = parse_duration(args.since) if args.since else None
         references = _references(args, settings)
         kafka = settings.kafka
-        read = asyncio.run(read_topic(kafka.bootstrap_servers, settings.catalog.completions.name, CompletionRecord,
+        read = asyncio.run(read_topic(kafka, settings.catalog.completions.name, CompletionRecord,
                                       since_s=since_s, from_offset=args.from_offset))
     except ConfigError as error:
         _progress(f"config error: {error}")
@@ -118,7 +118,7 @@ def _references(args: argparse.Namespace, settings: Settings) -> dict[str, tuple
     if args.references is not None:
         samples = load_samples(args.references)
     elif args.references_topic:
-        samples = asyncio.run(read_topic(settings.kafka.bootstrap_servers, settings.catalog.eval_samples.name,
+        samples = asyncio.run(read_topic(settings.kafka, settings.catalog.eval_samples.name,
                                          EvalSample)).events
     else:
         return {}

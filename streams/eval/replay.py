@@ -51,19 +51,19 @@ async def replay(plan: ReplayPlan, progress: Callable[[str], None]) -> dict[str,
     """Run the replay and return the report (without gates)."""
     records = plan.selection.records
     requests = [candidate_request(r, plan.candidate_settings.eval.candidate_sampling) for r in records]
-    bootstrap = plan.settings.kafka.bootstrap_servers
+    kafka = plan.settings.kafka
     progress(f"replaying {len(requests)} recorded request(s); not replayable: {plan.selection.prompt_not_logged} "
              f"without a logged prompt")
     if plan.target_prefix is not None:
         catalog = plan.settings.model_copy(update={"kafka": plan.settings.kafka.model_copy(
             update={"topic_prefix": plan.target_prefix})}).catalog
-        answers = await send_all(bootstrap, catalog, requests, concurrency=plan.concurrency,
+        answers = await send_all(kafka, catalog, requests, concurrency=plan.concurrency,
                                  timeout_s=plan.timeout_s, progress=progress)
     else:
         assert plan.candidate_config is not None
-        async with started_candidate(plan.candidate_settings, plan.candidate_config, bootstrap,
+        async with started_candidate(plan.candidate_settings, plan.candidate_config, kafka,
                                      ready_timeout_s=plan.ready_timeout_s, progress=progress) as candidate:
-            answers = await send_all(bootstrap, candidate.settings.catalog, requests, concurrency=plan.concurrency,
+            answers = await send_all(kafka, candidate.settings.catalog, requests, concurrency=plan.concurrency,
                                      timeout_s=plan.timeout_s, progress=progress)
     pairs = pair_up(records, answers, plan.references)
     return {

@@ -18,19 +18,20 @@ from pydantic import ValidationError
 from schemas.events import Completion, ErrorEvent, GenerateRequest, ReplyRoute
 from schemas.topics import TopicCatalog
 from streams import kafka_io
+from streams.config import KafkaSettings
 
 Final = Completion | ErrorEvent
 _PROGRESS_EVERY_S = 10.0
 
 
-async def send_all(bootstrap_servers: str, catalog: TopicCatalog, requests: Sequence[GenerateRequest], *,
+async def send_all(kafka: KafkaSettings, catalog: TopicCatalog, requests: Sequence[GenerateRequest], *,
                    concurrency: int, timeout_s: float, progress: Callable[[str], None]) -> dict[str, Final]:
     """The final event of each request, by request_id (re-addressed to this run's reply topic)."""
     reply = catalog.replies(f"eval-{uuid.uuid4().hex[:10]}")
-    await kafka_io.ensure_topics(bootstrap_servers, [reply])
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    producer = kafka_io.make_producer(bootstrap_servers, client_id="specstream-eval")
+    await kafka_io.ensure_topics(kafka, [reply], replication_factor=kafka.replication_factor,
+                                 min_insync_replicas=kafka.min_insync_replicas)
+    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+    producer = kafka_io.make_producer(kafka, client_id="specstream-eval")
     await consumer.start()
     await producer.start()
     try:
@@ -41,7 +42,7 @@ async def send_all(bootstrap_servers: str, catalog: TopicCatalog, requests: Sequ
         await consumer.stop()
         await producer.stop()
         with contextlib.suppress(Exception):
-            await kafka_io.delete_topics(bootstrap_servers, [reply.name])
+            await kafka_io.delete_topics(kafka, [reply.name])
 
 
 async def _exchange(consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, request_topic: str, reply_topic: str,

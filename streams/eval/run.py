@@ -25,9 +25,9 @@ SAMPLE_SEED = 0  # greedy requests ignore it; a fixed seed keeps a sampled run r
 async def publish_samples(settings: Settings, samples: Sequence[EvalSample]) -> None:
     kafka = settings.kafka
     topic = settings.catalog.eval_samples
-    await kafka_io.ensure_topics(kafka.bootstrap_servers, [topic], replication_factor=kafka.replication_factor,
+    await kafka_io.ensure_topics(kafka, [topic], replication_factor=kafka.replication_factor,
                                  min_insync_replicas=kafka.min_insync_replicas)
-    producer = kafka_io.make_producer(kafka.bootstrap_servers, client_id="specstream-eval-samples")
+    producer = kafka_io.make_producer(kafka, client_id="specstream-eval-samples")
     await producer.start()
     try:
         for sample in samples:
@@ -51,7 +51,7 @@ async def run_samples(settings: Settings, samples: Sequence[EvalSample], *, max_
     progress(f"published {len(samples)} sample(s) to {settings.catalog.eval_samples.name}")
     run = uuid.uuid4().hex[:8]
     requests = [sample_request(s, run, model=settings.engine.model, max_tokens=max_tokens) for s in samples]
-    answers = await send_all(settings.kafka.bootstrap_servers, settings.catalog, requests, concurrency=concurrency,
+    answers = await send_all(settings.kafka, settings.catalog, requests, concurrency=concurrency,
                              timeout_s=timeout_s, progress=progress)
     scored = [(s, Outcome.of(answers[r.request_id])) for s, r in zip(samples, requests)]
     return {"kind": "run", "target_prefix": settings.kafka.topic_prefix, "run": run, "scores": score(scored)}

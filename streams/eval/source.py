@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from schemas.events import ChatMessage, CompletionRecord, EvalSample
 from streams import kafka_io
+from streams.kafka_connection import Connectable
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,12 +50,12 @@ class Read:
     unreadable: int = 0
 
 
-async def read_topic(bootstrap_servers: str, topic: str, model: type[ModelT], *, since_s: float | None = None,
+async def read_topic(kafka: Connectable, topic: str, model: type[ModelT], *, since_s: float | None = None,
                      from_offset: int | None = None, timeout_s: float = 60.0) -> Read:
     """Partition 0 of ``topic`` from a time (``since_s`` seconds ago), an offset, or its start, up to its end now."""
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024)
+    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest",
+                                      max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()
     read = Read()
     try:
