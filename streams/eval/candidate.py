@@ -58,9 +58,11 @@ def derived_config(config: Path, kafka: KafkaSettings, prefix: str, folder: Path
     data["kafka"] = {**connection, "topic_prefix": prefix}
     data["worker"] = {**(data.get("worker") or {}), "group_id": f"{prefix}.engine-workers",
                       "id": f"{prefix.rsplit('.', 1)[-1]}-worker"}
-    path = folder / "candidate.yaml"
-    path.touch(mode=0o600)  # it may hold the SASL password
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    path = folder / "candidate-derived.yaml"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # private even if it existed: it may hold the SASL password
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(yaml.safe_dump(data, sort_keys=False))
     return path
 
 

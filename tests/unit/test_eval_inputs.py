@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from schemas.events import Completion, CompletionRecord, ErrorEvent, GenerateRequest, ReplyRoute, SamplingParams, Timings, Usage
-from streams.config import CandidateSampling, EngineSettings, SpeculationSettings
+from streams.config import CandidateSampling, EngineSettings, KafkaSettings, SpeculationSettings, load_settings
+from streams.eval.candidate import derived_config
 from streams.eval.completions_log import completion_record, config_fingerprint
 from streams.eval.gates import add_gate_options, check_gates, parse_fraction
 from streams.eval.replay import candidate_request
@@ -128,3 +129,19 @@ def test_a_gate_fails_beyond_its_threshold_and_when_its_value_was_not_measured()
     assert not results["min-token-f1"].passed and results["min-token-f1"].value is None
     assert results["min-token-f1"].describe() == "FAIL --min-token-f1 0.5: not measured"
     assert check_gates(_gated(), report) == []
+
+
+def test_the_candidate_runs_its_own_file_on_the_recordings_kafka_under_a_prefix_and_group_of_its_own(
+        tmp_path: Path) -> None:
+    candidate = tmp_path / "candidate.yaml"
+    candidate.write_text("kafka:\n  bootstrap_servers: elsewhere:9092\nengine:\n  dtype: bfloat16\n"
+                         "worker:\n  group_id: specstream.engine-workers\n  heartbeat_s: 2\n")
+    kafka = KafkaSettings(bootstrap_servers="broker:9093", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                          sasl_username="eval", sasl_password="s3cret")  # type: ignore[arg-type]
+    derived = derived_config(candidate, kafka, "specstream.eval-1a2b", tmp_path)
+    settings = load_settings(derived)
+    assert settings.kafka.bootstrap_servers == "broker:9093" and settings.kafka.topic_prefix == "specstream.eval-1a2b"
+    assert settings.kafka.sasl_password is not None and settings.kafka.sasl_password.get_secret_value() == "s3cret"
+    assert settings.engine.dtype == "bfloat16" and settings.worker.heartbeat_s == 2
+    assert settings.worker.group_id == "specstream.eval-1a2b.engine-workers"
+    assert derived.stat().st_mode & 0o077 == 0
