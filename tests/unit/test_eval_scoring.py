@@ -1,11 +1,13 @@
-"""The measures of `specstream eval`: exact match, first divergence, length ratio, token F1, percentiles and deltas."""
+"""The measures of `specstream eval`: exact match, first divergence, length ratio, token F1, percentiles and deltas,
+and the scores of eval samples against their references."""
 from __future__ import annotations
 
 import pytest
 
-from schemas.events import Completion, ErrorEvent, SpecStats, Timings, Usage
+from schemas.events import Completion, ErrorEvent, EvalSample, SpecStats, Timings, Usage
 from streams.eval.compare import compare
 from streams.eval.outcome import Outcome, Pair
+from streams.eval.run import score
 from streams.eval.scoring import delta, first_divergence, length_ratio, percentile, reference_match, token_f1
 
 
@@ -116,3 +118,20 @@ def test_compare_scores_both_sides_against_reference_answers_when_known() -> Non
     assert reference["recorded"] == {"exact_match": 1.0, "token_f1": 1.0}
     assert reference["candidate"]["exact_match"] == 0.0
     assert reference["candidate"]["token_f1"] == pytest.approx(2 / 3)
+
+
+def test_samples_are_scored_against_their_references_overall_and_per_tag() -> None:
+    def sample(sample_id: str, reference: str | None, *tags: str) -> EvalSample:
+        return EvalSample(sample_id=sample_id, prompt="q", reference=reference, tags=list(tags))
+
+    failed = Outcome.of(ErrorEvent(request_id="r", code="internal_error", message="boom"))
+    scores = score([(sample("a", "Paris", "geo"), Outcome.of(_completion("paris.", 1))),
+                    (sample("b", "Rome", "geo", "hard"), Outcome.of(_completion("Milan", 1))),
+                    (sample("c", None), Outcome.of(_completion("anything", 1))),
+                    (sample("d", "Oslo", "hard"), failed)])
+    assert scores["samples"] == 4 and scores["error_rate"]["candidate"] == 0.25
+    assert scores["reference"] == {"count": 3, "candidate": {"exact_match": pytest.approx(1 / 3),
+                                                             "token_f1": pytest.approx(1 / 3)}}
+    assert scores["per_tag"]["geo"] == {"count": 2, "exact_match": 0.5, "token_f1": 0.5}
+    assert scores["per_tag"]["hard"] == {"count": 2, "exact_match": 0.0, "token_f1": 0.0}
+    assert scores["latency"]["ttft_s"]["p50"] == pytest.approx(0.1)
