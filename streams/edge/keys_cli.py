@@ -117,7 +117,8 @@ def cmd_list(args: argparse.Namespace, settings: Any) -> int:
     if args.json:
         print(json.dumps([
             {"id": k.id, "tenant": k.tenant, "created_at": k.created_at, "revoked_at": k.revoked_at, "label": k.label,
-             "limits": vars(data.limits_for(k.tenant, defaults))} for k in records], indent=2))
+             "limits": vars(data.limits_for(k.tenant, defaults)), "log_prompts": data.log_prompts(k.tenant)}
+            for k in records], indent=2))
         return 0
     if not records:
         _say(f"keys: no {'' if args.all else 'active '}keys in {path}")
@@ -126,7 +127,7 @@ def cmd_list(args: argparse.Namespace, settings: Any) -> int:
     for k in records:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(k.created_at))
         state = "active" if k.active else "revoked"
-        label = f"  ({k.label})" if k.label else ""
+        label = (f"  ({k.label})" if k.label else "") + ("" if data.log_prompts(k.tenant) else "  [prompts not logged]")
         print(f"{k.id:<10} {k.tenant:<20} {created:<20} {state:<8} {data.limits_for(k.tenant, defaults).describe()}{label}")
     return 0
 

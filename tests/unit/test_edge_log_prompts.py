@@ -3,6 +3,7 @@ its requests `log_prompt: false`, which the worker's record honours."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from streams.edge.admission.bodies import ChatCompletionBody
 from streams.edge.admission.build import build_request
 from streams.edge.admission.parse import parse_body
 from streams.edge.keys import KeyStore, KeyStoreError, create_key, read_key_file
+from streams.edge.keys_cli import main as keys_main
 from streams.edge.settings import EdgeOptions
 
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "my secret"}]}
@@ -38,3 +40,17 @@ def test_the_edge_marks_requests_of_such_a_tenant_and_only_those() -> None:
     body = parse_body(ChatCompletionBody, BODY)
     assert build_request(body, EdgeOptions(Settings()), tenant="private", log_prompt=False).log_prompt is False
     assert build_request(body, EdgeOptions(Settings()), tenant="open").log_prompt is True
+
+
+def test_keys_create_no_log_prompts_sets_the_tenant_and_keys_list_shows_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--config", os.devnull, "--file", str(tmp_path / "keys.json")]
+    assert keys_main([*base, "create", "--tenant", "private", "--no-log-prompts"]) == 0
+    assert keys_main([*base, "create", "--tenant", "open"]) == 0
+    capsys.readouterr()
+    assert keys_main([*base, "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [("[prompts not logged]" in line) for line in lines if " private " in line or " open " in line] == [
+        True, False]
+    assert keys_main([*base, "list", "--json"]) == 0
+    assert [k["log_prompts"] for k in json.loads(capsys.readouterr().out)] == [False, True]
