@@ -44,14 +44,6 @@ class ArenaAllocator:
         self._allocated: dict[int, int] = {}  # start -> size
         self.used = 0
 
-    @property
-    def free_tokens(self) -> int:
-        return self.capacity - self.used
-
-    @property
-    def largest_free(self) -> int:
-        return max(self._free_sizes, default=0)
-
     def free_runs(self) -> list[Region]:
         return [Region(s, n) for s, n in zip(self._free_starts, self._free_sizes)]
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.spec.config import SpecConfig
+from engine.spec.config import SpeculationConfig
 
 
 # ---------------------------------------------------------------- cost models
@@ -103,14 +103,12 @@ class OnlineCostModel:
             self._add(self._floor, x, y, prior_weight * self._PRIOR_FLOOR)
         self._draft_per_token = draft_per_token_s
         self._draft_seen = False
-        self.num_observed = 0
         self._fit = self._solve()
 
     def observe(self, num_tokens: int, elapsed_s: float, draft_s: float, drafted: int) -> None:
         if num_tokens > 0 and elapsed_s > 0.0:
             self._s = [self._decay * v for v in self._s]
             self._add(self._s, float(num_tokens), elapsed_s, 1.0)
-            self.num_observed += 1
             self._fit = self._solve()
         if drafted > 0 and draft_s >= 0.0:
             per = draft_s / drafted
@@ -167,7 +165,6 @@ class SpecState:
     # Cumulative counters.
     drafted_total: int = 0
     accepted_total: int = 0
-    steps: int = 0
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -200,7 +197,7 @@ class ControllerTelemetry:
 
 
 class SpeculationController:
-    def __init__(self, cfg: SpecConfig, cost_model: CostModel | None = None) -> None:
+    def __init__(self, cfg: SpeculationConfig, cost_model: CostModel | None = None) -> None:
         self.cfg = cfg
         self.cost_model: CostModel = cost_model or OnlineCostModel(
             fixed_s=cfg.cost_prior_fixed_s,
@@ -230,17 +227,16 @@ class SpeculationController:
         """Draft lengths for this step, one per decoding request.
 
         base_tokens: tokens the step feeds without drafts (prefill chunks plus
-        one per decoding sequence). caps: optional per-request upper bounds
-        (e.g. tokens left before max_tokens, minus one). Also sets state.k.
+        one per decoding sequence). caps: per request the most drafts it may
+        verify, each in 0..max_draft_tokens (engine.scheduler.draft_cap decides
+        them); None: max_draft_tokens for all. Also sets state.k.
         """
         n = len(states)
-        if caps is not None and len(caps) != n:
-            raise ValueError(f"got {len(caps)} caps for {n} states")
-        self.step += 1
         kmax = self.cfg.max_draft_tokens
-        cap_of = [max(0, min(kmax, c)) for c in caps] if caps is not None else [kmax] * n
-        for s in states:
-            s.steps += 1
+        cap_of = list(caps) if caps is not None else [kmax] * n
+        if len(cap_of) != n or any(not 0 <= c <= kmax for c in cap_of):
+            raise ValueError(f"need {n} caps in 0..{kmax}, got {cap_of}")
+        self.step += 1
 
         if not self.cfg.adaptive:
             out = [c if s.enabled else 0 for s, c in zip(states, cap_of)]

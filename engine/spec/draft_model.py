@@ -12,7 +12,7 @@ Per propose call, batched across sequences:
 2. draft: one forward per draft position for all sequences still drafting;
    each forward feeds the previous draft token and yields the next.
 
-How a sampled (temperature > 0) request drafts is `SpecConfig.draft_sampling`
+How a sampled (temperature > 0) request drafts is `SpeculationConfig.draft_sampling`
 (see there): "greedy" (default) and "coupled" are deterministic given the
 prefix and the seed, so the verifier's coupled rule keeps the text identical
 to non-speculative sampling and a redelivered request reproduces it whatever
@@ -30,9 +30,10 @@ import torch
 from torch import Tensor
 
 from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_token
-from engine.model import Decoder, FlatBatchBuilder
+from engine.model import Decoder
+from engine.runner import FlatBatchBuilder
 from engine.sampler import STREAM_DRAFT, STREAM_SAMPLE, NoiseKey, exponential_noise, race, target_probs
-from engine.spec.config import SpecConfig
+from engine.spec.config import SpeculationConfig
 from engine.spec.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ class DraftModelProposer:
     def __init__(
         self,
         model: Decoder,
-        cfg: SpecConfig,
+        cfg: SpeculationConfig,
         target_vocab_size: int,
         kv_cache_tokens: int,
         name: str = "draft",
@@ -144,7 +145,7 @@ class DraftModelProposer:
     @classmethod
     def from_engine(
         cls,
-        cfg: SpecConfig,
+        cfg: SpeculationConfig,
         target: LoadedModel,
         max_model_len: int | None = None,
         max_running_requests: int | None = None,
