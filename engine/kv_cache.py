@@ -84,6 +84,15 @@ class ArenaAllocator:
             self._free_sizes.insert(i, size)
 
 
+def region_size(num_tokens: int, max_draft_tokens: int) -> int:
+    """Slots a sequence of up to `num_tokens` tokens reserves for its whole life.
+
+    The last sampled token is never fed back, drafts may run up to
+    max_draft_tokens positions past the accepted ones; +1 keeps a slot of slack.
+    """
+    return num_tokens + max_draft_tokens + 1
+
+
 @dataclass
 class CacheSlot:
     """A sequence's region of the arena and how many of its positions hold valid KV."""

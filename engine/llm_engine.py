@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes
+from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel, load_model
 from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecCounters
 from engine.request import EngineRequest, RequestRejected
@@ -51,6 +51,15 @@ def _detok(seq: Sequence) -> IncrementalDetokenizer:
     return seq.detok
 
 
+def _max_model_len(requested: int | None, context: int) -> int:
+    """The longest prompt + completion served: as configured, or min(model context, 2048)."""
+    if requested is None:
+        return min(context, 2048)
+    if requested > context:
+        raise ValueError(f"max_model_len {requested} exceeds the model's context of {context} tokens")
+    return requested
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -73,13 +82,7 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = loaded.model.cfg.vocab_size
 
-        context = loaded.max_context
-        if config.max_model_len is None:
-            self.max_model_len = min(context, 2048)
-        elif config.max_model_len > context:
-            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context of {context} tokens")
-        else:
-            self.max_model_len = config.max_model_len
+        self.max_model_len = _max_model_len(config.max_model_len, loaded.max_context)
 
         spec = config.speculation
         self.speculation_enabled = spec.enabled and spec.max_draft_tokens > 0
@@ -92,18 +95,12 @@ class LLMEngine:
         else:
             self.proposer, self.controller = None, None
 
-        # RoPE tables: drafts may run a few positions past max_model_len - 1.
-        self.model.init_rope(loaded.hf_config, self.max_model_len + self.max_draft_tokens + 1)
+        # RoPE tables for every position of the longest region: drafts may run past max_model_len - 1.
+        self.model.init_rope(loaded.hf_config, region_size(self.max_model_len, self.max_draft_tokens))
         if config.prepack_weights and self.model.prepack_for_cpu():
             say("weights prepacked for few-row CPU steps (verification, small batches)")
 
-        cfg = self.model.cfg
-        budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
-        # More than every running request at full length could never be used.
-        useful = config.max_running_requests * (self.max_model_len + self.max_draft_tokens + 1)
-        self.kv_cache = KVCache.from_budget(
-            budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
-        )
+        self.kv_cache = self._build_kv_cache(loaded)
         usage = self.kv_cache.usage()
         say(f"KV cache: {usage.total_tokens} tokens, {usage.total_bytes / 2**20:.0f} MiB")
 
@@ -121,6 +118,15 @@ class LLMEngine:
     def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
         loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
         return cls(loaded, cfg, progress=progress)
+
+    def _build_kv_cache(self, loaded: LoadedModel) -> KVCache:
+        cfg, config = self.model.cfg, self.config
+        budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
+        # More than every running request at full length could never be used.
+        useful = config.max_running_requests * region_size(self.max_model_len, self.max_draft_tokens)
+        return KVCache.from_budget(
+            budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
+        )
 
     def _build_proposer(self, loaded: LoadedModel, say: Progress) -> Proposer:
         spec = self.config.speculation

@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import CacheSlot
+from engine.kv_cache import CacheSlot, region_size
 from engine.outputs import FinishReason, RequestStats, SpecTally
 from engine.request import EngineRequest, SamplingOptions
 from engine.sampler import RequestRng
@@ -83,13 +83,9 @@ class Sequence:
         return self.request.prompt_token_ids + self.output_ids
 
     def kv_tokens_needed(self, max_draft_tokens: int) -> int:
-        """Region size reserved on admission: enough for the sequence's whole life.
-
-        The last sampled token is never fed back, drafts may run up to k positions
-        past the accepted ones; +1 keeps a slot of slack.
-        """
+        """Region size reserved on admission: enough for the sequence's whole life."""
         draft = max_draft_tokens if self.speculate else 0
-        return self.num_prompt_tokens + self.params.max_tokens + draft + 1
+        return region_size(self.num_prompt_tokens + self.params.max_tokens, draft)
 
     def stats(self) -> RequestStats:
         arrival = self.request.arrival_time

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_token
+from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_token, region_size
 from engine.model import Decoder
 from engine.runner import FlatBatchBuilder
 from engine.sampler import STREAM_DRAFT, STREAM_SAMPLE, NoiseKey, exponential_noise, race, target_probs
@@ -170,7 +170,7 @@ class DraftModelProposer:
         budget = kv_budget_bytes(draft.device, cfg.draft_kv_cache_bytes, cfg.draft_kv_cache_fraction)
         tokens = budget // per_token
         if max_model_len is not None and max_running_requests is not None:
-            tokens = min(tokens, max_running_requests * (max_model_len + cfg.max_draft_tokens + 1))
+            tokens = min(tokens, max_running_requests * region_size(max_model_len, cfg.max_draft_tokens))
         if tokens <= 0:
             raise ValueError(f"the draft KV budget of {budget} bytes holds no token ({per_token} bytes per token)")
         return cls(draft.model, cfg, target_vocab, int(tokens), name=cfg.draft_model)
@@ -257,7 +257,7 @@ class DraftModelProposer:
         if st is not None:  # outgrew its region (max_tokens larger than planned): move
             self.release(inp.seq_id)
         # Size the region for the sequence's whole life, like the target's.
-        size = max(needed, inp.num_prompt_tokens + inp.params.max_tokens + self.cfg.max_draft_tokens + 1)
+        size = max(needed, region_size(inp.num_prompt_tokens + inp.params.max_tokens, self.cfg.max_draft_tokens))
         size = min(size, max(needed, self.model.max_positions + 1))
         slot = self.kv_cache.allocate(size)
         if slot is None:
