@@ -191,14 +191,13 @@ class LLMEngine:
         with_logits = [s for s in batch.scheduled if s.needs_logits]
         emitted = self._verify(with_logits, result)
         verify_s = result.forward_s + time.perf_counter() - t0
-        self.scheduler.update_from_step(
-            batch, {s.seq.request_id: len(tokens) - 1 for s, tokens in zip(with_logits, emitted)}
-        )
+        accepted = [len(tokens) - 1 for tokens in emitted]  # every step emits one token of the target's own
+        self.scheduler.update_from_step(batch, {s.seq.request_id: a for s, a in zip(with_logits, accepted)})
 
-        for sched, tokens in zip(with_logits, emitted):
+        for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
             now = time.time()
-            self._learn(sched, len(tokens) - 1, draft_s, verify_s, now)
-            out = self._commit(sched.seq, tokens, SpecCounters(len(sched.draft_tokens), len(tokens) - 1), now)
+            self._learn(sched, n_accepted, draft_s, verify_s, now)
+            out = self._commit(sched.seq, tokens, SpecCounters(len(sched.draft_tokens), n_accepted), now)
             if out is not None:
                 outputs.append(out)
         if self.controller is not None:

@@ -3,8 +3,8 @@
 `EngineConfig.speculation` is this class; streams/config.py's SpeculationSettings
 validates the user-facing fields and builds it, the fields after those are the
 controller's and the draft model's tuning, which only code (tests, benchmarks)
-sets. It lives in the speculation package so that package has no dependency on
-the engine core.
+sets. It lives next to the controller and the proposers that read it;
+engine.config re-exports it.
 """
 from __future__ import annotations
 
