@@ -59,8 +59,9 @@ class FlatBatch:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
-    logit_rows: torch.Tensor  # [n] int64: rows of the batch whose hidden state goes to the LM head
-    rows: dict[str, tuple[int, int]]
+    # [n] int64: rows of the batch whose hidden state goes to the LM head, in
+    # schedule order: a completing prefill chunk's last row, every row of a decode.
+    logit_rows: torch.Tensor
 
 
 @dataclass
@@ -68,8 +69,6 @@ class RunnerOutput:
     # [num_rows, V] fp32: the rows of every sequence that needed logits, in
     # schedule order, consecutive per sequence (the layout verify_batch takes).
     logits: torch.Tensor
-    # request id -> (first row, end row) in `logits`.
-    rows: dict[str, tuple[int, int]]
     forward_s: float
 
 
@@ -82,7 +81,6 @@ class ModelRunner:
     def prepare(self, batch: SchedulerOutput) -> FlatBatch:
         builder = FlatBatchBuilder(self.device)
         logit_rows: list[int] = []
-        rows: dict[str, tuple[int, int]] = {}
         for sched in batch.scheduled:
             seq = sched.seq
             if seq.kv is None:
@@ -100,17 +98,10 @@ class ModelRunner:
                 raise RuntimeError(f"{seq.request_id}: {len(tokens)} tokens scheduled as {n}, or past its KV region")
             q_start = builder.add(tokens, start, seq.kv.region.start)
             if sched.needs_logits:
-                first = len(logit_rows)
-                if sched.is_prefill:
-                    logit_rows.append(q_start + n - 1)
-                else:
-                    logit_rows.extend(range(q_start, q_start + n))
-                rows[seq.request_id] = (first, len(logit_rows))
+                logit_rows.extend([q_start + n - 1] if sched.is_prefill else range(q_start, q_start + n))
 
         input_ids, positions, attn = builder.build(self.kv_cache)
-        return FlatBatch(
-            input_ids=input_ids, positions=positions, attn=attn, logit_rows=builder.tensor(logit_rows), rows=rows
-        )
+        return FlatBatch(input_ids=input_ids, positions=positions, attn=attn, logit_rows=builder.tensor(logit_rows))
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
@@ -121,4 +112,4 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[flat.logit_rows])  # [n, V]
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
-        return RunnerOutput(logits=logits, rows=flat.rows, forward_s=time.perf_counter() - start)
+        return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start)
