@@ -2,7 +2,7 @@
 
 * :func:`redis_server`: a real ``redis-server`` (Debian package) on a free port,
   in-memory only, stopped afterwards.
-* :func:`shared_worker`: one real ``specstream worker`` subprocess (tests/stack.py)
+* :func:`shared_worker`: one real ``specstream worker`` subprocess (streams/testing/stack.py)
   for every edge test module of the session, on a topic prefix of its own; the
   first module that asks starts it, the end of the session stops it. Loading the
   model takes a while on two cores, so the modules share it. Edges run in the
@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from streams.edge.settings import EdgeOptions
-from tests.stack import Stack, free_port, running_stack
+from streams.testing.stack import Stack, free_port, running_stack
 
 HEARTBEAT_S = 1.0
 MAX_MODEL_LEN = 512

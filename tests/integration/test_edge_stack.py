@@ -2,7 +2,7 @@
 
 The edges run in this process (uvicorn in a thread, ``streams.edge.server``) so
 the tests can look inside their reply routers; the worker is the real one
-(``python -m streams.cli worker``, via tests/stack.py) on a topic prefix of
+(``python -m streams.cli worker``, via streams/testing/stack.py) on a topic prefix of
 this module's own. Generation is kept short (a few tokens) so the module runs
 in well under a minute once the model is cached.
 """
@@ -25,9 +25,9 @@ from schemas.events import CancelRequest, Completion
 from streams.edge.server import RunningEdge, serve_in_thread
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, decode_reply
+from streams.testing.stack import DEFAULT_MODEL as MODEL
+from streams.testing.stack import Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import DEFAULT_MODEL as MODEL
-from tests.stack import Stack, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -141,7 +141,7 @@ def test_websocket_malformed_frame_keeps_the_socket_open(edge_a, worker):
 # --- OpenAI-compatible HTTP ----------------------------------------------------------------------------------------
 
 
-def test_openai_client_chat_streamed_and_not_and_completions(edge_a, worker):
+def test_the_openai_client_gets_the_same_text_streamed_and_not_and_completions_work(edge_a, worker):
     client = OpenAI(base_url=edge_a.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
     assert [m.id for m in client.models.list().data] == [MODEL]
 

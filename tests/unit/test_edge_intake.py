@@ -24,7 +24,7 @@ def chat(**kw):
     return validate_body(ChatCompletionBody, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kw})
 
 
-def test_options_from_project_settings():
+def test_edge_options_derive_from_the_project_settings():
     s = Settings(kafka={"topic_prefix": "p"}, edge={"port": 8123, "edge_id": "edge-7"}, worker={"heartbeat_s": 2.0})
     o = EdgeOptions.from_settings(s)
     assert (o.topic_prefix, o.port, o.edge_id, o.heartbeat_s, o.models) == ("p", 8123, "edge-7", 2.0, (MODEL,))
@@ -47,7 +47,7 @@ def test_edge_assigns_id_seed_deadline_and_reply_topic():
     assert build_request(chat(), EdgeOptions(request_timeout_s=None), "t").deadline is None
 
 
-def test_completion_and_ws_bodies():
+def test_completion_and_websocket_bodies_become_requests_and_prompt_with_messages_is_refused():
     c = build_request(validate_body(CompletionBody, {"model": MODEL, "prompt": ["once"]}), OPTS, "t")
     assert c.prompt == "once" and c.messages is None and c.request_id.startswith("cmpl-")
     w = validate_body(WsRequestBody, {"id": 3, "model": MODEL, "messages": [
@@ -68,7 +68,7 @@ def test_completion_and_ws_bodies():
         (b"{\"model\": ", "invalid_json", None),
     ],
 )
-def test_body_parse_errors(raw, code, param):
+def test_a_body_that_is_not_a_json_object_is_400_invalid_json(raw, code, param):
     with pytest.raises(errors.EdgeError) as info:
         parse_json_body(raw)
     assert (info.value.status, info.value.code, info.value.param) == (400, code, param)
@@ -119,7 +119,7 @@ def test_unknown_model_is_404():
         ("internal_error", "boom", 500, None),
     ],
 )
-def test_worker_error_mapping(code, message, status, param):
+def test_worker_errors_map_to_an_http_status_and_the_offending_param(code, message, status, param):
     e = errors.from_worker_error(ErrorEvent(request_id="r", code=code, message=message))
     assert (e.status, e.param, e.code, e.message) == (status, param, code, message)
 

@@ -254,7 +254,7 @@ def test_websocket_duplicate_chunks_are_dropped(edge_a, worker):
 # --- OpenAI-compatible HTTP ----------------------------------------------------------------------------------------
 
 
-def test_openai_client_stream_and_non_stream(edge_a, worker):
+def test_the_openai_client_is_served_chat_streamed_and_not_and_completions(edge_a, worker):
     from openai import OpenAI
 
     client = OpenAI(base_url=edge_a.base_url + "/v1", api_key="x", max_retries=0)

@@ -34,7 +34,8 @@ def _error(fn, *args, **kwargs) -> errors.EdgeError:
     (b"   ", "invalid_json", None),
     ("\ufeff{}".encode(), "invalid_json", None),
 ])
-def test_bodies_that_are_not_clean_utf8_json_objects(raw: bytes, code: str, param: str | None) -> None:
+def test_bodies_that_are_not_clean_utf8_json_objects_are_400_naming_the_problem(
+        raw: bytes, code: str, param: str | None) -> None:
     error = _error(parse_json_object, raw)
     assert (error.status, error.code, error.param) == (400, code, param)
     json.dumps(error.body()).encode("utf-8")  # the error itself is always encodable
@@ -138,7 +139,7 @@ async def test_context_errors_name_the_prompt_or_max_tokens(counter: TokenCounte
     assert capped.sampling.max_tokens == 64 - n and n > 10
 
 
-def test_draft_chars(counter: TokenCounter) -> None:
+def test_draft_chars_counts_the_drafted_tokens_characters_or_estimates_them(counter: TokenCounter) -> None:
     tokenizer = counter.loaded(MODEL)
     ids = tokenizer(" the quick brown fox")["input_ids"]
     text = tokenizer.decode(ids)
