@@ -4,8 +4,10 @@ One decision function, the same whether `specstream autoscale` applies it to loc
 it to a Deployment (:func:`scaled_object` renders the same parameters as a ``ScaledObject``):
 
 * **load** = consumer lag of the worker group (end offset - committed offset, summed over the request topic's
-  partitions) + requests the workers hold in flight (from their announcements). Lag alone reads zero while a
-  worker holds 128 requests it has read but not answered.
+  partitions) and the requests the workers hold in flight (from their announcements). For a consumer that commits
+  on read, lag alone reads zero while a worker holds 128 requests, so load is lag + in flight. specstream's workers
+  commit a request only once its answer is stored (at least once), so their lag already counts every request held:
+  there load is max(lag, in flight), the announcements a guard, not an addend (``Load.in_flight_in_lag``).
 * **active** when load > ``activation_lag_threshold``; an inactive deployment scales to ``min_replicas`` (zero
   only when asked: ``min_replicas=0``).
 * **raw replicas** = ceil(load / ``lag_threshold``), at most the partition count unless ``allow_idle_consumers``
@@ -47,10 +49,14 @@ class Load:
     lag: int  # summed over partitions, negative lags (a reset group) counted as 0
     in_flight: int
     partitions: int
+    # True when the consumers commit a message only after answering it (specstream's workers): the lag then
+    # already includes what they hold, and adding in-flight counts would count it twice.
+    in_flight_in_lag: bool = True
 
     @property
     def total(self) -> int:
-        return max(0, self.lag) + max(0, self.in_flight)
+        lag, held = max(0, self.lag), max(0, self.in_flight)
+        return max(lag, held) if self.in_flight_in_lag else lag + held
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class Autoscaler:
         up_to = min(r for t, r in self._history if now - t <= self.policy.scale_up_window_s)
         down_to = max(r for t, r in self._history if now - t <= self.policy.scale_down_window_s)
         if current < up_to:
-            replicas, why = up_to, f"load {load.total} (lag {load.lag} + in flight {load.in_flight}) asks for {raw}"
+            replicas, why = up_to, f"load {load.total} (lag {load.lag}, in flight {load.in_flight}) asks for {raw}"
         elif current > down_to:
             replicas, why = down_to, f"load {load.total} has asked for at most {down_to} for " \
                                      f"{self.policy.scale_down_window_s:g} s"
@@ -106,7 +112,8 @@ def scaled_object(policy: ScalePolicy, *, name: str, deployment: str, bootstrap_
     every topic the group reads, cancellations included, and caps replicas by all their partitions);
     ``offsetResetPolicy`` matches the workers' ``auto_offset_reset`` (earliest), so a group without commits counts
     the whole backlog as lag instead of none; scale-to-zero only when ``min_replicas`` is 0. KEDA cannot see the
-    requests held in flight, so its lagThreshold should be set lower than the local autoscaler's.
+    workers' announcements, but it needs none: the workers commit a request only once it is answered, so the lag
+    KEDA reads already counts the requests they hold, and the same lagThreshold means the same thing to both.
     """
     metadata: dict[str, Any] = {"name": name}
     if namespace:
