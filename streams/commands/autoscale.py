@@ -101,7 +101,7 @@ async def _run(args: argparse.Namespace, settings: Settings, policy: ScalePolicy
     from streams.supervisor import STOP_TIMEOUT_S, service_argv
 
     catalog = settings.catalog
-    probe = LoadProbe(settings.kafka.bootstrap_servers, settings.worker.resolved_group_id(settings.kafka.topic_prefix),
+    probe = LoadProbe(settings.kafka, settings.worker.resolved_group_id(settings.kafka.topic_prefix),
                       catalog.requests.name, catalog.services.name,
                       stale_after_s=settings.edge.ready_heartbeats * settings.worker.heartbeat_s)
     config = args.config if isinstance(getattr(args, "config", None), str) else None

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from schemas.events import ServiceAnnouncement
 from streams import kafka_io
+from streams.kafka_connection import Connectable
 from streams.ops.scaling import Load
 
 ENGINE_WORKER = "engine-worker"  # the kind engine workers announce themselves as
@@ -47,7 +48,7 @@ class Observation:
 
 @dataclass
 class LoadProbe:
-    bootstrap_servers: str
+    kafka: Connectable  # the settings (with their security options) or a plain address
     group_id: str
     topic: str
     services_topic: str
@@ -57,6 +58,10 @@ class LoadProbe:
     _consumer: AIOKafkaConsumer | None = None
     _services: AIOKafkaConsumer | None = None
     _newest: dict[str, ServiceAnnouncement] = field(default_factory=dict)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka if isinstance(self.kafka, str) else self.kafka.bootstrap_servers
 
     async def observe(self) -> Observation:
         try:
@@ -99,10 +104,10 @@ class LoadProbe:
 
     async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
         if self._admin is None or self._consumer is None:
-            self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap_servers, client_id="specstream-autoscale")
+            self._admin = kafka_io.make_admin(self.kafka, client_id="specstream-autoscale")
             await self._admin.start()
-            self._consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                              client_id="specstream-autoscale")
+            self._consumer = kafka_io.make_consumer(self.kafka, enable_auto_commit=False,
+                                                    client_id="specstream-autoscale")
             await self._consumer.start()
         return self._admin, self._consumer
 
@@ -112,8 +117,8 @@ class LoadProbe:
             assert self._consumer is not None
             if self.services_topic not in await self._consumer.topics():
                 return {}, False
-            self._services = AIOKafkaConsumer(bootstrap_servers=self.bootstrap_servers, enable_auto_commit=False,
-                                              auto_offset_reset="earliest", client_id="specstream-autoscale")
+            self._services = kafka_io.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="earliest",
+                                                    client_id="specstream-autoscale")
             await self._services.start()
             self._services.assign([TopicPartition(self.services_topic, 0)])
         tp = TopicPartition(self.services_topic, 0)

@@ -23,6 +23,7 @@ from websockets.sync.client import connect as ws_connect
 
 from schemas.events import CancelRequest, Completion
 from streams.edge.server import RunningEdge, serve_in_thread
+from streams.config import EdgeAuthSettings, EdgeSettings, KafkaSettings, Settings, WorkerSettings
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, decode_reply
 from streams.testing.stack import DEFAULT_MODEL as MODEL
@@ -41,8 +42,11 @@ QUESTION = [{"role": "user", "content": "What is Apache Kafka? Answer in one sen
 
 
 def _options(bootstrap: str, prefix: str, edge_id: str) -> EdgeOptions:
-    return EdgeOptions(bootstrap_servers=bootstrap, topic_prefix=prefix, edge_id=edge_id, heartbeat_s=HEARTBEAT_S,
-                       request_timeout_s=120.0, auth_enabled=False)  # auth: tests/integration/test_edge_security.py
+    return EdgeOptions(Settings(  # auth: tests/integration/test_edge_security.py
+        kafka=KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix),
+        edge=EdgeSettings(edge_id=edge_id, request_timeout_s=120.0, auth=EdgeAuthSettings(enabled=False)),
+        worker=WorkerSettings(heartbeat_s=HEARTBEAT_S),
+    ))
 
 
 def _wait(predicate, timeout_s: float, what: str, check=lambda: None) -> None:

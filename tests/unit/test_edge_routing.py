@@ -30,6 +30,7 @@ from schemas.events import (
 )
 from schemas.topics import TopicCatalog
 from streams.edge.server import serve_in_thread
+from streams.config import EdgeAuthSettings, EdgeSettings, KafkaSettings, Settings
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, encode, ensure_topics, make_producer, request_key
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
@@ -146,9 +147,12 @@ def catalog() -> TopicCatalog:
     return TopicCatalog(prefix=f"t-edge-{uuid.uuid4().hex[:8]}")
 
 
-def options(bootstrap: str, catalog: TopicCatalog, edge_id: str, **kw) -> EdgeOptions:
-    return EdgeOptions(bootstrap_servers=bootstrap, topic_prefix=catalog.prefix, edge_id=edge_id,
-                       request_partitions=catalog.request_partitions, auth_enabled=False, **kw)
+def options(bootstrap: str, catalog: TopicCatalog, edge_id: str) -> EdgeOptions:
+    return EdgeOptions(Settings(
+        kafka=KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=catalog.prefix,
+                            request_partitions=catalog.request_partitions),
+        edge=EdgeSettings(edge_id=edge_id, auth=EdgeAuthSettings(enabled=False)),
+    ))
 
 
 @pytest.fixture(scope="module")
