@@ -9,7 +9,8 @@ step when
 * its p99 TTFT or inter-token latency exceeds stable's x ``latency_ratio`` + ``latency_slack_s`` (both pools with at
   least ``min_samples`` answers; stable's figures accumulate over the whole rollout, so a 100 % step still has a
   baseline);
-* its acceptance rate is ``max_acceptance_drop`` below stable's (when both drafted);
+* its acceptance rate is ``max_acceptance_drop`` below stable's (when both drafted ``min_drafted`` tokens: the
+  rate of a few short requests is noise);
 * it dead-lettered more than ``max_dead_letters`` messages;
 * or it stopped answering: no live worker in the pool.
 """
@@ -29,6 +30,7 @@ class Gates:
     latency_slack_s: float = 0.25
     min_samples: int = 5
     max_acceptance_drop: float = 0.15
+    min_drafted: int = 200
     max_dead_letters: int = 0
 
 
@@ -95,7 +97,8 @@ def failed_gate(gates: Gates, candidate: PoolStats, stable: PoolStats, dead_lett
             limit = p99(theirs) * gates.latency_ratio + gates.latency_slack_s
             if ours and theirs and p99(ours) > limit:
                 return f"{name}: candidate {p99(ours):.3f} s against stable {p99(theirs):.3f} s (limit {limit:.3f} s)"
-        if candidate.acceptance is not None and stable.acceptance is not None and \
+        drafted = min(candidate.drafted, stable.drafted) >= gates.min_drafted
+        if drafted and candidate.acceptance is not None and stable.acceptance is not None and \
                 candidate.acceptance < stable.acceptance - gates.max_acceptance_drop:
             return (f"acceptance rate: candidate {candidate.acceptance:.2f} against stable {stable.acceptance:.2f} "
                     f"(at most {gates.max_acceptance_drop:g} lower)")

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, ServiceAnnouncement, WorkerAnnouncement
@@ -48,11 +49,16 @@ class RolloutWatch:
         await self._probe.start()
         self._requests = kafka_io.make_consumer(self.kafka, enable_auto_commit=False)
         await self._requests.start()
-        await self._requests.topics()  # metadata of every topic, so partitions_for_topic knows them
         tps = []
         for catalog in (self.stable, self.candidate):
             topic = catalog.requests.name
-            tps += [TopicPartition(topic, p) for p in sorted(self._requests.partitions_for_topic(topic) or [])]
+            partitions = self._requests.partitions_for_topic(topic)
+            if not partitions:
+                await self._requests._client.force_metadata_update()  # noqa: SLF001 - no public refresh
+                partitions = self._requests.partitions_for_topic(topic)
+            if not partitions:
+                raise KafkaError(f"topic {topic} does not exist")
+            tps += [TopicPartition(topic, p) for p in sorted(partitions)]
         self._requests.assign(tps)
         await self._requests.seek_to_end(*tps)
         self._replies = kafka_io.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="latest",
