@@ -16,12 +16,14 @@ itself when one fails.
 
 ``rollout pause`` freezes the step (the hold clock stops, the share stays), ``resume`` continues, ``abort`` sets 0 %
 itself (edges follow within a poll, whether or not this process still runs) and makes this process drain the pool.
+Ctrl-C or SIGTERM of this process rolls back: no share stays on a candidate that nothing watches.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -69,6 +71,7 @@ class Rollout:
         self.fleet = LocalFleet(service_argv(str(plan.candidate_config), "worker"), say,
                                 id_prefix=f"candidate-{os.getpid()}", env=self._candidate_env(), log_dir=plan.log_dir)
         self.watch = RolloutWatch(settings.kafka, settings.catalog, self.candidate)
+        self.interrupted = asyncio.Event()
 
     def _candidate_env(self) -> dict[str, str]:
         """The candidate's file is its whole configuration: this process's SPECSTREAM_<SECTION>__<KEY> overrides
@@ -83,6 +86,9 @@ class Rollout:
                 "SPECSTREAM_DELIVERY__REPLY_TOPIC_PATTERNS": json.dumps([f"{kafka.topic_prefix}.replies.*"])}
 
     async def run(self) -> RolloutState:
+        # Ctrl-C or SIGTERM rolls back: nothing may stay on a candidate nobody watches.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, self.interrupted.set)
         await self.store.start()
         try:
             await self._publish("starting", 0.0, f"starting {self.plan.workers} candidate worker(s)")
@@ -157,6 +163,8 @@ class Rollout:
 
     async def _control(self) -> bool:
         """Follow pause/resume/abort from the rollouts topic; True while paused."""
+        if self.interrupted.is_set():
+            await self._fail("interrupted (SIGINT/SIGTERM) while rolling out")
         latest = self.store.latest(self.plan.model)
         if latest is None or latest.rollout_id != self.state.rollout_id or latest.at < self.state.at:
             return self.state.state == "paused"  # nothing newer than what this process knows

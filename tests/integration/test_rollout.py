@@ -4,11 +4,12 @@ never becomes ready fails the first step, and an abort puts all traffic back on 
 One stack (a stable worker and an edge, two request partitions) serves the module; each test runs
 ``specstream rollout start`` as a process against it with a candidate configuration of its own, while client
 threads send short chat requests through the edge. The edge routes by the rollouts topic; the candidate's requests
-are counted on its own request topic.
+are counted on its own request topic. Stopping the rollout process (SIGTERM) rolls back too.
 """
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import tempfile
 import threading
@@ -186,7 +187,6 @@ def _cli(stack: Stack) -> list[str]:
 def _drain_candidates(tmp: Path) -> None:
     """The candidate workers a completed rollout left serving: SIGTERM each (they drain) and wait."""
     import os
-    import re
     import signal
 
     for line in (tmp / "rollout.log").read_text(errors="replace").splitlines():
@@ -203,3 +203,19 @@ def _drain_candidates(tmp: Path) -> None:
                 except ProcessLookupError:
                     break
                 time.sleep(0.5)
+
+
+def test_stopping_the_rollout_process_rolls_back(stack: Stack, tmp_path: Path) -> None:
+    import signal
+
+    process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "50,100", "--hold", "10m")
+    deadline = time.monotonic() + 240
+    while "running, 50 % to the candidate" not in process.log.read_text(errors="replace"):
+        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail(40)
+        time.sleep(0.5)
+    process.popen.send_signal(signal.SIGTERM)
+    code, log = _finish(process, 120)
+    assert code == 1, log
+    state = _state(stack)
+    assert (state.state, state.percent) == ("rolled_back", 0.0) and state.reason.startswith("interrupted")
+    assert re.search(r"candidate-\S+ \(pid \d+\) drained: exited with status 0", log), log
