@@ -3,11 +3,11 @@ against their CRDs' schemas where we carry them, and what no schema says (probes
 
 * Built-in kinds: ``kubernetes-validate`` (PyPI; bundles the OpenAPI schemas of every Kubernetes release) in strict
   mode, so an unknown field is an error, not a silently ignored key.
-* ``KafkaTopic``: the ``spec`` schema of Strimzi's CRD (``kafka.strimzi.io/v1beta2``, 043-Crd-kafkatopic.yaml),
-  transcribed below; it is short.
-* ``Kafka``, ``KafkaNodePool`` (Strimzi) and ``ScaledObject`` (KEDA): skipped, with that reason in the result. Their
-  CRD schemas are thousands of lines that are not published as a package; their fields that matter here are
-  checked by :func:`policy_problems` and by the ScaledObject's unit tests instead.
+* ``KafkaTopic`` and ``ScaledObject``: the ``spec`` schemas of Strimzi's CRD (``kafka.strimzi.io/v1beta2``,
+  043-Crd-kafkatopic.yaml) and KEDA's (``keda.sh/v1alpha1``, config/crd/bases/keda.sh_scaledobjects.yaml; the
+  fields used here), transcribed below. Unknown fields are errors here: the API server would prune them silently.
+* ``Kafka`` and ``KafkaNodePool`` (Strimzi): skipped, with that reason in the result. Their CRD schemas are thousands
+  of lines that are not published as a package.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ KUBERNETES_VERSION = "1.30.0"
 SKIPPED_KINDS = {
     "Kafka": "Strimzi's CRD schema is not bundled offline (the Kafka CRD alone is thousands of lines)",
     "KafkaNodePool": "Strimzi's CRD schema is not bundled offline",
-    "ScaledObject": "KEDA's CRD schema is not bundled offline; its trigger is checked by the policy checks",
 }
 # Strimzi 0.4x, kafka.strimzi.io/v1beta2 KafkaTopic: spec (from the CRD's openAPIV3Schema).
 KAFKA_TOPIC_SPEC = {
@@ -33,6 +32,37 @@ KAFKA_TOPIC_SPEC = {
     },
     "additionalProperties": False,
 }
+_INT32 = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+_WINDOW = {"type": "object", "properties": {"stabilizationWindowSeconds": {"type": "integer", "minimum": 0,
+                                                                         "maximum": 3600},
+                                            "selectPolicy": {"type": "string"}, "policies": {"type": "array"}},
+           "additionalProperties": False}
+# KEDA 2.x, keda.sh/v1alpha1 ScaledObject: spec (the CRD's openAPIV3Schema, for the fields this project renders).
+SCALED_OBJECT_SPEC = {
+    "type": "object",
+    "required": ["scaleTargetRef", "triggers"],
+    "properties": {
+        "scaleTargetRef": {"type": "object", "required": ["name"], "additionalProperties": False,
+                           "properties": {"name": {"type": "string"}, "kind": {"type": "string"},
+                                          "apiVersion": {"type": "string"}, "envSourceContainerName": {"type": "string"}}},
+        "pollingInterval": _INT32, "cooldownPeriod": _INT32, "minReplicaCount": _INT32, "maxReplicaCount": _INT32,
+        "idleReplicaCount": _INT32,
+        "advanced": {"type": "object", "additionalProperties": False, "properties": {
+            "restoreToOriginalReplicaCount": {"type": "boolean"},
+            "horizontalPodAutoscalerConfig": {"type": "object", "additionalProperties": False, "properties": {
+                "name": {"type": "string"},
+                "behavior": {"type": "object", "additionalProperties": False,
+                             "properties": {"scaleUp": _WINDOW, "scaleDown": _WINDOW}}}}}},
+        "triggers": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
+            "properties": {"type": {"type": "string"}, "name": {"type": "string"},
+                           "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                           "authenticationRef": {"type": "object", "required": ["name"]}}}},
+    },
+    "additionalProperties": False,
+}
+CRD_SPECS = {"KafkaTopic": ("Strimzi KafkaTopic CRD schema", KAFKA_TOPIC_SPEC),
+             "ScaledObject": ("KEDA ScaledObject CRD schema", SCALED_OBJECT_SPEC)}
 
 
 @dataclass(frozen=True)
@@ -49,12 +79,14 @@ def check(resource: dict[str, Any], kubernetes_version: str = KUBERNETES_VERSION
     kind, name = resource.get("kind", "?"), resource.get("metadata", {}).get("name", "?")
     if kind in SKIPPED_KINDS:
         return Check(kind, name, "skipped", SKIPPED_KINDS[kind])
-    if kind == "KafkaTopic":
+    if kind in CRD_SPECS:
+        source, schema = CRD_SPECS[kind]
         try:
-            jsonschema.validate(resource.get("spec"), KAFKA_TOPIC_SPEC)
+            jsonschema.validate(resource.get("spec"), schema)
         except jsonschema.ValidationError as error:
-            return Check(kind, name, "invalid", f"spec: {error.message}")
-        return Check(kind, name, "valid", "Strimzi KafkaTopic CRD schema")
+            where = ".".join(str(p) for p in error.path) or "(top)"
+            return Check(kind, name, "invalid", f"spec.{where}: {error.message}")
+        return Check(kind, name, "valid", source)
     try:
         kubernetes_validate.validate(resource, kubernetes_version, strict=True)
     except kubernetes_validate.ValidationError as error:

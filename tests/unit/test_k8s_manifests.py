@@ -2,8 +2,8 @@
 
 The overlays are copied to a temporary folder and generated there (KafkaTopics from the catalog, the ScaledObject
 from autoscale.yaml), then rendered by the kustomize subset and checked: built-in kinds strictly against
-Kubernetes' schemas (kubernetes-validate), KafkaTopics against Strimzi's CRD schema; Kafka, KafkaNodePool and
-ScaledObject are skipped with the reason stated.
+Kubernetes' schemas (kubernetes-validate), KafkaTopic and ScaledObject against their CRDs' spec schemas; Kafka and
+KafkaNodePool are skipped with the reason stated.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_every_resource_of_the_overlay_is_valid_or_skipped_with_a_reason(tmp_pat
     resources = rendered(tmp_path, overlay)
     results = [check(r) for r in resources]
     assert [r for r in results if r.outcome == "invalid"] == []
-    assert {r.kind for r in results if r.outcome == "skipped"} == {"Kafka", "KafkaNodePool", "ScaledObject"}
+    assert {r.kind for r in results if r.outcome == "skipped"} == {"Kafka", "KafkaNodePool"}
     assert all(r.detail for r in results if r.outcome == "skipped")
     assert policy_problems(resources) == []
     kinds = {r["kind"] for r in resources}
@@ -90,6 +90,14 @@ def test_strict_validation_rejects_a_misspelled_field(tmp_path: Path) -> None:
     container["readinesProbe"] = container.pop("readinessProbe")
     result = check(edge)
     assert result.outcome == "invalid" and "readinesProbe" in result.detail
+
+
+def test_a_scaled_object_whose_trigger_metadata_is_not_strings_fails_kedas_schema(tmp_path: Path) -> None:
+    scaler = copy.deepcopy(find(rendered(tmp_path, "dev"), "ScaledObject", "specstream-worker"))
+    assert check(scaler).outcome == "valid"
+    scaler["spec"]["triggers"][0]["metadata"]["lagThreshold"] = 8  # KEDA reads every metadata value as a string
+    result = check(scaler)
+    assert result.outcome == "invalid" and "triggers.0.metadata.lagThreshold" in result.detail
 
 
 def test_a_topic_with_zero_partitions_fails_strimzis_schema(tmp_path: Path) -> None:
