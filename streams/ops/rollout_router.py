@@ -14,6 +14,7 @@ import hashlib
 import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from schemas.events import RolloutState
@@ -61,7 +62,7 @@ class RolloutRouter:
         which pool a request went to; a worker ignores cancellations of requests it does not hold)."""
         topics = [self.catalog.cancellations.name]
         for state in self.states.values():
-            if state.state in ROUTING_STATES and (model is None or state.model == model):
+            if state.state in ROUTING_STATES and state.percent > 0 and (model is None or state.model == model):
                 topics.append(TopicCatalog(state.candidate_prefix).cancellations.name)
         return topics
 
@@ -85,7 +86,13 @@ class RolloutRouter:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         while True:
-            for record in (await consumer.getmany(tp, timeout_ms=200)).get(tp, []):
+            try:
+                batch = await consumer.getmany(tp, timeout_ms=200)
+            except KafkaError as error:  # the broker moving or gone: keep the last states, try again
+                log.warning("rollouts: cannot read %s (%s); routing by the last known states", topic, error)
+                await asyncio.sleep(1.0)
+                continue
+            for record in batch.get(tp, []):
                 self._file(record.value)
 
     def _file(self, value: bytes | None) -> None:
