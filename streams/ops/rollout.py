@@ -105,6 +105,9 @@ class Rollout:
                 await self.watch.stop()
             if self.state.state != "completed":
                 await asyncio.to_thread(self.fleet.stop_all, STOP_TIMEOUT_S)
+            elif self.fleet.serving:
+                pids = ", ".join(str(w.pid) for w in self.fleet.serving)
+                self.say(f"the candidate pool serves 100 % (pids {pids}); `rollout abort` ends it, SIGTERM drains it")
             return self.state
         finally:
             await self.store.stop()
@@ -128,7 +131,7 @@ class Rollout:
         held = 0.0
         last = time.monotonic()
         while held < self.plan.hold_s:
-            await self.watch.poll()
+            await self.watch.poll(self.plan.interval_s)
             await self._check_gates()
             paused = await self._control()
             now = time.monotonic()

@@ -40,6 +40,8 @@ class RolloutWatch:
         self.pool_of: dict[str, str] = {}
         self.window = Window()
         self.baseline = PoolStats()  # stable over the whole rollout: a baseline for the 100 % step
+        # Answers read before their request, kept 30 s (a request from before the start is never attributed).
+        self._unattributed: list[tuple[float, Completion | ErrorEvent]] = []
         self._requests: AIOKafkaConsumer | None = None
         self._replies: AIOKafkaConsumer | None = None
         self._probe: AIOKafkaConsumer | None = None
@@ -74,15 +76,21 @@ class RolloutWatch:
     async def new_window(self) -> None:
         self.window = Window(dead_letters_at_start=await self._dead_letter_end())
 
-    async def poll(self) -> None:
+    async def poll(self, timeout_s: float = 0.2) -> None:
+        """File what arrived; waits up to ``timeout_s`` for replies."""
         assert self._requests is not None and self._replies is not None
-        for tp, records in (await self._requests.getmany(timeout_ms=100)).items():
+        for tp, records in (await self._requests.getmany(timeout_ms=0)).items():
             pool = "candidate" if tp.topic == self.candidate.requests.name else "stable"
             for record in records:
                 request_id = _request_id(record.value)
                 if request_id is not None:
                     self.pool_of[request_id] = pool
-        for records in (await self._replies.getmany(timeout_ms=200)).values():
+        now = time.monotonic()
+        waiting, self._unattributed = self._unattributed, []
+        for until, event in waiting:
+            if now < until:
+                self._file(event, until)
+        for records in (await self._replies.getmany(timeout_ms=int(timeout_s * 1000))).values():
             for record in records:
                 self._file_reply(record.value)
 
@@ -93,10 +101,14 @@ class RolloutWatch:
             event: BaseModel = kafka_io.decode_reply(value)
         except (ValidationError, ValueError):
             return
-        if not isinstance(event, (Completion, ErrorEvent)) or event.request_id is None:
-            return
-        pool = self.pool_of.get(event.request_id)
-        if pool == "candidate":
+        if isinstance(event, (Completion, ErrorEvent)) and event.request_id is not None:
+            self._file(event)
+
+    def _file(self, event: Completion | ErrorEvent, until: float | None = None) -> None:
+        pool = self.pool_of.get(event.request_id or "")
+        if pool is None:
+            self._unattributed.append((until or time.monotonic() + 30.0, event))
+        elif pool == "candidate":
             self.window.candidate.add(event)
         elif pool == "stable":
             self.window.stable.add(event)
