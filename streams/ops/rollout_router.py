@@ -43,9 +43,10 @@ def to_candidate(state: RolloutState | None, request_id: str) -> bool:
 
 
 class RolloutRouter:
-    def __init__(self, kafka: Connectable, catalog: TopicCatalog) -> None:
+    def __init__(self, kafka: Connectable, catalog: TopicCatalog, *, log_changes: bool = True) -> None:
         self.kafka = kafka
         self.catalog = catalog
+        self.log_changes = log_changes
         self.states: dict[str, RolloutState] = {}
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -103,6 +104,7 @@ class RolloutRouter:
             previous = self.states.get(state.model)
             if previous is None or state.at >= previous.at:
                 self.states[state.model] = state
-                if previous is None or (previous.state, previous.percent) != (state.state, state.percent):
+                if self.log_changes and (previous is None or
+                                         (previous.state, previous.percent) != (state.state, state.percent)):
                     log.info("rollout of %s: %s, %.4g %% to the candidate (%s)", state.model, state.state,
                              state.percent, state.reason or "no reason given")

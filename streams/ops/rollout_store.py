@@ -27,7 +27,7 @@ class RolloutError(ValueError):
 class RolloutStore:
     def __init__(self, kafka: Connectable, catalog: TopicCatalog) -> None:
         self.kafka, self.catalog = kafka, catalog
-        self.follower = RolloutRouter(kafka, catalog)
+        self.follower = RolloutRouter(kafka, catalog, log_changes=False)  # the controller says what it does
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:

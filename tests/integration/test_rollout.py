@@ -86,6 +86,17 @@ def _rollout(stack: Stack, tmp: Path, candidate: dict, *flags: str) -> Process:
     return process
 
 
+def _rollout_at_50_percent(stack: Stack, tmp: Path) -> Process:
+    """A rollout of a healthy candidate, once it runs its first step (50 %, held for 10 minutes)."""
+    process = _rollout(stack, tmp, CANDIDATE, "--steps", "50,100", "--hold", "10m")
+    deadline = time.monotonic() + 240
+    # This process's own line (its follower also logs the states of earlier rollouts of the model).
+    while not re.search(r"^rollout \w+: running, 50 %", process.log.read_text(errors="replace"), re.MULTILINE):
+        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail(40)
+        time.sleep(0.5)
+    return process
+
+
 def _finish(process: Process, timeout_s: float) -> tuple[int, str]:
     try:
         code = process.popen.wait(timeout_s)
@@ -155,11 +166,7 @@ def test_a_candidate_that_answers_errors_is_rolled_back_naming_the_gate(stack: S
 
 
 def test_an_abort_mid_step_puts_all_traffic_on_stable_within_seconds(stack: Stack, tmp_path: Path) -> None:
-    process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "50,100", "--hold", "10m")
-    deadline = time.monotonic() + 240
-    while "running, 50 % to the candidate" not in process.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail(40)
-        time.sleep(0.5)
+    process = _rollout_at_50_percent(stack, tmp_path)
     subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "operator said so"], env=stack.env, check=True)
     aborted_at = time.monotonic()
     time.sleep(2)  # edges follow the rollouts topic within a poll
@@ -208,11 +215,7 @@ def _drain_candidates(tmp: Path) -> None:
 def test_stopping_the_rollout_process_rolls_back(stack: Stack, tmp_path: Path) -> None:
     import signal
 
-    process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "50,100", "--hold", "10m")
-    deadline = time.monotonic() + 240
-    while "running, 50 % to the candidate" not in process.log.read_text(errors="replace"):
-        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail(40)
-        time.sleep(0.5)
+    process = _rollout_at_50_percent(stack, tmp_path)
     process.popen.send_signal(signal.SIGTERM)
     code, log = _finish(process, 120)
     assert code == 1, log
