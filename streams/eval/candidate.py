@@ -2,7 +2,8 @@
 
 `eval replay --candidate FILE` starts ``specstream --config <derived> worker``, where the derived file (private, in a
 temporary folder) is the candidate file with the recording's Kafka connection (servers, security, replication), a
-topic prefix of its own (``<prefix>.eval-<tag>``), and its own consumer group and worker id. It waits until the
+topic prefix of its own (``<prefix>.eval-<tag>``), its own consumer group and worker id, and the replay's reply
+topics as its only reply route. It waits until the
 worker announces itself ready, and stops it (SIGTERM: it drains) and deletes its topics afterwards. The worker's
 output goes to a log file whose tail is shown when it fails to start.
 """
@@ -51,13 +52,15 @@ class Candidate:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def derived_config(config: Path, kafka: KafkaSettings, prefix: str, folder: Path) -> Path:
-    """The candidate file on the recording's Kafka, under ``prefix``, never in the serving consumer group."""
+def derived_config(config: Path, kafka: KafkaSettings, prefix: str, reply_prefix: str, folder: Path) -> Path:
+    """The candidate file on the recording's Kafka, under ``prefix``, never in the serving consumer group, answering
+    on ``<reply_prefix>.replies.*`` (where the replay reads, as a rollout's candidate pool answers on stable's)."""
     data: dict[str, Any] = read_yaml(config)
     connection = {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in kafka.model_dump().items()}
     data["kafka"] = {**connection, "topic_prefix": prefix}
     data["worker"] = {**(data.get("worker") or {}), "group_id": f"{prefix}.engine-workers",
                       "id": f"{prefix.rsplit('.', 1)[-1]}-worker"}
+    data["delivery"] = {**(data.get("delivery") or {}), "reply_topic_patterns": [f"{reply_prefix}.replies.*"]}
     path = folder / "candidate-derived.yaml"
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(descriptor, 0o600)  # private even if it existed: it may hold the SASL password
@@ -67,8 +70,8 @@ def derived_config(config: Path, kafka: KafkaSettings, prefix: str, folder: Path
 
 
 @contextlib.asynccontextmanager
-async def started_candidate(settings: Settings, config: Path, kafka: KafkaSettings, *, ready_timeout_s: float,
-                            progress: Callable[[str], None]) -> AsyncIterator[Candidate]:
+async def started_candidate(settings: Settings, config: Path, kafka: KafkaSettings, reply_prefix: str, *,
+                            ready_timeout_s: float, progress: Callable[[str], None]) -> AsyncIterator[Candidate]:
     """A candidate worker on a new prefix, ready to serve; stopped and its topics deleted on exit."""
     prefix = f"{kafka.topic_prefix}.eval-{uuid.uuid4().hex[:8]}"
     candidate_kafka = kafka.model_copy(update={"topic_prefix": prefix})
@@ -78,7 +81,7 @@ async def started_candidate(settings: Settings, config: Path, kafka: KafkaSettin
                                  min_insync_replicas=kafka.min_insync_replicas)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSTREAM_") or k in _KEPT_ENV}
     with tempfile.TemporaryDirectory(prefix="specstream-eval-") as folder:
-        derived = derived_config(config, kafka, prefix, Path(folder))
+        derived = derived_config(config, kafka, prefix, reply_prefix, Path(folder))
         log = Path(folder) / "candidate-worker.log"
         with open(log, "wb") as handle:
             process = subprocess.Popen([sys.executable, "-m", "streams.cli", "--config", str(derived), "worker"],

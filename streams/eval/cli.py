@@ -66,6 +66,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=4, help="requests outstanding at once (4)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each answer (300)")
     parser.add_argument("--out", type=Path, metavar="DIR", help="also write report.json, summary.png, report.html here")
+    parser.add_argument("--reply-prefix", metavar="P", help="answers on P.replies.eval-* (default: kafka.topic_prefix, "
+                        "which rollout candidate pools accept; a group on its own prefix: that prefix)")
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
@@ -91,7 +93,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings) -> int:
     plan = ReplayPlan(settings=settings, selection=selection, candidate_config=args.candidate,
                       candidate_settings=candidate_settings, target_prefix=args.target_prefix,
                       concurrency=args.concurrency, timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
-                      references=references)
+                      references=references, reply_prefix=args.reply_prefix or settings.kafka.topic_prefix)
     return _finish(args, lambda: replay(plan, _progress))
 
 
@@ -103,12 +105,11 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         samples = load_samples(args.samples)
     except SourceError as error:
         return _cannot_run(str(error))
-    if args.target_prefix:
-        settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(
-            update={"topic_prefix": args.target_prefix})})
+    prefix = settings.kafka.topic_prefix
     max_tokens = args.max_tokens or settings.edge.max_tokens_default
-    return _finish(args, lambda: run_samples(settings, samples, max_tokens=max_tokens, concurrency=args.concurrency,
-                                             timeout_s=args.timeout, progress=_progress))
+    return _finish(args, lambda: run_samples(
+        settings, samples, target_prefix=args.target_prefix or prefix, reply_prefix=args.reply_prefix or prefix,
+        max_tokens=max_tokens, concurrency=args.concurrency, timeout_s=args.timeout, progress=_progress))
 
 
 def _references(args: argparse.Namespace, settings: Settings) -> dict[str, tuple[str, tuple[str, ...]]]:

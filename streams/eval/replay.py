@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.events import CompletionRecord, GenerateRequest
+from schemas.topics import TopicCatalog
 from streams.config import CandidateSampling, Settings
 from streams.eval.candidate import started_candidate
 from streams.eval.compare import compare
@@ -35,6 +36,7 @@ class ReplayPlan:
     timeout_s: float
     ready_timeout_s: float
     references: dict[str, tuple[str, tuple[str, ...]]]  # input key -> (reference answer, tags)
+    reply_prefix: str  # answers come on <reply_prefix>.replies.eval-<tag>
 
 
 def candidate_request(record: CompletionRecord, policy: CandidateSampling) -> GenerateRequest:
@@ -55,16 +57,14 @@ async def replay(plan: ReplayPlan, progress: Callable[[str], None]) -> dict[str,
     progress(f"replaying {len(requests)} recorded request(s); not replayable: {plan.selection.prompt_not_logged} "
              f"without a logged prompt")
     if plan.target_prefix is not None:
-        catalog = plan.settings.model_copy(update={"kafka": plan.settings.kafka.model_copy(
-            update={"topic_prefix": plan.target_prefix})}).catalog
-        answers = await send_all(kafka, catalog, requests, concurrency=plan.concurrency,
-                                 timeout_s=plan.timeout_s, progress=progress)
+        answers = await send_all(kafka, TopicCatalog(prefix=plan.target_prefix).requests.name, plan.reply_prefix,
+                                 requests, concurrency=plan.concurrency, timeout_s=plan.timeout_s, progress=progress)
     else:
         assert plan.candidate_config is not None
-        async with started_candidate(plan.candidate_settings, plan.candidate_config, kafka,
+        async with started_candidate(plan.candidate_settings, plan.candidate_config, kafka, plan.reply_prefix,
                                      ready_timeout_s=plan.ready_timeout_s, progress=progress) as candidate:
-            answers = await send_all(kafka, candidate.settings.catalog, requests, concurrency=plan.concurrency,
-                                     timeout_s=plan.timeout_s, progress=progress)
+            answers = await send_all(kafka, candidate.settings.catalog.requests.name, plan.reply_prefix, requests,
+                                     concurrency=plan.concurrency, timeout_s=plan.timeout_s, progress=progress)
     pairs = pair_up(records, answers, plan.references)
     return {
         "kind": "replay",

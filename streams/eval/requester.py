@@ -1,7 +1,7 @@
 """Send many GenerateRequests to one deployment's request topic and collect each final answer.
 
-Answers come back on a reply topic of this run's own, ``<prefix>.replies.eval-<tag>`` (what the workers' default
-reply patterns admit), created first and deleted afterwards. At most ``concurrency`` requests are outstanding, so
+Answers come back on a reply topic of this run's own, ``<reply prefix>.replies.eval-<tag>``, created first and
+deleted afterwards; the workers must accept it as a reply route (their ``delivery.reply_topic_patterns``). At most ``concurrency`` requests are outstanding, so
 latencies measure the candidate, not a queue this tool built up. A request without an answer by ``timeout_s``
 counts as failed (``deadline_exceeded``); an unreadable reply is skipped.
 """
@@ -24,10 +24,10 @@ Final = Completion | ErrorEvent
 _PROGRESS_EVERY_S = 10.0
 
 
-async def send_all(kafka: KafkaSettings, catalog: TopicCatalog, requests: Sequence[GenerateRequest], *,
-                   concurrency: int, timeout_s: float, progress: Callable[[str], None]) -> dict[str, Final]:
+async def send_all(kafka: KafkaSettings, request_topic: str, reply_prefix: str, requests: Sequence[GenerateRequest],
+                   *, concurrency: int, timeout_s: float, progress: Callable[[str], None]) -> dict[str, Final]:
     """The final event of each request, by request_id (re-addressed to this run's reply topic)."""
-    reply = catalog.replies(f"eval-{uuid.uuid4().hex[:10]}")
+    reply = TopicCatalog(prefix=reply_prefix).replies(f"eval-{uuid.uuid4().hex[:10]}")
     await kafka_io.ensure_topics(kafka, [reply], replication_factor=kafka.replication_factor,
                                  min_insync_replicas=kafka.min_insync_replicas)
     consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
@@ -36,7 +36,7 @@ async def send_all(kafka: KafkaSettings, catalog: TopicCatalog, requests: Sequen
     await producer.start()
     try:
         consumer.assign([TopicPartition(reply.name, 0)])
-        return await _exchange(consumer, producer, catalog.requests.name, reply.name, requests,
+        return await _exchange(consumer, producer, request_topic, reply.name, requests,
                                concurrency=concurrency, timeout_s=timeout_s, progress=progress)
     finally:
         await consumer.stop()

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from schemas.events import EvalSample, GenerateRequest, ReplyRoute, SamplingParams
+from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.config import Settings
 from streams.eval.compare import LATENCIES, against_references
@@ -44,17 +45,19 @@ def sample_request(sample: EvalSample, run: str, *, model: str, max_tokens: int)
     )
 
 
-async def run_samples(settings: Settings, samples: Sequence[EvalSample], *, max_tokens: int, concurrency: int,
-                      timeout_s: float, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Publish the samples, send them to the deployment, and return the report (without gates)."""
+async def run_samples(settings: Settings, samples: Sequence[EvalSample], *, target_prefix: str, reply_prefix: str,
+                      max_tokens: int, concurrency: int, timeout_s: float,
+                      progress: Callable[[str], None]) -> dict[str, Any]:
+    """Publish the samples, send them to the workers serving ``target_prefix``, and return the report (no gates)."""
     await publish_samples(settings, samples)
     progress(f"published {len(samples)} sample(s) to {settings.catalog.eval_samples.name}")
     run = uuid.uuid4().hex[:8]
     requests = [sample_request(s, run, model=settings.engine.model, max_tokens=max_tokens) for s in samples]
-    answers = await send_all(settings.kafka, settings.catalog, requests, concurrency=concurrency,
+    request_topic = TopicCatalog(prefix=target_prefix).requests.name
+    answers = await send_all(settings.kafka, request_topic, reply_prefix, requests, concurrency=concurrency,
                              timeout_s=timeout_s, progress=progress)
     scored = [(s, Outcome.of(answers[r.request_id])) for s, r in zip(samples, requests)]
-    return {"kind": "run", "target_prefix": settings.kafka.topic_prefix, "run": run, "scores": score(scored)}
+    return {"kind": "run", "target_prefix": target_prefix, "run": run, "scores": score(scored)}
 
 
 def score(scored: Sequence[tuple[EvalSample, Outcome]]) -> dict[str, Any]:

@@ -138,10 +138,11 @@ def test_the_candidate_runs_its_own_file_on_the_recordings_kafka_under_a_prefix_
                          "worker:\n  group_id: specstream.engine-workers\n  heartbeat_s: 2\n")
     kafka = KafkaSettings(bootstrap_servers="broker:9093", security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
                           sasl_username="eval", sasl_password="s3cret")  # type: ignore[arg-type]
-    derived = derived_config(candidate, kafka, "specstream.eval-1a2b", tmp_path)
+    derived = derived_config(candidate, kafka, "specstream.eval-1a2b", "specstream", tmp_path)
     settings = load_settings(derived)
     assert settings.kafka.bootstrap_servers == "broker:9093" and settings.kafka.topic_prefix == "specstream.eval-1a2b"
     assert settings.kafka.sasl_password is not None and settings.kafka.sasl_password.get_secret_value() == "s3cret"
     assert settings.engine.dtype == "bfloat16" and settings.worker.heartbeat_s == 2
     assert settings.worker.group_id == "specstream.eval-1a2b.engine-workers"
+    assert settings.delivery.reply_topic_patterns == ["specstream.replies.*"]
     assert derived.stat().st_mode & 0o077 == 0
