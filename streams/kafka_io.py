@@ -18,9 +18,10 @@ cannot drift apart on durability settings, topic layout or wire format:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -308,6 +309,28 @@ async def read_partition(kafka: Connectable, topic: str, *, timeout_s: float = 3
     finally:
         await consumer.stop()
     return records
+
+
+@contextlib.asynccontextmanager
+async def reply_session(kafka: Connectable, reply: Topic, *,
+                        client_id: str) -> AsyncIterator[tuple[AIOKafkaConsumer, AIOKafkaProducer]]:
+    """A reply topic of the caller's own (as an edge has one), read from its start, and a producer to send requests
+    with; the topic is deleted afterwards (`specstream send`, `specstream eval`)."""
+    settings = settings_of(kafka)
+    await ensure_topics(kafka, [reply], replication_factor=settings.replication_factor,
+                        min_insync_replicas=settings.min_insync_replicas)
+    consumer = make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+    producer = make_producer(kafka, client_id=client_id)
+    await consumer.start()
+    await producer.start()
+    try:
+        consumer.assign([TopicPartition(reply.name, 0)])
+        yield consumer, producer
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        with contextlib.suppress(Exception):
+            await delete_topics(kafka, [reply.name])
 
 
 async def stop_polling(task: asyncio.Task[None] | None, consumer: AIOKafkaConsumer | None) -> None:

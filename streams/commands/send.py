@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import time
 import uuid
@@ -64,30 +63,15 @@ def _request(args: argparse.Namespace, settings: Settings, reply_topic: str) -> 
 
 
 async def _send(args: argparse.Namespace, settings: Settings) -> int:
-    from aiokafka import TopicPartition
-
     from streams import kafka_io
 
-    kafka = settings.kafka
     # A reply topic of our own, as an edge would have; deleted afterwards.
     reply = settings.catalog.replies(f"cli-{uuid.uuid4().hex[:10]}")
-    await kafka_io.ensure_topics(kafka, [reply], replication_factor=kafka.replication_factor,
-                                 min_insync_replicas=kafka.min_insync_replicas)
     request = _request(args, settings, reply.name)
-    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
-    producer = kafka_io.make_producer(kafka, client_id="specstream-send")
-    await consumer.start()
-    await producer.start()
-    try:
-        consumer.assign([TopicPartition(reply.name, 0)])
+    async with kafka_io.reply_session(settings.kafka, reply, client_id="specstream-send") as (consumer, producer):
         await producer.send_and_wait(settings.catalog.requests.name, kafka_io.encode(request),
                                      key=kafka_io.request_key(request.request_id))
         return await _print_replies(consumer, args)
-    finally:
-        await consumer.stop()
-        await producer.stop()
-        with contextlib.suppress(Exception):
-            await kafka_io.delete_topics(kafka, [reply.name])
 
 
 async def _print_replies(consumer: Any, args: argparse.Namespace) -> int:

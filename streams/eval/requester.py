@@ -7,12 +7,11 @@ counts as failed (``deadline_exceeded``); an unreadable reply is skipped.
 """
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from pydantic import ValidationError
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, ReplyRoute
@@ -28,21 +27,9 @@ async def send_all(kafka: KafkaSettings, request_topic: str, reply_prefix: str, 
                    *, concurrency: int, timeout_s: float, progress: Callable[[str], None]) -> dict[str, Final]:
     """The final event of each request, by request_id (re-addressed to this run's reply topic)."""
     reply = TopicCatalog(prefix=reply_prefix).replies(f"eval-{uuid.uuid4().hex[:10]}")
-    await kafka_io.ensure_topics(kafka, [reply], replication_factor=kafka.replication_factor,
-                                 min_insync_replicas=kafka.min_insync_replicas)
-    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
-    producer = kafka_io.make_producer(kafka, client_id="specstream-eval")
-    await consumer.start()
-    await producer.start()
-    try:
-        consumer.assign([TopicPartition(reply.name, 0)])
+    async with kafka_io.reply_session(kafka, reply, client_id="specstream-eval") as (consumer, producer):
         return await _exchange(consumer, producer, request_topic, reply.name, requests,
                                concurrency=concurrency, timeout_s=timeout_s, progress=progress)
-    finally:
-        await consumer.stop()
-        await producer.stop()
-        with contextlib.suppress(Exception):
-            await kafka_io.delete_topics(kafka, [reply.name])
 
 
 async def _exchange(consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, request_topic: str, reply_topic: str,
