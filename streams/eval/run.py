@@ -17,7 +17,7 @@ from streams import kafka_io
 from streams.config import Settings
 from streams.eval.compare import LATENCIES, against_references
 from streams.eval.outcome import Outcome
-from streams.eval.requester import Final, send_all
+from streams.eval.requester import send_all
 from streams.eval.scoring import percentile, rate
 
 SAMPLE_SEED = 0  # greedy requests ignore it; a fixed seed keeps a sampled run reproducible
