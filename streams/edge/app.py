@@ -36,22 +36,31 @@ from streams.edge import errors, openai_api, openapi, ws
 from streams.edge.core import Edge
 from streams.edge.gate import Gate
 from streams.edge.settings import EdgeOptions
+from streams.config import Settings, TelemetrySettings
+from streams.telemetry.edge import EdgeTelemetry
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Any = None) -> FastAPI:
-    """The edge's ASGI app. ``settings``: a streams.config.Settings, an EdgeOptions, or None (load_settings())."""
+def create_app(settings: Any = None, *, telemetry: EdgeTelemetry | None = None) -> FastAPI:
+    """The edge's ASGI app. ``settings``: a streams.config.Settings, an EdgeOptions, or None (load_settings()).
+
+    ``telemetry``: traces and metrics; by default from ``settings.telemetry`` (an EdgeOptions has none: the
+    defaults, i.e. metrics on and tracing as the OTEL_* variables say).
+    """
     edge_settings = EdgeOptions.from_settings(settings)
+    if telemetry is None:
+        telemetry = EdgeTelemetry.from_settings(
+            settings.telemetry if isinstance(settings, Settings) else TelemetrySettings())
 
     # Built here, not in the lifespan: a bad keys file or Redis URL fails the start, not the first request.
     gate = Gate(edge_settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        edge = Edge(edge_settings)
+        edge = Edge(edge_settings, tracer=telemetry.tracer)
         app.state.edge = edge
         await gate.start()
         try:
@@ -62,10 +71,13 @@ def create_app(settings: Any = None) -> FastAPI:
                 await edge.stop()
         finally:
             await gate.stop()
+            telemetry.shutdown()
 
     app = FastAPI(title="specstream edge", version="0.1.0", lifespan=lifespan)
     app.state.settings = edge_settings
     app.state.gate = gate
+    app.state.telemetry = telemetry
+    telemetry.install(app)
     openapi.install(app, edge_settings.models, edge_settings.max_model_len)
 
     @app.exception_handler(errors.EdgeError)
@@ -106,5 +118,9 @@ def run_edge(settings: Any = None, **overrides: Any) -> None:
 
     edge_settings = EdgeOptions.from_settings(settings, **overrides)
     log.info("edge %s on http://%s:%d", edge_settings.edge_id, edge_settings.host, edge_settings.port)
-    uvicorn.run(create_app(edge_settings), host=edge_settings.host, port=edge_settings.port, log_level="info",
+    telemetry_settings = settings.telemetry if isinstance(settings, Settings) else TelemetrySettings()
+    # With logging configured (the CLI: text or JSON), uvicorn's records go through it instead of its own format.
+    log_config = None if logging.getLogger().handlers else uvicorn.config.LOGGING_CONFIG
+    uvicorn.run(create_app(edge_settings, telemetry=EdgeTelemetry.from_settings(telemetry_settings)),
+                host=edge_settings.host, port=edge_settings.port, log_level="info", log_config=log_config,
                 ws_max_size=edge_settings.max_ws_frame_bytes)

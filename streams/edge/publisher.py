@@ -14,17 +14,22 @@ import asyncio
 import logging
 
 from aiokafka import AIOKafkaProducer
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from schemas.events import CancelRequest, GenerateRequest
 from streams.kafka_io import encode, make_producer, request_key
 from streams.edge.settings import EdgeOptions
+from streams.telemetry import tracing
+from streams.telemetry.logs import bind_request
 
 log = logging.getLogger(__name__)
 
 
 class Publisher:
-    def __init__(self, settings: EdgeOptions) -> None:
+    def __init__(self, settings: EdgeOptions, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
+        self.tracer = tracer
         catalog = settings.catalog
         self.request_topic = catalog.requests.name
         self.cancel_topic = catalog.cancellations.name
@@ -56,10 +61,25 @@ class Publisher:
             self._producer = None
 
     async def publish_request(self, request: GenerateRequest) -> None:
-        """Publish and wait until the broker acknowledged it."""
-        await self.producer.send_and_wait(
-            self.request_topic, encode(request), key=request_key(request.request_id),
-        )
+        """Publish and wait until the broker acknowledged it.
+
+        Traced, the publish is a producer span whose context travels in the record's headers and in
+        ``request.trace``: the worker's consumer span continues this trace.
+        """
+        if self.tracer is None:
+            bind_request(request.request_id, _trace_id_of(request))
+            await self.producer.send_and_wait(self.request_topic, encode(request), key=request_key(request.request_id))
+            return
+        with self.tracer.start_as_current_span(
+            f"publish {self.request_topic}", kind=SpanKind.PRODUCER,
+            attributes={"messaging.system": "kafka", "messaging.operation.type": "publish",
+                        "messaging.destination.name": self.request_topic, "messaging.message.id": request.request_id},
+        ) as span:
+            bind_request(request.request_id, tracing.trace_id_hex(span))
+            carrier = tracing.carrier_of()
+            request = request.model_copy(update={"trace": tracing.trace_context(carrier)})
+            await self.producer.send_and_wait(self.request_topic, encode(request), key=request_key(request.request_id),
+                                              headers=tracing.kafka_headers(carrier))
 
     async def publish_cancel(self, request_id: str, reason: str = "client disconnected") -> None:
         await self.producer.send_and_wait(
@@ -82,3 +102,10 @@ class Publisher:
             await self.publish_cancel(request_id, reason)
         except Exception:  # the client is gone; nobody to tell but the log
             log.exception("could not publish cancellation of %s", request_id)
+
+
+def _trace_id_of(request: GenerateRequest) -> str | None:
+    """The trace id of the client's traceparent (``00-<trace id>-<span id>-<flags>``), for log lines."""
+    parent = request.trace.traceparent if request.trace is not None else None
+    parts = parent.split("-") if parent else []
+    return parts[1] if len(parts) == 4 else None

@@ -213,6 +213,8 @@ class ReplyStream:
         self.forwarded = Forwarded(request_id)
         self.final: Completion | ErrorEvent | None = None
         self.closed = False
+        # Called once when the stream closes (the edge's relay span ends there).
+        self.on_close: Callable[[], None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -222,6 +224,8 @@ class ReplyStream:
         if not self.closed:
             self.closed = True
             self.router._close(self.request_id)
+            if self.on_close is not None:
+                self.on_close()
 
     def __enter__(self) -> "ReplyStream":
         return self

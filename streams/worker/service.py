@@ -26,6 +26,7 @@ import collections
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from schemas.events import (
     ErrorEvent,
     GenerateRequest,
     ReplyRoute,
+    ServiceAnnouncement,
     SpecStats,
     SpecStepStats,
     Timings,
@@ -64,6 +66,8 @@ from schemas.topics import DEAD_LETTER_MAX_BYTES
 from streams import kafka_io
 from streams.config import Settings
 from streams.reply_routes import ReplyRoutes, RouteCheck, compile_patterns
+from streams.telemetry.logs import bind_request
+from streams.telemetry.worker import WorkerTelemetry
 from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import Rejection, parse_request, to_engine_request
 from streams.worker.offsets import OffsetTracker
@@ -204,11 +208,15 @@ class EngineWorker:
         *,
         engine_factory: EngineFactory = load_engine,
         progress: Progress | None = None,
+        telemetry: WorkerTelemetry | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = settings.catalog
         self.worker_id = settings.worker.resolved_id()
         self.group_id = settings.worker.resolved_group_id(settings.kafka.topic_prefix)
+        # None when tracing and metrics are both off: then no telemetry call is made at all.
+        self.telemetry = telemetry or WorkerTelemetry.from_settings(settings, group_id=self.group_id)
+        self._started_at = time.time()
         self._engine_factory = engine_factory
         self._progress = progress
         self.engine: Engine | None = None
@@ -290,6 +298,12 @@ class EngineWorker:
         # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
         self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
         self.served_models = sorted({self.engine.model_name, self.settings.engine.model})
+        if self.telemetry is not None:
+            self.telemetry.watch_engine(self.engine)
+            metrics = self.settings.telemetry.metrics
+            url = self.telemetry.serve_metrics(metrics.worker_host, metrics.worker_port)
+            if url is not None:
+                log.info("worker %s metrics on %s", self.worker_id, url)
         self._driver = EngineDriver(
             self.engine, asyncio.get_running_loop(), self._on_outputs, self._on_engine_failure,
             name=f"engine-{self.worker_id}",
@@ -301,6 +315,8 @@ class EngineWorker:
         self._state = "ready"
         await self._announce("ready")
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat")
+        if self.telemetry is not None and self.requests.consumer is not None:
+            self._spawn(self.telemetry.sample_lag(self.requests.consumer))
         log.info(
             "worker %s ready: model %s, group %s, requests from %s",
             self.worker_id, self.engine.model_name if self.engine else "?", self.group_id, self.catalog.requests.name,
@@ -325,6 +341,8 @@ class EngineWorker:
             for request_id in list(self._in_flight):
                 self._in_flight.pop(request_id).done = True
                 self._driver.abort(request_id)
+                if self.telemetry is not None:
+                    self.telemetry.handed_back(request_id, "drain timeout")
         try:
             # Bounded: with the broker gone these would wait out the producer's request timeout; what is not
             # acknowledged by then is not committed either, so Kafka redelivers it.
@@ -344,6 +362,8 @@ class EngineWorker:
             with contextlib.suppress(Exception):
                 await self._admin.close()
             self._admin = None
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
 
     async def _list_topics(self) -> list[str]:
         if self._admin is None:
@@ -378,7 +398,7 @@ class EngineWorker:
         source = Source(record.topic, record.partition, record.offset)
         self._offsets.started(source.topic, source.partition, source.offset)
         try:
-            await self._intake(record.value, record.key, record.timestamp, source)
+            await self._intake(record.value, record.key, record.timestamp, source, record.headers)
         except Exception:  # noqa: BLE001 - a bug here must not stop consumption; the message is dead-lettered
             log.exception("internal error handling %s/%d@%d", source.topic, source.partition, source.offset)
             self._reject(
@@ -386,7 +406,8 @@ class EngineWorker:
                 record.value, record.key, source,
             )
 
-    async def _intake(self, value: bytes | None, key: bytes | None, timestamp_ms: int, source: Source) -> None:
+    async def _intake(self, value: bytes | None, key: bytes | None, timestamp_ms: int, source: Source,
+                      headers: Any = None) -> None:
         received_at = time.time()
         parsed = parse_request(value, max_bytes=self.settings.worker.max_message_bytes)
         if isinstance(parsed, Rejection):
@@ -428,6 +449,9 @@ class EngineWorker:
         published_at = request.created_at if request.created_at is not None else timestamp_ms / 1000
         flight = InFlight(request, [source], received_at, transit_s=max(0.0, received_at - published_at))
         self._in_flight[request.request_id] = flight
+        if self.telemetry is not None:
+            self.telemetry.received(request, headers, source.topic, source.partition, received_at)
+        bind_request(request.request_id, self._trace_id(request))
         assert self._driver is not None
         try:
             added = self._driver.add(
@@ -475,6 +499,8 @@ class EngineWorker:
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         """Called on the loop once per engine step: one TokenChunk per output, then a Completion when finished."""
+        if self.telemetry is not None:
+            self.telemetry.step(outputs, time.time())
         for output in outputs:
             flight = self._in_flight.get(output.request_id)
             if flight is None or flight.done:
@@ -501,6 +527,8 @@ class EngineWorker:
         self._publish_reply(flight, chunk)
         if output.finished:
             completion = self._completion(flight, output, finish_reason or "stop")
+            if self.telemetry is not None:
+                self.telemetry.engine_done(request.request_id, output.stats, completion, time.time())
             self._publish_reply(flight, completion)
             self._finish(flight, completion)
 
@@ -562,6 +590,7 @@ class EngineWorker:
         if flight is None or flight.done:
             self._remember_cancel(cancel.request_id)
             return
+        bind_request(cancel.request_id, self._trace_id(flight.request))
         log.info("cancelling %s: %s", cancel.request_id, cancel.reason)
         if self._driver is None:
             return
@@ -658,6 +687,7 @@ class EngineWorker:
         self._spawn(self._settle(flight))
 
     async def _settle(self, flight: InFlight) -> None:
+        bind_request(flight.request.request_id, self._trace_id(flight.request))  # this task's log lines
         results = await asyncio.gather(*flight.deliveries, return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -669,12 +699,16 @@ class EngineWorker:
             reason = (f"reply_undeliverable: {len(failures)} of {len(results)} reply event(s) to "
                       f"'{request.reply_to.topic}' not delivered: {_describe_error(failures[0])}")
             undelivered = kafka_io.encode(flight.final_event).decode() if flight.final_event is not None else None
+            if self.telemetry is not None:
+                self.telemetry.publish_failed("reply")
             await asyncio.gather(self._dead_letter(reason, kafka_io.encode(request),
                                                    kafka_io.request_key(request.request_id), flight.sources[0],
                                                    undelivered=undelivered), return_exceptions=True)
         if self._in_flight.get(flight.request.request_id) is flight:
             del self._in_flight[flight.request.request_id]
             self._release_slot()
+        if self.telemetry is not None:
+            self.telemetry.settled(flight.request.request_id, len(failures))
         for source in flight.sources:
             self._offsets.finished(source.topic, source.partition, source.offset)
         await self._commit()
@@ -683,6 +717,8 @@ class EngineWorker:
         if flight.done:
             return
         error = ErrorEvent(request_id=flight.request.request_id, code=code, message=message)
+        if self.telemetry is not None:
+            self.telemetry.failed(flight.request.request_id, code, message)
         self._publish_reply(flight, error)
         self._finish(flight, error)
 
@@ -726,6 +762,8 @@ class EngineWorker:
                 await asyncio.gather(self._dead_letter(reason, None, key, source, dropped=len(value or b"")),
                                      return_exceptions=True)
             elif isinstance(result, BaseException):
+                if self.telemetry is not None:
+                    self.telemetry.publish_failed("rejection")
                 log.error("could not publish the rejection of %s/%d@%d: %s",
                           source.topic, source.partition, source.offset, _describe_error(result))
         # Committed past whatever happened to its reply: a message is never read again once it was dealt with.
@@ -736,6 +774,8 @@ class EngineWorker:
                      dropped: int = 0, undelivered: str | None = None) -> asyncio.Future[Any]:
         if dropped:
             reason += f" (original of {dropped} bytes too large to keep)"
+        if self.telemetry is not None:
+            self.telemetry.dead_lettered(reason)
         letter = DeadLetter(
             reason=reason,
             source_topic=source.topic,
@@ -803,6 +843,8 @@ class EngineWorker:
             flight.done = True
             del self._in_flight[flight.request.request_id]
             self._release_slot()
+            if self.telemetry is not None:
+                self.telemetry.handed_back(flight.request.request_id, "partition reassigned")
             if self._driver is not None:
                 # The inbox is FIFO: a request still being added is aborted right after its add.
                 with contextlib.suppress(RuntimeError):
@@ -843,8 +885,30 @@ class EngineWorker:
                 ),
                 timeout=_ANNOUNCE_TIMEOUT_S,
             )
+            await asyncio.wait_for(self._announce_service(state), timeout=_ANNOUNCE_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - an announcement is best effort; the next heartbeat retries
+            if self.telemetry is not None:
+                self.telemetry.publish_failed("announcement")
             log.warning("could not announce %s: %s", state, repr(error))
+
+    async def _announce_service(self, state: str) -> None:
+        """The same on the services topic, with where this worker's metrics are (what Prometheus scrapes)."""
+        announcement = ServiceAnnouncement(
+            kind="engine-worker", service_id=self.worker_id, state=state, host=socket.gethostname(),  # type: ignore[arg-type]
+            pid=os.getpid(), started_at=self._started_at, in_flight=len(self._in_flight), models=self.served_models,
+            metrics_url=self.telemetry.metrics_url if self.telemetry is not None else None, at=time.time(),
+        )
+        await self.broker.publish(kafka_io.encode(announcement), self.catalog.services.name,
+                                  key=f"engine-worker/{self.worker_id}".encode(), headers=_JSON_HEADERS)
+
+    def _trace_id(self, request: GenerateRequest) -> str | None:
+        """For log lines: this worker's span's trace id, else the one the request carries."""
+        if self.telemetry is not None:
+            traced = self.telemetry.trace_id(request.request_id)
+            if traced is not None:
+                return traced
+        parent = request.trace.traceparent if request.trace is not None else None
+        return parent.split("-")[1] if parent and parent.count("-") >= 3 else None
 
     async def _heartbeat_loop(self) -> None:
         while True:
