@@ -157,7 +157,7 @@ class Edge:
         return stream
 
     def _trace_relay(self, stream: ReplyStream) -> None:
-        """A span from the publish's acknowledgement until the stream closes: waiting for and relaying the replies."""
+        """A span from the publish's acknowledgement to the final reply (or the stream's close without one)."""
         assert self.tracer is not None
         span = self.tracer.start_span(f"receive {self.reply_topic}", kind=SpanKind.CONSUMER, attributes={
             "messaging.system": "kafka", "messaging.operation.type": "receive",
@@ -170,7 +170,7 @@ class Edge:
                 span.set_status(Status(StatusCode.ERROR, getattr(final, "code", None) or "closed before the final event"))
             span.end()
 
-        stream.on_close = end
+        stream.on_end = end
 
     def abandon(self, stream: ReplyStream, reason: str = "client disconnected") -> None:
         """The client of an unfinished request is gone: stop routing it and tell the workers. Idempotent."""

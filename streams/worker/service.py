@@ -230,6 +230,7 @@ class EngineWorker:
         self._commit_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
+        self._lag_sampler: asyncio.Task[None] | None = None
         self._state: str = "starting"
         # Request partitions this worker owns (updated on every rebalance; None before the first assignment).
         self._owned: set[tuple[str, int]] | None = None
@@ -316,7 +317,8 @@ class EngineWorker:
         await self._announce("ready")
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat")
         if self.telemetry is not None and self.requests.consumer is not None:
-            self._spawn(self.telemetry.sample_lag(self.requests.consumer))
+            self._lag_sampler = asyncio.create_task(self.telemetry.sample_lag(self.requests.consumer),
+                                                    name="worker-lag-sampler")
         log.info(
             "worker %s ready: model %s, group %s, requests from %s",
             self.worker_id, self.engine.model_name if self.engine else "?", self.group_id, self.catalog.requests.name,
@@ -349,8 +351,9 @@ class EngineWorker:
             await asyncio.wait_for(self._settle_pending(), timeout=max(1.0, deadline - time.monotonic()))
         except TimeoutError:
             log.warning("replies still unacknowledged at the end of the drain; their requests will be redelivered")
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        for task in (self._heartbeat, self._lag_sampler):
+            if task is not None:
+                task.cancel()
         self._state = "stopped"
         await self._announce("stopped")
 
