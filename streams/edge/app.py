@@ -62,6 +62,8 @@ def create_app(settings: Any = None, *, telemetry: EdgeTelemetry | None = None) 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         edge = Edge(edge_settings, tracer=telemetry.tracer)
         app.state.edge = edge
+        if telemetry.metrics is not None:
+            telemetry.metrics.watch_ready_workers(lambda: len(edge.readiness.live_workers()))
         await gate.start()
         try:
             await edge.start()

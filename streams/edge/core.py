@@ -22,6 +22,8 @@ from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
+from streams.telemetry.logs import bind_request, trace_id_of
+from streams.telemetry.tracing import trace_id_hex
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,9 @@ class Edge:
         """Register the request with the router, then publish it. Returns its reply stream."""
         if not self.connected.is_set():
             raise errors.not_ready(self.last_error or "not connected to Kafka")
+        # The rest of this request's handling logs with its ids (the access log line included).
+        bind_request(request.request_id,
+                     trace_id_hex() or trace_id_of(request.trace.traceparent if request.trace is not None else None))
         stream = self.router.open(request.request_id, deadline=request.deadline)
         try:
             await asyncio.wait_for(self.publisher.publish_request(request), timeout=10.0)

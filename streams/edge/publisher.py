@@ -21,7 +21,6 @@ from schemas.events import CancelRequest, GenerateRequest
 from streams.kafka_io import encode, make_producer, request_key
 from streams.edge.settings import EdgeOptions
 from streams.telemetry import tracing
-from streams.telemetry.logs import bind_request
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +66,13 @@ class Publisher:
         ``request.trace``: the worker's consumer span continues this trace.
         """
         if self.tracer is None:
-            bind_request(request.request_id, _trace_id_of(request))
             await self.producer.send_and_wait(self.request_topic, encode(request), key=request_key(request.request_id))
             return
         with self.tracer.start_as_current_span(
             f"publish {self.request_topic}", kind=SpanKind.PRODUCER,
             attributes={"messaging.system": "kafka", "messaging.operation.type": "publish",
                         "messaging.destination.name": self.request_topic, "messaging.message.id": request.request_id},
-        ) as span:
-            bind_request(request.request_id, tracing.trace_id_hex(span))
+        ):
             carrier = tracing.carrier_of()
             request = request.model_copy(update={"trace": tracing.trace_context(carrier)})
             await self.producer.send_and_wait(self.request_topic, encode(request), key=request_key(request.request_id),
@@ -103,9 +100,3 @@ class Publisher:
         except Exception:  # the client is gone; nobody to tell but the log
             log.exception("could not publish cancellation of %s", request_id)
 
-
-def _trace_id_of(request: GenerateRequest) -> str | None:
-    """The trace id of the client's traceparent (``00-<trace id>-<span id>-<flags>``), for log lines."""
-    parent = request.trace.traceparent if request.trace is not None else None
-    parts = parent.split("-") if parent else []
-    return parts[1] if len(parts) == 4 else None

@@ -10,11 +10,13 @@ completions) at DEBUG, so its payload loggers stay at INFO whatever ``log_level`
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry import trace
@@ -29,8 +31,27 @@ _request: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.Co
 
 
 def bind_request(request_id: str | None, trace_id: str | None = None) -> None:
-    """Log lines of the current task (and of tasks it starts from now on) carry this request id and trace id."""
+    """Log lines of the current task (and of tasks it starts from now on) carry this request id and trace id.
+
+    In a task that serves many requests one after another (a consumer's loop), call it inside :func:`request_scope`.
+    """
     _request.set((request_id, trace_id))
+
+
+@contextlib.contextmanager
+def request_scope() -> Iterator[None]:
+    """What :func:`bind_request` binds inside this block is unbound at its end."""
+    token = _request.set(_request.get())
+    try:
+        yield
+    finally:
+        _request.reset(token)
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id in a W3C ``traceparent`` (``00-<trace id>-<span id>-<flags>``), or None."""
+    parts = traceparent.split("-") if traceparent else []
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
 
 
 class _RequestFields(logging.Filter):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 PREFIX = "specstream:"
 # vLLM v1's buckets: seconds-scale latencies on slow hardware still land in a finite bucket.
@@ -29,6 +29,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 OTHER = "other"
+# The *_created series double every counter and histogram and no dashboard or rule of ours reads them.
+disable_created_metrics()
 
 
 class BoundedLabel:
@@ -129,7 +131,12 @@ class EdgeMetrics:
         self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds", "End-to-end latency: request arrival to the last "
                              "byte its client receives.", ["measured_at", "route"], buckets=REQUEST_BUCKETS,
                              registry=registry)
+        self.ready_workers = Gauge(f"{PREFIX}ready_workers", "Engine workers this edge counts as ready (announced "
+                                   "ready within edge.ready_heartbeats heartbeats).", registry=registry)
         self.bus = BusMetrics(registry)
+
+    def watch_ready_workers(self, count: Callable[[], float]) -> None:
+        self.ready_workers.set_function(_guarded(count))
 
 
 def _guarded(read: Callable[[], float]) -> Callable[[], float]:

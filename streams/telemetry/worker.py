@@ -17,13 +17,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from engine.outputs import RequestOutput, RequestStats
 from schemas.events import Completion, GenerateRequest
 from streams.config import Settings
 from streams.telemetry import tracing as tracing_mod
 from streams.telemetry.metrics import WorkerMetrics
+from streams.telemetry.metrics_server import MetricsServer
 from streams.telemetry.request_trace import RequestTrace
 from streams.telemetry.tracing import KafkaHeaders, Tracing
 
@@ -39,7 +40,7 @@ class WorkerTelemetry:
         self._traces: dict[str, RequestTrace] = {}
         self._last_output: dict[str, float] = {}
         self._requests: dict[str, GenerateRequest] = {}
-        self._server: Any = None
+        self._server: MetricsServer | None = None
         self.metrics_url: str | None = None
 
     @classmethod
@@ -144,9 +145,8 @@ class WorkerTelemetry:
         """Serve /metrics on its own port (a thread of prometheus_client's); returns its URL."""
         if self.metrics is None:
             return None
-        self._server, _ = start_http_server(port or 0, addr=host, registry=self.metrics.registry)
-        shown = f"[{host}]" if ":" in host else host
-        self.metrics_url = f"http://{shown}:{self._server.server_port}/metrics"
+        self._server = MetricsServer(self.metrics.registry, host, port or 0)
+        self.metrics_url = self._server.url
         return self.metrics_url
 
     def watch_engine(self, engine: Any) -> None:
@@ -159,8 +159,7 @@ class WorkerTelemetry:
 
     def shutdown(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
         if self.tracing is not None:
             self.tracing.shutdown()

@@ -66,7 +66,7 @@ from schemas.topics import DEAD_LETTER_MAX_BYTES
 from streams import kafka_io
 from streams.config import Settings
 from streams.reply_routes import ReplyRoutes, RouteCheck, compile_patterns
-from streams.telemetry.logs import bind_request
+from streams.telemetry.logs import bind_request, request_scope, trace_id_of
 from streams.telemetry.worker import WorkerTelemetry
 from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import Rejection, parse_request, to_engine_request
@@ -401,7 +401,8 @@ class EngineWorker:
         source = Source(record.topic, record.partition, record.offset)
         self._offsets.started(source.topic, source.partition, source.offset)
         try:
-            await self._intake(record.value, record.key, record.timestamp, source, record.headers)
+            with request_scope():  # this loop serves message after message: each one's ids end with it
+                await self._intake(record.value, record.key, record.timestamp, source, record.headers)
         except Exception:  # noqa: BLE001 - a bug here must not stop consumption; the message is dead-lettered
             log.exception("internal error handling %s/%d@%d", source.topic, source.partition, source.offset)
             self._reject(
@@ -593,7 +594,11 @@ class EngineWorker:
         if flight is None or flight.done:
             self._remember_cancel(cancel.request_id)
             return
-        bind_request(cancel.request_id, self._trace_id(flight.request))
+        with request_scope():
+            bind_request(cancel.request_id, self._trace_id(flight.request))
+            await self._cancel(flight, cancel)
+
+    async def _cancel(self, flight: InFlight, cancel: CancelRequest) -> None:
         log.info("cancelling %s: %s", cancel.request_id, cancel.reason)
         if self._driver is None:
             return
@@ -910,8 +915,7 @@ class EngineWorker:
             traced = self.telemetry.trace_id(request.request_id)
             if traced is not None:
                 return traced
-        parent = request.trace.traceparent if request.trace is not None else None
-        return parent.split("-")[1] if parent and parent.count("-") >= 3 else None
+        return trace_id_of(request.trace.traceparent if request.trace is not None else None)
 
     async def _heartbeat_loop(self) -> None:
         while True:

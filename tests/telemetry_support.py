@@ -1,0 +1,193 @@
+"""Real receivers for the telemetry tests: an OTLP/HTTP trace receiver and Debian's Prometheus.
+
+* :class:`OtlpReceiver` accepts ``POST /v1/traces`` (protobuf, optionally gzip) as a collector
+  does and decodes each export with ``opentelemetry-proto``: what the SDK's real exporter sent.
+* :func:`prometheus_server` starts the ``prometheus`` binary on a free port with a generated
+  configuration, its own storage, and our rule files; :class:`Prometheus` queries its HTTP API.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from tests.stack import REPO, free_port
+
+RULES = sorted((REPO / "infra" / "prometheus" / "rules").glob("*.yml"))
+
+
+@dataclass(frozen=True)
+class ReceivedSpan:
+    service: str
+    name: str
+    trace_id: str
+    span_id: str
+    parent_span_id: str
+    kind: int
+    attributes: dict[str, Any]
+
+
+class OtlpReceiver:
+    """A minimal OTLP/HTTP collector on 127.0.0.1: ``endpoint`` is what OTEL_EXPORTER_OTLP_ENDPOINT names."""
+
+    def __init__(self) -> None:
+        self.spans: list[ReceivedSpan] = []
+        self.requests = 0
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if self.path != "/v1/traces" or self.headers.get("Content-Type") != "application/x-protobuf":
+                    self.send_error(404 if self.path != "/v1/traces" else 415)
+                    return
+                receiver._take(ExportTraceServiceRequest.FromString(body))
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-receiver", daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_port}"
+
+    def _take(self, export: ExportTraceServiceRequest) -> None:
+        spans = []
+        for resource_spans in export.resource_spans:
+            service = next((a.value.string_value for a in resource_spans.resource.attributes
+                            if a.key == "service.name"), "")
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    attributes = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
+                    spans.append(ReceivedSpan(service, span.name, span.trace_id.hex(), span.span_id.hex(),
+                                              span.parent_span_id.hex(), span.kind, attributes))
+        with self._lock:
+            self.requests += 1
+            self.spans.extend(spans)
+
+    def trace(self, trace_id: str) -> list[ReceivedSpan]:
+        with self._lock:
+            return [s for s in self.spans if s.trace_id == trace_id]
+
+    def __enter__(self) -> OtlpReceiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class Prometheus:
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.base_url}/api/v1/query", params={"query": promql}, timeout=10.0)
+        body = response.json()
+        assert body.get("status") == "success", f"{promql}: {body}"
+        return body["data"]["result"]
+
+    def value(self, promql: str) -> float | None:
+        """The single sample's value, or None when the query returns nothing."""
+        result = self.query(promql)
+        if not result:
+            return None
+        assert len(result) == 1, f"{promql}: expected one series, got {result}"
+        return float(result[0]["value"][1])
+
+    def wait_for(self, promql: str, expected: float, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: float | None = None
+        while time.monotonic() < deadline:
+            last = self.value(promql)
+            if last == expected:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{promql} = {last}, expected {expected} within {timeout_s:.0f}s")
+
+
+@contextlib.contextmanager
+def prometheus_server(edge_target: str, worker_targets_file: Path, *, scrape_s: float = 1.0) -> Iterator[Prometheus]:
+    """Debian's prometheus scraping the edge (static) and the workers (file_sd), with infra/prometheus's rules."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise RuntimeError("prometheus not found: install Debian's prometheus package (./dev setup does)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="specstream-prometheus-") as tmp:
+        config = {
+            "global": {"scrape_interval": f"{scrape_s:g}s", "evaluation_interval": f"{scrape_s:g}s"},
+            "rule_files": [str(path) for path in RULES],
+            "scrape_configs": [
+                {"job_name": "specstream-edge", "static_configs": [{"targets": [edge_target]}]},
+                {"job_name": "specstream-workers",
+                 "file_sd_configs": [{"files": [str(worker_targets_file)], "refresh_interval": "1s"}]},
+            ],
+        }
+        config_file = Path(tmp) / "prometheus.yml"
+        config_file.write_text(yaml.safe_dump(config))
+        log = open(Path(tmp) / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+        process = subprocess.Popen(
+            [binary, f"--config.file={config_file}", f"--storage.tsdb.path={tmp}/data",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if process.poll() is not None:
+                    raise RuntimeError(f"prometheus exited: {(Path(tmp) / 'prometheus.log').read_text()[-2000:]}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if httpx.get(f"{base}/-/ready", timeout=1.0).status_code == 200:
+                        break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("prometheus not ready after 60 s")
+                time.sleep(0.3)
+            yield Prometheus(base)
+        finally:
+            process.terminate()
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+            log.close()
+
+
+def histogram_quantile(q: float, values: list[float], buckets: tuple[float, ...]) -> float:
+    """Prometheus' histogram_quantile over these observations in these buckets (linear within a bucket)."""
+    bounds = [*buckets, float("inf")]
+    counts = [sum(1 for v in values if v <= bound) for bound in bounds]
+    rank = q * counts[-1]
+    index = next(i for i, count in enumerate(counts) if count >= rank)
+    if index == len(bounds) - 1:
+        return bounds[-2]
+    lower, below = (0.0, 0) if index == 0 else (bounds[index - 1], counts[index - 1])
+    return lower + (bounds[index] - lower) * (rank - below) / (counts[index] - below)
