@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tests.stack import REPO, free_port
+from streams.testing.stack import REPO, free_port
 
 RULES = sorted((REPO / "infra" / "prometheus" / "rules").glob("*.yml"))
 

@@ -13,11 +13,11 @@ recently, else 503 with the reason; :mod:`streams.edge.readiness`), ``GET /``
 (the browser chat page, ``streams/edge/static``) and ``GET /openapi.json``
 (:mod:`streams.edge.openapi`; ``/docs`` renders it).
 
-Security and validation: :mod:`streams.edge.auth` (API keys, per tenant),
-:mod:`streams.edge.limits` (per-tenant rpm / tpm / concurrency),
-:mod:`streams.edge.validation` (sizes, encoding, parameters, context length)
-and :mod:`streams.edge.gate`, which strings them together per request and
-writes the access log (never keys or prompts).
+Security and validation: :mod:`streams.edge.auth` (API keys, per tenant)
+and the admission pipeline every generation request passes
+(:mod:`streams.edge.admission.pipeline`: sizes, encoding, parameters, model,
+context length, the tenant's limits from :mod:`streams.edge.limits`), which
+writes the access log (:mod:`streams.edge.access`; never keys or prompts).
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from streams.config import Settings
 from streams.edge import errors, openai_api, openapi, ws
+from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge
-from streams.edge.gate import Gate
 from streams.edge.settings import EdgeOptions
-from streams.config import Settings, TelemetrySettings
 from streams.telemetry.edge import EdgeTelemetry
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -44,19 +44,17 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Any = None, *, telemetry: EdgeTelemetry | None = None) -> FastAPI:
-    """The edge's ASGI app. ``settings``: a streams.config.Settings, an EdgeOptions, or None (load_settings()).
+def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: EdgeTelemetry | None = None) -> FastAPI:
+    """The edge's ASGI app. ``settings``: the project's, an EdgeOptions, or None (load_settings()).
 
-    ``telemetry``: traces and metrics; by default from ``settings.telemetry`` (an EdgeOptions has none: the
-    defaults, i.e. metrics on and tracing as the OTEL_* variables say).
+    ``telemetry``: traces and metrics; by default from the settings' ``telemetry`` section and the OTEL_* variables.
     """
     edge_settings = EdgeOptions.from_settings(settings)
     if telemetry is None:
-        telemetry = EdgeTelemetry.from_settings(
-            settings.telemetry if isinstance(settings, Settings) else TelemetrySettings())
+        telemetry = EdgeTelemetry.from_settings(edge_settings.settings.telemetry)
 
     # Built here, not in the lifespan: a bad keys file or Redis URL fails the start, not the first request.
-    gate = Gate(edge_settings)
+    pipeline = Pipeline(edge_settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,7 +62,7 @@ def create_app(settings: Any = None, *, telemetry: EdgeTelemetry | None = None) 
         app.state.edge = edge
         if telemetry.metrics is not None:
             telemetry.metrics.watch_ready_workers(lambda: len(edge.readiness.live_workers()))
-        await gate.start()
+        await pipeline.start()
         try:
             await edge.start()
             try:
@@ -72,12 +70,12 @@ def create_app(settings: Any = None, *, telemetry: EdgeTelemetry | None = None) 
             finally:
                 await edge.stop()
         finally:
-            await gate.stop()
+            await pipeline.stop()
             telemetry.shutdown()
 
     app = FastAPI(title="specstream edge", version="0.1.0", lifespan=lifespan)
     app.state.settings = edge_settings
-    app.state.gate = gate
+    app.state.pipeline = pipeline
     app.state.telemetry = telemetry
     telemetry.install(app)
     openapi.install(app, edge_settings.models, edge_settings.max_model_len)
@@ -114,15 +112,14 @@ def create_app(settings: Any = None, *, telemetry: EdgeTelemetry | None = None) 
     return app
 
 
-def run_edge(settings: Any = None, **overrides: Any) -> None:
+def run_edge(settings: Settings | EdgeOptions | None = None) -> None:
     """Serve the edge with uvicorn on settings.edge host:port (default 127.0.0.1:8000) until interrupted."""
     import uvicorn
 
-    edge_settings = EdgeOptions.from_settings(settings, **overrides)
-    log.info("edge %s on http://%s:%d", edge_settings.edge_id, edge_settings.host, edge_settings.port)
-    telemetry_settings = settings.telemetry if isinstance(settings, Settings) else TelemetrySettings()
+    options = EdgeOptions.from_settings(settings)
+    host, port = options.edge.host, options.edge.port
+    log.info("edge %s on http://%s:%d", options.edge_id, host, port)
     # With logging configured (the CLI: text or JSON), uvicorn's records go through it instead of its own format.
     log_config = None if logging.getLogger().handlers else uvicorn.config.LOGGING_CONFIG
-    uvicorn.run(create_app(edge_settings, telemetry=EdgeTelemetry.from_settings(telemetry_settings)),
-                host=edge_settings.host, port=edge_settings.port, log_level="info", log_config=log_config,
-                ws_max_size=edge_settings.max_ws_frame_bytes)
+    uvicorn.run(create_app(options), host=host, port=port, log_level="info", log_config=log_config,
+                ws_max_size=options.edge.max_ws_frame_bytes)

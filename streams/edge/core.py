@@ -58,7 +58,7 @@ class Edge:
     async def start(self, *, wait_s: float | None = None) -> None:
         """Start connecting; wait up to ``wait_s`` (default: settings.startup_timeout_s) for it to finish."""
         self._connect_task = asyncio.create_task(self._connect_forever(), name=f"edge-connect-{self.edge_id}")
-        wait_s = self.settings.startup_timeout_s if wait_s is None else wait_s
+        wait_s = self.settings.edge.startup_timeout_s if wait_s is None else wait_s
         try:
             await asyncio.wait_for(asyncio.shield(self.connected.wait()), timeout=wait_s)
         except TimeoutError:
@@ -74,8 +74,8 @@ class Edge:
                 raise
             except Exception as exc:
                 detail = str(exc) or type(exc).__name__
-                self.last_error = (detail if self.settings.bootstrap_servers in detail
-                                   else f"cannot connect to Kafka at {self.settings.bootstrap_servers}: {detail}")
+                servers = self.settings.kafka.bootstrap_servers
+                self.last_error = detail if servers in detail else f"cannot connect to Kafka at {servers}: {detail}"
                 log.warning("edge %s: %s; retrying in %.1f s", self.edge_id, self.last_error, delay)
                 await self._stop_parts()
                 await asyncio.sleep(delay)
@@ -91,8 +91,8 @@ class Edge:
     async def _connect_once(self) -> None:
         s = self.settings
         await ensure_topics(
-            s.bootstrap_servers, s.catalog.shared_topics(),
-            replication_factor=s.replication_factor, min_insync_replicas=s.min_insync_replicas,
+            s.kafka.bootstrap_servers, s.catalog.shared_topics(),
+            replication_factor=s.kafka.replication_factor, min_insync_replicas=s.kafka.min_insync_replicas,
             client_id=f"{s.client_id}-{s.edge_id}-admin",
         )
         await self.publisher.start()

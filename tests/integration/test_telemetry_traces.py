@@ -17,12 +17,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from streams import kafka_io
+from streams.config import EdgeAuthSettings, EdgeSettings
 from streams.edge.app import create_app
 from streams.edge.settings import EdgeOptions
 from streams.telemetry.edge import EdgeTelemetry
 from streams.telemetry.tracing import Tracing
 from streams.telemetry.worker import WorkerTelemetry
-from tests.conftest import TEST_MAX_MODEL_LEN, worker_test_settings
+from tests.conftest import worker_test_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.asyncio(loop_scope="session")]
 
@@ -62,9 +63,8 @@ async def test_a_traced_request_is_one_trace_from_the_client_through_edge_kafka_
     worker_tracing = Tracing.with_processor(SimpleSpanProcessor(exporter), "specstream-worker")
     telemetry = WorkerTelemetry.from_settings(settings, group_id=f"{prefix}.engine-workers", tracing=worker_tracing)
     edge_telemetry = EdgeTelemetry(Tracing.with_processor(SimpleSpanProcessor(exporter), "specstream-edge"), None)
-    options = EdgeOptions(bootstrap_servers=kafka_bootstrap, topic_prefix=prefix, request_partitions=2,
-                          edge_id=f"e-{uuid.uuid4().hex[:6]}", auth_enabled=False, count_tokens=False,
-                          max_model_len=TEST_MAX_MODEL_LEN)
+    options = EdgeOptions(settings.model_copy(update={"edge": EdgeSettings(
+        edge_id=f"e-{uuid.uuid4().hex[:6]}", auth=EdgeAuthSettings(enabled=False))}))
     app = create_app(options, telemetry=edge_telemetry)
     try:
         async with EngineWorker(settings, telemetry=telemetry) as worker:

@@ -36,7 +36,7 @@ def write(tmp_path: Path, text: str, name: str = "specstream.yaml") -> Path:
     return path
 
 
-def test_defaults_without_a_file() -> None:
+def test_without_a_file_the_defaults_apply() -> None:
     settings = load_settings()
     assert settings.kafka.bootstrap_servers == "127.0.0.1:9092"
     assert settings.kafka.managed_port == 9092

@@ -9,7 +9,7 @@ import pytest
 
 from schemas.events import ServiceAnnouncement
 from streams.telemetry.targets import file_sd
-from tests.stack import REPO
+from streams.testing.stack import REPO
 
 PROMETHEUS_DIR = REPO / "infra" / "prometheus"
 

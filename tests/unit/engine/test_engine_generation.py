@@ -205,7 +205,7 @@ def test_abort_mid_generation_frees_its_region_at_once(llama) -> None:
     assert "drop" not in res and len(res["keep"]) == 20 - 3
 
 
-def test_deadlines(llama) -> None:
+def test_an_expired_request_never_starts_and_one_expiring_mid_generation_stops_with_deadline(llama) -> None:
     engine = make_engine(llama)
     expired = greedy_request("late", [1, 2, 3], 10, deadline=time.time() - 1)
     running = greedy_request("slow", [4, 5, 6], 50)

@@ -80,14 +80,15 @@ def test_unknown_models_and_architectures_fail_clearly(tmp_path: Path) -> None:
         load_model(str(tmp_path), device="cpu")
 
 
-def test_cache_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_specstream_cache_dir_overrides_where_models_are_cached(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path))
     assert cache_root() == tmp_path / "models"
     monkeypatch.delenv("SPECSTREAM_CACHE_DIR")
     assert cache_root() == Path.home() / ".cache" / "specstream" / "models"
 
 
-def test_device_and_dtype_resolution() -> None:
+def test_auto_picks_float32_on_cpu_and_bfloat16_on_cuda_and_unknown_dtypes_are_refused() -> None:
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", cpu) == torch.float32
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16

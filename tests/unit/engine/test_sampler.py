@@ -74,7 +74,7 @@ def test_large_and_negative_seeds_fold() -> None:
         assert torch.isfinite(e).all() and (e > 0).all()
 
 
-def test_exponential_noise_statistics() -> None:
+def test_the_noise_is_unit_exponential_and_uncorrelated_across_tokens_and_positions() -> None:
     rng = RequestRng(7)
     e = exponential_noise([rng.key(p) for p in range(64)], 4096).double()  # [64, 4096]
     assert torch.isfinite(e).all() and (e > 0).all()
@@ -125,7 +125,7 @@ def test_top_p_keeps_smallest_set_reaching_p() -> None:
     assert (p[0] > 0).tolist() == [True, False, False, False]  # the top token always stays
 
 
-def test_per_row_params() -> None:
+def test_each_row_is_sampled_with_its_own_parameters() -> None:
     logits = torch.tensor([[1.0, 5.0, 3.0, 4.0]] * 3)
     p = target_probs(logits, [GREEDY, SamplingParams(temperature=1.0, top_k=1), T1])
     assert p[0].tolist() == [0.0, 1.0, 0.0, 0.0]

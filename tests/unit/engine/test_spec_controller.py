@@ -29,7 +29,7 @@ def feed(ctl: SpeculationController, states: list[SpecState], rate: float, steps
                 ctl.observe_acceptance(s, k, min(k, round(rate * k)))
 
 
-def test_expected_tokens() -> None:
+def test_expected_tokens_per_step_grow_with_acceptance_and_draft_length() -> None:
     assert expected_tokens(0.5, 0) == 1.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
     assert expected_tokens(1.0, 4) == 5.0
@@ -161,12 +161,12 @@ def test_measured_roofline_backs_off_at_large_batch() -> None:
     assert run(256) == 0
 
 
-def test_not_adaptive_gives_max() -> None:
+def test_without_adaptation_every_sequence_drafts_the_maximum() -> None:
     ctl = SpeculationController(cfg(adaptive=False), FixedCostModel(0.0, 1.0))
     assert ctl.plan([ctl.new_state("a")], 1) == [6]
 
 
-def test_telemetry_exposes_state() -> None:
+def test_telemetry_reports_the_cap_the_costs_and_each_requests_acceptance() -> None:
     ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.001, 0.0005))
     s = ctl.new_state("a")
     [k] = ctl.plan([s], 1)

@@ -121,7 +121,7 @@ def test_different_special_tokens_are_refused() -> None:
         check_draft_compatible("T", make_tokenizer(64), 64, "D", make_tokenizer(64, eos="w3"), 64)
 
 
-def test_model_sizes_without_tokenizers() -> None:
+def test_without_tokenizers_a_draft_is_checked_by_vocabulary_size() -> None:
     with pytest.raises(DraftModelMismatch, match="draft model D has vocab 72 tokens, target T has 64"):
         check_draft_compatible("T", object(), 64, "D", object(), 72)
     check_draft_compatible("T", object(), 64, "D", object(), 64)
@@ -241,7 +241,7 @@ def test_coupled_drafting_matches_the_targets_own_samples() -> None:
     assert g_accepted / g_drafted < accepted / drafted
 
 
-def test_sampled_drafting_returns_q() -> None:
+def test_sampled_drafting_returns_the_draft_probabilities_verification_needs() -> None:
     target = tiny_llama()
     prop = proposer_for(perturbed(target, 0.2), SpecConfig(draft_sampling="sampled"))
     ctx = [1, 9, 17, 3]

@@ -1,7 +1,7 @@
 """The real specstream stack for integration tests: an engine worker and an edge as subprocesses.
 
     from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
-    from tests.stack import running_stack
+    from streams.testing.stack import running_stack
 
     @pytest.fixture(scope="module")
     def stack(kafka_bootstrap: str) -> Iterator[Stack]:
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: children import its code, not an older install
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -116,7 +116,7 @@ def stack_env(bootstrap_servers: str, topic_prefix: str, edge_id: str, port: int
     return env
 
 
-def _spawn(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Process:
+def spawn_process(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Process:
     log = log_dir / f"{name}.log"
     handle = open(log, "wb")  # noqa: SIM115 - owned by the child's lifetime
     popen = subprocess.Popen(
@@ -185,9 +185,9 @@ def running_stack(
         stack.env = stack_env(bootstrap_servers, stack.topic_prefix, stack.edge_id, stack.port, {**auth_env, **(env or {})})
         try:
             if worker:
-                stack.processes.append(_spawn("worker", ["worker"], stack.env, logs))
+                stack.processes.append(spawn_process("worker", ["worker"], stack.env, logs))
             if edge:
-                stack.processes.append(_spawn("edge", ["edge"], stack.env, logs))
+                stack.processes.append(spawn_process("edge", ["edge"], stack.env, logs))
             if edge and worker:
                 wait_ready(stack, ready_timeout_s)
             elif edge:
