@@ -23,7 +23,8 @@ from streams.telemetry.metrics import TTFT_BUCKETS
 from streams.testing.stack import REPO, Stack, running_stack
 from tests.edge_support import WORKER_ENV
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
-from tests.telemetry_support import OtlpReceiver, Prometheus, histogram_quantile, prometheus_server
+from streams.testing.otlp import OtlpReceiver
+from tests.telemetry_support import Prometheus, histogram_quantile, prometheus_server
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 

@@ -1,0 +1,155 @@
+"""What telemetry costs: the same load against three stacks, telemetry off / metrics / metrics + tracing at 100 %.
+
+    .venv/bin/python -m bench.telemetry_overhead --concurrency 16 --requests 32 --rounds 4 --max-tokens 32
+
+Three stacks (edge + worker each, the default model) run side by side on one broker, each on a topic prefix of its
+own; only one is loaded at a time. Rounds go off, metrics, traced, traced, metrics, off, ... so a change in the
+machine's load hits all three alike, and the figures are ratios to "off" measured in the same run. The traced
+stack exports every span over OTLP/HTTP (``OTEL_TRACES_SAMPLER=always_on``) to a receiver in this process: the
+real export path, including the exporter's thread.
+
+Per configuration: output-token throughput over the rounds' wall time, and the p50 of client-side TTFT (first
+content event of the SSE stream) and end-to-end latency over every request.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from streams.testing.otlp import OtlpReceiver
+from streams.testing.stack import Stack, running_stack
+
+WORKER_ENV = {"SPECSTREAM_ENGINE__MAX_MODEL_LEN": "512", "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "128MiB"}
+PROMPTS = [
+    "Explain in two sentences what a Kafka consumer group is.",
+    "Repeat this list twice: red, green, blue, red, green, blue.",
+    "Write a haiku about streaming tokens.",
+    "List four prime numbers and say why each is prime.",
+]
+
+
+@dataclass
+class Tally:
+    name: str
+    tokens: int = 0
+    wall_s: float = 0.0
+    ttft_s: list[float] = field(default_factory=list)
+    e2e_s: list[float] = field(default_factory=list)
+    errors: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "requests": len(self.e2e_s), "errors": self.errors,
+                "tokens_per_s": self.tokens / self.wall_s if self.wall_s else 0.0,
+                "ttft_p50_ms": 1000 * statistics.median(self.ttft_s), "e2e_p50_ms": 1000 * statistics.median(self.e2e_s)}
+
+
+def configurations(receiver: OtlpReceiver) -> dict[str, dict[str, str]]:
+    return {
+        "off": {"SPECSTREAM_TELEMETRY__METRICS__ENABLED": "false", "SPECSTREAM_TELEMETRY__TRACING__ENABLED": "false"},
+        "metrics": {"SPECSTREAM_TELEMETRY__TRACING__ENABLED": "false"},
+        "traced": {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                   "OTEL_TRACES_SAMPLER": "always_on"},
+    }
+
+
+async def one(client: httpx.AsyncClient, stack: Stack, prompt: str, max_tokens: int, tally: Tally) -> None:
+    body = {"model": stack.model, "max_tokens": max_tokens, "stream": True, "temperature": 0,
+            "stream_options": {"include_usage": True}, "messages": [{"role": "user", "content": prompt}]}
+    start = time.perf_counter()
+    first: float | None = None
+    async with client.stream("POST", stack.base_url + "/v1/chat/completions", json=body, headers=stack.headers) as r:
+        if r.status_code != 200:
+            tally.errors += 1
+            await r.aread()
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if first is None and any(c.get("delta", {}).get("content") for c in event.get("choices", [])):
+                first = time.perf_counter()
+            if event.get("usage"):
+                tally.tokens += event["usage"]["completion_tokens"]
+    end = time.perf_counter()
+    tally.ttft_s.append((first or end) - start)
+    tally.e2e_s.append(end - start)
+
+
+async def round_of(stack: Stack, tally: Tally, *, requests: int, concurrency: int, max_tokens: int) -> None:
+    queue = list(range(requests))
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                await one(client, stack, PROMPTS[i % len(PROMPTS)], max_tokens, tally)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        tally.wall_s += time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def stacks(bootstrap: str, envs: dict[str, dict[str, str]]) -> Iterator[dict[str, Stack]]:
+    with contextlib.ExitStack() as exit_stack:
+        yield {name: exit_stack.enter_context(running_stack(bootstrap, env={**WORKER_ENV, **env}))
+               for name, env in envs.items()}
+
+
+async def measure(running: dict[str, Stack], args: argparse.Namespace) -> dict[str, Tally]:
+    tallies = {name: Tally(name) for name in running}
+    names = list(running)
+    warm = {name: Tally(name) for name in running}
+    for name in names:  # warm-up: first requests load lazily initialised parts everywhere
+        await round_of(running[name], warm[name], requests=args.concurrency, concurrency=args.concurrency,
+                       max_tokens=args.max_tokens)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else reversed(names):
+            await round_of(running[name], tallies[name], requests=args.requests, concurrency=args.concurrency,
+                           max_tokens=args.max_tokens)
+    return tallies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", default="127.0.0.1:9092")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=32, help="requests per round and configuration")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", default=None, help="write the figures as JSON")
+    args = parser.parse_args()
+    with OtlpReceiver() as receiver, stacks(args.bootstrap, configurations(receiver)) as running:
+        tallies = asyncio.run(measure(running, args))
+        time.sleep(2)  # the last spans' export
+        spans = len(receiver.spans)
+    base = tallies["off"].summary()
+    rows = []
+    for name, tally in tallies.items():
+        row = tally.summary()
+        row["throughput_vs_off"] = row["tokens_per_s"] / base["tokens_per_s"]
+        row["ttft_p50_added_ms"] = row["ttft_p50_ms"] - base["ttft_p50_ms"]
+        row["e2e_p50_added_ms"] = row["e2e_p50_ms"] - base["e2e_p50_ms"]
+        rows.append(row)
+    print("| configuration | requests | errors | tokens/s | vs off | TTFT p50 ms (added) | E2E p50 ms (added) |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['name']} | {row['requests']} | {row['errors']} | {row['tokens_per_s']:.1f} | "
+              f"{row['throughput_vs_off']:.3f}x | {row['ttft_p50_ms']:.0f} ({row['ttft_p50_added_ms']:+.0f}) | "
+              f"{row['e2e_p50_ms']:.0f} ({row['e2e_p50_added_ms']:+.0f}) |")
+    print(f"spans received over OTLP: {spans}")
+    if args.out:
+        with open(args.out, "w") as handle:
+            json.dump({"args": vars(args), "rows": rows, "spans": spans}, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
