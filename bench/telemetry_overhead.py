@@ -127,10 +127,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", default=None, help="write the figures as JSON")
     args = parser.parse_args()
-    with OtlpReceiver() as receiver, stacks(args.bootstrap, configurations(receiver)) as running:
-        tallies = asyncio.run(measure(running, args))
-        time.sleep(2)  # the last spans' export
+    with OtlpReceiver() as receiver:
+        with stacks(args.bootstrap, configurations(receiver)) as running:
+            tallies = asyncio.run(measure(running, args))
+        # The stacks are stopped: their tracer providers flushed what they still held.
         spans = len(receiver.spans)
+        traces = len({span.trace_id for span in receiver.spans})
     base = tallies["off"].summary()
     rows = []
     for name, tally in tallies.items():
@@ -145,10 +147,10 @@ def main() -> None:
         print(f"| {row['name']} | {row['requests']} | {row['errors']} | {row['tokens_per_s']:.1f} | "
               f"{row['throughput_vs_off']:.3f}x | {row['ttft_p50_ms']:.0f} ({row['ttft_p50_added_ms']:+.0f}) | "
               f"{row['e2e_p50_ms']:.0f} ({row['e2e_p50_added_ms']:+.0f}) |")
-    print(f"spans received over OTLP: {spans}")
+    print(f"received over OTLP: {spans} spans in {traces} traces")
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump({"args": vars(args), "rows": rows, "spans": spans}, handle, indent=1)
+            json.dump({"args": vars(args), "rows": rows, "spans": spans, "traces": traces}, handle, indent=1)
 
 
 if __name__ == "__main__":

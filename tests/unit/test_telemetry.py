@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -92,31 +93,53 @@ def test_client_chosen_label_values_are_bounded() -> None:
     assert [tenant("a"), tenant("b"), tenant("c"), tenant("a")] == ["a", "b", OTHER, "a"]
 
 
-def test_json_log_lines_carry_the_bound_request_id_and_trace_id() -> None:
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """configure_logging replaces the root's handlers and levels: give pytest's back afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    payload = {name: logging.getLogger(name).level for name in logs._PAYLOAD_LOGGERS}
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in handlers:
+            root.addHandler(handler)
+        root.setLevel(level)
+        for name, payload_level in payload.items():
+            logging.getLogger(name).setLevel(payload_level)
+
+
+def test_json_log_lines_carry_the_bound_request_id_and_trace_id(root_logging: None) -> None:
     stream = io.StringIO()
     logs.configure_logging("INFO", "json")
     handler = logging.getLogger().handlers[0]
     handler.setStream(stream)  # type: ignore[attr-defined]
-    try:
-        log = logging.getLogger("test.telemetry")
+    log = logging.getLogger("test.telemetry")
+    with logs.request_scope():
         log.info("before any request")
         logs.bind_request("chatcmpl-1", CLIENT_TRACE)
         log.info("handling %s", "it")
-        logs.bind_request(None)
-    finally:
-        logs.configure_logging("WARNING", "text")
-    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    log.info("after it")
+    first, second, third = (json.loads(line) for line in stream.getvalue().splitlines())
     assert (first["request_id"], first["trace_id"]) == (None, None)
     assert (second["request_id"], second["trace_id"], second["message"]) == ("chatcmpl-1", CLIENT_TRACE, "handling it")
     assert second["logger"] == "test.telemetry" and second["level"] == "INFO"
+    assert (third["request_id"], third["trace_id"]) == (None, None)  # the scope ended with the request
 
 
-def test_debug_logging_keeps_the_kafka_clients_payload_loggers_at_info() -> None:
+def test_debug_logging_keeps_the_kafka_clients_payload_loggers_at_info(root_logging: None) -> None:
     logs.configure_logging("DEBUG", "text")
-    try:
-        assert not logging.getLogger("aiokafka.producer.producer").isEnabledFor(logging.DEBUG)
-    finally:
-        logs.configure_logging("WARNING", "text")
+    assert logging.getLogger("aiokafka.consumer.group_coordinator").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("aiokafka.producer.producer").isEnabledFor(logging.DEBUG)
+    assert not logging.getLogger("aiokafka.consumer.fetcher").isEnabledFor(logging.DEBUG)
+
+
+def test_trace_ids_are_read_from_a_traceparent_only_when_well_formed() -> None:
+    assert logs.trace_id_of(CLIENT_PARENT) == CLIENT_TRACE
+    assert logs.trace_id_of("00-short-00f067aa0ba902b7-01") is None
+    assert logs.trace_id_of(None) is None
 
 
 def _toy_edge(telemetry: EdgeTelemetry) -> FastAPI:
