@@ -141,9 +141,9 @@ async def _chaos(fleet: Fleet, spec: Any, chaos: Chaos, started: float, seconds:
 
 
 async def _leading_broker(bootstrap: str, topic: str) -> int:
-    from aiokafka.admin import AIOKafkaAdminClient
+    from streams.kafka_io import make_admin
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap)
     await admin.start()
     try:
         (described,) = await admin.describe_topics([topic])

@@ -4,7 +4,8 @@
     specstream worker                  one engine worker (a second one joins the same consumer group)
     specstream edge                    the HTTP/websocket edge
     specstream status                  every service on the bus: kind, id, state, host/pid, uptime, load
-    specstream kafka start|stop|status the local broker (infra.kafka)
+    specstream kafka start|stop|status the local broker (infra.kafka); --secure: SASL_SSL with ACLs
+    specstream kafka acls --print|--apply  each service's least privileges (streams.kafka_acls_cli)
     specstream topics create|list|markdown|gc
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
     specstream send "prompt"           one request straight onto the request topic, streamed back

@@ -12,14 +12,19 @@ from streams.config import ConfigError, Settings, load_settings
 
 def add_commands(commands: Any) -> None:
     # Listed for --help only: streams.cli.main hands `kafka` to infra.kafka's parser before argparse runs.
-    commands.add_parser("kafka", help="local Kafka: start|stop|status|wait|reset|jars (see infra.kafka)")
+    commands.add_parser("kafka", help="local Kafka: start|stop|status|wait|reset|jars (see infra.kafka); "
+                        "acls --print|--apply|--revoke (streams.kafka_acls_cli)")
 
 
 def delegate(config: str | None, rest: list[str]) -> int:
     """`specstream kafka ARGS`: infra.kafka's CLI, on the port of the configured local broker unless ARGS name one."""
     from infra.kafka.cli import main as kafka_main
 
-    if rest and rest[0] not in ("-h", "--help") and "--port" not in rest and "--cluster" not in rest:
+    if rest[:1] == ["acls"]:
+        from streams.kafka_acls_cli import main as acls_main
+
+        return acls_main(config, rest[1:])
+    if rest and rest[0] not in ("-h", "--help") and not {"--port", "--cluster", "--secure"} & set(rest):
         try:
             settings = load_settings(config)
         except ConfigError as error:

@@ -32,6 +32,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_edge(args: argparse.Namespace, settings: Settings) -> int:
     from streams.edge.app import run_edge
+    from streams.kafka_connection import KafkaAccessError
 
-    run_edge(settings)
+    try:
+        run_edge(settings)
+    except KafkaAccessError as error:
+        say(f"edge: error: {describe(error)}")
+        return 1
     return 0

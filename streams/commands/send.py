@@ -64,19 +64,18 @@ def _request(args: argparse.Namespace, settings: Settings, reply_topic: str) -> 
 
 
 async def _send(args: argparse.Namespace, settings: Settings) -> int:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     from streams import kafka_io
 
     kafka = settings.kafka
     # A reply topic of our own, as an edge would have; deleted afterwards.
     reply = settings.catalog.replies(f"cli-{uuid.uuid4().hex[:10]}")
-    await kafka_io.ensure_topics(kafka.bootstrap_servers, [reply], replication_factor=kafka.replication_factor,
+    await kafka_io.ensure_topics(kafka, [reply], replication_factor=kafka.replication_factor,
                                  min_insync_replicas=kafka.min_insync_replicas)
     request = _request(args, settings, reply.name)
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    producer = kafka_io.make_producer(kafka.bootstrap_servers, client_id="specstream-send")
+    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+    producer = kafka_io.make_producer(kafka, client_id="specstream-send")
     await consumer.start()
     await producer.start()
     try:
@@ -88,7 +87,7 @@ async def _send(args: argparse.Namespace, settings: Settings) -> int:
         await consumer.stop()
         await producer.stop()
         with contextlib.suppress(Exception):
-            await kafka_io.delete_topics(kafka.bootstrap_servers, [reply.name])
+            await kafka_io.delete_topics(kafka, [reply.name])
 
 
 async def _print_replies(consumer: Any, args: argparse.Namespace) -> int:

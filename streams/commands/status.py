@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from schemas.events import ServiceAnnouncement
 from streams.commands.common import describe, format_duration, say
 from streams.config import Settings
+from streams.kafka_connection import Connectable
 
 COLUMNS = ("KIND", "ID", "STATE", "HOST/PID", "UPTIME", "IN FLIGHT", "MODELS", "LAST SEEN")
 
@@ -79,14 +80,14 @@ class Service:
                 "uptime_s": round(self.uptime_s, 1), "last_seen_s": round(self.last_seen_s, 1)}
 
 
-async def read_announcements(bootstrap_servers: str, topic: str,
+async def read_announcements(kafka: Connectable, topic: str,
                              timeout_s: float = 30.0) -> tuple[dict[str, ServiceAnnouncement], int]:
     """``<kind>/<service_id>`` -> newest announcement, and how many records were not readable announcements."""
     from streams import kafka_io
 
     newest: dict[str, ServiceAnnouncement] = {}
     unreadable = 0
-    for record in await kafka_io.read_partition(bootstrap_servers, topic, timeout_s=timeout_s):
+    for record in await kafka_io.read_partition(kafka, topic, timeout_s=timeout_s):
         if record.value is None:  # a tombstone: the service is gone for good
             if record.key is not None:
                 newest.pop(record.key.decode(errors="replace"), None)
@@ -114,10 +115,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 
     servers, topic = settings.kafka.bootstrap_servers, settings.catalog.services.name
     try:
-        if topic not in asyncio.run(kafka_io.list_topics(servers)):
+        if topic not in asyncio.run(kafka_io.list_topics(settings.kafka)):
             say(f"status: no topic {topic} on {servers}: no service announced itself (is the stack up? `specstream up`)")
             return 1
-        announcements, unreadable = asyncio.run(read_announcements(servers, topic))
+        announcements, unreadable = asyncio.run(read_announcements(settings.kafka, topic))
     except (KafkaError, OSError) as error:
         say(f"status: error: {describe(error)}")
         return 1

@@ -23,7 +23,7 @@ def create_topics(settings: Settings) -> list[Any]:
 
     kafka = settings.kafka
     return asyncio.run(kafka_io.ensure_topics(
-        kafka.bootstrap_servers, settings.catalog.shared_topics(),
+        kafka, settings.catalog.shared_topics(),
         replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
     ))
 
@@ -46,7 +46,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"{result.name}: {'created' if result.created else 'exists'}")
         else:
             prefix = settings.kafka.topic_prefix + "."
-            for name in asyncio.run(kafka_io.list_topics(settings.kafka.bootstrap_servers)):
+            for name in asyncio.run(kafka_io.list_topics(settings.kafka)):
                 if name.startswith(prefix):
                     print(name)
     except KafkaError as error:

@@ -21,12 +21,14 @@ writes the access log (:mod:`streams.edge.access`; never keys or prompts).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -35,8 +37,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from streams.config import Settings
 from streams.edge import errors, openai_api, openapi, ws
 from streams.edge.admission.pipeline import Pipeline
-from streams.edge.core import Edge
+from streams.edge.core import Edge, prepare_edge
 from streams.edge.settings import EdgeOptions
+from streams.kafka_connection import KafkaAccessError
 from streams.telemetry.edge import EdgeTelemetry
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -112,11 +115,25 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
     return app
 
 
+def _check_access(options: EdgeOptions) -> None:
+    """Before serving: Kafka refusing this edge (credentials, certificate, ACLs) raises KafkaAccessError, in one line.
+
+    Kafka being unreachable does not stop the start: the edge then serves 503 and keeps connecting.
+    """
+    try:
+        asyncio.run(prepare_edge(options))
+    except KafkaAccessError:
+        raise
+    except KafkaError as error:
+        log.warning("edge %s: Kafka not ready at start (%s); connecting in the background", options.edge_id, error)
+
+
 def run_edge(settings: Settings | EdgeOptions | None = None) -> None:
     """Serve the edge with uvicorn on settings.edge host:port (default 127.0.0.1:8000) until interrupted."""
     import uvicorn
 
     options = EdgeOptions.from_settings(settings)
+    _check_access(options)
     host, port = options.edge.host, options.edge.port
     log.info("edge %s on http://%s:%d", options.edge_id, host, port)
     # With logging configured (the CLI: text or JSON), uvicorn's records go through it instead of its own format.

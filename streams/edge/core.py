@@ -17,11 +17,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from schemas.events import EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
-from streams.kafka_io import encode, ensure_topics
+from streams.kafka_io import encode
+from streams.kafka_permissions import prepare_service
 from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
+from streams.kafka_acls import edge_grants
 from streams.telemetry.logs import bind_request, trace_id_of
 from streams.telemetry.tracing import trace_id_hex
 
@@ -30,6 +32,15 @@ log = logging.getLogger(__name__)
 # How often an edge announces itself on the edges topic, so `specstream topics gc` can tell the reply topics of
 # running edges from those of edges that are gone.
 ANNOUNCE_S = 60.0
+
+
+async def prepare_edge(s: EdgeOptions) -> None:
+    """The edge's permissions, then its topics (its reply topic included); one-line KafkaAccessError if refused."""
+    await prepare_service(
+        s.kafka, edge_grants(s.catalog, s.edge_id), [s.catalog.replies(s.edge_id)],
+        replication_factor=s.kafka.replication_factor, min_insync_replicas=s.kafka.min_insync_replicas,
+        client_id=f"{s.client_id}-{s.edge_id}-admin",
+    )
 
 
 class Edge:
@@ -89,12 +100,7 @@ class Edge:
             return
 
     async def _connect_once(self) -> None:
-        s = self.settings
-        await ensure_topics(
-            s.kafka.bootstrap_servers, s.catalog.shared_topics(),
-            replication_factor=s.kafka.replication_factor, min_insync_replicas=s.kafka.min_insync_replicas,
-            client_id=f"{s.client_id}-{s.edge_id}-admin",
-        )
+        await prepare_edge(self.settings)
         await self.publisher.start()
         await self.router.start()
         await self.readiness.start()

@@ -43,7 +43,7 @@ class Publisher:
         return self._producer
 
     async def start(self) -> None:
-        producer = make_producer(self.settings.kafka.bootstrap_servers,
+        producer = make_producer(self.settings.kafka,
                                  client_id=f"{self.settings.client_id}-{self.settings.edge_id}")
         try:
             await producer.start()

@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from schemas.events import WorkerAnnouncement
-from streams.kafka_io import decode, stop_polling
+from streams.kafka_io import decode, make_consumer, stop_polling
 from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,8 @@ class Readiness:
 
     async def start(self) -> None:
         s = self.settings
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.kafka.bootstrap_servers,
+        consumer = make_consumer(
+            s.kafka,
             client_id=f"{s.client_id}-{s.edge_id}-readiness",
             group_id=None,
             enable_auto_commit=False,

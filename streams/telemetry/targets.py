@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
-
 from schemas.events import ServiceAnnouncement
-from streams import kafka_io
+from streams.commands.status import read_announcements
 from streams.config import ConfigError, load_settings
 
 
@@ -49,18 +47,6 @@ def file_sd(announcements: list[ServiceAnnouncement], *, now: float, max_age_s: 
     return entries
 
 
-async def read_announcements(bootstrap_servers: str, topic: str) -> list[ServiceAnnouncement]:
-    announcements = []
-    for record in await kafka_io.read_partition(bootstrap_servers, topic):
-        if record.value is None:
-            continue
-        try:
-            announcements.append(kafka_io.decode(record.value, ServiceAnnouncement))
-        except ValidationError:
-            continue  # another schema's record: not ours to judge here
-    return announcements
-
-
 def write_atomically(path: Path, entries: list[dict[str, Any]]) -> None:
     """Prometheus re-reads the file when it changes; a half-written file must never be what it reads."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,8 +60,8 @@ async def _run(args: argparse.Namespace) -> None:
     topic = settings.catalog.services.name
     max_age_s = args.max_age if args.max_age is not None else 3 * settings.worker.heartbeat_s
     while True:
-        announcements = await read_announcements(settings.kafka.bootstrap_servers, topic)
-        entries = file_sd(announcements, now=time.time(), max_age_s=max_age_s)
+        newest, _ = await read_announcements(settings.kafka, topic)
+        entries = file_sd(list(newest.values()), now=time.time(), max_age_s=max_age_s)
         write_atomically(Path(args.out), entries)
         if args.every is None:
             return

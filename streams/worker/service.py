@@ -65,6 +65,9 @@ from schemas.events import (
 from schemas.topics import DEAD_LETTER_MAX_BYTES
 from streams import kafka_io
 from streams.config import Settings
+from streams.kafka_acls import worker_grants
+from streams.kafka_connection import faststream_options
+from streams.kafka_permissions import prepare_service
 from streams.reply_routes import ReplyRoutes, RouteCheck, compile_patterns
 from streams.telemetry.logs import bind_request, request_scope, trace_id_of
 from streams.telemetry.worker import WorkerTelemetry
@@ -246,8 +249,8 @@ class EngineWorker:
         )
 
         self.broker = KafkaBroker(
-            # A list: FastStream would pass a comma-separated string on as one host name.
-            [server.strip() for server in settings.kafka.bootstrap_servers.split(",") if server.strip()],
+            # Addresses, TLS and SASL: built in one place for every client (streams.kafka_connection).
+            **faststream_options(settings.kafka),
             # Large enough for a dead letter of a request at the broker's size limit.
             **kafka_io.producer_options(client_id=f"specstream-worker-{self.worker_id}",
                                         max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),
@@ -285,15 +288,15 @@ class EngineWorker:
     # --- lifecycle --------------------------------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Create the shared topics and load the engine (before any message is read)."""
+        """Create its topics, check its permissions, load the engine (before any message is read)."""
         kafka = self.settings.kafka
-        await kafka_io.ensure_topics(
-            kafka.bootstrap_servers, self.catalog.shared_topics(),
+        # Its topics, then its permissions: a missing ACL stops the worker here, in one line, before serving.
+        await prepare_service(
+            kafka, worker_grants(self.catalog, self.group_id), client_id=f"specstream-worker-{self.worker_id}-admin",
             replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
         )
         # Long-lived: reply routes are checked against topic metadata (cached) before any work or reply.
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers,
-                                          client_id=f"specstream-worker-{self.worker_id}-routes")
+        self._admin = kafka_io.make_admin(kafka, client_id=f"specstream-worker-{self.worker_id}-routes")
         await self._admin.start()
         config = self.settings.engine.to_engine_config()
         # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
