@@ -10,6 +10,12 @@ real export path, including the exporter's thread.
 
 Per configuration: output-token throughput over the rounds' wall time, and the p50 of client-side TTFT (first
 content event of the SSE stream) and end-to-end latency over every request.
+
+    .venv/bin/python -m bench.telemetry_overhead --micro
+
+measures instead what the worker's telemetry adds per request on the event loop, in this process: the calls a
+worker makes for one request of ``--max-tokens`` steps in a batch of ``--concurrency`` (spans exported for real by
+the SDK's batch processor to an OTLP/HTTP receiver, metrics observed), timed against the same loop without them.
 """
 from __future__ import annotations
 
@@ -121,6 +127,58 @@ async def measure(running: dict[str, Stack], args: argparse.Namespace) -> dict[s
     return tallies
 
 
+def micro(args: argparse.Namespace) -> None:
+    """CPU per request of the worker's telemetry calls (tracing + metrics), best of several repeats."""
+    import timeit
+
+    from engine.outputs import RequestOutput, RequestStats, SpecStats
+    from schemas.events import Completion, GenerateRequest, ReplyRoute, Timings, Usage
+    from streams.config import Settings
+    from streams.telemetry.worker import WorkerTelemetry
+
+    with OtlpReceiver() as receiver:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
+        import os
+
+        os.environ.update(env)
+        try:
+            variants = {"metrics": WorkerTelemetry.from_settings(
+                            Settings.model_validate({"telemetry": {"tracing": {"enabled": False}}}), group_id="g"),
+                        "traced": WorkerTelemetry.from_settings(Settings(), group_id="g")}
+        finally:
+            for name in env:
+                os.environ.pop(name)
+        batch, steps = args.concurrency, args.max_tokens
+        requests = [GenerateRequest(request_id=f"r{i}", prompt="p", model="m", reply_to=ReplyRoute(topic="t"))
+                    for i in range(batch)]
+        outputs = [RequestOutput(r.request_id, [1, 2], "ab", spec=SpecStats(3, 1)) for r in requests]
+        stats = RequestStats(prompt_tokens=10, completion_tokens=steps, queued_s=0.01, ttft_s=0.1, total_s=1.0,
+                             spec=SpecStats(3 * steps, steps), drafted_at=[steps, steps, steps],
+                             accepted_at=[steps, 0, 0])
+        completion = Completion(request_id="r", text="x", finish_reason="length", num_chunks=steps,
+                                usage=Usage(prompt_tokens=10, completion_tokens=steps, total_tokens=10 + steps),
+                                timings=Timings(queued_s=0.01, ttft_s=0.1, total_s=1.0))
+
+        def one_batch(telemetry: WorkerTelemetry) -> None:
+            now = time.time()
+            for request in requests:
+                telemetry.received(request, [], "topic", 0, now)
+            for _ in range(steps):
+                telemetry.step(outputs, time.time())
+            for request in requests:
+                telemetry.engine_done(request.request_id, stats, completion, time.time())
+                telemetry.settled(request.request_id, 0)
+
+        print(f"worker telemetry per request ({steps} steps in batches of {batch}), best of 5 x 20 batches:")
+        for name, telemetry in variants.items():
+            assert telemetry is not None
+            per_batch = min(timeit.repeat(lambda t=telemetry: one_batch(t), number=20, repeat=5)) / 20
+            print(f"  {name}: {1e6 * per_batch / batch:.0f} us per request, "
+                  f"{1e6 * per_batch / (batch * steps):.1f} us per request and step")
+            telemetry.shutdown()
+        print(f"spans exported meanwhile: {len(receiver.spans)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", default="127.0.0.1:9092")
@@ -129,7 +187,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", default=None, help="write the figures as JSON")
+    parser.add_argument("--micro", action="store_true", help="only the per-request CPU cost of the worker's calls")
     args = parser.parse_args()
+    if args.micro:
+        micro(args)
+        return
     with OtlpReceiver() as receiver:
         with stacks(args.bootstrap, configurations(receiver)) as running:
             tallies = asyncio.run(measure(running, args))
