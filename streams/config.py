@@ -192,7 +192,7 @@ class SpeculationSettings(Section):
         description="Adapt draft lengths to measured acceptance and step costs; false always drafts max_draft_tokens.",
     )
     min_acceptance: float = Field(
-        default=0.3, ge=0.0, le=1.0,
+        default=0.3, ge=0.0, lt=1.0,
         description="Below this acceptance rate a sequence stops speculating (and probes again later).",
     )
     probe_interval_steps: int = Field(
@@ -255,7 +255,7 @@ class EngineSettings(Section):
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
             prepack_weights=self.prepack_weights,
-            # Field names match one to one; the settings class is the validated twin of the dataclass.
+            # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
             speculation=SpeculationConfig(**spec.model_dump()),
         )
 

@@ -73,6 +73,8 @@ def edge_grants(catalog: TopicCatalog, edge_id: str | None = None) -> list[Grant
         _topic("WRITE", catalog.edges),  # its own announcements (reply-topic garbage collection)
         _topic("WRITE", catalog.services),
         *[_topic("READ", t) for t in announcement_topics(catalog)],  # /readyz
+        _topic("READ", catalog.rollouts),  # canary routing
+        Grant("WRITE", "TOPIC", f"{catalog.prefix}-candidate.", prefixed=True),  # a candidate pool's requests
         *own,
     ]
 

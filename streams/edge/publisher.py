@@ -7,6 +7,9 @@ topic. ``CancelRequest`` goes to the cancellations topic when a client goes
 away before its request finished. Cancellation is fire-and-forget: it is
 scheduled as a task the publisher keeps a reference to, so it still goes out
 when the code that noticed the disconnect is itself being cancelled.
+
+While a model is rolled out, the :class:`~streams.ops.rollout_router.RolloutRouter` picks each request's topic
+(stable's, or the candidate pool's), and cancellations go to both pools.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from opentelemetry.trace import SpanKind
 from schemas.events import CancelRequest, GenerateRequest
 from streams.kafka_io import encode, make_producer, request_key
 from streams.edge.settings import EdgeOptions
+from streams.ops.rollout_router import RolloutRouter
 from streams.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -32,6 +36,7 @@ class Publisher:
         catalog = settings.catalog
         self.request_topic = catalog.requests.name
         self.cancel_topic = catalog.cancellations.name
+        self.rollouts = RolloutRouter(settings.kafka, catalog)
         self._producer: AIOKafkaProducer | None = None
         self._pending: set[asyncio.Task] = set()
         self.cancels_sent = 0
@@ -51,8 +56,10 @@ class Publisher:
             await producer.stop()
             raise
         self._producer = producer
+        await self.rollouts.start()
 
     async def stop(self) -> None:
+        await self.rollouts.stop()
         if self._pending:
             await asyncio.wait(self._pending, timeout=2.0)
         if self._producer is not None:
@@ -65,24 +72,25 @@ class Publisher:
         Traced, the publish is a producer span whose context travels in the record's headers and in
         ``request.trace``: the worker's consumer span continues this trace.
         """
+        topic = self.rollouts.request_topic(request.model, request.request_id)
         if self.tracer is None:
-            await self.producer.send_and_wait(self.request_topic, encode(request), key=request_key(request.request_id))
+            await self.producer.send_and_wait(topic, encode(request), key=request_key(request.request_id))
             return
         with self.tracer.start_as_current_span(
-            f"publish {self.request_topic}", kind=SpanKind.PRODUCER,
+            f"publish {topic}", kind=SpanKind.PRODUCER,
             attributes={"messaging.system": "kafka", "messaging.operation.type": "publish",
-                        "messaging.destination.name": self.request_topic, "messaging.message.id": request.request_id},
+                        "messaging.destination.name": topic, "messaging.message.id": request.request_id},
         ):
             carrier = tracing.carrier_of()
             request = request.model_copy(update={"trace": tracing.trace_context(carrier)})
-            await self.producer.send_and_wait(self.request_topic, encode(request), key=request_key(request.request_id),
+            await self.producer.send_and_wait(topic, encode(request), key=request_key(request.request_id),
                                               headers=tracing.kafka_headers(carrier))
 
     async def publish_cancel(self, request_id: str, reason: str = "client disconnected") -> None:
-        await self.producer.send_and_wait(
-            self.cancel_topic, encode(CancelRequest(request_id=request_id, reason=reason)),
-            key=request_key(request_id),
-        )
+        for topic in self.rollouts.cancel_topics():
+            await self.producer.send_and_wait(
+                topic, encode(CancelRequest(request_id=request_id, reason=reason)), key=request_key(request_id),
+            )
         self.cancels_sent += 1
         log.info("cancelled request %s (%s)", request_id, reason)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.config import SpecConfig
+from engine.spec.config import SpeculationConfig
 from engine.spec.controller import (
     FixedCostModel,
     OnlineCostModel,
@@ -13,10 +13,10 @@ from engine.spec.controller import (
 )
 
 
-def cfg(**kw: object) -> SpecConfig:
+def cfg(**kw: object) -> SpeculationConfig:
     base: dict[str, object] = {"max_draft_tokens": 6, "explore_interval_steps": 0}
     base.update(kw)
-    return SpecConfig(**base)  # type: ignore[arg-type]
+    return SpeculationConfig(**base)  # type: ignore[arg-type]
 
 
 def feed(ctl: SpeculationController, states: list[SpecState], rate: float, steps: int) -> None:
@@ -185,6 +185,8 @@ def test_invalid_observations_are_refused() -> None:
         ctl.observe_acceptance(ctl.new_state("a"), 2, 3)
     with pytest.raises(ValueError):
         ctl.plan([ctl.new_state("a")], 1, caps=[1, 2])
+    with pytest.raises(ValueError, match="caps in 0..6"):  # draft_cap never gives more than k_max
+        ctl.plan([ctl.new_state("a")], 1, caps=[7])
 
 
 def test_free_drafts_still_switch_off_on_evidence() -> None:

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 from engine.spec.ngram import NgramProposer
 from engine.spec.proposer import ProposalInput, Proposer
 
-P = SamplingParams()
+P = SamplingOptions()
 
 
 def inp(tokens: list[int], seq_id: str = "s") -> ProposalInput:

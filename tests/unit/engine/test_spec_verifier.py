@@ -8,7 +8,7 @@ import torch
 
 from _stats import _single_thread, chisquare_pvalue  # noqa: F401 (fixture)
 
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 from engine.sampler import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -20,8 +20,8 @@ from engine.sampler import (
 from engine.spec.proposer import DraftProposal
 from engine.spec.verifier import verify, verify_batch
 
-GREEDY = SamplingParams(temperature=0.0)
-T1 = SamplingParams(temperature=1.0)
+GREEDY = SamplingOptions(temperature=0.0)
+T1 = SamplingOptions(temperature=1.0)
 V = 8
 N_TRIALS = 20000
 
@@ -67,7 +67,7 @@ def test_a_flat_batch_of_mixed_draft_lengths_and_sampling_is_verified_per_sequen
     logits = torch.cat([one_hot_logits([1, 2, 3]), one_hot_logits([4]), one_hot_logits([5, 6])])
     rng = RequestRng(3)
     props = [DraftProposal([1, 2]), DraftProposal([]), DraftProposal([5])]
-    params = [GREEDY, GREEDY, SamplingParams(temperature=1.0, top_k=1)]
+    params = [GREEDY, GREEDY, SamplingOptions(temperature=1.0, top_k=1)]
     out = verify_batch(logits, props, params, [None, None, rng], [0, 7, 2])
     assert out == [[1, 2, 3], [4], [5, 6]]
 
@@ -202,7 +202,7 @@ def toy_logits(ctx: list[int]) -> torch.Tensor:
     return T_LAST[ctx[-1]] + T_PREV[ctx[-2]]
 
 
-def generate_plain(prompt: list[int], params: SamplingParams, rng: RequestRng, n: int) -> list[int]:
+def generate_plain(prompt: list[int], params: SamplingOptions, rng: RequestRng, n: int) -> list[int]:
     out: list[int] = []
     for t in range(n):
         out.append(sample_next(toy_logits(prompt + out), params, rng, t))
@@ -210,7 +210,7 @@ def generate_plain(prompt: list[int], params: SamplingParams, rng: RequestRng, n
 
 
 def generate_spec(
-    prompt: list[int], params: SamplingParams, rng: RequestRng, n: int, k_of_step, oracle: list[int], seed: int
+    prompt: list[int], params: SamplingOptions, rng: RequestRng, n: int, k_of_step, oracle: list[int], seed: int
 ) -> tuple[list[int], int, int]:
     """Speculative generation with a deterministic proposer: each draft is the
     oracle's token with probability 0.6, else a random one (so both acceptances
@@ -237,10 +237,10 @@ def generate_spec(
 
 @pytest.mark.parametrize(
     "params",
-    [GREEDY, SamplingParams(temperature=0.8), SamplingParams(temperature=1.3, top_k=12, top_p=0.9)],
+    [GREEDY, SamplingOptions(temperature=0.8), SamplingOptions(temperature=1.3, top_k=12, top_p=0.9)],
     ids=["greedy", "t0.8", "t1.3-topk-topp"],
 )
-def test_same_seed_same_tokens_whatever_the_draft_lengths(params: SamplingParams) -> None:
+def test_same_seed_same_tokens_whatever_the_draft_lengths(params: SamplingOptions) -> None:
     prompt = [1, 2, 3]
     n = 60
     reference = generate_plain(prompt, params, RequestRng(1234), n)
