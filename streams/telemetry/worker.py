@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +27,6 @@ from streams.telemetry.metrics_server import MetricsServer
 from streams.telemetry.request_trace import RequestTrace
 from streams.telemetry.tracing import KafkaHeaders, Tracing
 
-log = logging.getLogger(__name__)
 LAG_INTERVAL_S = 5.0
 
 
