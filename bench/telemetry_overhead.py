@@ -131,7 +131,7 @@ def micro(args: argparse.Namespace) -> None:
     """CPU per request of the worker's telemetry calls (tracing + metrics), best of several repeats."""
     import timeit
 
-    from engine.outputs import RequestOutput, RequestStats, SpecStats
+    from engine.outputs import RequestOutput, RequestStats, SpecCounters, SpecTally
     from schemas.events import Completion, GenerateRequest, ReplyRoute, Timings, Usage
     from streams.config import Settings
     from streams.telemetry.worker import WorkerTelemetry
@@ -151,10 +151,10 @@ def micro(args: argparse.Namespace) -> None:
         batch, steps = args.concurrency, args.max_tokens
         requests = [GenerateRequest(request_id=f"r{i}", prompt="p", model="m", reply_to=ReplyRoute(topic="t"))
                     for i in range(batch)]
-        outputs = [RequestOutput(r.request_id, [1, 2], "ab", spec=SpecStats(3, 1)) for r in requests]
+        outputs = [RequestOutput(r.request_id, [1, 2], "ab", spec=SpecCounters(3, 1)) for r in requests]
         stats = RequestStats(prompt_tokens=10, completion_tokens=steps, queued_s=0.01, ttft_s=0.1, total_s=1.0,
-                             spec=SpecStats(3 * steps, steps), drafted_at=[steps, steps, steps],
-                             accepted_at=[steps, 0, 0])
+                             spec=SpecTally(3 * steps, steps, drafted_at=[steps, steps, steps],
+                                            accepted_at=[steps, 0, 0]))
         completion = Completion(request_id="r", text="x", finish_reason="length", num_chunks=steps,
                                 usage=Usage(prompt_tokens=10, completion_tokens=steps, total_tokens=10 + steps),
                                 timings=Timings(queued_s=0.01, ttft_s=0.1, total_s=1.0))

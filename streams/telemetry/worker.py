@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -28,6 +30,26 @@ from streams.telemetry.request_trace import RequestTrace
 from streams.telemetry.tracing import KafkaHeaders, Tracing
 
 LAG_INTERVAL_S = 5.0
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _never_raises(method: F) -> F:
+    """A telemetry bug must cost telemetry, never a reply: the worker calls these in the middle of its reply path."""
+    failed = False
+
+    @functools.wraps(method)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        nonlocal failed
+        try:
+            return method(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - logged (once per hook), the request goes on
+            if not failed:
+                failed = True
+                log.exception("telemetry hook %s failed (reported once)", method.__name__)
+            return None
+
+    return guarded  # type: ignore[return-value]
 
 
 class WorkerTelemetry:
@@ -55,6 +77,7 @@ class WorkerTelemetry:
 
     # --- a request's life -------------------------------------------------------------------------------------------
 
+    @_never_raises
     def received(self, request: GenerateRequest, headers: KafkaHeaders | None, topic: str, partition: int,
                  received_at: float) -> None:
         self._requests[request.request_id] = request
@@ -67,6 +90,7 @@ class WorkerTelemetry:
         held = self._traces.get(request_id)
         return tracing_mod.trace_id_hex(held.span) if held is not None else None
 
+    @_never_raises
     def step(self, outputs: Sequence[RequestOutput], now: float) -> None:
         """One engine step's outputs, on the event loop."""
         batch = len(outputs)
@@ -82,6 +106,7 @@ class WorkerTelemetry:
             if held is not None:
                 held.step(now, batch, len(output.token_ids), output.spec.drafted, output.spec.accepted)
 
+    @_never_raises
     def engine_done(self, request_id: str, stats: RequestStats | None, final: Completion | None, now: float) -> None:
         """The engine finished the request (``final`` is its Completion; None for an ErrorEvent)."""
         self._last_output.pop(request_id, None)
@@ -92,12 +117,14 @@ class WorkerTelemetry:
         if self.metrics is not None and request is not None and final is not None:
             self._count(self.metrics, request, stats, final)
 
+    @_never_raises
     def failed(self, request_id: str, code: str, message: str) -> None:
         held = self._traces.get(request_id)
         if held is not None:
             held.failed(code, message)
             held.engine_done(None, None, time.time())
 
+    @_never_raises
     def settled(self, request_id: str, undelivered: int) -> None:
         """The final reply is acknowledged (or given up): the request is over here."""
         self._requests.pop(request_id, None)
@@ -106,6 +133,7 @@ class WorkerTelemetry:
         if held is not None:
             held.end(undelivered)
 
+    @_never_raises
     def handed_back(self, request_id: str, why: str) -> None:
         """Not answered here (rebalance, shutdown): another worker redoes it."""
         held = self._traces.get(request_id)
@@ -115,10 +143,12 @@ class WorkerTelemetry:
 
     # --- the bus ----------------------------------------------------------------------------------------------------
 
+    @_never_raises
     def dead_lettered(self, reason: str) -> None:
         if self.metrics is not None:
             self.metrics.bus.dead_lettered(reason)
 
+    @_never_raises
     def publish_failed(self, kind: str) -> None:
         if self.metrics is not None:
             self.metrics.bus.producer_errors.labels(kind).inc()
@@ -175,9 +205,9 @@ class WorkerTelemetry:
         if stats is None or not stats.spec.drafted:
             return
         # drafted_at[0] counts the steps in which this request drafted at least one token: its drafts.
-        metrics.num_drafts.labels(model).inc(stats.drafted_at[0] if stats.drafted_at else 0)
+        metrics.num_drafts.labels(model).inc(stats.spec.drafted_at[0] if stats.spec.drafted_at else 0)
         metrics.draft_tokens.labels(model).inc(stats.spec.drafted)
         metrics.accepted_tokens.labels(model).inc(stats.spec.accepted)
-        for position, accepted in enumerate(stats.accepted_at):
+        for position, accepted in enumerate(stats.spec.accepted_at):
             metrics.accepted_per_pos.labels(model, str(position)).inc(accepted)
 

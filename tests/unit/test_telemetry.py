@@ -197,3 +197,22 @@ def test_metrics_can_be_turned_off() -> None:
     telemetry = EdgeTelemetry.from_settings(TelemetrySettings(metrics=MetricsSettings(enabled=False),
                                                               tracing=TracingSettings(enabled=False)))
     assert telemetry.metrics is None and telemetry.tracing is None
+
+
+def test_a_failing_worker_telemetry_hook_costs_telemetry_never_the_reply(caplog: pytest.LogCaptureFixture) -> None:
+    from schemas.events import Completion, GenerateRequest, ReplyRoute, Timings, Usage
+    from streams.config import Settings
+    from streams.telemetry.worker import WorkerTelemetry
+
+    telemetry = WorkerTelemetry.from_settings(Settings(telemetry=TelemetrySettings(
+        tracing=TracingSettings(enabled=False))), group_id="g", registry=CollectorRegistry())
+    assert telemetry is not None
+    request = GenerateRequest(request_id="r", prompt="p", model="m", reply_to=ReplyRoute(topic="t"))
+    telemetry.received(request, None, "topic", 0, 0.0)
+    completion = Completion(request_id="r", text="", finish_reason="stop", num_chunks=0,
+                            usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
+                            timings=Timings(queued_s=0, ttft_s=0, total_s=0))
+    broken_stats = object()  # not a RequestStats: the metrics code raises on it
+    with caplog.at_level(logging.ERROR, logger="streams.telemetry.worker"):
+        telemetry.engine_done("r", broken_stats, completion, 1.0)  # type: ignore[arg-type]
+    assert "telemetry hook engine_done failed" in caplog.text
