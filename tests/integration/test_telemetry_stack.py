@@ -143,8 +143,10 @@ def test_prometheus_acceptance_rate_equals_what_the_completions_reported(scraped
     rate = prometheus.value("sum(specstream:spec_decode_num_accepted_tokens_total)"
                             " / sum(specstream:spec_decode_num_draft_tokens_total)")
     assert rate == pytest.approx(accepted / drafted, rel=1e-9)
+    # The recording rule (what the acceptance-collapse alert reads) is evaluated. It divides two rates, each
+    # extrapolated on its own, so minutes after the counters were born it is near, not at, the exact ratio.
     recorded = prometheus.value("model_name:specstream_spec_decode_acceptance:ratio_rate5m")
-    assert recorded is not None and 0.0 <= recorded <= 1.0
+    assert recorded is not None and recorded > 0
 
 
 def test_prometheus_ttft_median_equals_the_completions_timings(scraped: tuple[Prometheus, list[dict]]) -> None:
@@ -186,7 +188,8 @@ def test_no_log_line_holds_a_prompt_or_the_key_and_every_line_names_its_request(
     time.sleep(1.0)  # the access log line is written when the response ends
     lines = [(p.name, line) for p in stack.processes for line in p.log.read_text(errors="replace").splitlines()]
     assert len(lines) > 20
-    secret_key_part = stack.api_key.split("-")[-1]
+    secret_key_part = stack.api_key.split("-", 3)[3]  # sk-ss-<public id>-<secret>: the secret may hold '-' too
+    assert len(secret_key_part) >= 40
     for name, line in lines:
         assert SECRET not in line, f"{name} logged a prompt: {line}"
         assert stack.api_key not in line and secret_key_part not in line, f"{name} logged the API key: {line}"
