@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         say(f"config error: {error}")
         return EXIT_CONFIG
-    _configure_logging(settings.log_level)
+    _configure_logging(settings.log_level, settings.log_format)
     handler: Callable[[argparse.Namespace, Settings], int] = args.handler
     try:
         return handler(args, settings)
@@ -111,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+def _configure_logging(level: str, log_format: str = "text") -> None:
+    from streams.telemetry.logs import configure_logging
+
+    configure_logging(level, log_format)
     # Client libraries log every connection and rebalance step at INFO.
     quiet = logging.DEBUG if level == "DEBUG" else logging.WARNING
     for name in ("aiokafka", "specstream.worker.faststream", "httpx", "faststream"):

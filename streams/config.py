@@ -425,6 +425,52 @@ class EvalSettings(Section):
     )
 
 
+class TracingSettings(Section):
+    """OpenTelemetry tracing. Each key is null by default: the standard OTEL_* variable (or the SDK's default) applies."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Trace requests; null: on when OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) is set and "
+        "OTEL_SDK_DISABLED is not true. Off costs nothing: no tracer is built.",
+    )
+    endpoint: str | None = Field(
+        default=None, description="OTLP collector base URL, e.g. http://127.0.0.1:4318; null: OTEL_EXPORTER_OTLP_ENDPOINT."
+    )
+    protocol: Literal["http/protobuf", "grpc"] | None = Field(
+        default=None, description="OTLP transport; null: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf."
+    )
+    service_name: str | None = Field(
+        default=None, min_length=1,
+        description="service.name of the spans; null: OTEL_SERVICE_NAME, else specstream-edge / specstream-worker.",
+    )
+    sampler: Literal["always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+                     "parentbased_traceidratio"] | None = Field(
+        default=None, description="Which requests are traced; null: OTEL_TRACES_SAMPLER, else parentbased_always_on."
+    )
+    sampler_arg: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Ratio of the *traceidratio samplers; null: OTEL_TRACES_SAMPLER_ARG."
+    )
+
+
+class MetricsSettings(Section):
+    enabled: bool = Field(
+        default=True, description="Serve Prometheus metrics: GET /metrics on the edge's port and on each worker's."
+    )
+    worker_host: str = Field(default="127.0.0.1", min_length=1, description="Address a worker's /metrics listens on.")
+    worker_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="Port of a worker's /metrics; null or 0: a free port. Workers announce theirs (metrics_url) and log it.",
+    )
+    max_tenants: int = Field(
+        default=50, ge=1, description="Distinct tenant label values per process; later tenants are counted as 'other'.",
+    )
+
+
+class TelemetrySettings(Section):
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -440,7 +486,11 @@ class Settings(BaseSettings):
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="json: one JSON object per line, with request_id and trace_id on every line."
+    )
 
     @classmethod
     def settings_customise_sources(

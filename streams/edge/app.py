@@ -40,23 +40,31 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.settings import EdgeOptions
 from streams.kafka_connection import KafkaAccessError
+from streams.telemetry.edge import EdgeTelemetry
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings | EdgeOptions | None = None) -> FastAPI:
-    """The edge's ASGI app. ``settings``: the project's, an EdgeOptions, or None (load_settings())."""
+def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: EdgeTelemetry | None = None) -> FastAPI:
+    """The edge's ASGI app. ``settings``: the project's, an EdgeOptions, or None (load_settings()).
+
+    ``telemetry``: traces and metrics; by default from the settings' ``telemetry`` section and the OTEL_* variables.
+    """
     edge_settings = EdgeOptions.from_settings(settings)
+    if telemetry is None:
+        telemetry = EdgeTelemetry.from_settings(edge_settings.settings.telemetry)
 
     # Built here, not in the lifespan: a bad keys file or Redis URL fails the start, not the first request.
     pipeline = Pipeline(edge_settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        edge = Edge(edge_settings)
+        edge = Edge(edge_settings, tracer=telemetry.tracer)
         app.state.edge = edge
+        if telemetry.metrics is not None:
+            telemetry.metrics.watch_ready_workers(lambda: len(edge.readiness.live_workers()))
         await pipeline.start()
         try:
             await edge.start()
@@ -66,10 +74,13 @@ def create_app(settings: Settings | EdgeOptions | None = None) -> FastAPI:
                 await edge.stop()
         finally:
             await pipeline.stop()
+            telemetry.shutdown()
 
     app = FastAPI(title="specstream edge", version="0.1.0", lifespan=lifespan)
     app.state.settings = edge_settings
     app.state.pipeline = pipeline
+    app.state.telemetry = telemetry
+    telemetry.install(app)
     openapi.install(app, edge_settings.models, edge_settings.max_model_len)
 
     @app.exception_handler(errors.EdgeError)
@@ -125,5 +136,7 @@ def run_edge(settings: Settings | EdgeOptions | None = None) -> None:
     _check_access(options)
     host, port = options.edge.host, options.edge.port
     log.info("edge %s on http://%s:%d", options.edge_id, host, port)
-    uvicorn.run(create_app(options), host=host, port=port, log_level="info",
+    # With logging configured (the CLI: text or JSON), uvicorn's records go through it instead of its own format.
+    log_config = None if logging.getLogger().handlers else uvicorn.config.LOGGING_CONFIG
+    uvicorn.run(create_app(options), host=host, port=port, log_level="info", log_config=log_config,
                 ws_max_size=options.edge.max_ws_frame_bytes)

@@ -12,6 +12,9 @@ import asyncio
 import logging
 import time
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
 from schemas.events import EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
 from streams.kafka_io import encode
@@ -21,6 +24,8 @@ from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
 from streams.kafka_acls import edge_grants
+from streams.telemetry.logs import bind_request, trace_id_of
+from streams.telemetry.tracing import trace_id_hex
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +44,10 @@ async def prepare_edge(s: EdgeOptions) -> None:
 
 
 class Edge:
-    def __init__(self, settings: EdgeOptions) -> None:
+    def __init__(self, settings: EdgeOptions, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
-        self.publisher = Publisher(settings)
+        self.tracer = tracer
+        self.publisher = Publisher(settings, tracer)
         self.router = ReplyRouter(settings)
         # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
         self.router.on_abandon = self.publisher.cancel_soon
@@ -140,6 +146,9 @@ class Edge:
         """Register the request with the router, then publish it. Returns its reply stream."""
         if not self.connected.is_set():
             raise errors.not_ready(self.last_error or "not connected to Kafka")
+        # The rest of this request's handling logs with its ids (the access log line included).
+        bind_request(request.request_id,
+                     trace_id_hex() or trace_id_of(request.trace.traceparent if request.trace is not None else None))
         stream = self.router.open(request.request_id, deadline=request.deadline)
         try:
             await asyncio.wait_for(self.publisher.publish_request(request), timeout=10.0)
@@ -154,7 +163,25 @@ class Edge:
             self.publisher.cancel_soon(request.request_id, "publishing failed at the edge")
             log.warning("edge %s: publishing %s failed: %r", self.edge_id, request.request_id, exc)
             raise errors.not_ready(f"could not publish the request to Kafka: {exc!r}") from None
+        if self.tracer is not None:
+            self._trace_relay(stream)
         return stream
+
+    def _trace_relay(self, stream: ReplyStream) -> None:
+        """A span from the publish's acknowledgement to the final reply (or the stream's close without one)."""
+        assert self.tracer is not None
+        span = self.tracer.start_span(f"receive {self.reply_topic}", kind=SpanKind.CONSUMER, attributes={
+            "messaging.system": "kafka", "messaging.operation.type": "receive",
+            "messaging.destination.name": self.reply_topic, "messaging.message.id": stream.request_id})
+
+        def end() -> None:
+            final = stream.final
+            span.set_attribute("specstream.final_event", type(final).__name__ if final is not None else "none")
+            if final is None or getattr(final, "code", None) is not None:
+                span.set_status(Status(StatusCode.ERROR, getattr(final, "code", None) or "closed before the final event"))
+            span.end()
+
+        stream.on_end = end
 
     def abandon(self, stream: ReplyStream, reason: str = "client disconnected") -> None:
         """The client of an unfinished request is gone: stop routing it and tell the workers. Idempotent."""

@@ -17,18 +17,22 @@ import asyncio
 import logging
 
 from aiokafka import AIOKafkaProducer
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from schemas.events import CancelRequest, GenerateRequest
 from streams.kafka_io import encode, make_producer, request_key
 from streams.edge.settings import EdgeOptions
 from streams.ops.rollout_router import RolloutRouter
+from streams.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
 
 class Publisher:
-    def __init__(self, settings: EdgeOptions) -> None:
+    def __init__(self, settings: EdgeOptions, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
+        self.tracer = tracer
         catalog = settings.catalog
         self.request_topic = catalog.requests.name
         self.cancel_topic = catalog.cancellations.name
@@ -63,11 +67,24 @@ class Publisher:
             self._producer = None
 
     async def publish_request(self, request: GenerateRequest) -> None:
-        """Publish and wait until the broker acknowledged it."""
-        await self.producer.send_and_wait(
-            self.rollouts.request_topic(request.model, request.request_id), encode(request),
-            key=request_key(request.request_id),
-        )
+        """Publish and wait until the broker acknowledged it.
+
+        Traced, the publish is a producer span whose context travels in the record's headers and in
+        ``request.trace``: the worker's consumer span continues this trace.
+        """
+        topic = self.rollouts.request_topic(request.model, request.request_id)
+        if self.tracer is None:
+            await self.producer.send_and_wait(topic, encode(request), key=request_key(request.request_id))
+            return
+        with self.tracer.start_as_current_span(
+            f"publish {topic}", kind=SpanKind.PRODUCER,
+            attributes={"messaging.system": "kafka", "messaging.operation.type": "publish",
+                        "messaging.destination.name": topic, "messaging.message.id": request.request_id},
+        ):
+            carrier = tracing.carrier_of()
+            request = request.model_copy(update={"trace": tracing.trace_context(carrier)})
+            await self.producer.send_and_wait(topic, encode(request), key=request_key(request.request_id),
+                                              headers=tracing.kafka_headers(carrier))
 
     async def publish_cancel(self, request_id: str, reason: str = "client disconnected") -> None:
         for topic in self.rollouts.cancel_topics():
@@ -90,3 +107,4 @@ class Publisher:
             await self.publish_cancel(request_id, reason)
         except Exception:  # the client is gone; nobody to tell but the log
             log.exception("could not publish cancellation of %s", request_id)
+

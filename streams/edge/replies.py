@@ -213,6 +213,8 @@ class ReplyStream:
         self.forwarded = Forwarded(request_id)
         self.final: Completion | ErrorEvent | None = None
         self.closed = False
+        # Called once, when the final event arrives or the stream closes without one (the edge's relay span ends).
+        self.on_end: Callable[[], None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -222,6 +224,12 @@ class ReplyStream:
         if not self.closed:
             self.closed = True
             self.router._close(self.request_id)
+            self._ended()
+
+    def _ended(self) -> None:
+        if self.on_end is not None:
+            on_end, self.on_end = self.on_end, None
+            on_end()
 
     def __enter__(self) -> "ReplyStream":
         return self
@@ -268,6 +276,7 @@ class ReplyStream:
                     self.router.on_abandon(self.request_id, "regeneration diverged")
                 event = diverged.event()
             self.final = event
+            self._ended()
             yield event
         self.close()
 

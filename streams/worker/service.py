@@ -26,6 +26,7 @@ import collections
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from schemas.events import (
     ErrorEvent,
     GenerateRequest,
     ReplyRoute,
+    ServiceAnnouncement,
     SpecStats,
     SpecStepStats,
     Timings,
@@ -68,6 +70,8 @@ from streams.kafka_acls import worker_grants
 from streams.kafka_connection import faststream_options
 from streams.kafka_permissions import prepare_service
 from streams.reply_routes import ReplyRoutes, RouteCheck, compile_patterns
+from streams.telemetry.logs import bind_request, request_scope, trace_id_of
+from streams.telemetry.worker import WorkerTelemetry
 from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import Rejection, parse_request, to_engine_request
 from streams.worker.offsets import OffsetTracker
@@ -208,11 +212,15 @@ class EngineWorker:
         *,
         engine_factory: EngineFactory = load_engine,
         progress: Progress | None = None,
+        telemetry: WorkerTelemetry | None = None,
     ) -> None:
         self.settings = settings
         self.catalog = settings.catalog
         self.worker_id = settings.worker.resolved_id()
         self.group_id = settings.worker.resolved_group_id(settings.kafka.topic_prefix)
+        # None when tracing and metrics are both off: then no telemetry call is made at all.
+        self.telemetry = telemetry or WorkerTelemetry.from_settings(settings, group_id=self.group_id)
+        self._started_at = time.time()
         self._engine_factory = engine_factory
         self._progress = progress
         self.engine: Engine | None = None
@@ -226,6 +234,7 @@ class EngineWorker:
         self._commit_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._heartbeat: asyncio.Task[None] | None = None
+        self._lag_sampler: asyncio.Task[None] | None = None
         self._state: str = "starting"
         # Request partitions this worker owns (updated on every rebalance; None before the first assignment).
         self._owned: set[tuple[str, int]] | None = None
@@ -295,6 +304,12 @@ class EngineWorker:
         # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
         self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
         self.served_models = sorted({self.engine.model_name, self.settings.engine.model})
+        if self.telemetry is not None:
+            self.telemetry.watch_engine(self.engine)
+            metrics = self.settings.telemetry.metrics
+            url = self.telemetry.serve_metrics(metrics.worker_host, metrics.worker_port)
+            if url is not None:
+                log.info("worker %s metrics on %s", self.worker_id, url)
         self._driver = EngineDriver(
             self.engine, asyncio.get_running_loop(), self._on_outputs, self._on_engine_failure,
             name=f"engine-{self.worker_id}",
@@ -306,6 +321,9 @@ class EngineWorker:
         self._state = "ready"
         await self._announce("ready")
         self._heartbeat = asyncio.create_task(self._heartbeat_loop(), name="worker-heartbeat")
+        if self.telemetry is not None and self.requests.consumer is not None:
+            self._lag_sampler = asyncio.create_task(self.telemetry.sample_lag(self.requests.consumer),
+                                                    name="worker-lag-sampler")
         log.info(
             "worker %s ready: model %s, group %s, requests from %s",
             self.worker_id, self.engine.model_name if self.engine else "?", self.group_id, self.catalog.requests.name,
@@ -330,14 +348,17 @@ class EngineWorker:
             for request_id in list(self._in_flight):
                 self._in_flight.pop(request_id).done = True
                 self._driver.abort(request_id)
+                if self.telemetry is not None:
+                    self.telemetry.handed_back(request_id, "drain timeout")
         try:
             # Bounded: with the broker gone these would wait out the producer's request timeout; what is not
             # acknowledged by then is not committed either, so Kafka redelivers it.
             await asyncio.wait_for(self._settle_pending(), timeout=max(1.0, deadline - time.monotonic()))
         except TimeoutError:
             log.warning("replies still unacknowledged at the end of the drain; their requests will be redelivered")
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        for task in (self._heartbeat, self._lag_sampler):
+            if task is not None:
+                task.cancel()
         self._state = "stopped"
         await self._announce("stopped")
 
@@ -349,6 +370,8 @@ class EngineWorker:
             with contextlib.suppress(Exception):
                 await self._admin.close()
             self._admin = None
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
 
     async def _list_topics(self) -> list[str]:
         if self._admin is None:
@@ -383,7 +406,8 @@ class EngineWorker:
         source = Source(record.topic, record.partition, record.offset)
         self._offsets.started(source.topic, source.partition, source.offset)
         try:
-            await self._intake(record.value, record.key, record.timestamp, source)
+            with request_scope():  # this loop serves message after message: each one's ids end with it
+                await self._intake(record.value, record.key, record.timestamp, source, record.headers)
         except Exception:  # noqa: BLE001 - a bug here must not stop consumption; the message is dead-lettered
             log.exception("internal error handling %s/%d@%d", source.topic, source.partition, source.offset)
             self._reject(
@@ -391,7 +415,8 @@ class EngineWorker:
                 record.value, record.key, source,
             )
 
-    async def _intake(self, value: bytes | None, key: bytes | None, timestamp_ms: int, source: Source) -> None:
+    async def _intake(self, value: bytes | None, key: bytes | None, timestamp_ms: int, source: Source,
+                      headers: Any = None) -> None:
         received_at = time.time()
         parsed = parse_request(value, max_bytes=self.settings.worker.max_message_bytes)
         if isinstance(parsed, Rejection):
@@ -433,6 +458,9 @@ class EngineWorker:
         published_at = request.created_at if request.created_at is not None else timestamp_ms / 1000
         flight = InFlight(request, [source], received_at, transit_s=max(0.0, received_at - published_at))
         self._in_flight[request.request_id] = flight
+        if self.telemetry is not None:
+            self.telemetry.received(request, headers, source.topic, source.partition, received_at)
+        bind_request(request.request_id, self._trace_id(request))
         assert self._driver is not None
         try:
             added = self._driver.add(
@@ -480,6 +508,8 @@ class EngineWorker:
 
     def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         """Called on the loop once per engine step: one TokenChunk per output, then a Completion when finished."""
+        if self.telemetry is not None:
+            self.telemetry.step(outputs, time.time())
         for output in outputs:
             flight = self._in_flight.get(output.request_id)
             if flight is None or flight.done:
@@ -506,6 +536,8 @@ class EngineWorker:
         self._publish_reply(flight, chunk)
         if output.finished:
             completion = self._completion(flight, output, finish_reason or "stop")
+            if self.telemetry is not None:
+                self.telemetry.engine_done(request.request_id, output.stats, completion, time.time())
             self._publish_reply(flight, completion)
             self._finish(flight, completion)
 
@@ -567,6 +599,11 @@ class EngineWorker:
         if flight is None or flight.done:
             self._remember_cancel(cancel.request_id)
             return
+        with request_scope():
+            bind_request(cancel.request_id, self._trace_id(flight.request))
+            await self._cancel(flight, cancel)
+
+    async def _cancel(self, flight: InFlight, cancel: CancelRequest) -> None:
         log.info("cancelling %s: %s", cancel.request_id, cancel.reason)
         if self._driver is None:
             return
@@ -663,6 +700,7 @@ class EngineWorker:
         self._spawn(self._settle(flight))
 
     async def _settle(self, flight: InFlight) -> None:
+        bind_request(flight.request.request_id, self._trace_id(flight.request))  # this task's log lines
         results = await asyncio.gather(*flight.deliveries, return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -674,12 +712,16 @@ class EngineWorker:
             reason = (f"reply_undeliverable: {len(failures)} of {len(results)} reply event(s) to "
                       f"'{request.reply_to.topic}' not delivered: {_describe_error(failures[0])}")
             undelivered = kafka_io.encode(flight.final_event).decode() if flight.final_event is not None else None
+            if self.telemetry is not None:
+                self.telemetry.publish_failed("reply")
             await asyncio.gather(self._dead_letter(reason, kafka_io.encode(request),
                                                    kafka_io.request_key(request.request_id), flight.sources[0],
                                                    undelivered=undelivered), return_exceptions=True)
         if self._in_flight.get(flight.request.request_id) is flight:
             del self._in_flight[flight.request.request_id]
             self._release_slot()
+        if self.telemetry is not None:
+            self.telemetry.settled(flight.request.request_id, len(failures))
         if not failures:
             await self._log_completion(flight)
         for source in flight.sources:
@@ -706,6 +748,8 @@ class EngineWorker:
         if flight.done:
             return
         error = ErrorEvent(request_id=flight.request.request_id, code=code, message=message)
+        if self.telemetry is not None:
+            self.telemetry.failed(flight.request.request_id, code, message)
         self._publish_reply(flight, error)
         self._finish(flight, error)
 
@@ -749,6 +793,8 @@ class EngineWorker:
                 await asyncio.gather(self._dead_letter(reason, None, key, source, dropped=len(value or b"")),
                                      return_exceptions=True)
             elif isinstance(result, BaseException):
+                if self.telemetry is not None:
+                    self.telemetry.publish_failed("rejection")
                 log.error("could not publish the rejection of %s/%d@%d: %s",
                           source.topic, source.partition, source.offset, _describe_error(result))
         # Committed past whatever happened to its reply: a message is never read again once it was dealt with.
@@ -759,6 +805,8 @@ class EngineWorker:
                      dropped: int = 0, undelivered: str | None = None) -> asyncio.Future[Any]:
         if dropped:
             reason += f" (original of {dropped} bytes too large to keep)"
+        if self.telemetry is not None:
+            self.telemetry.dead_lettered(reason)
         letter = DeadLetter(
             reason=reason,
             source_topic=source.topic,
@@ -826,6 +874,8 @@ class EngineWorker:
             flight.done = True
             del self._in_flight[flight.request.request_id]
             self._release_slot()
+            if self.telemetry is not None:
+                self.telemetry.handed_back(flight.request.request_id, "partition reassigned")
             if self._driver is not None:
                 # The inbox is FIFO: a request still being added is aborted right after its add.
                 with contextlib.suppress(RuntimeError):
@@ -866,8 +916,29 @@ class EngineWorker:
                 ),
                 timeout=_ANNOUNCE_TIMEOUT_S,
             )
+            await asyncio.wait_for(self._announce_service(state), timeout=_ANNOUNCE_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - an announcement is best effort; the next heartbeat retries
+            if self.telemetry is not None:
+                self.telemetry.publish_failed("announcement")
             log.warning("could not announce %s: %s", state, repr(error))
+
+    async def _announce_service(self, state: str) -> None:
+        """The same on the services topic, with where this worker's metrics are (what Prometheus scrapes)."""
+        announcement = ServiceAnnouncement(
+            kind="engine-worker", service_id=self.worker_id, state=state, host=socket.gethostname(),  # type: ignore[arg-type]
+            pid=os.getpid(), started_at=self._started_at, in_flight=len(self._in_flight), models=self.served_models,
+            metrics_url=self.telemetry.metrics_url if self.telemetry is not None else None, at=time.time(),
+        )
+        await self.broker.publish(kafka_io.encode(announcement), self.catalog.services.name,
+                                  key=f"engine-worker/{self.worker_id}".encode(), headers=_JSON_HEADERS)
+
+    def _trace_id(self, request: GenerateRequest) -> str | None:
+        """For log lines: this worker's span's trace id, else the one the request carries."""
+        if self.telemetry is not None:
+            traced = self.telemetry.trace_id(request.request_id)
+            if traced is not None:
+                return traced
+        return trace_id_of(request.trace.traceparent if request.trace is not None else None)
 
     async def _heartbeat_loop(self) -> None:
         while True:

@@ -1,0 +1,12 @@
+"""Observability: traces (OpenTelemetry), metrics (Prometheus) and structured logs.
+
+* :mod:`streams.telemetry.tracing` builds a tracer provider of the process's own from
+  ``telemetry.tracing`` and the standard ``OTEL_*`` variables, or nothing when tracing is off,
+  and carries W3C trace context through Kafka headers and ``GenerateRequest.trace``.
+* :mod:`streams.telemetry.metrics` defines the Prometheus metrics (vLLM's names under the
+  ``specstream:`` prefix) in a registry per process.
+* :mod:`streams.telemetry.worker` is what an engine worker calls at each stage of a request;
+  :mod:`streams.telemetry.request_trace` turns one request's stages into spans.
+* :mod:`streams.telemetry.edge` is the edge's ASGI middleware (server span, route metrics, /metrics).
+* :mod:`streams.telemetry.logs` configures logging: text or JSON with request_id and trace_id.
+"""
