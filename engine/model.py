@@ -12,6 +12,7 @@ gate/up into one matmul each, and the HF module is dropped.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,29 +277,31 @@ class Decoder(nn.Module):
         self.rope_sin: torch.Tensor | None
         self.register_buffer("rope_cos", None, persistent=False)
         self.register_buffer("rope_sin", None, persistent=False)
-        # Set by prepack_for_cpu: the LM head's weight (maybe the tied embedding) with its packed twin.
-        self._packed_head: PrepackedWeight | None = None
+        # The LM head's matmul [n, hidden] -> [n, vocab] when its weight (maybe the tied
+        # embedding) lives in another form: prepacked (prepack_for_cpu) or quantized (engine.quant.apply).
+        self.head_matmul: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def prepack_for_cpu(self, rows: PackedRows = PackedRows()) -> bool:
         """On CPU, give every linear layer and the LM head a oneDNN-prepacked copy for
         steps of rows.min_rows..rows.max_rows rows (see engine.packed_linear). Costs one
         more copy of the weights; returns False (and does nothing) where it does not apply."""
-        if self._packed_head is not None:
+        if self.head_matmul is not None:
             return True
         if not packing_available(self.device, self.dtype):
             return False
         prepack_linears(self.layers, rows)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self._packed_head = PrepackedWeight(weight, None, rows)
+        self.head_matmul = PrepackedWeight(weight, None, rows).apply
         return True
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        # The final norm, not the embedding: a quantized model's embedding holds integer codes.
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     def init_rope(self, hf_config: Any, max_positions: int) -> None:
         inv_freq, scale = rope_inv_freq(hf_config, self.device)  # [D / 2]
@@ -326,8 +329,8 @@ class Decoder(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need a next-token distribution) -> fp32 logits [n, vocab]."""
-        if self._packed_head is not None:
-            return self._packed_head.apply(hidden).float()
+        if self.head_matmul is not None:
+            return self.head_matmul(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 

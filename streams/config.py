@@ -237,6 +237,11 @@ class EngineSettings(Section):
         description="CPU: keep a oneDNN-prepacked copy of the weights for steps of 4-48 rows "
         "(speculative verification, small batches); costs one more copy of the weights in memory.",
     )
+    weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
+        default="fp32",
+        description="CPU weight format: int4/int8 weight-only (GGUF Q4_0/Q4_1 codes kept as they are), bf16, "
+        "fp32, or auto (int4 where the CPU has AVX-512 and BF16); a CPU lacking them falls back to fp32, saying why.",
+    )
     speculation: SpeculationSettings = Field(default_factory=SpeculationSettings)
 
     def to_engine_config(self) -> EngineConfig:
@@ -255,6 +260,7 @@ class EngineSettings(Section):
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
             prepack_weights=self.prepack_weights,
+            weights=self.weights,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
             speculation=SpeculationConfig(**spec.model_dump()),
         )
