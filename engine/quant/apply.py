@@ -26,7 +26,7 @@ from torch import nn
 
 from engine.model import Decoder
 from engine.quant.formats import WeightFormat
-from engine.quant.linear import Bf16Kernel, Bf16Linear, QuantizedEmbedding, QuantizedLinear
+from engine.quant.linear import Bf16Linear, QuantizedEmbedding, QuantizedLinear
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
 
 Progress = Callable[[str], None]
@@ -62,9 +62,7 @@ def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide:
         _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide))
     model.embed_tokens = QuantizedEmbedding(tensors["embed_tokens"], model.dtype)  # type: ignore[assignment]
     head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide)
-    model.lm_head = None
-    model.head_matmul = head
-    model.quantized_head = head  # a submodule, so weight_bytes and .modules() see it
+    _set_head(model, head)
 
 
 def install_bf16(model: Decoder) -> None:
@@ -72,18 +70,19 @@ def install_bf16(model: Decoder) -> None:
     for name, lin in _linears(model).items():
         _set_module(model, name, Bf16Linear(lin.weight, lin.bias))
     head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    model.head_matmul = Bf16Kernel(head_weight)
+    _set_head(model, Bf16Linear(head_weight, None))
+
+
+def _set_head(model: Decoder, head: nn.Module) -> None:
     model.lm_head = None
+    model.head_matmul = head
+    model.head_kernel = head  # a submodule, so weight_bytes and .modules() see it
 
 
 def weight_bytes(model: Decoder) -> int:
     """Resident bytes of the model's weights in every copy kept (quantized, wide bf16, plain parameters)."""
     total = sum(p.nbytes for p in model.parameters())
-    total += sum(int(getattr(m, "nbytes", 0)) for m in model.modules())
-    head = model.head_matmul
-    if isinstance(head, Bf16Kernel):
-        total += head.nbytes
-    return total
+    return total + sum(int(getattr(m, "nbytes", 0)) for m in model.modules())
 
 
 # --- cache --------------------------------------------------------------------------------------
@@ -143,6 +142,8 @@ def quantized_tensors(
 ) -> dict[str, QuantizedTensor]:
     """The model's quantized tensors: from the cache, else from the GGUF or the float weights (then cached)."""
     source = gguf if gguf is not None else model_dir / "config.json"
+    if not source.is_file():  # a model built in memory (tests): nothing on disk to key a cache by
+        return quantize_decoder(model, fmt)
     path = cache_path(cache_root, model_dir, source, fmt)
     if path.is_file():
         return load_tensors(path)

@@ -96,6 +96,8 @@ def make_engine(
     eos: frozenset[int] = frozenset(),
     proposer: Any = None,
     controller: Any = None,
+    weights: str = "fp32",
+    prepack_weights: bool = True,
 ) -> LLMEngine:
     cfg = EngineConfig(
         model="tiny",
@@ -104,6 +106,8 @@ def make_engine(
         max_running_requests=max_running_requests,
         max_model_len=max_model_len,
         speculation=speculation or SpeculationConfig(enabled=False),
+        weights=weights,
+        prepack_weights=prepack_weights,
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller)
 
