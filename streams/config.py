@@ -235,7 +235,8 @@ class EngineSettings(Section):
     prepack_weights: bool = Field(
         default=True,
         description="CPU: keep a oneDNN-prepacked copy of the weights for steps of 4-48 rows "
-        "(speculative verification, small batches); costs one more copy of the weights in memory.",
+        "(speculative verification, small batches); costs one more copy of the weights in memory. "
+        "With weights int4/int8: a bf16 copy for steps past 9 rows instead.",
     )
     weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
         default="fp32",

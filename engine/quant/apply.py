@@ -26,7 +26,8 @@ from torch import nn
 
 from engine.model import Decoder
 from engine.quant.formats import WeightFormat
-from engine.quant.linear import Bf16Linear, QuantizedEmbedding, QuantizedLinear
+from engine.packed_linear import PrepackedLinear, PrepackedWeight
+from engine.quant.linear import Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
 
 Progress = Callable[[str], None]
@@ -80,9 +81,17 @@ def _set_head(model: Decoder, head: nn.Module) -> None:
 
 
 def weight_bytes(model: Decoder) -> int:
-    """Resident bytes of the model's weights in every copy kept (quantized, wide bf16, plain parameters)."""
-    total = sum(p.nbytes for p in model.parameters())
-    return total + sum(int(getattr(m, "nbytes", 0)) for m in model.modules())
+    """Resident bytes of the model's weights in every copy kept (plain, prepacked, quantized, wide bf16)."""
+    tensors: list[torch.Tensor] = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, (QuantizedLinear, Bf16Linear, QuantizedEmbedding)):
+            tensors += m.tensors()
+        elif isinstance(m, PrepackedLinear):
+            tensors.append(m._packed.packed)
+    packed_head = getattr(model.head_matmul, "__self__", None)  # prepack_for_cpu's bound PrepackedWeight.apply
+    if isinstance(packed_head, PrepackedWeight):
+        tensors.append(packed_head.packed)
+    return nbytes(tensors)
 
 
 # --- cache --------------------------------------------------------------------------------------

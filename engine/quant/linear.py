@@ -43,6 +43,21 @@ class Kernel(Protocol):
         """x [T, in] in ACT_DTYPE -> [T, out] in ACT_DTYPE."""
         ...
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What the kernel keeps resident."""
+        ...
+
+
+def nbytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of distinct storages (the tied head's codes are the embedding's: counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t.is_mkldnn:  # oneDNN-packed: no storage to share, its own bytes
+            seen[id(t)] = t.numel() * t.element_size()
+        else:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
 
 class Int4Kernel:
     """torch's _weight_int4pack_mm_for_cpu: 4-bit codes packed two per byte, bf16 scale and zero per group."""
@@ -66,9 +81,8 @@ class Int4Kernel:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
         return y if y.shape[1] == self.out_features else y[:, : self.out_features]
 
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales_zeros.nbytes
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed, self.scales_zeros]
 
 
 class Int8Kernel:
@@ -83,9 +97,8 @@ class Int8Kernel:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
 
-    @property
-    def nbytes(self) -> int:
-        return self.codes.nbytes + self.scales.nbytes
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.codes, self.scales]
 
 
 class Bf16Kernel:
@@ -98,9 +111,8 @@ class Bf16Kernel:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
 
-    @property
-    def nbytes(self) -> int:
-        return self.packed.nbytes
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed]
 
 
 def quant_kernel(qt: QuantizedTensor) -> Int4Kernel | Int8Kernel:
@@ -136,11 +148,10 @@ class QuantizedLinear(nn.Module):
         y = kernel(x.to(ACT_DTYPE)).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
-    @property
-    def nbytes(self) -> int:
-        """Resident bytes of this layer's weight copies (the narrow kernel's and the wide one)."""
-        wide = 0 if self.wide is None else self.wide.nbytes  # type: ignore[attr-defined]
-        return self.narrow.nbytes + wide  # type: ignore[attr-defined]
+    def tensors(self) -> list[torch.Tensor]:
+        """This layer's weight copies: the narrow kernel's and the wide one (what stays resident)."""
+        wide = [] if self.wide is None else self.wide.tensors()
+        return self.narrow.tensors() + wide
 
 
 class Bf16Linear(nn.Module):
@@ -156,9 +167,8 @@ class Bf16Linear(nn.Module):
         y = self.kernel(x.to(ACT_DTYPE)).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
-    @property
-    def nbytes(self) -> int:
-        return self.kernel.nbytes
+    def tensors(self) -> list[torch.Tensor]:
+        return self.kernel.tensors()
 
 
 class QuantizedEmbedding(nn.Module):
@@ -173,8 +183,7 @@ class QuantizedEmbedding(nn.Module):
         """ids [T] -> [T, hidden] in the model dtype."""
         return self.qt.rows(ids).dequantize().to(self.dtype)
 
-    @property
-    def nbytes(self) -> int:
+    def tensors(self) -> list[torch.Tensor]:
         qt = self.qt
-        return qt.codes.nbytes + qt.scales.nbytes + (0 if qt.zeros is None else qt.zeros.nbytes)
+        return [qt.codes, qt.scales] + ([] if qt.zeros is None else [qt.zeros])
 
