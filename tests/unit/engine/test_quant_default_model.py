@@ -4,11 +4,12 @@
 prompts, greedy and seeded."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+
+from _engine_factories import single_thread  # noqa: F401  (fixture)
 
 from bench.workloads import CODE_EDIT, RAG_ANSWER
 from engine.config import EngineConfig, SpeculationConfig
@@ -18,19 +19,13 @@ from engine.quant.apply import weight_bytes
 from engine.quant.gguf_repack import read_gguf_weights
 from engine.request import EngineRequest, SamplingOptions
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 MODEL = "smollm2-135m-instruct"
 PARAMS = [
     SamplingOptions(max_tokens=24, temperature=0.0, ignore_eos=True),
     SamplingOptions(max_tokens=24, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _engine(fmt: str, speculate: bool, wide: bool = True) -> LLMEngine:

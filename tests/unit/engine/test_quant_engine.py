@@ -3,12 +3,11 @@ speculation keeps the same quantized model's tokens (greedy and seeded), a CPU l
 instructions gets fp32 with the reason said, and int4 stays within 1.3x of its GGUF file."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from _engine_factories import loaded_from_hf, make_engine, random_prompts, tiny_hf_model
+from _engine_factories import loaded_from_hf, make_engine, random_prompts, single_thread, tiny_hf_model  # noqa: F401
 
 from engine.config import SpeculationConfig
 from engine.loader import apply_weights
@@ -16,6 +15,8 @@ from engine.quant import formats
 from engine.quant.formats import CpuFeatures, resolve_weight_format
 from engine.quant.linear import Bf16Linear, QuantizedLinear
 from engine.request import EngineRequest, SamplingOptions
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 FORMATS = ["bf16", "int8", "int4"]
 PROMPTS = random_prompts([9, 14, 5], seed=4)
@@ -26,14 +27,6 @@ PARAMS = [
     SamplingOptions(max_tokens=20, temperature=0.0, ignore_eos=True),
 ]
 NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
