@@ -142,7 +142,8 @@ def load_tensors(path: Path) -> dict[str, QuantizedTensor]:
         for name, spec in meta.items():
             fmt, group = spec.split(":")
             zeros = get(f"{name}.zeros") if f"{name}.zeros" in keys else None
-            out[name] = QuantizedTensor(fmt, get(f"{name}.codes"), get(f"{name}.scales"), zeros, int(group))  # type: ignore[arg-type]
+            codes, scales = get(f"{name}.codes"), get(f"{name}.scales")
+            out[name] = QuantizedTensor(fmt, codes, scales, zeros, int(group))  # type: ignore[arg-type]
     return out
 
 
@@ -185,4 +186,5 @@ def apply_weight_format(
         install_quantized(model, tensors, wide)
     else:
         raise ValueError(f"apply_weight_format: {fmt!r} is not an installable format")
-    say(f"weights: {fmt}, {weight_bytes(model) / 2**20:.0f} MiB resident" + (" (with the bf16 copy for wide steps)" if wide and fmt != "bf16" else ""))
+    copy = " (with the bf16 copy for wide steps)" if wide and fmt != "bf16" else ""
+    say(f"weights: {fmt}, {weight_bytes(model) / 2**20:.0f} MiB resident{copy}")
