@@ -190,6 +190,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # > 0: masked steps of up to this many rows (verifications) attend row by row like decodes
+        # (set by engine.quant.apply for bf16-activation formats; see _rows_as_decodes).
+        self.rows_as_decodes = 0
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
@@ -222,6 +225,9 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s in attn.seqs:
+            if self.rows_as_decodes and s.mask is not None and s.q_len <= self.rows_as_decodes:
+                self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
+                continue
             kv = slice(s.kv_start, s.kv_start + s.kv_len)
             rows = slice(s.q_start, s.q_start + s.q_len)
             # No mask on several rows means the rows are the whole sequence: plain causal.
@@ -230,6 +236,20 @@ class Attention(nn.Module):
                 q_heads[:, rows], k_arena[:, kv], v_arena[:, kv], attn_mask=s.mask, is_causal=causal, enable_gqa=True
             )  # [Hq, q_len, D]
         return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
+
+    @staticmethod
+    def _rows_as_decodes(
+        q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, out_heads: torch.Tensor, s: SeqAttention
+    ) -> None:
+        """A verification step's rows one by one, each exactly the SDPA call a decode of that position
+        makes: SDPA's rounding depends on the query count, and bf16 activations magnify the difference
+        enough to flip sampled tokens, so speculative text would drift from plain decoding."""
+        first_kv_end = s.kv_start + s.kv_len - s.q_len + 1  # row 0 sees the prefix and itself
+        for i in range(s.q_len):
+            row, kv = s.q_start + i, slice(s.kv_start, first_kv_end + i)
+            out_heads[:, row : row + 1] = F.scaled_dot_product_attention(
+                q_heads[:, row : row + 1], k_arena[:, kv], v_arena[:, kv], enable_gqa=True
+            )  # [Hq, 1, D]
 
 
 class MLP(nn.Module):

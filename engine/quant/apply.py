@@ -27,7 +27,7 @@ from torch import nn
 from engine.model import Decoder
 from engine.quant.formats import WeightFormat
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
-from engine.quant.linear import Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
+from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
 
 Progress = Callable[[str], None]
@@ -186,5 +186,7 @@ def apply_weight_format(
         install_quantized(model, tensors, wide)
     else:
         raise ValueError(f"apply_weight_format: {fmt!r} is not an installable format")
+    for layer in model.layers:
+        layer.self_attn.rows_as_decodes = MAX_QUANT_ROWS  # verification rows numerically like decodes
     copy = " (with the bf16 copy for wide steps)" if wide and fmt != "bf16" else ""
     say(f"weights: {fmt}, {weight_bytes(model) / 2**20:.0f} MiB resident{copy}")
