@@ -2,6 +2,7 @@
 
     python -m bench.engine_bench            # everything (about half an hour on 2 cores)
     python -m bench.engine_bench --quick    # 32 new tokens, 4 and 8 concurrent: a smoke run
+    python -m bench.engine_bench --weights int4 --rows ours_plain,ours_ngram   # a weight format (engine.weights)
 
 Every row runs in its own subprocess so that its peak RSS is its own, and the
 parent prints ratios, which survive a noisy machine better than absolute figures.
@@ -61,7 +62,7 @@ def _mixed(n: int) -> list[str]:
     return [ALL[i % len(ALL)].name for i in range(n)]
 
 
-def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent: bool) -> list[RowResult]:
+def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent: bool, weights: str) -> list[RowResult]:
     from engine.config import EngineConfig, SpeculationConfig
     from engine.llm_engine import LLMEngine
     from engine.loader import resolve_model_dir
@@ -75,7 +76,7 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
         spec = SpeculationConfig(
             enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")), adaptive=False
         )
-    engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", speculation=spec))
+    engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", speculation=spec, weights=weights))
     params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
 
     def run(batch: list[tuple[str, list[int]]]) -> tuple[float, dict[str, list[int]], int, int, int]:
@@ -180,12 +181,12 @@ def _run_hf_generate_batch(workloads: list[str], max_new: int) -> list[RowResult
     return [RowResult("", f"concurrent:{len(workloads)}", sum(map(len, toks.values())), secs, toks)]
 
 
-def run_row(row: str, scenario: str, max_new: int) -> list[RowResult]:
+def run_row(row: str, scenario: str, max_new: int, weights: str = "fp32") -> list[RowResult]:
     concurrent = scenario.startswith("concurrent:")
     workloads = _mixed(int(scenario.split(":")[1])) if concurrent else [w.name for w in ALL]
     if row.startswith("ours_"):
         method = {"ours_plain": None, "ours_ngram": "ngram", "ours_draft": "draft"}[row]
-        results = _run_ours(method, workloads, max_new, concurrent)
+        results = _run_ours(method, workloads, max_new, concurrent, weights)
     elif row == "hf_generate":
         results = _run_hf_single(workloads, max_new, prompt_lookup=False)
     elif row == "hf_prompt_lookup":
@@ -204,8 +205,9 @@ def run_row(row: str, scenario: str, max_new: int) -> list[RowResult]:
 # ----------------------------------------------------------------------------- parent side
 
 
-def _spawn(row: str, scenario: str, max_new: int, timeout_s: float) -> list[RowResult]:
+def _spawn(row: str, scenario: str, max_new: int, timeout_s: float, weights: str) -> list[RowResult]:
     cmd = [sys.executable, "-m", "bench.engine_bench", "--row", row, "--scenario", scenario, "--max-new", str(max_new)]
+    cmd += ["--weights", weights]
     print(f"  running {row} on {scenario} ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out)
@@ -318,13 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("single", "concurrent"), help="run only the batch-1 or the concurrent part")
     ap.add_argument("--out", default="bench/results/engine.json")
     ap.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a row is stopped (reported as a bound)")
+    ap.add_argument(
+        "--weights", default="fp32", choices=("auto", "fp32", "bf16", "int8", "int4"), help="engine.weights of our rows"
+    )
     ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     if args.row:  # subprocess mode
-        results = run_row(args.row, args.scenario, args.max_new)
+        results = run_row(args.row, args.scenario, args.max_new, args.weights)
         print(json.dumps([asdict(r) for r in results]))
         return 0
 
@@ -338,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine benchmark: {len(plan)} runs, {max_new} new tokens, greedy", file=sys.stderr)
     results: list[RowResult] = []
     for row, scenario in plan:
-        results.extend(_spawn(row, scenario, max_new, args.row_timeout))
+        results.extend(_spawn(row, scenario, max_new, args.row_timeout, args.weights))
 
     from transformers import AutoConfig
 

@@ -31,5 +31,9 @@ class EngineConfig:
     # CPU only: keep a oneDNN-prepacked copy of the weights for steps of 4..48 rows
     # (speculative verification, small batches), which MKL handles poorly; one more
     # copy of the weights in memory (engine.packed_linear).
+    # With a quantized format: also keep a bf16 copy for steps past 9 rows (engine.quant.linear).
     prepack_weights: bool = True
+    # Weight format: "auto" | "fp32" | "bf16" | "int8" | "int4" (engine.quant.formats). fp32 is
+    # the default until the quiet-machine benchmark confirms auto (int4 on AVX-512 + BF16 CPUs).
+    weights: str = "fp32"
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)

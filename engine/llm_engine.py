@@ -27,7 +27,7 @@ from collections.abc import Callable
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes, region_size
-from engine.loader import LoadedModel, load_model
+from engine.loader import LoadedModel, apply_weights, load_model
 from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecCounters
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
@@ -97,7 +97,8 @@ class LLMEngine:
 
         # RoPE tables for every position of the longest region: drafts may run past max_model_len - 1.
         self.model.init_rope(loaded.hf_config, region_size(self.max_model_len, self.max_draft_tokens))
-        if config.prepack_weights and self.model.prepack_for_cpu():
+        self.weight_format = apply_weights(loaded, config.weights, config.prepack_weights, say)
+        if self.weight_format == "fp32" and config.prepack_weights and self.model.prepack_for_cpu():
             say("weights prepacked for few-row CPU steps (verification, small batches)")
 
         self.kv_cache = self._build_kv_cache(loaded)

@@ -281,3 +281,29 @@ def load_model(
         device=dev,
         dtype=dt,
     )
+
+
+def apply_weights(loaded: LoadedModel, requested: str, wide: bool, progress: Progress | None = None) -> str:
+    """Install the `engine.weights` format into a loaded model; returns the format in use.
+
+    A format this device cannot run is replaced (by fp32, or engine.dtype on CUDA)
+    with the reason said, and logged, once at start. wide: keep a bf16 copy for
+    steps of many rows (engine.quant.linear).
+    """
+    import logging
+
+    from engine.quant.apply import apply_weight_format
+    from engine.quant.formats import resolve_weight_format
+
+    say = progress or _noop
+    resolved = resolve_weight_format(requested, loaded.device)  # type: ignore[arg-type]
+    if resolved.note:
+        logging.getLogger(__name__).warning(resolved.note)
+        say(resolved.note)
+    if resolved.fmt == "fp32":
+        return "fp32"
+    gguf = _gguf_for(loaded.name)
+    apply_weight_format(
+        loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say
+    )
+    return resolved.fmt

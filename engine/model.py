@@ -12,6 +12,7 @@ gate/up into one matmul each, and the HF module is dropped.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -189,6 +190,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        # > 0: masked steps of up to this many rows (verifications) attend row by row like decodes
+        # (set by engine.quant.apply for bf16-activation formats; see _rows_as_decodes).
+        self.rows_as_decodes = 0
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
@@ -221,6 +225,9 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s in attn.seqs:
+            if self.rows_as_decodes and s.mask is not None and s.q_len <= self.rows_as_decodes:
+                self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
+                continue
             kv = slice(s.kv_start, s.kv_start + s.kv_len)
             rows = slice(s.q_start, s.q_start + s.q_len)
             # No mask on several rows means the rows are the whole sequence: plain causal.
@@ -229,6 +236,20 @@ class Attention(nn.Module):
                 q_heads[:, rows], k_arena[:, kv], v_arena[:, kv], attn_mask=s.mask, is_causal=causal, enable_gqa=True
             )  # [Hq, q_len, D]
         return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
+
+    @staticmethod
+    def _rows_as_decodes(
+        q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, out_heads: torch.Tensor, s: SeqAttention
+    ) -> None:
+        """A verification step's rows one by one, each exactly the SDPA call a decode of that position
+        makes: SDPA's rounding depends on the query count, and bf16 activations magnify the difference
+        enough to flip sampled tokens, so speculative text would drift from plain decoding."""
+        first_kv_end = s.kv_start + s.kv_len - s.q_len + 1  # row 0 sees the prefix and itself
+        for i in range(s.q_len):
+            row, kv = s.q_start + i, slice(s.kv_start, first_kv_end + i)
+            out_heads[:, row : row + 1] = F.scaled_dot_product_attention(
+                q_heads[:, row : row + 1], k_arena[:, kv], v_arena[:, kv], enable_gqa=True
+            )  # [Hq, 1, D]
 
 
 class MLP(nn.Module):
@@ -276,29 +297,31 @@ class Decoder(nn.Module):
         self.rope_sin: torch.Tensor | None
         self.register_buffer("rope_cos", None, persistent=False)
         self.register_buffer("rope_sin", None, persistent=False)
-        # Set by prepack_for_cpu: the LM head's weight (maybe the tied embedding) with its packed twin.
-        self._packed_head: PrepackedWeight | None = None
+        # The LM head's matmul [n, hidden] -> [n, vocab] when its weight (maybe the tied
+        # embedding) lives in another form: prepacked (prepack_for_cpu) or quantized (engine.quant.apply).
+        self.head_matmul: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def prepack_for_cpu(self, rows: PackedRows = PackedRows()) -> bool:
         """On CPU, give every linear layer and the LM head a oneDNN-prepacked copy for
         steps of rows.min_rows..rows.max_rows rows (see engine.packed_linear). Costs one
         more copy of the weights; returns False (and does nothing) where it does not apply."""
-        if self._packed_head is not None:
+        if self.head_matmul is not None:
             return True
         if not packing_available(self.device, self.dtype):
             return False
         prepack_linears(self.layers, rows)
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        self._packed_head = PrepackedWeight(weight, None, rows)
+        self.head_matmul = PrepackedWeight(weight, None, rows).apply
         return True
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        # The final norm, not the embedding: a quantized model's embedding holds integer codes.
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     def init_rope(self, hf_config: Any, max_positions: int) -> None:
         inv_freq, scale = rope_inv_freq(hf_config, self.device)  # [D / 2]
@@ -326,8 +349,8 @@ class Decoder(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need a next-token distribution) -> fp32 logits [n, vocab]."""
-        if self._packed_head is not None:
-            return self._packed_head.apply(hidden).float()
+        if self.head_matmul is not None:
+            return self.head_matmul(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight).float()
 

@@ -235,7 +235,13 @@ class EngineSettings(Section):
     prepack_weights: bool = Field(
         default=True,
         description="CPU: keep a oneDNN-prepacked copy of the weights for steps of 4-48 rows "
-        "(speculative verification, small batches); costs one more copy of the weights in memory.",
+        "(speculative verification, small batches); costs one more copy of the weights in memory. "
+        "With weights int4/int8: a bf16 copy for steps past 9 rows instead.",
+    )
+    weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
+        default="fp32",
+        description="CPU weight format: int4/int8 weight-only (GGUF Q4_0/Q4_1 codes kept as they are), bf16, "
+        "fp32, or auto (int4 where the CPU has AVX-512 and BF16); a CPU lacking them falls back to fp32, saying why.",
     )
     speculation: SpeculationSettings = Field(default_factory=SpeculationSettings)
 
@@ -255,6 +261,7 @@ class EngineSettings(Section):
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
             prepack_weights=self.prepack_weights,
+            weights=self.weights,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
             speculation=SpeculationConfig(**spec.model_dump()),
         )

@@ -98,6 +98,7 @@ def test_every_engine_config_field_is_configurable() -> None:
         ("worker:\n  heartbeat_s: often\n", "worker.heartbeat_s: Input should be a valid number"),
         ("engine:\n  speculation:\n    method: magic\n", "engine.speculation.method: Input should be 'ngram' or 'draft'"),
         ("engine:\n  kv_cache_bytes: lots\n", "engine.kv_cache_bytes: expected a byte size"),
+        ("engine:\n  weights: int3\n", "engine.weights: Input should be 'auto', 'fp32', 'bf16', 'int8' or 'int4'"),
         ("kafka:\n  replication_factor: 1\n  min_insync_replicas: 2\n", "kafka: min_insync_replicas (2) exceeds"),
         ("engine:\n  speculation:\n    method: draft\n", "engine.speculation: method 'draft' needs draft_model"),
         ("kafka:\n  topic_prefix: 'has space'\n", "kafka.topic_prefix: String should match pattern"),

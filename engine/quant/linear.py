@@ -1,0 +1,189 @@
+"""Weight-only quantized linear layers for CPU, with the kernel chosen by the step's row count.
+
+Why two kernels: torch's CPU weight-only kernels read 4 or 8 bits per weight, so a
+memory-bound decode step (few rows) gets faster with the bytes read, but they
+dequantize inside the inner loop and lose to a plain bf16 GEMM once a step has
+enough rows to be compute-bound. Measured on the 2-core dev machine (issue 17,
+the default model's linears of one step, bf16 activations): int4 (group 64)
+7-10 ms and int8 15-16 ms against 28-32 ms for fp32 at one row, both slower than
+bf16 from 9 rows on; with fp32 activations they are 7-20x slower than fp32, so
+activations are cast to bf16 for them.
+
+So a QuantizedLinear runs
+    rows <= max_quant_rows : the quantized kernel (int4 / int8), bf16 activations
+    rows >  max_quant_rows : a oneDNN-prepacked bf16 copy of the SAME dequantized
+                             weight (verification of long drafts, batches, prefill)
+The wide copy costs 2 bytes per weight (4x an int4 weight); without it
+(`wide=False`, engine.prepack_weights: false) every step runs the quantized kernel.
+The default window covers a decode step and the verification of up to 8 drafts,
+so a single sequence's speculative steps and its plain steps run the same kernel
+(same numerics: text equal with and without speculation). In a batch, a
+verification step can pass 9 rows where the plain step stays under: the two
+kernels round differently (bf16 weight vs in-kernel dequantization), so the text
+is equal up to near ties there. Without the wide copy every step runs the
+quantized kernel, whose rows are independent, and equality is exact in any batch.
+`bench/quant_crossover.py` re-measures the crossover on another CPU.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.quant.tensor import QuantizedTensor
+
+ACT_DTYPE = torch.bfloat16  # what the CPU weight-only kernels are fast with
+MAX_QUANT_ROWS = 9  # 1 + the default max_draft_tokens (8)
+
+
+class Kernel(Protocol):
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] in ACT_DTYPE -> [T, out] in ACT_DTYPE."""
+        ...
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the kernel keeps resident."""
+        ...
+
+
+def nbytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of distinct storages (the tied head's codes are the embedding's: counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t.is_mkldnn:  # oneDNN-packed: no storage to share, its own bytes
+            seen[id(t)] = t.numel() * t.element_size()
+        else:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+class Int4Kernel:
+    """torch's _weight_int4pack_mm_for_cpu: 4-bit codes packed two per byte, bf16 scale and zero per group."""
+
+    def __init__(self, qt: QuantizedTensor) -> None:
+        if qt.fmt != "int4":
+            raise ValueError(f"Int4Kernel needs int4 codes, got {qt.fmt}")
+        self.group_size = qt.group_size
+        self.out_features = qt.shape[0]
+        assert qt.zeros is not None
+        # The packing wants a multiple of 16 output rows: pad with rows of weight 0 (scale 0, zero 0).
+        pad = -self.out_features % 16
+        codes = F.pad(qt.codes.to(torch.int32), (0, 0, 0, pad), value=8)  # [out + pad, in]
+        scales, zeros = F.pad(qt.scales, (0, 0, 0, pad)), F.pad(qt.zeros, (0, 0, 0, pad))
+        # innerKTiles is ignored by the CPU packing; it is part of the op's signature.
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
+        # [in / group, out + pad, 2]: the kernel's layout for (scale, zero).
+        self.scales_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(ACT_DTYPE).contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_zeros)
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed, self.scales_zeros]
+
+
+class Int8Kernel:
+    """torch's _weight_int8pack_mm: int8 codes [out, in], one bf16 scale per output row."""
+
+    def __init__(self, qt: QuantizedTensor) -> None:
+        if qt.fmt != "int8":
+            raise ValueError(f"Int8Kernel needs int8 codes, got {qt.fmt}")
+        self.codes = qt.codes.contiguous()
+        self.scales = qt.scales.to(ACT_DTYPE)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scales)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.codes, self.scales]
+
+
+class Bf16Kernel:
+    """A bf16 weight [out, in], oneDNN-prepacked (the packed copy is the only one kept)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(ACT_DTYPE).contiguous())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.packed]
+
+
+def quant_kernel(qt: QuantizedTensor) -> Int4Kernel | Int8Kernel:
+    return Int4Kernel(qt) if qt.fmt == "int4" else Int8Kernel(qt)
+
+
+class QuantizedLinear(nn.Module):
+    """y = x W^T + b for an inference-only layer whose W is stored quantized.
+
+    Takes and returns activations in the model's dtype (fp32 on CPU); only the
+    matmul runs in bf16, so norms, rotary and attention keep their precision.
+    """
+
+    def __init__(
+        self,
+        qt: QuantizedTensor,
+        bias: torch.Tensor | None,
+        wide: bool = True,
+        max_quant_rows: int = MAX_QUANT_ROWS,
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qt.shape
+        self.fmt = qt.fmt
+        self.max_quant_rows = max_quant_rows
+        self.narrow: Kernel = quant_kernel(qt)
+        self.wide: Kernel | None = Bf16Kernel(qt.dequantize()) if wide else None
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] (model dtype) -> [T, out] (model dtype)."""
+        rows = x.shape[0]
+        kernel = self.narrow if self.wide is None or rows <= self.max_quant_rows else self.wide
+        y = kernel(x.to(ACT_DTYPE)).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def tensors(self) -> list[torch.Tensor]:
+        """This layer's weight copies: the narrow kernel's and the wide one (what stays resident)."""
+        wide = [] if self.wide is None else self.wide.tensors()
+        return self.narrow.tensors() + wide
+
+
+class Bf16Linear(nn.Module):
+    """The `bf16` weight format: one prepacked bf16 copy for every row count, fp32 activations outside."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.kernel = Bf16Kernel(weight)
+        self.register_buffer("bias", bias, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.kernel(x.to(ACT_DTYPE)).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def tensors(self) -> list[torch.Tensor]:
+        return self.kernel.tensors()
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embeddings kept quantized (they are the tied LM head's weight too); rows dequantized on lookup."""
+
+    def __init__(self, qt: QuantizedTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.qt = qt
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T] -> [T, hidden] in the model dtype."""
+        return self.qt.rows(ids).dequantize().to(self.dtype)
+
+    def tensors(self) -> list[torch.Tensor]:
+        qt = self.qt
+        return [qt.codes, qt.scales] + ([] if qt.zeros is None else [qt.zeros])
+

@@ -1,0 +1,83 @@
+"""Weight formats on the real default model (its Q4_1 GGUF): the int4 codes are the file's own
+(they dequantize to exactly the weights transformers converts the file to), int4 stays within
+1.3x of the file in memory, and speculation keeps each format's own tokens on the benchmark
+prompts, greedy and seeded."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from _engine_factories import single_thread  # noqa: F401  (fixture)
+
+from bench.workloads import CODE_EDIT, RAG_ANSWER
+from engine.config import EngineConfig, SpeculationConfig
+from engine.llm_engine import LLMEngine
+from engine.loader import KNOWN_MODELS, load_model
+from engine.quant.apply import weight_bytes
+from engine.quant.gguf_repack import read_gguf_weights
+from engine.request import EngineRequest, SamplingOptions
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+MODEL = "smollm2-135m-instruct"
+PARAMS = [
+    SamplingOptions(max_tokens=24, temperature=0.0, ignore_eos=True),
+    SamplingOptions(max_tokens=24, temperature=0.8, top_p=0.95, seed=11, ignore_eos=True),
+]
+
+
+def _engine(fmt: str, speculate: bool, wide: bool = True) -> LLMEngine:
+    spec = SpeculationConfig(enabled=speculate, method="ngram", adaptive=False)
+    cfg = EngineConfig(model=MODEL, weights=fmt, prepack_weights=wide, kv_cache_bytes=64 << 20, speculation=spec)
+    return LLMEngine.from_config(cfg)
+
+
+def test_int4_codes_are_the_gguf_files_own_weights() -> None:
+    fp32 = load_model(MODEL, device="cpu").model  # transformers' dequantization of the file
+    int4 = read_gguf_weights(KNOWN_MODELS[MODEL].locate(), fp32.cfg, "int4", "int8")
+    for name, module in fp32.layers.named_modules(prefix="layers"):
+        if isinstance(module, torch.nn.Linear):
+            assert torch.equal(int4[name].dequantize(), module.weight), name
+
+
+def test_int4_weights_stay_within_1_3x_of_the_gguf_file() -> None:
+    file_bytes = KNOWN_MODELS[MODEL].locate().stat().st_size
+    lean = _engine("int4", speculate=False, wide=False)
+    assert lean.weight_format == "int4"
+    assert weight_bytes(lean.model) <= 1.3 * file_bytes
+    # The bf16 copy for wide steps: 2 bytes per linear weight on top.
+    assert weight_bytes(_engine("int4", speculate=False).model) <= 1.3 * file_bytes + 2 * 135e6
+
+
+# Seeded sampling at temperature 0.8 flips on any rounding difference: these hold only because
+# verification rows attend like decodes (Attention._rows_as_decodes); without it int8 and bf16
+# drift on the code edit (first generated position: hidden states 9e-2 apart, fp32 3e-5); with it
+# int8 and int4 hidden states are bit-identical between the two runs.
+# KNOWN DEFECT, open: bf16 still drifts (hidden states 5e-2..2e-1 apart from the first generated
+# position): its oneDNN bf16 GEMM is not bitwise row-count invariant on these activations.
+_BF16_DRIFT = pytest.mark.xfail(reason="open: oneDNN bf16 GEMM rows depend on the row count", strict=True)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "params"),
+    [
+        *[pytest.param(f, PARAMS[0], id=f"{f}-greedy") for f in ("fp32", "int4", "int8", "bf16")],
+        pytest.param("fp32", PARAMS[1], id="fp32-seeded"),
+        pytest.param("int4", PARAMS[1], id="int4-seeded"),
+        pytest.param("int8", PARAMS[1], id="int8-seeded"),
+        pytest.param("bf16", PARAMS[1], id="bf16-seeded", marks=_BF16_DRIFT),
+    ],
+)
+def test_speculation_keeps_each_formats_own_tokens_on_the_benchmark_prompts(fmt: str, params: SamplingOptions) -> None:
+    plain, spec = _engine(fmt, speculate=False), _engine(fmt, speculate=True)
+    drafted = 0
+    for workload in (CODE_EDIT, RAG_ANSWER):
+        enc = plain.tokenizer.apply_chat_template(workload.messages, add_generation_prompt=True, tokenize=True)
+        ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        want = plain.generate([EngineRequest("r", ids, params)])["r"]
+        got = spec.generate([EngineRequest("r", ids, params)])["r"]
+        assert got.token_ids == want.token_ids, (fmt, workload.name)
+        drafted += got.spec.drafted
+    assert drafted > 0

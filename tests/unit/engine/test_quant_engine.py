@@ -1,0 +1,124 @@
+"""Weight formats through the whole engine: each format is what runs (not silently fp32),
+speculation keeps the same quantized model's tokens (greedy and seeded), a CPU lacking the
+instructions gets fp32 with the reason said, and int4 stays within 1.3x of its GGUF file."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from _engine_factories import loaded_from_hf, make_engine, random_prompts, single_thread, tiny_hf_model  # noqa: F401
+
+from engine.config import SpeculationConfig
+from engine.loader import apply_weights
+from engine.quant import formats
+from engine.quant.formats import CpuFeatures, resolve_weight_format
+from engine.quant.linear import Bf16Linear, QuantizedLinear
+from engine.request import EngineRequest, SamplingOptions
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+FORMATS = ["bf16", "int8", "int4"]
+PROMPTS = random_prompts([9, 14, 5], seed=4)
+PROMPTS[2] = PROMPTS[2] * 4  # repetitive: the n-gram proposer finds matches
+PARAMS = [
+    SamplingOptions(max_tokens=20, temperature=0.0, ignore_eos=True),
+    SamplingOptions(max_tokens=20, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True),
+    SamplingOptions(max_tokens=20, temperature=0.0, ignore_eos=True),
+]
+NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
+
+
+@pytest.fixture(scope="module")
+def target() -> Any:
+    return tiny_hf_model("qwen2")  # biases on q/k/v and a tied head: both paths of the installer
+
+
+def _tokens(engine: Any, ids: list[int]) -> dict[str, list[int]]:
+    res = engine.generate([EngineRequest(f"r{i}", PROMPTS[i], PARAMS[i]) for i in ids])
+    return {k: r.token_ids for k, r in res.items()}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_requested_format_is_what_runs(target: Any, fmt: str) -> None:
+    engine = make_engine(target, weights=fmt)
+    assert engine.weight_format == fmt
+    layer_type = Bf16Linear if fmt == "bf16" else QuantizedLinear
+    linears = [m for m in engine.model.modules() if isinstance(m, layer_type)]
+    # qkv, o, gate_up and down per layer, and the (tied) LM head
+    assert len(linears) == 4 * target.config.num_hidden_layers + 1
+    assert not any(isinstance(m, torch.nn.Linear) for m in engine.model.modules())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_speculation_keeps_the_quantized_models_own_tokens_one_request_at_a_time(target: Any, fmt: str) -> None:
+    # 1 + 4 drafts stay inside the quantized kernel's row window: the same kernel as plain decoding.
+    for i in range(len(PROMPTS)):
+        assert _tokens(make_engine(target, weights=fmt, speculation=NGRAM), [i]) == _tokens(
+            make_engine(target, weights=fmt), [i]
+        )
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_without_the_wide_copy_speculation_keeps_the_tokens_in_any_batch(target: Any, fmt: str) -> None:
+    # Every step on the quantized kernel, whose rows do not depend on each other. (With the
+    # bf16 copy, a batch's verification steps can leave the window that its plain steps stay
+    # in, and the two kernels round differently: equal up to near ties, see engine.quant.linear.)
+    ids = list(range(len(PROMPTS)))
+    plain = _tokens(make_engine(target, weights=fmt, prepack_weights=False), ids)
+    assert _tokens(make_engine(target, weights=fmt, prepack_weights=False, speculation=NGRAM), ids) == plain
+    assert {f"r{i}": plain[f"r{i}"] for i in ids} == {
+        k: v for i in ids for k, v in _tokens(make_engine(target, weights=fmt, prepack_weights=False), [i]).items()
+    }
+
+
+def test_quantized_models_differ_from_fp32_only_slightly(target: Any) -> None:
+    # Not a format silently left at fp32, not a broken one: logits close to fp32's, not equal.
+    ids = torch.tensor(PROMPTS[0])
+    logits = {}
+    for fmt in ["fp32", "int8", "int4"]:
+        engine = make_engine(target, weights=fmt)
+        logits[fmt] = engine.model.compute_logits(engine.model.embed_tokens(ids))  # [T, vocab]
+    for fmt in ["int8", "int4"]:
+        diff = (logits[fmt] - logits["fp32"]).abs().max().item()
+        assert 0 < diff < 0.1 * logits["fp32"].abs().max().item(), fmt
+
+
+@pytest.mark.parametrize(
+    ("cpu", "reason"),
+    [
+        (CpuFeatures("AVX2", True), "need AVX-512 and this CPU runs torch at AVX2"),
+        (CpuFeatures("AVX512", False), "neither AVX512_BF16 nor AMX-BF16"),
+    ],
+)
+@pytest.mark.parametrize("requested", ["auto", "int4", "int8", "bf16"])
+def test_a_cpu_without_the_instructions_falls_back_to_fp32_saying_why(cpu: CpuFeatures, reason: str, requested: str) -> None:
+    resolved = resolve_weight_format(requested, torch.device("cpu"), cpu)  # type: ignore[arg-type]
+    assert resolved.fmt == "fp32"
+    assert resolved.note is not None and f"engine.weights {requested} falls back to fp32" in resolved.note
+    assert reason in resolved.note
+
+
+def test_auto_picks_int4_on_a_cpu_with_avx512_and_bf16_and_fp32_asks_nothing() -> None:
+    capable = CpuFeatures("AVX512", True)
+    assert resolve_weight_format("auto", torch.device("cpu"), capable).fmt == "int4"
+    assert resolve_weight_format("fp32", torch.device("cpu"), CpuFeatures("DEFAULT", False)).note is None
+
+
+def test_cuda_keeps_its_dtype_weights_and_says_the_formats_are_cpu_only() -> None:
+    resolved = resolve_weight_format("int4", torch.device("cuda"))
+    assert resolved.fmt == "fp32" and resolved.note is not None and "CPU-only" in resolved.note
+
+
+def test_an_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="engine.weights 'int3'"):
+        resolve_weight_format("int3", torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def test_loading_says_the_fallback_at_start(target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX2", False)))
+    said: list[str] = []
+    loaded = loaded_from_hf(target)
+    assert apply_weights(loaded, "int4", wide=True, progress=said.append) == "fp32"
+    assert said == ["engine.weights int4 falls back to fp32: torch's int4 CPU kernels need AVX-512 and this CPU runs torch at AVX2"]
+    assert any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())

@@ -1,0 +1,61 @@
+"""GGUF repacking: Q4_0 / Q4_1 blocks become int4 codes bit for bit (re-encoding them gives the
+file's bytes back), the weights they mean are the gguf package's dequantization, and the q/k
+rows come out in the order transformers gives them, on the default model's own file."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize, quantize
+
+from engine.quant.gguf_repack import _unpermute_rows, repack_q4
+from engine.quant.tensor import QuantizedTensor
+
+
+def _encode(qt: QuantizedTensor, has_min: bool) -> np.ndarray:
+    """Our int4 codes back into ggml Q4_0 / Q4_1 bytes [out, blocks * block bytes]."""
+    assert qt.zeros is not None
+    out = qt.shape[0]
+    d = qt.scales.numpy().astype(np.float16)  # [out, blocks]; exact: the scales came from fp16
+    codes = qt.codes.view(out, -1, 32).numpy()  # [out, blocks, 32]
+    qs = (codes[..., :16] | (codes[..., 16:] << 4)).astype(np.uint8)  # [out, blocks, 16]
+    fields = [d[..., None].view(np.uint8).reshape(out, -1, 2)]
+    if has_min:
+        m = (qt.zeros - 8 * qt.scales).numpy().astype(np.float16)
+        fields.append(m[..., None].view(np.uint8).reshape(out, -1, 2))
+    return np.concatenate([*fields, qs], axis=-1).reshape(out, -1)
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1])
+def test_q4_blocks_repack_into_int4_codes_and_back_to_the_same_bytes(kind: Q) -> None:
+    rng = np.random.default_rng(0)
+    raw = quantize(rng.standard_normal((48, 256)).astype(np.float32), kind)  # [48, bytes per row]
+    qt = repack_q4(raw, has_min=kind == Q.Q4_1)
+    assert qt.fmt == "int4" and qt.group_size == 32 and qt.shape == (48, 256)
+    assert np.array_equal(_encode(qt, has_min=kind == Q.Q4_1), raw)
+
+
+@pytest.mark.parametrize("kind", [Q.Q4_0, Q.Q4_1])
+def test_repacked_codes_mean_the_weights_gguf_dequantizes_to(kind: Q) -> None:
+    rng = np.random.default_rng(1)
+    raw = quantize(rng.standard_normal((16, 128)).astype(np.float32), kind)
+    ours = repack_q4(raw, has_min=kind == Q.Q4_1).dequantize()
+    theirs = torch.from_numpy(dequantize(raw, kind).astype(np.float32))
+    if kind == Q.Q4_0:
+        assert torch.equal(ours, theirs)  # d * (q - 8) either way
+    else:  # (q - 8) * d + (m + 8d) vs d * q + m: the same real number, fp32 rounding apart
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6 * float(theirs.abs().max()))
+
+
+@pytest.mark.parametrize(("n_head", "n_kv"), [(9, 9), (9, 3)])
+def test_qk_rows_are_unpermuted_like_transformers_does_for_llama(n_head: int, n_kv: int) -> None:
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rows = n_kv * 64  # the k projection of a head_dim-64 model
+    raw = quantize(np.random.default_rng(2).standard_normal((rows, 64)).astype(np.float32), Q.Q4_1)
+    dense = dequantize(raw, Q.Q4_1)
+    processor = LlamaTensorProcessor(config={"num_attention_heads": n_head, "num_key_value_heads": n_kv})
+    expected = processor.process(dense, "blk.0.attn_k.weight").weights
+    ours = _unpermute_rows(repack_q4(raw, has_min=True), n_kv).dequantize()
+    torch.testing.assert_close(ours, torch.from_numpy(np.ascontiguousarray(expected)), rtol=0, atol=1e-6)

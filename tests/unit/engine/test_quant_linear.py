@@ -1,0 +1,92 @@
+"""Weight-only quantized linears: every row count a step can have gives the dequantized
+weight's matmul (within bf16 activations' precision), the quantized kernel serves the few-row
+steps and the bf16 copy the rest, and quantizing stays within half a step of the weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.quant.linear import MAX_QUANT_ROWS, QuantizedEmbedding, QuantizedLinear, nbytes
+from engine.quant.tensor import QuantizedTensor, quantize
+
+ROW_COUNTS = [*range(1, MAX_QUANT_ROWS + 3), 16, 33, 64, 129]  # decode, verification, batches, prefill
+
+
+def _reference(qt: QuantizedTensor, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The matmul the kernel stands for: bf16-rounded activations times the dequantized weight, in fp32."""
+    return F.linear(x.bfloat16().float(), qt.dequantize(), bias)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("shape", [(192, 576), (200, 96)])  # the default model's k/v rows; an output not a multiple of 64
+def test_quantized_linear_matches_the_dequantized_matmul_at_every_row_count(
+    fmt: str, wide: bool, shape: tuple[int, int]
+) -> None:
+    torch.manual_seed(0)
+    qt = quantize(torch.randn(shape) * 0.05, fmt)  # type: ignore[arg-type]
+    bias = torch.randn(shape[0])
+    layer = QuantizedLinear(qt, bias, wide=wide)
+    for rows in ROW_COUNTS:
+        x = torch.randn(rows, shape[1])
+        y = layer(x)
+        assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
+        # bf16 output rounding: ~2^-8 of the largest output
+        torch.testing.assert_close(y, _reference(qt, x, bias), rtol=2e-2, atol=2e-2, msg=f"{fmt} rows={rows}")
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_few_row_steps_run_the_quantized_kernel_and_wider_steps_the_bf16_copy(fmt: str) -> None:
+    layer = QuantizedLinear(quantize(torch.randn(64, 64), fmt), None, wide=True)  # type: ignore[arg-type]
+    seen: list[str] = []
+    narrow, wide = layer.narrow, layer.wide
+    assert wide is not None
+    layer.narrow = lambda x: (seen.append("quant"), narrow(x))[1]  # type: ignore[assignment]
+    layer.wide = lambda x: (seen.append("bf16"), wide(x))[1]  # type: ignore[assignment]
+    for rows in (1, MAX_QUANT_ROWS, MAX_QUANT_ROWS + 1, 128):
+        layer(torch.randn(rows, 64))
+    assert seen == ["quant", "quant", "bf16", "bf16"]
+
+
+def test_without_the_wide_copy_every_step_runs_the_quantized_kernel_and_keeps_a_quarter_of_bf16() -> None:
+    qt = quantize(torch.randn(256, 512), "int4")
+    lean = QuantizedLinear(qt, None, wide=False)
+    full = QuantizedLinear(qt, None, wide=True)
+    assert lean.wide is None
+    bf16_bytes = 256 * 512 * 2
+    # 4-bit codes + a bf16 (scale, zero) per 32 weights: 0.5 + 4/32 bytes per weight
+    assert nbytes(lean.tensors()) == 256 * 512 // 2 + 256 * 512 // 32 * 4
+    assert nbytes(full.tensors()) == nbytes(lean.tensors()) + bf16_bytes
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_quantizing_moves_each_weight_by_at_most_half_a_step(fmt: str) -> None:
+    torch.manual_seed(1)
+    w = torch.randn(48, 128)
+    qt = quantize(w, fmt)  # type: ignore[arg-type]
+    err = (qt.dequantize() - w).abs()
+    if fmt == "int8":
+        step = qt.scales[:, None].expand_as(w)
+    else:
+        step = qt.scales.repeat_interleave(qt.group_size, dim=1)
+    assert bool((err <= step / 2 + 1e-6).all())
+
+
+def test_fused_rows_and_permutations_act_on_the_codes_like_on_the_dequantized_weight() -> None:
+    a, b = quantize(torch.randn(8, 64), "int4"), quantize(torch.randn(4, 64), "int4")
+    fused = QuantizedTensor.cat([a, b])
+    assert torch.equal(fused.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    index = torch.randperm(12)
+    assert torch.equal(fused.rows(index).dequantize(), fused.dequantize()[index])
+
+
+def test_int4_without_whole_groups_is_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of the int4 group size"):
+        quantize(torch.randn(4, 48), "int4")
+
+
+def test_quantized_embedding_looks_up_the_dequantized_rows() -> None:
+    qt = quantize(torch.randn(300, 64), "int8")
+    ids = torch.tensor([0, 299, 7, 7])
+    torch.testing.assert_close(QuantizedEmbedding(qt, torch.float32)(ids), qt.dequantize()[ids], rtol=0, atol=0)
