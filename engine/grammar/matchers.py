@@ -61,6 +61,7 @@ class Matchers:
         if not matcher.consume_tokens(list(tokens)):
             raise RuntimeError(f"grammar refused an emitted token: {matcher.get_error()}")
 
+    @torch.inference_mode()  # the runner's logits are inference tensors
     def mask_(self, logits: Tensor, constrained: Sequence[ConstrainedRows]) -> None:
         """In place: each constrained row of logits [R, V] keeps only the tokens its grammar allows there."""
         if not constrained:

@@ -18,8 +18,16 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from schemas.events import ChatMessage
+from schemas.events import ChatMessage, OutputConstraint, ToolCall, ToolSpec
 from streams.edge import errors
+from streams.edge.admission.structured import (
+    MAX_TOOLS,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    output_constraint,
+    wire_tools,
+)
 from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS
 
 
@@ -35,15 +43,44 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="The arguments, as JSON text.")
+
+
+class ClientToolCall(_Strict):
+    id: str = Field(min_length=1)
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ClientMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="Author of the message; developer is treated as system.")
-    content: str | list[TextPart] = Field(description="Text, or a list of text parts that are joined.")
+    content: str | list[TextPart] | None = Field(
+        default=None, description="Text, or a list of text parts that are joined; may be null in an assistant "
+        "message with tool_calls.")
+    name: str | None = Field(default=None, description="Author's name; accepted and ignored.")
+    tool_calls: list[ClientToolCall] | None = Field(default=None, description="An assistant message's tool calls.")
+    tool_call_id: str | None = Field(default=None, description="A tool message: the id of the call it answers.")
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> "ClientMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("'content' is required (it may be null only in an assistant message with tool_calls)")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages have 'tool_calls'")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool message needs 'tool_call_id', and only a tool message has one")
+        return self
 
     def to_schema(self) -> ChatMessage:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        content = self.content if isinstance(self.content, str) or self.content is None else \
+            "".join(p.text for p in self.content)
         role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=content)
+        calls = None if not self.tool_calls else [
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls]
+        return ChatMessage(role=role, content=content or "", tool_calls=calls, tool_call_id=self.tool_call_id)
 
 
 class StreamOptions(_Strict):
@@ -99,6 +136,14 @@ class Body(_Strict):
         """The client's max_tokens; None: the edge's default, capped to what the context leaves."""
         return self.max_tokens
 
+    def wire_tools(self) -> list[ToolSpec] | None:
+        """The functions the model is offered (rendered into its prompt); None: no tools."""
+        return None
+
+    def constraint(self) -> OutputConstraint | None:
+        """What constrained decoding must make the output match; None: free text."""
+        return None
+
     def chat_input(self) -> list[ChatMessage] | None:
         """The conversation, for the model's chat template; None: a raw prompt (:meth:`prompt_input`)."""
         return None
@@ -124,9 +169,22 @@ class _Chat(Body):
     """The chat fields other than ``messages``, shared by the chat API and the websocket."""
 
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=32768, description="Alias of max_tokens.")
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS,
+                                     description=f"Functions the model may call (at most {MAX_TOOLS}).")
+    tool_choice: ToolChoice | None = Field(
+        default=None, description="none, auto (the default with tools), required, or one named function.")
+    parallel_tool_calls: StrictBool | None = Field(default=None, description="Allow several calls in one answer.")
+    response_format: ResponseFormat | None = Field(
+        default=None, description="text, json_object or json_schema; JSON is enforced by constrained decoding.")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def wire_tools(self) -> list[ToolSpec] | None:
+        return wire_tools(self.tools, self.tool_choice)
+
+    def constraint(self) -> OutputConstraint | None:
+        return output_constraint(self.wire_tools(), self.tool_choice, self.parallel_tool_calls, self.response_format)
 
 
 class ChatCompletionBody(_Chat):

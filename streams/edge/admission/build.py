@@ -79,6 +79,8 @@ def build_request(
             priority=body.priority or 0,
             tenant=tenant,
             trace=trace,
+            tools=body.wire_tools(),
+            constraint=body.constraint(),
             created_at=now,
         )
     except ValidationError as exc:
