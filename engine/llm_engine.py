@@ -211,7 +211,7 @@ class LLMEngine:
 
         for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
             now = time.time()
-            if sched.seq.matcher is not None and not sched.seq.matcher.is_stopped():
+            if sched.seq.matcher is not None:
                 Matchers.advance(sched.seq.matcher, tokens)
             self._learn(sched, n_accepted, draft_s, verify_s, now)
             out = self._commit(sched.seq, tokens, SpecCounters(len(sched.draft_tokens), n_accepted), now)

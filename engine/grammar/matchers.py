@@ -57,9 +57,16 @@ class Matchers:
 
     @staticmethod
     def advance(matcher: LLMatcher, tokens: Sequence[int]) -> None:
-        """Move the matcher past emitted tokens; they were drawn from masked rows, so it accepts them."""
-        if not matcher.consume_tokens(list(tokens)):
-            raise RuntimeError(f"grammar refused an emitted token: {matcher.get_error()}")
+        """Move the matcher past emitted tokens; they were drawn from masked rows, so it accepts them.
+
+        Tokens after the grammar's end (EOS, possibly an accepted draft) are skipped: the engine's
+        finish checks drop them too.
+        """
+        for token in tokens:
+            if matcher.is_stopped():
+                return
+            if not matcher.consume_token(token):
+                raise RuntimeError(f"grammar refused an emitted token: {matcher.get_error()}")
 
     @torch.inference_mode()  # the runner's logits are inference tensors
     def mask_(self, logits: Tensor, constrained: Sequence[ConstrainedRows]) -> None:

@@ -67,7 +67,8 @@ def format_call(call: ToolCall) -> str:
 
 
 def _hermes_messages(messages: list[ChatMessage], tools: list[ToolSpec]) -> list[dict[str, Any]]:
-    listing = "\n".join(json.dumps({"type": "function", "function": t.model_dump(exclude_none=True)}) for t in tools)
+    listing = "\n".join(json.dumps({"type": "function", "function": t.model_dump(exclude_none=True)},
+                                   separators=(",", ":")) for t in tools)
     section = TOOLS_SYSTEM_PROMPT.format(tools=listing)
     out: list[dict[str, Any]] = []
     if not messages or messages[0].role != "system":

@@ -84,6 +84,12 @@ def test_rows_of_unconstrained_sequences_in_the_same_batch_are_untouched(matcher
     assert torch.isinf(logits[2]).sum() > VOCAB - 100
 
 
+def test_tokens_emitted_after_the_grammars_end_are_skipped(matchers: Matchers, tokenizer: Any) -> None:
+    m = matchers.new(json_constraint(CITY))
+    matchers.advance(m, ids(tokenizer, '{"city": "Rome", "days": 3}') + [EOS] + ids(tokenizer, "\n"))
+    assert m.is_stopped() and not m.is_error()
+
+
 def test_valid_drafts_counts_the_prefix_the_grammar_accepts(matchers: Matchers, tokenizer: Any) -> None:
     m = matchers.new(json_constraint(CITY))
     good = ids(tokenizer, '{"city": "Rome"')
