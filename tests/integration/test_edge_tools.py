@@ -185,3 +185,27 @@ def test_bad_structured_parameters_are_400s_naming_the_parameter(client: OpenAI,
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=ask("hi"), max_tokens=4, **kwargs)
     assert caught.value.param == param
+
+
+def test_the_websocket_carries_the_same_tool_calls_and_deltas(client: OpenAI) -> None:
+    from websockets.sync.client import connect
+
+    url = str(client.base_url).replace("http", "ws", 1).rstrip("/") + "/ws"
+    frame = {"id": 7, "model": MODEL, "messages": ask(PROMPTS[0]), "tools": TOOLS, "max_tokens": 64,
+             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False}
+    deltas: list[dict[str, Any]] = []
+    with connect(url, additional_headers={"Authorization": f"Bearer {client.api_key}"}) as ws:
+        ws.send(json.dumps(frame))
+        while True:
+            event = json.loads(ws.recv(timeout=300))
+            assert event["type"] in ("chunk", "done"), event
+            deltas += event.get("deltas", [])
+            if event["type"] == "done":
+                break
+    assert event["finish_reason"] == "tool_calls" and event["content"] is None
+    [call] = event["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+    fragments = [d["tool_calls"][0] for d in deltas]
+    assert fragments[0]["id"] == call["id"]
+    assert "".join(f["function"]["arguments"] for f in fragments) == call["function"]["arguments"]
