@@ -55,10 +55,13 @@ def test_response_formats_become_json_constraints() -> None:
     assert c is not None and c.json_schema == schema
 
 
-def test_the_websocket_takes_the_same_parameters() -> None:
+def test_the_websocket_takes_the_same_parameters_but_tools_need_messages() -> None:
     body = parse_body(WsRequestBody, {"model": MODEL, "messages": USER, "tools": [WEATHER], "tool_choice": "required"})
     c = body.constraint()
     assert c is not None and c.tool_choice == "required"
+    with pytest.raises(errors.EdgeError) as caught:
+        parse_body(WsRequestBody, {"model": MODEL, "prompt": "hi", "tools": [WEATHER]})
+    assert (caught.value.status, caught.value.param) == (400, "tools")
 
 
 @pytest.mark.parametrize(("fields", "code", "param"), [

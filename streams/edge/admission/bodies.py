@@ -257,6 +257,9 @@ class WsRequestBody(_Chat):
         if (self.messages is None) == (self.prompt is None):
             raise errors.EdgeError(400, "Give exactly one of 'messages' and 'prompt'.", param="messages",
                                    code="invalid_value")
+        if self.prompt is not None and self.tools:
+            raise errors.EdgeError(400, "'tools' need 'messages' (a raw prompt has no chat template to render them).",
+                                   param="tools", code="invalid_value")
         return self
 
     def chat_input(self) -> list[ChatMessage] | None:

@@ -140,8 +140,12 @@ def test_a_grammar_that_does_not_compile_is_a_rejected_request(matchers: Matcher
 
 
 def test_bitmask_unpacks_bit_j_of_word_w_as_token_32w_plus_j() -> None:
-    mask = torch.zeros(1, bitmask_words(70), dtype=torch.int32)
+    mask = torch.zeros(2, bitmask_words(70), dtype=torch.int32)
     mask[0, 0] = 1 << 3
+    mask[0, 1] = (1 << 12) - (1 << 31)  # tokens 44 and 63: the sign bit is a token too
     mask[0, 2] = 1 << 5  # token 69
-    assert allowed_tokens(mask, 70)[0].nonzero().flatten().tolist() == [3, 69]
+    mask[1] = -1
+    allowed = allowed_tokens(mask, 70)
+    assert allowed[0].nonzero().flatten().tolist() == [3, 44, 63, 69]
+    assert allowed[1].all() and allowed.shape == (2, 70)
     assert json.dumps(CITY)  # the schema used above is plain JSON
