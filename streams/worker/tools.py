@@ -38,12 +38,11 @@ def template_messages(request: GenerateRequest, tokenizer: Any) -> tuple[list[di
     """The conversation for `apply_chat_template`, and the keyword arguments it needs (`tools`, for a model
     whose template renders them)."""
     messages = request.messages or []
-    if not request.tools:
-        return [m.model_dump(exclude_none=True) for m in messages], {}
     if "tools" in (getattr(tokenizer, "chat_template", None) or ""):
-        tools = [{"type": "function", "function": t.model_dump(exclude_none=True)} for t in request.tools]
-        return [_openai_message(m) for m in messages], {"tools": tools}
-    return _hermes_messages(messages, request.tools), {}
+        tools = [{"type": "function", "function": t.model_dump(exclude_none=True)} for t in request.tools or []]
+        return [_openai_message(m) for m in messages], ({"tools": tools} if tools else {})
+    turns = [{"role": m.role, "content": _hermes_content(m)} for m in messages]
+    return (_with_tool_section(turns, request.tools) if request.tools else turns), {}
 
 
 def engine_constraint(request: GenerateRequest) -> Constraint | None:
@@ -66,23 +65,24 @@ def format_call(call: ToolCall) -> str:
     return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
-def _hermes_messages(messages: list[ChatMessage], tools: list[ToolSpec]) -> list[dict[str, Any]]:
+def _hermes_content(m: ChatMessage) -> str:
+    """A turn's text in the Hermes format: calls after the assistant's text, results wrapped."""
+    if m.role == "assistant" and m.tool_calls:
+        return "\n".join([m.content] * bool(m.content) + [format_call(c) for c in m.tool_calls])
+    if m.role == "tool":
+        return f"<tool_response>\n{m.content}\n</tool_response>"
+    return m.content
+
+
+def _with_tool_section(turns: list[dict[str, Any]], tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    """The tool listing appended to the system turn (or as a system turn of its own)."""
     listing = "\n".join(json.dumps({"type": "function", "function": t.model_dump(exclude_none=True)},
                                    separators=(",", ":")) for t in tools)
     section = TOOLS_SYSTEM_PROMPT.format(tools=listing)
-    out: list[dict[str, Any]] = []
-    if not messages or messages[0].role != "system":
-        out.append({"role": "system", "content": section})
-    for i, m in enumerate(messages):
-        content = m.content
-        if i == 0 and m.role == "system":
-            content = f"{content}\n\n{section}" if content else section
-        elif m.role == "assistant" and m.tool_calls:
-            content = "\n".join([content] * bool(content) + [format_call(c) for c in m.tool_calls])
-        elif m.role == "tool":
-            content = f"<tool_response>\n{content}\n</tool_response>"
-        out.append({"role": m.role, "content": content})
-    return out
+    if turns and turns[0]["role"] == "system":
+        first = turns[0]["content"]
+        return [{"role": "system", "content": f"{first}\n\n{section}" if first else section}, *turns[1:]]
+    return [{"role": "system", "content": section}, *turns]
 
 
 def _openai_message(m: ChatMessage) -> dict[str, Any]:

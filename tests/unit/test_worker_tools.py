@@ -39,7 +39,7 @@ def test_tools_go_into_a_system_section_and_calls_are_rendered_as_the_grammar_wr
     messages, kwargs = template_messages(request(CONVERSATION, tools=[WEATHER]), NoToolTemplate())
     assert kwargs == {}
     assert messages[0]["role"] == "system" and "<tools>" in messages[0]["content"]
-    assert '"name": "get_weather"' in messages[0]["content"]
+    assert '{"type":"function","function":{"name":"get_weather"' in messages[0]["content"]
     assert messages[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     assert messages[3] == {"role": "tool", "content": "<tool_response>\nsunny\n</tool_response>"}
 
@@ -58,9 +58,12 @@ def test_a_model_with_its_own_tool_template_gets_the_tools_and_openai_shaped_mes
     assert messages[2]["tool_call_id"] == "c1"
 
 
-def test_without_tools_the_messages_are_unchanged() -> None:
+def test_without_tools_plain_messages_are_unchanged_and_earlier_calls_still_rendered() -> None:
     messages, kwargs = template_messages(request(CONVERSATION[:1]), NoToolTemplate())
     assert (messages, kwargs) == ([{"role": "user", "content": "Weather in Rome?"}], {})
+    messages, _ = template_messages(request(CONVERSATION), NoToolTemplate())
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1]["content"].startswith("<tool_call>\n")
 
 
 def test_the_constraint_compiles_for_the_engine_and_a_bad_one_is_a_rejection() -> None:
