@@ -61,7 +61,11 @@ def check_schema(schema: dict[str, Any]) -> None:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.exceptions.SchemaError as error:
         raise ConstraintError(f"invalid JSON schema: {error.message}") from None
-    _check_grammar(LLMatcher.grammar_from_json_schema(_compact(schema)))
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(_compact(schema))
+    except ValueError as error:  # what llguidance raises for input it cannot even read
+        raise ConstraintError(f"unsupported JSON schema: {error}") from None
+    _check_grammar(grammar)
 
 
 def json_constraint(schema: dict[str, Any] | None) -> Constraint:
