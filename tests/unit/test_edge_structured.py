@@ -86,7 +86,7 @@ def test_misuse_is_a_400_naming_the_parameter(fields: dict[str, Any], code: str,
     ({"tools": [dict(WEATHER, function={"name": f"f{i}"}) for i in range(MAX_TOOLS + 1)]}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
-    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format.type"),
 ])
 def test_malformed_structured_parameters_are_named(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(errors.EdgeError) as caught:

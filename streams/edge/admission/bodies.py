@@ -54,33 +54,59 @@ class ClientToolCall(_Strict):
     function: FunctionCall
 
 
-class ClientMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
-        description="Author of the message; developer is treated as system.")
-    content: str | list[TextPart] | None = Field(
-        default=None, description="Text, or a list of text parts that are joined; may be null in an assistant "
-        "message with tool_calls.")
+def _text(content: str | list[TextPart] | None) -> str:
+    return content if isinstance(content, str) else "".join(p.text for p in content or [])
+
+
+class _Message(_Strict):
+    content: str | list[TextPart] = Field(description="Text, or a list of text parts that are joined.")
     name: str | None = Field(default=None, description="Author's name; accepted and ignored.")
-    tool_calls: list[ClientToolCall] | None = Field(default=None, description="An assistant message's tool calls.")
-    tool_call_id: str | None = Field(default=None, description="A tool message: the id of the call it answers.")
+
+    def to_schema(self) -> ChatMessage:
+        raise NotImplementedError
+
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"] = Field(description="developer is treated as system.")
+
+    def to_schema(self) -> ChatMessage:
+        return ChatMessage(role="system", content=_text(self.content))
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+
+    def to_schema(self) -> ChatMessage:
+        return ChatMessage(role="user", content=_text(self.content))
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = Field(default=None, description="Null or absent with tool_calls.")
+    tool_calls: list[ClientToolCall] | None = Field(default=None, description="The calls this answer made.")
 
     @model_validator(mode="after")
-    def _content_or_calls(self) -> "ClientMessage":
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("'content' is required (it may be null only in an assistant message with tool_calls)")
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages have 'tool_calls'")
-        if (self.role == "tool") != (self.tool_call_id is not None):
-            raise ValueError("a tool message needs 'tool_call_id', and only a tool message has one")
+    def _content_or_calls(self) -> "AssistantMessage":
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs 'content' or 'tool_calls'")
         return self
 
     def to_schema(self) -> ChatMessage:
-        content = self.content if isinstance(self.content, str) or self.content is None else \
-            "".join(p.text for p in self.content)
-        role = "system" if self.role == "developer" else self.role
         calls = None if not self.tool_calls else [
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls]
-        return ChatMessage(role=role, content=content or "", tool_calls=calls, tool_call_id=self.tool_call_id)
+        return ChatMessage(role="assistant", content=_text(self.content), tool_calls=calls)
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    tool_call_id: str = Field(min_length=1, description="The id of the call this result answers.")
+
+    def to_schema(self) -> ChatMessage:
+        return ChatMessage(role="tool", content=_text(self.content), tool_call_id=self.tool_call_id)
+
+
+# One model per role, as in OpenAI's API (the role picks it).
+ClientMessage = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
 class StreamOptions(_Strict):
