@@ -106,3 +106,19 @@ def test_conversations_carry_tool_calls_and_tool_results() -> None:
     with pytest.raises(errors.EdgeError) as caught:
         chat(messages=USER + [{"role": "tool", "content": "sunny"}])
     assert caught.value.param is not None and caught.value.param.startswith("messages[1]")
+
+
+def test_the_openapi_document_keeps_request_messages_apart_from_response_messages() -> None:
+    from fastapi import FastAPI
+
+    from streams.edge import openapi
+    from streams.edge.openai_api import router
+
+    app = FastAPI()
+    app.include_router(router)
+    openapi.install(app, (MODEL,))
+    schemas = app.openapi()["components"]["schemas"]
+    assert "tool_call_id" in schemas["ToolMessageParam"]["required"]
+    assert "name" in schemas["AssistantMessageParam"]["properties"]  # the request's, not the response's
+    assert set(schemas["AssistantMessage"]["properties"]) == {"role", "content", "tool_calls"}
+    assert "tool_calls" in schemas["ChatDelta"]["properties"]

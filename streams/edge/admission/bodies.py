@@ -43,15 +43,15 @@ class TextPart(_Strict):
     text: str
 
 
-class FunctionCall(_Strict):
+class FunctionCallParam(_Strict):
     name: str
     arguments: str = Field(description="The arguments, as JSON text.")
 
 
-class ClientToolCall(_Strict):
+class ToolCallParam(_Strict):
     id: str = Field(min_length=1)
     type: Literal["function"]
-    function: FunctionCall
+    function: FunctionCallParam
 
 
 def _text(content: str | list[TextPart] | None) -> str:
@@ -66,27 +66,27 @@ class _Message(_Strict):
         raise NotImplementedError
 
 
-class SystemMessage(_Message):
+class SystemMessageParam(_Message):
     role: Literal["system", "developer"] = Field(description="developer is treated as system.")
 
     def to_schema(self) -> ChatMessage:
         return ChatMessage(role="system", content=_text(self.content))
 
 
-class UserMessage(_Message):
+class UserMessageParam(_Message):
     role: Literal["user"]
 
     def to_schema(self) -> ChatMessage:
         return ChatMessage(role="user", content=_text(self.content))
 
 
-class AssistantMessage(_Message):
+class AssistantMessageParam(_Message):
     role: Literal["assistant"]
     content: str | list[TextPart] | None = Field(default=None, description="Null or absent with tool_calls.")
-    tool_calls: list[ClientToolCall] | None = Field(default=None, description="The calls this answer made.")
+    tool_calls: list[ToolCallParam] | None = Field(default=None, description="The calls this answer made.")
 
     @model_validator(mode="after")
-    def _content_or_calls(self) -> "AssistantMessage":
+    def _content_or_calls(self) -> "AssistantMessageParam":
         if self.content is None and not self.tool_calls:
             raise ValueError("an assistant message needs 'content' or 'tool_calls'")
         return self
@@ -97,7 +97,7 @@ class AssistantMessage(_Message):
         return ChatMessage(role="assistant", content=_text(self.content), tool_calls=calls)
 
 
-class ToolMessage(_Message):
+class ToolMessageParam(_Message):
     role: Literal["tool"]
     tool_call_id: str = Field(min_length=1, description="The id of the call this result answers.")
 
@@ -105,8 +105,10 @@ class ToolMessage(_Message):
         return ChatMessage(role="tool", content=_text(self.content), tool_call_id=self.tool_call_id)
 
 
-# One model per role, as in OpenAI's API (the role picks it).
-ClientMessage = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
+# One model per role, as in OpenAI's API (the role picks it). Named *Param like OpenAI's, apart from the
+# response models of streams.edge.openapi (one OpenAPI document holds both).
+ClientMessage = Annotated[SystemMessageParam | UserMessageParam | AssistantMessageParam | ToolMessageParam,
+                          Field(discriminator="role")]
 
 
 class StreamOptions(_Strict):
