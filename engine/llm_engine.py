@@ -11,7 +11,8 @@ A step:
 4. ONE target forward over the flat batch: a decode feeds [last, d_1..d_k]
    and gets k + 1 rows of logits, a prefill chunk that completes its prompt
    gets its last row;
-5. the verifier turns each sequence's rows into 1..k+1 tokens (accepted
+5. constrained sequences get their rows masked by their grammar (drafts it
+   refuses were cut in 3), then the verifier turns each sequence's rows into 1..k+1 tokens (accepted
    drafts plus one token of the target's own; with k = 0 this is plain
    sampling), the scheduler moves each KV counter past the accepted prefix
    (rejected drafts cost nothing to drop), and the controller learns what was
@@ -26,6 +27,7 @@ from collections.abc import Callable
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.grammar.matchers import ConstrainedRows, Matchers
 from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
 from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecCounters
@@ -35,7 +37,7 @@ from engine.sampler import RequestRng
 from engine.scheduler import ScheduledSequence, Scheduler, draft_cap
 from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
-from engine.spec.proposer import ProposalInput, Proposer
+from engine.spec.proposer import DraftProposal, ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
 
 Progress = Callable[[str], None]
@@ -49,6 +51,16 @@ def _detok(seq: Sequence) -> IncrementalDetokenizer:
     if seq.detok is None:  # set in add_request; only hand-built sequences lack it
         raise RuntimeError(f"{seq.request_id} has no detokenizer")
     return seq.detok
+
+
+def _grammatical(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
+    """The proposal cut at its first draft the sequence's grammar refuses (the target could never accept it)."""
+    if seq.matcher is None:
+        return proposal
+    n = Matchers.valid_drafts(seq.matcher, proposal.tokens)
+    if n == proposal.num_tokens:
+        return proposal
+    return DraftProposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n])
 
 
 def _max_model_len(requested: int | None, context: int) -> int:
@@ -113,6 +125,7 @@ class LLMEngine:
             max_draft_tokens=self.max_draft_tokens,
         )
         self.runner = ModelRunner(self.model, self.kv_cache)
+        self.matchers = Matchers(loaded.tokenizer, self.vocab_size, self.eos_token_ids)
         self.num_forwards = 0
 
     @classmethod
@@ -160,6 +173,8 @@ class LLMEngine:
         seq = Sequence(request=req, speculate=speculate)
         seq.rng = RequestRng(req.sampling.seed)
         seq.detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, req.sampling.stop)
+        if req.constraint is not None:
+            seq.matcher = self.matchers.new(req.constraint)
         if self.controller is not None and speculate:
             seq.spec_state = self.controller.new_state(req.request_id, req.speculation)
         self.scheduler.add(seq)
@@ -197,6 +212,8 @@ class LLMEngine:
 
         for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
             now = time.time()
+            if sched.seq.matcher is not None:
+                Matchers.advance(sched.seq.matcher, tokens)
             self._learn(sched, n_accepted, draft_s, verify_s, now)
             out = self._commit(sched.seq, tokens, SpecCounters(len(sched.draft_tokens), n_accepted), now)
             if out is not None:
@@ -249,13 +266,20 @@ class LLMEngine:
             for s in todo
         ]
         for sched, proposal in zip(todo, self.proposer.propose(inputs, [s.draft_budget for s in todo])):
-            sched.set_drafts(proposal)
+            sched.set_drafts(_grammatical(sched.seq, proposal))
         return time.perf_counter() - t0
 
     def _verify(self, with_logits: list[ScheduledSequence], result: RunnerOutput) -> list[list[int]]:
         """Per sequence needing logits, its emitted tokens (k = 0 is plain sampling)."""
         if not with_logits:
             return []
+        constrained: list[ConstrainedRows] = []
+        row = 0
+        for s in with_logits:  # rows: consecutive per sequence, 1 + k each (k = 0 for a prefill)
+            if s.seq.matcher is not None:
+                constrained.append(ConstrainedRows(s.seq.matcher, row, s.draft_tokens))
+            row += 1 + len(s.draft_tokens)
+        self.matchers.mask_(result.logits, constrained)  # [rows, V], in place
         return verify_batch(
             result.logits,
             [s.drafts for s in with_logits],

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from engine.grammar.constraint import Constraint
+
 
 @dataclass(frozen=True)
 class SamplingOptions:
@@ -39,6 +41,8 @@ class EngineRequest:
     deadline: float | None = None
     # None follows the engine's config; False disables speculation for this request.
     speculation: bool | None = None
+    # The grammar the output must match (JSON schema, tool calls); None: free text.
+    constraint: Constraint | None = None
     arrival_time: float = field(default_factory=time.time)
 
 

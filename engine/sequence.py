@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache import CacheSlot, region_size
@@ -10,6 +11,9 @@ from engine.outputs import FinishReason, RequestStats, SpecTally
 from engine.request import EngineRequest, SamplingOptions
 from engine.sampler import RequestRng
 from engine.spec.controller import SpecState
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -33,6 +37,8 @@ class Sequence:
     # engine sets both in add_request (scheduler tests run without them).
     rng: RequestRng | None = None
     detok: IncrementalDetokenizer | None = None
+    # The grammar's state after output_ids, for a constrained request (engine.grammar.matchers).
+    matcher: LLMatcher | None = None
 
     # Timing (time.time()) and counters for RequestStats.
     first_scheduled_time: float | None = None

@@ -99,6 +99,9 @@ def loc_to_param(loc: tuple[Any, ...]) -> str:
     return out
 
 
+_ROLE_TAGS = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
 def from_validation_error(exc: ValidationError, *, loc_prefix_drop: tuple[str, ...] = ()) -> EdgeError:
     """The first error of a pydantic validation, naming its field."""
     errs = exc.errors(include_url=False)
@@ -109,6 +112,10 @@ def from_validation_error(exc: ValidationError, *, loc_prefix_drop: tuple[str, .
     # pydantic puts the union member's tag in the location ("str", "list[str]", "constrained-str"); drop those.
     loc = tuple(p for p in loc if not (isinstance(p, str) and (
         "[" in p or p in {"str", "int", "float", "bool"} or p.startswith(("constrained-", "function-")))))
+    # A message's model is picked by its role (a tagged union), and pydantic puts the role in the location too.
+    loc = tuple(p for i, p in enumerate(loc) if not (p in _ROLE_TAGS and i > 0 and isinstance(loc[i - 1], int)))
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a missing or unknown role: name the field
+        loc = (*loc, str(err.get("ctx", {}).get("discriminator", "")).strip("'"))
     param = loc_to_param(loc) or None
     if err["type"] == "extra_forbidden":
         return EdgeError(400, f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")

@@ -42,6 +42,7 @@ from streams.edge.auth import key_from_headers
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -191,7 +192,11 @@ async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
 
 def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
-    if chat:
+    if chat and calls_tools(gen):
+        content, calls = parse_message(final.text)
+        choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        choice["finish_reason"] = finish_reason(final.finish_reason, calls)
+    elif chat:
         choice["message"] = {"role": "assistant", "content": final.text}
     else:
         choice["text"] = final.text
@@ -223,14 +228,19 @@ async def _sse(
     created = int(gen.created_at or time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: str | None, finish_reason: str | None, *, role: bool = False, extra: dict | None = None) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+    # A tool-calling answer's text becomes content and tool_calls deltas as it arrives.
+    parser = ToolCallParser() if chat and calls_tools(gen) else None
+
+    def chunk(text: str | None, reason: str | None, *, role: bool = False, extra: dict | None = None,
+              fields: dict | None = None) -> dict:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
         if chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            delta.update(fields or {})
             choice["delta"] = delta
         else:
             choice["text"] = text or ""
@@ -255,15 +265,22 @@ async def _sse(
             if isinstance(event, TokenChunk):
                 ticket.saw(event)
                 if event.text:
-                    pending.append(_data(chunk(event.text, None,
-                                               extra={"index": event.index, "spec": event.spec.model_dump()})))
+                    extra = {"index": event.index, "spec": event.spec.model_dump()}
+                    if parser is None:
+                        pending.append(_data(chunk(event.text, None, extra=extra)))
+                    else:
+                        pending.extend(_data(chunk(None, None, extra=extra, fields=f)) for f in parser.feed(event.text))
                 if event.finish_reason is None and pending:
                     # The last chunk waits for the Completion that follows it at once.
                     yield "".join(pending)
                     pending.clear()
             elif isinstance(event, Completion):
                 ticket.finish(200, event)
-                pending.append(_data(chunk(None if chat else "", event.finish_reason, extra=_extras(event, edge))))
+                reason: str = event.finish_reason
+                if parser is not None:
+                    pending.extend(_data(chunk(None, None, fields=f)) for f in parser.finish())
+                    reason = finish_reason(reason, parser.calls)
+                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge))))
                 if include_usage:
                     usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,
                              "choices": [], "usage": event.usage.model_dump()}

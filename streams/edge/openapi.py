@@ -65,17 +65,30 @@ class SpecstreamExtras(BaseModel):
 
 
 FinishReason = Literal["stop", "length", "abort", "deadline"]
+ChatFinishReason = Literal["stop", "length", "abort", "deadline", "tool_calls"]
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text that validates against the function's parameters.")
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
 
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None = Field(description="Null when the answer is only tool calls.")
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: FinishReason
+    finish_reason: ChatFinishReason
     logprobs: None
 
 
@@ -118,15 +131,30 @@ class ChunkExtras(BaseModel):
     num_chunks: int | None = None
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """A call's first delta has id, type and name (arguments empty); the next ones a fragment of arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
-    finish_reason: FinishReason | None
+    finish_reason: ChatFinishReason | None
     logprobs: None
 
 

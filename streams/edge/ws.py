@@ -13,6 +13,10 @@ Edge -> client:
   for every TokenChunk, in order;
 * ``{"type": "done", "id", "request_id", "text", "finish_reason", "usage",
   "timings", "spec"}`` once, at the end;
+* with ``tools``: chunk frames also carry ``deltas``, the chat API's delta fields
+  (``content`` or ``tool_calls`` fragments, as OpenAI streams them), and the done
+  frame the last ``deltas``, ``content`` and ``tool_calls`` (OpenAI's message form), with
+  ``finish_reason: "tool_calls"`` when the answer ended after calls;
 * ``{"type": "error", "id", "code", "message", "param", "status"}`` for a request
   that failed (``id`` null when the frame could not be read, or a request
   without an ``id`` was refused before admission). A malformed frame
@@ -56,6 +60,7 @@ from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -202,6 +207,7 @@ class WsSession:
         request = ticket.request
         stream: ReplyStream | None = None
         status, final, code = 499, None, "client_gone"
+        parser = ToolCallParser() if calls_tools(request) else None
         try:
             stream = await self.edge.submit(request)
             async for event in stream:
@@ -211,19 +217,26 @@ class WsSession:
                     if draft_chars is None:
                         draft_chars = self.pipeline.tokenizers.draft_chars(
                             request.model, event.text, event.token_ids, event.spec.accepted)
-                    await self._send({
+                    frame = {
                         "type": "chunk", "id": tag, "request_id": request.request_id, "index": event.index,
                         "text": event.text, "token_ids": event.token_ids, "spec": event.spec.model_dump(),
                         "draft_chars": draft_chars,
-                    })
+                    }
+                    if parser is not None:
+                        frame["deltas"] = parser.feed(event.text)
+                    await self._send(frame)
                 elif isinstance(event, Completion):
                     status, final, code = 200, event, None
-                    await self._send({
+                    done: dict[str, Any] = {
                         "type": "done", "id": tag, "request_id": request.request_id, "text": event.text,
                         "finish_reason": event.finish_reason, "usage": event.usage.model_dump(),
                         "timings": event.timings.model_dump(), "spec": event.spec.model_dump(),
                         "num_chunks": event.num_chunks, "model": request.model,
-                    })
+                    }
+                    if parser is not None:
+                        done.update(deltas=parser.finish(), content=parser.message_content(), tool_calls=parser.calls,
+                                    finish_reason=finish_reason(event.finish_reason, parser.calls))
+                    await self._send(done)
                 elif isinstance(event, ErrorEvent):
                     error = errors.from_worker_error(event, input_param=ticket.input_param)
                     status, final, code = error.status, event, None

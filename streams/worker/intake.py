@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from engine.request import EngineRequest, SamplingOptions
 from schemas.events import SCHEMA_VERSION, ErrorCode, GenerateRequest, ReplyRoute
 from streams.kafka_io import validation_summary
+from streams.worker.tools import engine_constraint, template_messages
 
 # Longest request id echoed back from a message that failed validation.
 _MAX_ECHOED_ID = 128
@@ -99,9 +100,8 @@ def _reply_hints(raw: Any) -> tuple[str | None, ReplyRoute | None]:
 def prompt_token_ids(request: GenerateRequest, tokenizer: Any) -> list[int]:
     """Chat messages go through the model's chat template; a raw prompt is tokenized as is."""
     if request.messages is not None:
-        text = tokenizer.apply_chat_template(
-            [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True
-        )
+        messages, template_kwargs = template_messages(request, tokenizer)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
         # The template already contains the special tokens the model expects.
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     else:
@@ -125,5 +125,6 @@ def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time:
         priority=request.priority,
         deadline=request.deadline,
         speculation=sampling.speculation,
+        constraint=engine_constraint(request),
         arrival_time=arrival_time,
     )

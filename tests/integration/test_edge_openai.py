@@ -157,9 +157,8 @@ def test_the_openai_client_raises_typed_errors_naming_the_code_and_param(setup: 
         client.chat.completions.create(model=MODEL, messages=QUESTION, n=2)
     assert caught.value.param == "n"
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=QUESTION,
-                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
-    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "tools")
+        client.chat.completions.create(model=MODEL, messages=QUESTION, logit_bias={"1": 5})
+    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "logit_bias")
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=3)
     assert caught.value.param == "temperature" and caught.value.type == "invalid_request_error"

@@ -90,7 +90,7 @@ async def test_http_and_websocket_bodies_go_through_the_same_stages(pipeline) ->
 
 @pytest.mark.parametrize(("body_type", "data", "status", "code", "param"), [
     (ChatCompletionBody, _chat(temprature=1), 400, "unknown_parameter", "temprature"),
-    (ChatCompletionBody, _chat(tools=[{"type": "function"}]), 400, "unsupported_parameter", "tools"),
+    (ChatCompletionBody, _chat(functions=[{"name": "f"}]), 400, "unsupported_parameter", "functions"),
     # A bad field is reported before the unknown model: the stages' order is the errors' order.
     (ChatCompletionBody, {**_chat(max_tokens=0), "model": "gpt-9"}, 400, "invalid_value", "max_tokens"),
     (ChatCompletionBody, {**_chat(), "model": "gpt-9"}, 404, "model_not_found", "model"),

@@ -50,9 +50,8 @@ def test_valid_unicode_passes() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]), ("tool_choice", "auto"),
-    ("response_format", {"type": "json_object"}), ("logit_bias", {"50256": -100}), ("top_logprobs", 2),
-    ("functions", [{"name": "f"}]), ("parallel_tool_calls", True), ("audio", {"voice": "alloy"}),
+    ("logit_bias", {"50256": -100}), ("top_logprobs", 2),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "alloy"}),
     ("modalities", ["text", "audio"]), ("store", True), ("reasoning_effort", "low"), ("prediction", {"x": 1}),
 ])
 def test_unsupported_openai_parameters_are_named(name: str, value) -> None:
@@ -68,18 +67,18 @@ def test_an_integer_is_a_valid_float() -> None:
 
 
 def test_neutral_values_of_unsupported_parameters_are_dropped() -> None:
-    data = {"model": MODEL, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
-            "logit_bias": {}, "store": False, "parallel_tool_calls": None, "service_tier": "auto"}
+    data = {"model": MODEL, "functions": [], "function_call": "none",
+            "logit_bias": {}, "store": False, "service_tier": "auto"}
     assert strip_unsupported(data, FOR_CHAT) == {"model": MODEL}
     assert _error(strip_unsupported, {"best_of": 3}, FOR_COMPLETIONS).param == "best_of"
     assert _error(strip_unsupported, {"suffix": "end"}, FOR_COMPLETIONS).param == "suffix"
     assert strip_unsupported({"best_of": 3}, FOR_CHAT) == {"best_of": 3}  # not a chat parameter: unknown, later
-    assert strip_unsupported({"tools": [{"type": "function"}]}, FOR_COMPLETIONS) == {"tools": [{"type": "function"}]}
+    assert strip_unsupported({"functions": [{"name": "f"}]}, FOR_COMPLETIONS) == {"functions": [{"name": "f"}]}
 
 
 def test_the_chat_body_refuses_an_unsupported_parameter_before_anything_else() -> None:
-    error = _error(parse_body, ChatCompletionBody, {"model": MODEL, "tools": [{"type": "function"}]})
-    assert (error.code, error.param) == ("unsupported_parameter", "tools")  # not the missing messages
+    error = _error(parse_body, ChatCompletionBody, {"model": MODEL, "functions": [{"name": "f"}]})
+    assert (error.code, error.param) == ("unsupported_parameter", "functions")  # not the missing messages
     error = _error(parse_body, ChatCompletionBody,
                    {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "best_of": 2})
     assert (error.code, error.param) == ("unknown_parameter", "best_of")  # a completions parameter

@@ -18,8 +18,16 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from schemas.events import ChatMessage
+from schemas.events import ChatMessage, OutputConstraint, ToolCall, ToolSpec
 from streams.edge import errors
+from streams.edge.admission.structured import (
+    MAX_TOOLS,
+    ResponseFormat,
+    Tool,
+    ToolChoice,
+    output_constraint,
+    wire_tools,
+)
 from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS
 
 
@@ -35,15 +43,72 @@ class TextPart(_Strict):
     text: str
 
 
-class ClientMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
-        description="Author of the message; developer is treated as system.")
+class FunctionCallParam(_Strict):
+    name: str
+    arguments: str = Field(description="The arguments, as JSON text.")
+
+
+class ToolCallParam(_Strict):
+    id: str = Field(min_length=1)
+    type: Literal["function"]
+    function: FunctionCallParam
+
+
+def _text(content: str | list[TextPart] | None) -> str:
+    return content if isinstance(content, str) else "".join(p.text for p in content or [])
+
+
+class _Message(_Strict):
     content: str | list[TextPart] = Field(description="Text, or a list of text parts that are joined.")
+    name: str | None = Field(default=None, description="Author's name; accepted and ignored.")
 
     def to_schema(self) -> ChatMessage:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        role = "system" if self.role == "developer" else self.role
-        return ChatMessage(role=role, content=content)
+        raise NotImplementedError
+
+
+class SystemMessageParam(_Message):
+    role: Literal["system", "developer"] = Field(description="developer is treated as system.")
+
+    def to_schema(self) -> ChatMessage:
+        return ChatMessage(role="system", content=_text(self.content))
+
+
+class UserMessageParam(_Message):
+    role: Literal["user"]
+
+    def to_schema(self) -> ChatMessage:
+        return ChatMessage(role="user", content=_text(self.content))
+
+
+class AssistantMessageParam(_Message):
+    role: Literal["assistant"]
+    content: str | list[TextPart] | None = Field(default=None, description="Null or absent with tool_calls.")
+    tool_calls: list[ToolCallParam] | None = Field(default=None, description="The calls this answer made.")
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> "AssistantMessageParam":
+        if self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs 'content' or 'tool_calls'")
+        return self
+
+    def to_schema(self) -> ChatMessage:
+        calls = None if not self.tool_calls else [
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in self.tool_calls]
+        return ChatMessage(role="assistant", content=_text(self.content), tool_calls=calls)
+
+
+class ToolMessageParam(_Message):
+    role: Literal["tool"]
+    tool_call_id: str = Field(min_length=1, description="The id of the call this result answers.")
+
+    def to_schema(self) -> ChatMessage:
+        return ChatMessage(role="tool", content=_text(self.content), tool_call_id=self.tool_call_id)
+
+
+# One model per role, as in OpenAI's API (the role picks it). Named *Param like OpenAI's, apart from the
+# response models of streams.edge.openapi (one OpenAPI document holds both).
+ClientMessage = Annotated[SystemMessageParam | UserMessageParam | AssistantMessageParam | ToolMessageParam,
+                          Field(discriminator="role")]
 
 
 class StreamOptions(_Strict):
@@ -99,6 +164,14 @@ class Body(_Strict):
         """The client's max_tokens; None: the edge's default, capped to what the context leaves."""
         return self.max_tokens
 
+    def wire_tools(self) -> list[ToolSpec] | None:
+        """The functions the model is offered (rendered into its prompt); None: no tools."""
+        return None
+
+    def constraint(self) -> OutputConstraint | None:
+        """What constrained decoding must make the output match; None: free text."""
+        return None
+
     def chat_input(self) -> list[ChatMessage] | None:
         """The conversation, for the model's chat template; None: a raw prompt (:meth:`prompt_input`)."""
         return None
@@ -124,9 +197,22 @@ class _Chat(Body):
     """The chat fields other than ``messages``, shared by the chat API and the websocket."""
 
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=32768, description="Alias of max_tokens.")
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS,
+                                     description=f"Functions the model may call (at most {MAX_TOOLS}).")
+    tool_choice: ToolChoice | None = Field(
+        default=None, description="none, auto (the default with tools), required, or one named function.")
+    parallel_tool_calls: StrictBool | None = Field(default=None, description="Allow several calls in one answer.")
+    response_format: ResponseFormat | None = Field(
+        default=None, description="text, json_object or json_schema; JSON is enforced by constrained decoding.")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def wire_tools(self) -> list[ToolSpec] | None:
+        return wire_tools(self.tools, self.tool_choice)
+
+    def constraint(self) -> OutputConstraint | None:
+        return output_constraint(self.wire_tools(), self.tool_choice, self.parallel_tool_calls, self.response_format)
 
 
 class ChatCompletionBody(_Chat):
@@ -199,6 +285,9 @@ class WsRequestBody(_Chat):
         if (self.messages is None) == (self.prompt is None):
             raise errors.EdgeError(400, "Give exactly one of 'messages' and 'prompt'.", param="messages",
                                    code="invalid_value")
+        if self.prompt is not None and self.tools:
+            raise errors.EdgeError(400, "'tools' need 'messages' (a raw prompt has no chat template to render them).",
+                                   param="tools", code="invalid_value")
         return self
 
     def chat_input(self) -> list[ChatMessage] | None:

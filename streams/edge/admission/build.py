@@ -81,6 +81,8 @@ def build_request(
             tenant=tenant,
             log_prompt=log_prompt,
             trace=trace,
+            tools=body.wire_tools(),
+            constraint=body.constraint(),
             created_at=now,
         )
     except ValidationError as exc:

@@ -1,9 +1,8 @@
 """OpenAI parameters the engine does not implement: refused by name, unless they carry their neutral value.
 
-``tools: [...]`` is 400 ``unsupported_parameter`` naming ``tools`` (rather than
-the ``unknown_parameter`` a typo gets), while ``tools: []``,
-``response_format: {"type": "text"}``, ``store: false``, ... change nothing
-and are dropped. Hints that change nothing about the answer (caching, end-user
+``functions: [...]`` is 400 ``unsupported_parameter`` naming ``functions`` (rather than
+the ``unknown_parameter`` a typo gets), while ``functions: []``, ``store: false``, ...
+change nothing and are dropped. Hints that change nothing about the answer (caching, end-user
 identification) are accepted with any value and ignored. Supporting one of
 these is removing it here and adding the field to the API's body
 (:mod:`streams.edge.admission.bodies`).
@@ -26,12 +25,8 @@ def _any(value: Any) -> bool:
 
 # name -> (what it is, is this value neutral?)
 _UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "tools": ("tool calling", _empty),
-    "tool_choice": ("tool calling", lambda v: v in (None, "none")),
     "functions": ("function calling", _empty),
     "function_call": ("function calling", lambda v: v in (None, "none")),
-    "parallel_tool_calls": ("tool calling", lambda v: v in (None, False)),
-    "response_format": ("structured output", lambda v: v is None or v == {"type": "text"}),
     "logit_bias": ("logit bias", _empty),
     "top_logprobs": ("log probabilities", lambda v: v in (None, 0)),
     "audio": ("audio output", _empty),

@@ -1,0 +1,211 @@
+"""Tool calling and structured output through the official `openai` client, on the real worker and Kafka.
+
+Whatever the prompt and schema (enums, required fields, integer ranges, nested objects, arrays),
+`tool_choice="required"` or a named function gives calls whose arguments parse and validate,
+streamed (OpenAI's tool_calls deltas) and not; `response_format` json_schema gives JSON that
+validates; and speculation on or off gives the same output, token for token.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from openai import OpenAI
+
+from streams.edge.keys import create_key
+from streams.edge.server import serve_in_thread
+from streams.testing.stack import DEFAULT_MODEL as MODEL
+from streams.testing.stack import Stack
+from tests.edge_support import edge_options, shared_worker, wait_ready
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(600)]
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 16},
+    "unit": {"enum": ["celsius", "fahrenheit"]},
+}, "required": ["city", "unit"], "additionalProperties": False}
+BOOKING = {"type": "object", "properties": {
+    "guests": {"type": "integer", "minimum": 1, "maximum": 8},
+    "stay": {"type": "object", "properties": {"nights": {"type": "integer", "minimum": 1, "maximum": 14},
+                                              "breakfast": {"type": "boolean"}},
+             "required": ["nights", "breakfast"], "additionalProperties": False},
+}, "required": ["guests", "stay"], "additionalProperties": False}
+SHOPPING = {"type": "object", "properties": {
+    "items": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
+}, "required": ["items"], "additionalProperties": False}
+SCHEMAS = {"get_weather": WEATHER, "book_hotel": BOOKING, "add_to_list": SHOPPING}
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"{name.replace('_', ' ')}",
+                                            "parameters": schema}} for name, schema in SCHEMAS.items()]
+PROMPTS = ["What's the weather in Paris?", "Book a hotel for two people for three nights with breakfast.",
+           "Add milk and eggs to my shopping list."]
+
+
+@pytest.fixture(scope="session")
+def edge_worker(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
+    yield from shared_worker(kafka_bootstrap)
+
+
+@pytest.fixture(scope="module")
+def client(kafka_bootstrap: str, edge_worker: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAI]:  # noqa: F811
+    keys_file: Path = tmp_path_factory.mktemp("keys") / "keys.json"
+    key, _ = create_key(keys_file, "tools-tests")
+    options = edge_options(kafka_bootstrap, edge_worker.topic_prefix, f"tools-{uuid.uuid4().hex[:6]}", keys_file)
+    with serve_in_thread(options) as edge:
+        wait_ready(edge.base_url, edge_worker)
+        yield OpenAI(base_url=edge.base_url + "/v1", api_key=key, max_retries=0, timeout=300)
+
+
+def ask(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def assert_valid_calls(calls: list[Any], names: set[str]) -> list[tuple[str, Any]]:
+    assert calls, "no tool call"
+    out = []
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_") and call.function.name in names
+        arguments = json.loads(call.function.arguments)
+        jsonschema.validate(arguments, SCHEMAS[call.function.name])
+        out.append((call.function.name, arguments))
+    return out
+
+
+def streamed_calls(client: OpenAI, **kwargs: Any) -> tuple[list[dict[str, Any]], str | None, str]:
+    """Reassemble streamed tool_calls deltas exactly as OpenAI's docs say: by index, the first one with
+    id and name, then argument fragments."""
+    calls: dict[int, dict[str, Any]] = {}
+    content, finish = "", None
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            if delta.id is not None:
+                assert delta.index not in calls and delta.function.arguments == ""
+                calls[delta.index] = {"id": delta.id, "name": delta.function.name, "arguments": ""}
+            else:
+                assert delta.function.name is None
+                calls[delta.index]["arguments"] += delta.function.arguments
+        finish = choice.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], finish, content
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_required_tool_choice_always_gives_calls_that_validate(client: OpenAI, prompt: str) -> None:
+    # One call at most: the test worker's context (512 tokens) leaves little room after the tool listing.
+    response = client.chat.completions.create(model=MODEL, messages=ask(prompt), tools=TOOLS, tool_choice="required",
+                                              parallel_tool_calls=False, max_tokens=64)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert_valid_calls(choice.message.tool_calls or [], set(SCHEMAS))
+
+
+@pytest.mark.parametrize(("prompt", "name"), list(zip(PROMPTS, SCHEMAS)))
+def test_a_named_function_is_the_one_called_streamed_or_not(client: OpenAI, prompt: str, name: str) -> None:
+    choice = {"type": "function", "function": {"name": name}}
+    kwargs = dict(model=MODEL, messages=ask(prompt), tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
+                  max_tokens=64, temperature=0.8, seed=5)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "tool_calls"
+    calls = assert_valid_calls(whole.message.tool_calls or [], {name})
+    assert len(calls) == 1
+    streamed, finish, content = streamed_calls(client, **kwargs)
+    assert finish == "tool_calls" and content == ""
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == calls
+
+
+@pytest.mark.parametrize("schema", [WEATHER, BOOKING, SHOPPING])
+def test_response_format_json_schema_gives_json_that_validates(client: OpenAI, schema: dict[str, Any]) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    kwargs = dict(model=MODEL, messages=ask("Answer in JSON: " + PROMPTS[0]), response_format=fmt, max_tokens=64)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "stop"
+    jsonschema.validate(json.loads(whole.message.content or ""), schema)
+    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs)
+                   if c.choices)
+    assert text == whole.message.content
+
+
+def test_json_object_gives_a_json_object(client: OpenAI) -> None:
+    response = client.chat.completions.create(model=MODEL, messages=ask("Describe Kafka as a JSON object."),
+                                              response_format={"type": "json_object"}, max_tokens=160)
+    if response.choices[0].finish_reason == "stop":  # a free-form object may outgrow max_tokens
+        assert isinstance(json.loads(response.choices[0].message.content or ""), dict)
+    else:
+        assert (response.choices[0].message.content or "").startswith("{")
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.9, "seed": 21}])
+def test_constrained_output_is_the_same_with_speculation_on_and_off(client: OpenAI, sampling: dict[str, Any]) -> None:
+    def run(speculation: bool) -> tuple[Any, str | None]:
+        tools = client.chat.completions.create(model=MODEL, messages=ask(PROMPTS[1]), tools=TOOLS,
+                                               tool_choice="required", parallel_tool_calls=False, max_tokens=64,
+                                               extra_body={"speculation": speculation}, **sampling)
+        fmt = {"type": "json_schema", "json_schema": {"name": "b", "schema": BOOKING}}
+        json_answer = client.chat.completions.create(model=MODEL, messages=ask(PROMPTS[1]), response_format=fmt,
+                                                     max_tokens=64, extra_body={"speculation": speculation},
+                                                     **sampling)
+        calls = [(c.function.name, c.function.arguments) for c in tools.choices[0].message.tool_calls or []]
+        return calls, json_answer.choices[0].message.content
+
+    assert run(True) == run(False)
+
+
+def test_auto_lets_the_model_answer_in_text_and_a_tool_result_continues_the_conversation(client: OpenAI) -> None:
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+    messages = ask(PROMPTS[0]) + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                                  {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=24)
+    choice = response.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    if choice.message.tool_calls:
+        assert_valid_calls(choice.message.tool_calls, set(SCHEMAS))
+    else:
+        assert choice.message.content and "<tool_call>" not in choice.message.content
+
+
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                              "properties": {"a": {"type": 3}}}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(65)]}, "tools"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
+     "response_format.json_schema.schema"),
+])
+def test_bad_structured_parameters_are_400s_naming_the_parameter(client: OpenAI, kwargs: dict[str, Any],
+                                                                  param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model=MODEL, messages=ask("hi"), max_tokens=4, **kwargs)
+    assert caught.value.param == param
+
+
+def test_the_websocket_carries_the_same_tool_calls_and_deltas(client: OpenAI) -> None:
+    from websockets.sync.client import connect
+
+    url = str(client.base_url).replace("http", "ws", 1).rstrip("/") + "/ws"
+    frame = {"id": 7, "model": MODEL, "messages": ask(PROMPTS[0]), "tools": TOOLS, "max_tokens": 64,
+             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False}
+    deltas: list[dict[str, Any]] = []
+    with connect(url, additional_headers={"Authorization": f"Bearer {client.api_key}"}) as ws:
+        ws.send(json.dumps(frame))
+        while True:
+            event = json.loads(ws.recv(timeout=300))
+            assert event["type"] in ("chunk", "done"), event
+            deltas += event.get("deltas", [])
+            if event["type"] == "done":
+                break
+    assert event["finish_reason"] == "tool_calls" and event["content"] is None
+    [call] = event["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER)
+    fragments = [d["tool_calls"][0] for d in deltas]
+    assert fragments[0]["id"] == call["id"]
+    assert "".join(f["function"]["arguments"] for f in fragments) == call["function"]["arguments"]
