@@ -137,15 +137,18 @@ def test_a_healthy_candidate_reaches_100_percent_and_serves_its_share(stack: Sta
                            # two workers on two shared cores: latencies vary by more than the default 1.5x
                            "--latency-ratio", "3")
         code, log = _finish(process, 300)
-    assert code == 0, log
-    state = _state(stack)
-    assert (state.state, state.percent) == ("completed", 100.0), state
-    assert [s for s in traffic.answers if s[1] != 200] == []
-    assert _candidate_requests(stack) > 0
-    assert "step 50 % held 8 s" in log and "step 100 % held 8 s" in log
-    # End the rollout: everything back on stable, and the candidate pool (left serving at 100 %) drained.
-    subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "test over"], env=stack.env, check=True)
-    _drain_candidates(tmp_path)
+    try:
+        assert code == 0, log
+        state = _state(stack)
+        assert (state.state, state.percent) == ("completed", 100.0), state
+        assert [s for s in traffic.answers if s[1] != 200] == []
+        assert _candidate_requests(stack) > 0
+        assert "step 50 % held 8 s" in log and "step 100 % held 8 s" in log
+    finally:
+        # End the rollout: everything back on stable, and the candidate pool (left serving at 100 %) drained,
+        # whatever failed above: a candidate worker must never outlive its test.
+        subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "test over"], env=stack.env, check=False)
+        _drain_candidates(tmp_path)
 
 
 def test_a_candidate_that_answers_errors_is_rolled_back_naming_the_gate(stack: Stack, tmp_path: Path) -> None:
