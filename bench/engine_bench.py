@@ -318,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--rows", default="", help="comma-separated subset of rows")
     ap.add_argument("--only", choices=("single", "concurrent"), help="run only the batch-1 or the concurrent part")
+    ap.add_argument("--concurrency", default="", help="comma-separated concurrent batch sizes (default 16,64; --quick 4,8)")
     ap.add_argument("--out", default="bench/results/engine.json")
     ap.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a row is stopped (reported as a bound)")
     ap.add_argument(
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     max_new = 32 if args.quick else args.max_new
-    concurrency = (4, 8) if args.quick else (16, 64)
+    concurrency = tuple(int(n) for n in args.concurrency.split(",") if n) or ((4, 8) if args.quick else (16, 64))
     wanted = set(filter(None, args.rows.split(",")))
     plan = [(row, "single") for row in SINGLE_ROWS] + [
         (row, f"concurrent:{n}") for n in concurrency for row in CONCURRENT_ROWS
