@@ -1,0 +1,402 @@
+"""ConsumerService: one :class:`~streams.service.consumer.Consumer` run on Kafka with FastStream.
+
+Path of one message::
+
+    input topic ──► _consume (middleware: source, offsets) ──► decoder (intake: size, JSON, version, schema)
+        │ Rejected: ErrorEvent to its route + dead letter, commit past it
+        ▼
+    _admit: check ──► dedupe ──► slot (back-pressure) ──► consumer.handle(payload, delivery)
+        ▼
+    delivery.reply / publish ──► Publisher lanes ──► Kafka ack ──► _settle: commit below the oldest unanswered
+
+FastStream is used through its public API only: the custom decoder validates the
+declared input model (so the AsyncAPI document shows it), a broker middleware
+gives each message its :class:`Delivery` (through a context variable, which the
+handler reads on the event loop, with no thread hop), and ``AckPolicy.MANUAL``
+leaves commits to us. Pause/resume and commits go to the subscriber's aiokafka
+consumer (:mod:`streams.service.flow`, :mod:`streams.service.commits`).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as AIOKafkaTopicPartition
+from faststream.kafka import KafkaBroker
+from faststream.kafka.schemas import Topic as FastStreamTopic
+from faststream.message import StreamMessage
+from faststream.middlewares import AckPolicy, BaseMiddleware
+from pydantic import BaseModel
+
+from schemas.events import DeadLetter, ErrorEvent, ServiceAnnouncement
+from schemas.topics import DEAD_LETTER_MAX_BYTES, Topic
+from streams import kafka_io
+from streams.service.announcer import Announcer
+from streams.service.commits import Committer
+from streams.service.consumer import Consumer, Output, ServiceOptions
+from streams.service.dead_letters import DeadLetters
+from streams.service.delivery import Delivery
+from streams.service.flow import Flow
+from streams.service.intake import Rejected, Rejection, parse_message
+from streams.service.logs import faststream_log
+from streams.service.offsets import OffsetTracker, Source
+from streams.service.publisher import JSON_HEADERS, Publisher
+from streams.service.telemetry import Telemetry
+
+log = logging.getLogger("specstream.service")
+
+# The delivery of the message being consumed, set by the middleware around FastStream's call of the handler.
+_current: contextvars.ContextVar[Delivery] = contextvars.ContextVar("specstream_delivery")
+
+
+class ConsumerService:
+    def __init__(self, options: ServiceOptions, consumer: Consumer[Any], *, telemetry: Telemetry | None = None) -> None:
+        self.options = options
+        self.consumer = consumer
+        self.kind = consumer.kind
+        self.service_id = options.service_id
+        self.group_id = consumer.group_id or f"{options.catalog.prefix}.{consumer.kind}s"
+        self.telemetry = telemetry or Telemetry()
+        catalog = options.catalog
+        self.broker = KafkaBroker(
+            # A list: FastStream would pass a comma-separated string on as one host name.
+            [server.strip() for server in options.bootstrap_servers.split(",") if server.strip()],
+            # Large enough for a dead letter of a message at the broker's size limit.
+            **kafka_io.producer_options(client_id=f"specstream-{self.kind}-{self.service_id}",
+                                        max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),
+            logger=faststream_log,
+            # Per-message "Received"/"Processed" lines are debug noise at request rates.
+            log_level=logging.DEBUG,
+            # Topics come from the catalog (kafka_io.ensure_topics), with their retention and ISR settings.
+            allow_auto_create_topics=False,
+            middlewares=[functools.partial(_IntakeMiddleware, service=self)],
+        )
+        self.subscriber = self.broker.subscriber(
+            FastStreamTopic(consumer.topic.name, declare=False),
+            group_id=self.group_id,
+            # Offsets are committed by hand once outcomes are stored, not when a message is read.
+            ack_policy=AckPolicy.MANUAL,
+            auto_offset_reset="earliest",
+            listener=_Rebalance(self),
+            # A consumer that crashed gives up its partitions after the session timeout (a clean stop leaves at
+            # once); the others learn of the rebalance at their next heartbeat, which runs on the event loop.
+            session_timeout_ms=options.session_timeout_ms,
+            heartbeat_interval_ms=options.heartbeat_interval_ms,
+            decoder=self._decoder(consumer.input_model),
+            no_reply=True,
+            title=consumer.topic.name,
+            description=channel_description(consumer.topic),
+        )
+        self.subscriber(typed_handler(consumer.input_model, self._admit, f"{consumer.kind}-{consumer.topic.name}"))
+        for listener in consumer.listeners:
+            # No group: every instance sees every message, and only new ones.
+            self.broker.subscriber(
+                FastStreamTopic(listener.topic.name, declare=False), auto_offset_reset="latest", no_reply=True,
+                decoder=self._decoder(listener.input_model), title=listener.topic.name,
+                description=channel_description(listener.topic),
+            )(typed_handler(listener.input_model, listener.handle, f"{consumer.kind}-{listener.topic.name}"))
+        for output in (*consumer.outputs, Output(catalog.dead_letters, DeadLetter),
+                       Output(catalog.services, ServiceAnnouncement)):
+            declare_output(self.broker, output)
+
+        self.offsets = OffsetTracker()
+        self.publisher = Publisher(self._send)
+        self.dead_letters = DeadLetters(self.publisher, catalog.dead_letters.name, self.service_id)
+        self.flow = Flow(options.max_inflight, self._input_consumer)
+        self.announcer = Announcer(
+            self._send_announcement, catalog.services.name, kind=self.kind, service_id=self.service_id,
+            heartbeat_s=options.heartbeat_s, models=consumer.models, in_flight=lambda: len(self._held),
+        )
+        self.committer = Committer(self.offsets, self._input_consumer, active=lambda: self.announcer.state != "stopped")
+        # Deliveries being handled, by request id: a redelivered copy joins the one held instead of running twice.
+        self._held: dict[str, Delivery] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # --- lifecycle (FastStream's hooks, or start/stop without an app) ------------------------------------------------
+
+    async def prepare(self) -> None:
+        """Create the catalog's topics and the consumer's inputs, and run the consumer's own preparation, before any message is read."""
+        o = self.options
+        inputs = [self.consumer.topic, *(listener.topic for listener in self.consumer.listeners)]
+        topics = {t.name: t for t in (*o.catalog.shared_topics(), *inputs)}
+        await kafka_io.ensure_topics(o.bootstrap_servers, topics.values(),
+                                     replication_factor=o.replication_factor, min_insync_replicas=o.min_insync_replicas)
+        if self.consumer.prepare is not None:
+            await self.consumer.prepare()
+
+    async def started(self) -> None:
+        """Announce readiness (once the subscribers run) and keep announcing it."""
+        await self.announcer.announce("ready")
+        self.announcer.start_heartbeat()
+        if self.consumer.started is not None:
+            await self.consumer.started()
+
+    async def drain(self) -> None:
+        """Stop reading, let held messages finish (up to drain_timeout_s), hand back the rest, announce stopped."""
+        if self.announcer.state in ("draining", "stopped"):
+            return
+        await self.announcer.announce("draining")
+        self.flow.stop_intake()
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        while self._held and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self._held:
+            # Not answered and not committed: Kafka redelivers them to another instance.
+            log.warning("handing back %d unfinished message(s) at shutdown; they will be redelivered", len(self._held))
+            for delivery in list(self._held.values()):
+                delivery.hand_back()
+        try:
+            # Bounded: with the broker gone these would wait out the producer's request timeout; what is not
+            # acknowledged by then is not committed either, so Kafka redelivers it.
+            await asyncio.wait_for(self._settle_pending(), timeout=max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
+            log.warning("outcomes still unacknowledged at the end of the drain; their messages will be redelivered")
+        self.announcer.stop_heartbeat()
+        await self.announcer.announce("stopped")
+        self.committer.stop()
+
+    async def close(self) -> None:
+        if self.consumer.close is not None:
+            await self.consumer.close()
+
+    async def start(self) -> None:
+        """Everything the FastStream app does at startup, for use without one (tests, embedding)."""
+        await self.prepare()
+        await self.broker.start()
+        await self.started()
+
+    async def stop(self) -> None:
+        try:
+            await self.drain()
+        finally:
+            await self.broker.stop()
+            await self.close()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._held)
+
+    def held(self) -> list[Delivery]:
+        return list(self._held.values())
+
+    # --- one message ------------------------------------------------------------------------------------------------
+
+    async def _consume(self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]) -> Any:
+        record = msg.raw_message
+        if record.topic != self.consumer.topic.name:  # a listener: best effort, nothing to commit
+            try:
+                return await call_next(msg)
+            except Rejected as rejected:
+                log.warning("ignoring malformed message on %s: %s", record.topic, rejected)
+                return None
+        source = Source(record.topic, record.partition, record.offset)
+        self.offsets.started(source.topic, source.partition, source.offset)
+        self.telemetry.received(source)
+        delivery = Delivery([source], record.value, record.key, received_at=time.time(),
+                            published_at=record.timestamp / 1000, outlet=self)
+        token = _current.set(delivery)
+        try:
+            return await call_next(msg)
+        except Rejected as rejected:
+            await self._reject(rejected.rejection, delivery)
+        except Exception:  # noqa: BLE001 - a bug here must not stop consumption; the message is dead-lettered
+            log.exception("internal error handling %s", source)
+            await self._reject(Rejection("internal_error", f"the {self.kind} failed to handle this message",
+                                         dead_letter=True), delivery)
+        finally:
+            _current.reset(token)
+        return None
+
+    async def _admit(self, payload: BaseModel) -> None:
+        """The handler FastStream calls with the validated input."""
+        delivery = _current.get()
+        consumer = self.consumer
+        delivery.request_id, delivery.route = consumer.key_of(payload), consumer.route_of(payload)
+        rejection = consumer.check(payload)
+        if rejection is not None:
+            await self._reject(rejection, delivery)
+            return
+        key = _hold_key(delivery)
+        held = self._held.get(key)
+        if held is not None:
+            # Redelivered while still held here (e.g. after a rebalance): answered once, both offsets committed then.
+            held.sources.append(delivery.source)
+            return
+        if not await self.flow.acquire(delivery.source):
+            return
+        self._held[key] = delivery
+        try:
+            result = await consumer.handle(payload, delivery)
+        except Exception as error:  # noqa: BLE001 - answered as an internal error, the consumer keeps serving
+            log.exception("%s failed on %s", self.kind, delivery.source)
+            delivery.fail("internal_error", f"could not handle the message: {type(error).__name__}: {error}")
+            return
+        if result is not None and not delivery.done:
+            for event in (result,) if isinstance(result, BaseModel) else result:
+                delivery.reply(event)
+        if not delivery.deferred:
+            delivery.finish()
+
+    async def _reject(self, rejection: Rejection, delivery: Delivery) -> None:
+        """Answer a message that never reaches the handler, dead-letter it if malformed, then commit past it."""
+        source = delivery.source
+        log.info("rejected %s (%s): %s", source, rejection.code, rejection.message)
+        self.telemetry.rejected(source, rejection)
+        pending: list[Awaitable[Any]] = []
+        if rejection.route is not None:
+            error = ErrorEvent(request_id=rejection.request_id, code=rejection.code, message=rejection.message)
+            key = kafka_io.request_key(rejection.request_id) if rejection.request_id else delivery.key or b""
+            pending.append(self.publisher.publish(rejection.route.topic, rejection.route.partition, key, error))
+        if rejection.dead_letter:
+            pending.append(self.dead_letters.keep(f"{rejection.code}: {rejection.message}", delivery.value,
+                                                  delivery.key, source))
+        for result in await asyncio.gather(*pending, return_exceptions=True):
+            if isinstance(result, BaseException):
+                log.error("could not publish the rejection of %s: %r", source, result)
+        self.offsets.finished(source.topic, source.partition, source.offset)
+        await self.committer.commit()
+
+    # --- the delivery's outlet --------------------------------------------------------------------------------------
+
+    def publish(self, topic: str, partition: int | None, key: bytes, event: BaseModel) -> asyncio.Future[Any]:
+        return self.publisher.publish(topic, partition, key, event)
+
+    def settle(self, delivery: Delivery) -> None:
+        self._spawn(self._settle(delivery))
+
+    def forget(self, delivery: Delivery) -> None:
+        """A delivery handed back: free its slot; its offsets stay uncommitted."""
+        self._release(delivery)
+        self.telemetry.handed_back(delivery)
+
+    async def _settle(self, delivery: Delivery) -> None:
+        results = await asyncio.gather(*delivery.published, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            # The outcome may be lost; committing anyway keeps the partition moving (the client times out).
+            log.error("could not publish %d event(s) of %s: %r", len(failures), delivery.request_id or delivery.source,
+                      failures[0])
+        self._release(delivery)
+        for source in delivery.sources:
+            self.offsets.finished(source.topic, source.partition, source.offset)
+        self.telemetry.settled(delivery, len(failures))
+        await self.committer.commit()
+
+    def _release(self, delivery: Delivery) -> None:
+        key = _hold_key(delivery)
+        if self._held.get(key) is delivery:
+            del self._held[key]
+            self.flow.release()
+
+    async def _settle_pending(self) -> None:
+        await self.publisher.flush()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # --- rebalance --------------------------------------------------------------------------------------------------
+
+    async def partitions_revoked(self, revoked: set[AIOKafkaTopicPartition]) -> None:
+        """Commit what is finished before the partitions move, then forget them."""
+        await self.committer.commit()
+        for tp in revoked:
+            self.offsets.forget(tp.topic, tp.partition)
+
+    def partitions_assigned(self, assigned: set[AIOKafkaTopicPartition]) -> None:
+        """Hand back what was read from partitions another instance owns now: it redoes them from their
+        uncommitted offsets. Work of partitions kept here goes on (the consumer reads those messages again from the
+        last commit, and ``_admit`` joins the copies to the deliveries held)."""
+        log.info("assigned %s", ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(assigned)) or "no partitions")
+        self.flow.assigned(assigned)
+        lost = [d for d in self._held.values() if not d.done and not self.flow.owns(d.sources)]
+        if lost:
+            log.info("rebalance: handing back %d message(s) of partitions now owned elsewhere", len(lost))
+            for delivery in lost:
+                delivery.hand_back()
+
+    # --- plumbing ---------------------------------------------------------------------------------------------------
+
+    def _decoder(self, model: type[BaseModel]) -> Callable[..., Awaitable[BaseModel]]:
+        max_bytes = self.options.max_message_bytes
+
+        async def decode(msg: StreamMessage[Any], _default: Any) -> BaseModel:
+            parsed = parse_message(msg.raw_message.value, model, max_bytes=max_bytes)
+            if isinstance(parsed, Rejection):
+                raise Rejected(parsed)
+            return parsed
+
+        return decode
+
+    def _input_consumer(self) -> AIOKafkaConsumer | None:
+        # The subscriber's aiokafka consumer (None until it started): FastStream has no per-partition pause or
+        # per-offset commit of its own.
+        consumer: AIOKafkaConsumer | None = self.subscriber.consumer
+        return consumer
+
+    async def _send(self, value: bytes, topic: str, key: bytes, partition: int | None) -> asyncio.Future[Any]:
+        # no_confirm: returns once the record is in the producer's buffer; the broker's ack arrives on the future.
+        ack: asyncio.Future[Any] = await self.broker.publish(value, topic, key=key, partition=partition,
+                                                             headers=JSON_HEADERS, no_confirm=True)
+        return ack
+
+    async def _send_announcement(self, topic: str, key: bytes, value: bytes) -> None:
+        await self.broker.publish(value, topic, key=key, headers=JSON_HEADERS)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _hold_key(delivery: Delivery) -> str:
+    return delivery.request_id or str(delivery.source)
+
+
+class _IntakeMiddleware(BaseMiddleware):  # type: ignore[type-arg]
+    """Wraps FastStream's call of a handler: the foundation's per-message path (see ``ConsumerService._consume``)."""
+
+    def __init__(self, msg: Any, /, *, context: Any, service: ConsumerService) -> None:
+        super().__init__(msg, context=context)
+        self._service = service
+
+    async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
+        return await self._service._consume(call_next, msg)
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, service: ConsumerService) -> None:
+        self._service = service
+
+    async def on_partitions_revoked(self, revoked: set[AIOKafkaTopicPartition]) -> None:
+        await self._service.partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[AIOKafkaTopicPartition]) -> None:
+        self._service.partitions_assigned(assigned)
+
+
+def typed_handler(model: type[BaseModel], call: Callable[[Any], Awaitable[None]], name: str) -> Callable[..., Any]:
+    """A FastStream handler whose one parameter is annotated with ``model``: FastStream documents the payload
+    (AsyncAPI) from this annotation, and validates the decoder's output against it."""
+
+    async def handler(payload: Any) -> None:
+        await call(payload)
+
+    handler.__annotations__ = {"payload": model, "return": None}
+    handler.__name__ = handler.__qualname__ = name
+    handler.__doc__ = model.__doc__
+    return handler
+
+
+def channel_description(topic: Topic) -> str:
+    return f"{topic.purpose} Key: {topic.key}. Carries {topic.carries}."
+
+
+def declare_output(broker: KafkaBroker, output: Output) -> None:
+    """Declare a topic this service publishes to, for the AsyncAPI document (publishing goes through the lanes)."""
+    broker.publisher(output.topic.name, schema=output.events, title=f"{output.topic.name}:publish",
+                     description=channel_description(output.topic))
+
