@@ -17,11 +17,9 @@ from schemas.events import (
     TokenChunk,
     TraceContext,
     Usage,
-    WorkerAnnouncement,
 )
 
 __all__ = [
     "SCHEMA_VERSION", "CancelRequest", "ChatMessage", "DeadLetter", "EdgeAnnouncement", "Completion", "ErrorEvent", "GenerateRequest", "ReplyEvent",
     "ReplyRoute", "SamplingParams", "ServiceAnnouncement", "SpecStats", "SpecStepStats", "Timings", "TokenChunk", "TraceContext", "Usage",
-    "WorkerAnnouncement",
 ]

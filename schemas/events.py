@@ -242,16 +242,6 @@ class CancelRequest(Event):
     reason: str = "client disconnected"
 
 
-class WorkerAnnouncement(Event):
-    """Published by engine workers on start, periodically, and on shutdown; the edge's /readyz reads it."""
-
-    type: Literal["worker"] = "worker"
-    worker_id: str
-    models: list[str]
-    state: Literal["ready", "draining", "stopped"]
-    at: float
-
-
 class ServiceAnnouncement(Event):
     """Published by every service on the bus (engine workers, the edge, each consumer) on start, every heartbeat and
     on shutdown, keyed by ``<kind>/<service_id>`` on the compacted services topic. `/readyz`, `specstream status`
@@ -295,3 +285,8 @@ class DeadLetter(Event):
     original_key_b64: str | None = None
     consumer: str = Field(description="Which consumer rejected it (worker id).")
     at: float
+    undelivered: str | None = Field(
+        default=None,
+        description="For reply_undeliverable: the final reply event (JSON) that could not be delivered to the "
+        "request's reply topic; the original is the request, so a redrive generates the answer again.",
+    )

@@ -15,7 +15,6 @@ from schemas.events import (
     EdgeAnnouncement,
     GenerateRequest,
     ServiceAnnouncement,
-    WorkerAnnouncement,
 )
 
 HOUR_MS = 3_600_000
@@ -89,14 +88,6 @@ class TopicCatalog:
         )
 
     @property
-    def workers(self) -> Topic:
-        return Topic(
-            name=f"{self.prefix}.workers", partitions=1, key="worker_id",
-            retention_ms=24 * HOUR_MS, carries=_describe(WorkerAnnouncement), compacted=True,
-            purpose="Engine workers announce ready/draining/stopped; the edge's /readyz reads it.",
-        )
-
-    @property
     def services(self) -> Topic:
         return Topic(
             name=f"{self.prefix}.services", partitions=1, key="<kind>/<service_id>",
@@ -126,7 +117,7 @@ class TopicCatalog:
 
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
-        return [self.requests, self.cancellations, self.workers, self.services, self.edges, self.dead_letters]
+        return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

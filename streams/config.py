@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
@@ -217,7 +217,7 @@ class WorkerSettings(Section):
     max_message_bytes: ByteSize = Field(
         default=MIB, ge=1024, description="Larger request messages are rejected (message_too_large) and dead-lettered."
     )
-    heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between `ready` announcements on the workers topic.")
+    heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between `ready` announcements on the services topic.")
     max_inflight: int = Field(
         default=128, ge=1, description="Most requests held (running + queued); beyond it the worker stops reading requests."
     )
@@ -250,6 +250,39 @@ class WorkerSettings(Section):
                 f"({self.session_timeout_ms})"
             )
         return self
+
+
+class DeliverySettings(Section):
+    reply_topic_patterns: list[str] = Field(
+        default_factory=lambda: ["{prefix}.replies.*"], min_length=1,
+        description="Topics a request may name as its reply_to (shell-style patterns; {prefix} is kafka.topic_prefix). "
+        "Requests naming any other topic are dead-lettered as reply_topic_forbidden.",
+    )
+    publish_timeout_s: float = Field(
+        default=10.0, gt=0, le=300,
+        description="Most seconds a reply, rejection or dead letter may take to be acknowledged; one that takes longer "
+        "is given up (a reply is dead-lettered) so no partition waits on it.",
+    )
+    topic_cache_ttl_s: float = Field(
+        default=30.0, gt=0,
+        description="How long a reply topic seen to exist is trusted before its metadata is looked up again.",
+    )
+    metadata_timeout_s: float = Field(
+        default=2.0, gt=0, le=60,
+        description="Bound on one metadata look-up of reply topics; if it fails (a broker failing over), the request is "
+        "served and its bounded publish decides.",
+    )
+
+    @field_validator("reply_topic_patterns")
+    @classmethod
+    def _patterns_name_topics(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if pattern.strip() in ("", "*", "{prefix}*", "{prefix}.*"):
+                raise ValueError(
+                    f"{pattern!r} would let requests write into any (internal) topic; name reply topics, "
+                    "e.g. '{prefix}.replies.*'"
+                )
+        return patterns
 
 
 class EdgeAuthSettings(Section):
@@ -317,6 +350,7 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
 
     @classmethod

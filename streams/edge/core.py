@@ -19,6 +19,7 @@ from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
+from streams.service.announcer import Announcer
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class Edge:
         self._connect_task: asyncio.Task | None = None
         self._announce_task: asyncio.Task | None = None
         self.started_at = time.time()
+        # On the services topic with every other service (`specstream status`); the edges topic above is topics gc's.
+        self.announcer = Announcer(self._send_announcement, settings.catalog.services.name, kind="edge",
+                                   service_id=self.edge_id, heartbeat_s=settings.heartbeat_s)
 
     @property
     def edge_id(self) -> str:
@@ -78,6 +82,8 @@ class Edge:
             self.last_error = ""
             self.connected.set()
             self._announce_task = asyncio.create_task(self._announce_forever(), name=f"edge-announce-{self.edge_id}")
+            await self.announcer.announce("ready")
+            self.announcer.start_heartbeat()
             log.info("edge %s connected: requests -> %s, replies <- %s",
                      self.edge_id, self.publisher.request_topic, self.reply_topic)
             return
@@ -106,6 +112,9 @@ class Edge:
                 log.debug("edge %s: announcement failed: %r", self.edge_id, exc)
             await asyncio.sleep(ANNOUNCE_S)
 
+    async def _send_announcement(self, topic: str, key: bytes, value: bytes) -> None:
+        await self.publisher.producer.send_and_wait(topic, value, key=key)
+
     async def _stop_parts(self) -> None:
         for part in (self.readiness, self.router, self.publisher):
             try:
@@ -116,6 +125,9 @@ class Edge:
     async def stop(self) -> None:
         if self._announce_task is not None:
             self._announce_task.cancel()
+        self.announcer.stop_heartbeat()
+        if self.connected.is_set():
+            await self.announcer.announce("stopped")
         if self._connect_task is not None:
             self._connect_task.cancel()
             try:

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from schemas.events import ReplyRoute
 from schemas.topics import Topic, TopicCatalog
+from streams.reply_routes import compile_patterns
 from streams.service.delivery import Delivery
 from streams.service.intake import Rejection
 
@@ -94,15 +95,28 @@ class ServiceOptions:
     drain_timeout_s: float = 30.0
     session_timeout_ms: int = 6000
     heartbeat_interval_ms: int = 1000
+    # Reply routes and bounded publishes (the `delivery` section): the topics a message may name as its reply route
+    # ({prefix} already replaced; None: the catalog's reply topics), and the bounds of a publish and of a look-up.
+    reply_topic_patterns: tuple[str, ...] | None = None
+    publish_timeout_s: float = 10.0
+    topic_cache_ttl_s: float = 30.0
+    metadata_timeout_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.reply_topic_patterns is None:
+            object.__setattr__(self, "reply_topic_patterns", (f"{self.catalog.prefix}.replies.*",))
 
     @classmethod
     def from_settings(cls, settings: Any, section: Any) -> ServiceOptions:
         """From ``streams.config.Settings`` and a consumer's section (``settings.worker`` for engine workers)."""
-        kafka = settings.kafka
+        kafka, delivery = settings.kafka, settings.delivery
         return cls(
             bootstrap_servers=kafka.bootstrap_servers, catalog=settings.catalog, service_id=section.resolved_id(),
             replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
             max_message_bytes=int(section.max_message_bytes), heartbeat_s=section.heartbeat_s,
             max_inflight=section.max_inflight, drain_timeout_s=section.drain_timeout_s,
             session_timeout_ms=section.session_timeout_ms, heartbeat_interval_ms=section.heartbeat_interval_ms,
+            reply_topic_patterns=compile_patterns(delivery.reply_topic_patterns, kafka.topic_prefix),
+            publish_timeout_s=delivery.publish_timeout_s, topic_cache_ttl_s=delivery.topic_cache_ttl_s,
+            metadata_timeout_s=delivery.metadata_timeout_s,
         )

@@ -25,14 +25,17 @@ class DeadLetters:
         self.topic = topic
         self._consumer_id = consumer_id
 
-    async def keep(self, reason: str, value: bytes | None, key: bytes | None, source: Source) -> None:
+    async def keep(self, reason: str, value: bytes | None, key: bytes | None, source: Source, *,
+                   undelivered: str | None = None) -> None:
         """Publish the letter and wait for Kafka's acknowledgement; raises what the publish raised."""
         try:
-            await self._send(reason, value, key, source)
+            await self._send(reason, value, key, source, undelivered)
         except MessageSizeTooLargeError:
-            await self._send(f"{reason} (original of {len(value or b'')} bytes too large to keep)", None, key, source)
+            await self._send(f"{reason} (original of {len(value or b'')} bytes too large to keep)", None, key, source,
+                             undelivered)
 
-    def _send(self, reason: str, value: bytes | None, key: bytes | None, source: Source) -> asyncio.Future[Any]:
+    def _send(self, reason: str, value: bytes | None, key: bytes | None, source: Source,
+              undelivered: str | None) -> asyncio.Future[Any]:
         letter = DeadLetter(
             reason=reason,
             source_topic=source.topic,
@@ -42,6 +45,7 @@ class DeadLetters:
             original_key_b64=base64.b64encode(key).decode("ascii") if key is not None else None,
             consumer=self._consumer_id,
             at=time.time(),
+            undelivered=undelivered,
         )
         return self._publisher.publish(self.topic, None, f"{source.topic}/{source.partition}/{source.offset}".encode(),
                                        letter)

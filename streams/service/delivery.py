@@ -48,8 +48,10 @@ class Delivery:
     received_at: float  # this process's clock, when consumed
     published_at: float  # the record's timestamp (or the event's own, when the handler knows better)
     outlet: Outlet
+    payload: BaseModel | None = None  # the validated input
     request_id: str = ""
     route: ReplyRoute | None = None
+    final_event: BaseModel | None = None  # the last reply (Completion, ErrorEvent), dead-lettered if undeliverable
     published: list[asyncio.Future[Any]] = field(default_factory=list)
     done: bool = False
     deferred: bool = False
@@ -63,6 +65,7 @@ class Delivery:
         """Send one event to the message's reply route, keyed by its request id (so its events stay in order)."""
         if self.route is None:
             raise RuntimeError(f"{self.request_id or self.source}: the message names no reply route")
+        self.final_event = event
         self.publish(self.route.topic, kafka_io.request_key(self.request_id), event, partition=self.route.partition)
 
     def publish(self, topic: str, key: bytes, event: BaseModel, *, partition: int | None = None) -> None:

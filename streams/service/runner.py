@@ -19,6 +19,7 @@ consumer (:mod:`streams.service.flow`, :mod:`streams.service.commits`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -28,6 +29,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as AIOKafkaTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from faststream.kafka import KafkaBroker
 from faststream.kafka.schemas import Topic as FastStreamTopic
 from faststream.message import StreamMessage
@@ -37,6 +39,7 @@ from pydantic import BaseModel
 from schemas.events import DeadLetter, ErrorEvent, ServiceAnnouncement
 from schemas.topics import DEAD_LETTER_MAX_BYTES, Topic
 from streams import kafka_io
+from streams.reply_routes import ReplyRoutes, RouteCheck
 from streams.service.announcer import Announcer
 from streams.service.commits import Committer
 from streams.service.consumer import Consumer, Output, ServiceOptions
@@ -46,7 +49,7 @@ from streams.service.flow import Flow
 from streams.service.intake import Rejected, Rejection, parse_message
 from streams.service.logs import faststream_log
 from streams.service.offsets import OffsetTracker, Source
-from streams.service.publisher import JSON_HEADERS, Publisher
+from streams.service.publisher import JSON_HEADERS, Publisher, describe_error
 from streams.service.telemetry import Telemetry
 
 log = logging.getLogger("specstream.service")
@@ -106,7 +109,11 @@ class ConsumerService:
             declare_output(self.broker, output)
 
         self.offsets = OffsetTracker()
-        self.publisher = Publisher(self._send)
+        # Long-lived admin client (started in prepare): reply routes are checked against topic metadata (cached).
+        self._admin: AIOKafkaAdminClient | None = None
+        self.routes = ReplyRoutes(options.reply_topic_patterns or (), self._list_topics,
+                                  ttl_s=options.topic_cache_ttl_s, lookup_timeout_s=options.metadata_timeout_s)
+        self.publisher = Publisher(self._send, self.routes, timeout_s=options.publish_timeout_s)
         self.dead_letters = DeadLetters(self.publisher, catalog.dead_letters.name, self.service_id)
         self.flow = Flow(options.max_inflight, self._input_consumer)
         self.announcer = Announcer(
@@ -127,6 +134,9 @@ class ConsumerService:
         topics = {t.name: t for t in (*o.catalog.shared_topics(), *inputs)}
         await kafka_io.ensure_topics(o.bootstrap_servers, topics.values(),
                                      replication_factor=o.replication_factor, min_insync_replicas=o.min_insync_replicas)
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=o.bootstrap_servers,
+                                          client_id=f"specstream-{self.kind}-{self.service_id}-routes")
+        await self._admin.start()
         if self.consumer.prepare is not None:
             await self.consumer.prepare()
 
@@ -164,6 +174,10 @@ class ConsumerService:
     async def close(self) -> None:
         if self.consumer.close is not None:
             await self.consumer.close()
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
+            self._admin = None
 
     async def start(self) -> None:
         """Everything the FastStream app does at startup, for use without one (tests, embedding)."""
@@ -204,11 +218,12 @@ class ConsumerService:
         try:
             return await call_next(msg)
         except Rejected as rejected:
-            await self._reject(rejected.rejection, delivery)
+            route = rejected.rejection.route
+            self._reject(rejected.rejection, delivery, await self.routes.check(route.topic) if route else None)
         except Exception:  # noqa: BLE001 - a bug here must not stop consumption; the message is dead-lettered
             log.exception("internal error handling %s", source)
-            await self._reject(Rejection("internal_error", f"the {self.kind} failed to handle this message",
-                                         dead_letter=True), delivery)
+            self._reject(Rejection("internal_error", f"the {self.kind} failed to handle this message",
+                                   dead_letter=True), delivery)
         finally:
             _current.reset(token)
         return None
@@ -217,10 +232,20 @@ class ConsumerService:
         """The handler FastStream calls with the validated input."""
         delivery = _current.get()
         consumer = self.consumer
+        delivery.payload = payload
         delivery.request_id, delivery.route = consumer.key_of(payload), consumer.route_of(payload)
+        # Before any work or reply: a message may only be answered on one of this deployment's existing reply topics.
+        problem = await self.routes.check(delivery.route.topic) if delivery.route is not None else None
+        if problem is not None:
+            log.warning("dead-lettered %s (request %s): %s: %s", delivery.source, delivery.request_id, problem.code,
+                        problem.message)
+            reason = f"{problem.code}: {problem.message}"
+            self._spawn(self._settle_rejection([self.dead_letters.keep(reason, delivery.value, delivery.key,
+                                                                       delivery.source)], delivery.source))
+            return
         rejection = consumer.check(payload)
         if rejection is not None:
-            await self._reject(rejection, delivery)
+            self._reject(rejection, delivery)
             return
         key = _hold_key(delivery)
         held = self._held.get(key)
@@ -243,22 +268,33 @@ class ConsumerService:
         if not delivery.deferred:
             delivery.finish()
 
-    async def _reject(self, rejection: Rejection, delivery: Delivery) -> None:
-        """Answer a message that never reaches the handler, dead-letter it if malformed, then commit past it."""
+    def _reject(self, rejection: Rejection, delivery: Delivery, route_problem: RouteCheck | None = None) -> None:
+        """Answer a message that never reaches the handler, dead-letter it if malformed, then commit past it.
+
+        Not awaited by the consume path: the publishes are bounded, but the partition must not wait even that long.
+        The offset stays in flight (uncommitted) until they are settled.
+        """
         source = delivery.source
         log.info("rejected %s (%s): %s", source, rejection.code, rejection.message)
         self.telemetry.rejected(source, rejection)
+        reason = f"{rejection.code}: {rejection.message}"
         pending: list[Awaitable[Any]] = []
-        if rejection.route is not None:
+        if route_problem is not None:
+            # The sender hears nothing (its route is refused); the dead letter says why.
+            reason += f" (no error reply sent: {route_problem.code}: {route_problem.message})"
+        elif rejection.route is not None:
             error = ErrorEvent(request_id=rejection.request_id, code=rejection.code, message=rejection.message)
             key = kafka_io.request_key(rejection.request_id) if rejection.request_id else delivery.key or b""
             pending.append(self.publisher.publish(rejection.route.topic, rejection.route.partition, key, error))
-        if rejection.dead_letter:
-            pending.append(self.dead_letters.keep(f"{rejection.code}: {rejection.message}", delivery.value,
-                                                  delivery.key, source))
+        if rejection.dead_letter or route_problem is not None:
+            pending.append(self.dead_letters.keep(reason, delivery.value, delivery.key, source))
+        self._spawn(self._settle_rejection(pending, source))
+
+    async def _settle_rejection(self, pending: list[Awaitable[Any]], source: Source) -> None:
         for result in await asyncio.gather(*pending, return_exceptions=True):
             if isinstance(result, BaseException):
-                log.error("could not publish the rejection of %s: %r", source, result)
+                log.error("could not publish the rejection of %s: %s", source, describe_error(result))
+        # Committed past whatever happened to its reply: a message is never read again once it was dealt with.
         self.offsets.finished(source.topic, source.partition, source.offset)
         await self.committer.commit()
 
@@ -279,14 +315,27 @@ class ConsumerService:
         results = await asyncio.gather(*delivery.published, return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
-            # The outcome may be lost; committing anyway keeps the partition moving (the client times out).
-            log.error("could not publish %d event(s) of %s: %r", len(failures), delivery.request_id or delivery.source,
-                      failures[0])
+            await self._dead_letter_undelivered(delivery, failures, len(results))
         self._release(delivery)
         for source in delivery.sources:
             self.offsets.finished(source.topic, source.partition, source.offset)
         self.telemetry.settled(delivery, len(failures))
         await self.committer.commit()
+
+    async def _dead_letter_undelivered(self, delivery: Delivery, failures: list[BaseException], total: int) -> None:
+        """Every publish is bounded, so this is known within seconds. The message is finished and committed anyway
+        (a redelivery would meet the same topic); the dead letter keeps the input and the final answer."""
+        topic = delivery.route.topic if delivery.route is not None else "its topics"
+        log.error("could not deliver %d event(s) of %s to %s: %s", len(failures), delivery.request_id or delivery.source,
+                  topic, describe_error(failures[0]))
+        reason = (f"reply_undeliverable: {len(failures)} of {total} event(s) to '{topic}' not delivered: "
+                  f"{describe_error(failures[0])}")
+        # The input as validated (a redrive does the work again), and the final event that did not arrive.
+        original = kafka_io.encode(delivery.payload) if delivery.payload is not None else delivery.value
+        undelivered = kafka_io.encode(delivery.final_event).decode() if delivery.final_event is not None else None
+        key = kafka_io.request_key(delivery.request_id) if delivery.request_id else delivery.key
+        await asyncio.gather(self.dead_letters.keep(reason, original, key, delivery.source, undelivered=undelivered),
+                             return_exceptions=True)
 
     def _release(self, delivery: Delivery) -> None:
         key = _hold_key(delivery)
@@ -330,6 +379,12 @@ class ConsumerService:
             return parsed
 
         return decode
+
+    async def _list_topics(self) -> list[str]:
+        if self._admin is None:
+            raise RuntimeError(f"the {self.kind} is not started")
+        topics: list[str] = await self._admin.list_topics()
+        return topics
 
     def _input_consumer(self) -> AIOKafkaConsumer | None:
         # The subscriber's aiokafka consumer (None until it started): FastStream has no per-partition pause or
