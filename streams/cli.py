@@ -4,7 +4,7 @@
     specstream worker                  one engine worker (a second one joins the same consumer group)
     specstream edge                    the HTTP/websocket edge
     specstream kafka start|stop|status the local broker (infra.kafka)
-    specstream topics create|list|markdown|gc
+    specstream topics create|list|markdown|asyncapi|gc
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
     specstream send "prompt"           one request straight onto the request topic, streamed back
     specstream bench ...               load-test a running stack (streams.bench)
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("bench", help="load-test a running stack (see streams.bench.cli)")
 
     topics = commands.add_parser("topics", help="the topic catalog")
-    topics.add_argument("action", choices=["create", "list", "markdown", "gc"])
+    topics.add_argument("action", choices=["create", "list", "markdown", "asyncapi", "gc"])
     topics.add_argument("--idle-minutes", type=float, default=60.0,
                         help="gc: delete reply topics of edges neither announced nor replied to for this long")
     topics.add_argument("--dry-run", action="store_true", help="gc: only say what would be deleted")
@@ -293,6 +293,11 @@ def create_topics(settings: Settings) -> list[Any]:
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "markdown":
         print(settings.catalog.markdown())
+        return 0
+    if args.action == "asyncapi":
+        from streams.asyncapi import document_yaml
+
+        print(document_yaml(settings), end="")
         return 0
     from aiokafka.errors import KafkaError
 
