@@ -18,7 +18,7 @@ from faststream.specification import AsyncAPI
 from schemas.events import EdgeAnnouncement
 from streams.config import Settings
 from streams.service import Output
-from streams.service.runner import declare_output
+from streams.service.wiring import declare_output
 
 
 def document_yaml(settings: Settings) -> str:

@@ -2,55 +2,50 @@
 
 Path of one message::
 
-    input topic ──► _consume (middleware: source, offsets) ──► decoder (intake: size, JSON, version, schema)
-        │ Rejected: ErrorEvent to its route + dead letter, commit past it
+    input topic ──► consume (middleware: source, offsets) ──► decoder (intake: size, JSON, version, schema)
+        │ Rejected: ErrorEvent to its route (if allowed) + dead letter, commit past it
         ▼
-    _admit: check ──► dedupe ──► slot (back-pressure) ──► consumer.handle(payload, delivery)
+    admit: reply route allowed and existing ──► check ──► dedupe ──► slot ──► consumer.handle(payload, delivery)
         ▼
     delivery.reply / publish ──► Publisher lanes ──► Kafka ack ──► _settle: commit below the oldest unanswered
 
-FastStream is used through its public API only: the custom decoder validates the
-declared input model (so the AsyncAPI document shows it), a broker middleware
-gives each message its :class:`Delivery` (through a context variable, which the
-handler reads on the event loop, with no thread hop), and ``AckPolicy.MANUAL``
-leaves commits to us. Pause/resume and commits go to the subscriber's aiokafka
-consumer (:mod:`streams.service.flow`, :mod:`streams.service.commits`).
+How this is laid out on FastStream (public API only) is :mod:`streams.service.wiring`.
+The middleware hands each message its :class:`Delivery` through a context
+variable, which the handler reads on the event loop (FastStream's own
+``msg: KafkaMessage`` context parameter would cost a thread-pool hop per
+message). Pause/resume and commits go to the subscriber's aiokafka consumer
+(:mod:`streams.service.flow`, :mod:`streams.service.commits`).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import contextvars
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as AIOKafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from faststream.kafka import KafkaBroker
-from faststream.kafka.schemas import Topic as FastStreamTopic
 from faststream.message import StreamMessage
-from faststream.middlewares import AckPolicy, BaseMiddleware
 from pydantic import BaseModel
 
-from schemas.events import DeadLetter, ErrorEvent, ServiceAnnouncement
-from schemas.topics import DEAD_LETTER_MAX_BYTES, Topic
+from schemas.events import ErrorEvent
 from streams import kafka_io
 from streams.reply_routes import ReplyRoutes, RouteCheck
 from streams.service.announcer import Announcer
 from streams.service.commits import Committer
-from streams.service.consumer import Consumer, Output, ServiceOptions
+from streams.service.consumer import Consumer, ServiceOptions
 from streams.service.dead_letters import DeadLetters
 from streams.service.delivery import Delivery
 from streams.service.flow import Flow
-from streams.service.intake import Rejected, Rejection, parse_message
-from streams.service.logs import faststream_log
+from streams.service.intake import Rejected, Rejection
 from streams.service.offsets import OffsetTracker, Source
 from streams.service.publisher import JSON_HEADERS, Publisher, describe_error
 from streams.service.telemetry import Telemetry
+from streams.service.wiring import CallNext, wire
 
 log = logging.getLogger("specstream.service")
 
@@ -67,46 +62,7 @@ class ConsumerService:
         self.group_id = consumer.group_id or f"{options.catalog.prefix}.{consumer.kind}s"
         self.telemetry = telemetry or Telemetry()
         catalog = options.catalog
-        self.broker = KafkaBroker(
-            # A list: FastStream would pass a comma-separated string on as one host name.
-            [server.strip() for server in options.bootstrap_servers.split(",") if server.strip()],
-            # Large enough for a dead letter of a message at the broker's size limit.
-            **kafka_io.producer_options(client_id=f"specstream-{self.kind}-{self.service_id}",
-                                        max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),
-            logger=faststream_log,
-            # Per-message "Received"/"Processed" lines are debug noise at request rates.
-            log_level=logging.DEBUG,
-            # Topics come from the catalog (kafka_io.ensure_topics), with their retention and ISR settings.
-            allow_auto_create_topics=False,
-            middlewares=[functools.partial(_IntakeMiddleware, service=self)],
-        )
-        self.subscriber = self.broker.subscriber(
-            FastStreamTopic(consumer.topic.name, declare=False),
-            group_id=self.group_id,
-            # Offsets are committed by hand once outcomes are stored, not when a message is read.
-            ack_policy=AckPolicy.MANUAL,
-            auto_offset_reset="earliest",
-            listener=_Rebalance(self),
-            # A consumer that crashed gives up its partitions after the session timeout (a clean stop leaves at
-            # once); the others learn of the rebalance at their next heartbeat, which runs on the event loop.
-            session_timeout_ms=options.session_timeout_ms,
-            heartbeat_interval_ms=options.heartbeat_interval_ms,
-            decoder=self._decoder(consumer.input_model),
-            no_reply=True,
-            title=consumer.topic.name,
-            description=channel_description(consumer.topic),
-        )
-        self.subscriber(typed_handler(consumer.input_model, self._admit, f"{consumer.kind}-{consumer.topic.name}"))
-        for listener in consumer.listeners:
-            # No group: every instance sees every message, and only new ones.
-            self.broker.subscriber(
-                FastStreamTopic(listener.topic.name, declare=False), auto_offset_reset="latest", no_reply=True,
-                decoder=self._decoder(listener.input_model), title=listener.topic.name,
-                description=channel_description(listener.topic),
-            )(typed_handler(listener.input_model, listener.handle, f"{consumer.kind}-{listener.topic.name}"))
-        for output in (*consumer.outputs, Output(catalog.dead_letters, DeadLetter),
-                       Output(catalog.services, ServiceAnnouncement)):
-            declare_output(self.broker, output)
+        self.broker, self.subscriber = wire(options, consumer, self.group_id, self)
 
         self.offsets = OffsetTracker()
         # Long-lived admin client (started in prepare): reply routes are checked against topic metadata (cached).
@@ -201,7 +157,8 @@ class ConsumerService:
 
     # --- one message ------------------------------------------------------------------------------------------------
 
-    async def _consume(self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]) -> Any:
+    async def consume(self, call_next: CallNext, msg: StreamMessage[Any]) -> Any:
+        """The middleware around FastStream's call of a handler: one message's delivery, and its rejection."""
         record = msg.raw_message
         if record.topic != self.consumer.topic.name:  # a listener: best effort, nothing to commit
             try:
@@ -228,7 +185,7 @@ class ConsumerService:
             _current.reset(token)
         return None
 
-    async def _admit(self, payload: BaseModel) -> None:
+    async def admit(self, payload: BaseModel) -> None:
         """The handler FastStream calls with the validated input."""
         delivery = _current.get()
         consumer = self.consumer
@@ -358,7 +315,7 @@ class ConsumerService:
     def partitions_assigned(self, assigned: set[AIOKafkaTopicPartition]) -> None:
         """Hand back what was read from partitions another instance owns now: it redoes them from their
         uncommitted offsets. Work of partitions kept here goes on (the consumer reads those messages again from the
-        last commit, and ``_admit`` joins the copies to the deliveries held)."""
+        last commit, and ``admit`` joins the copies to the deliveries held)."""
         log.info("assigned %s", ", ".join(f"{tp.topic}/{tp.partition}" for tp in sorted(assigned)) or "no partitions")
         self.flow.assigned(assigned)
         lost = [d for d in self._held.values() if not d.done and not self.flow.owns(d.sources)]
@@ -368,17 +325,6 @@ class ConsumerService:
                 delivery.hand_back()
 
     # --- plumbing ---------------------------------------------------------------------------------------------------
-
-    def _decoder(self, model: type[BaseModel]) -> Callable[..., Awaitable[BaseModel]]:
-        max_bytes = self.options.max_message_bytes
-
-        async def decode(msg: StreamMessage[Any], _default: Any) -> BaseModel:
-            parsed = parse_message(msg.raw_message.value, model, max_bytes=max_bytes)
-            if isinstance(parsed, Rejection):
-                raise Rejected(parsed)
-            return parsed
-
-        return decode
 
     async def _list_topics(self) -> list[str]:
         if self._admin is None:
@@ -409,49 +355,3 @@ class ConsumerService:
 
 def _hold_key(delivery: Delivery) -> str:
     return delivery.request_id or str(delivery.source)
-
-
-class _IntakeMiddleware(BaseMiddleware):  # type: ignore[type-arg]
-    """Wraps FastStream's call of a handler: the foundation's per-message path (see ``ConsumerService._consume``)."""
-
-    def __init__(self, msg: Any, /, *, context: Any, service: ConsumerService) -> None:
-        super().__init__(msg, context=context)
-        self._service = service
-
-    async def consume_scope(self, call_next: Any, msg: StreamMessage[Any]) -> Any:
-        return await self._service._consume(call_next, msg)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, service: ConsumerService) -> None:
-        self._service = service
-
-    async def on_partitions_revoked(self, revoked: set[AIOKafkaTopicPartition]) -> None:
-        await self._service.partitions_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[AIOKafkaTopicPartition]) -> None:
-        self._service.partitions_assigned(assigned)
-
-
-def typed_handler(model: type[BaseModel], call: Callable[[Any], Awaitable[None]], name: str) -> Callable[..., Any]:
-    """A FastStream handler whose one parameter is annotated with ``model``: FastStream documents the payload
-    (AsyncAPI) from this annotation, and validates the decoder's output against it."""
-
-    async def handler(payload: Any) -> None:
-        await call(payload)
-
-    handler.__annotations__ = {"payload": model, "return": None}
-    handler.__name__ = handler.__qualname__ = name
-    handler.__doc__ = model.__doc__
-    return handler
-
-
-def channel_description(topic: Topic) -> str:
-    return f"{topic.purpose} Key: {topic.key}. Carries {topic.carries}."
-
-
-def declare_output(broker: KafkaBroker, output: Output) -> None:
-    """Declare a topic this service publishes to, for the AsyncAPI document (publishing goes through the lanes)."""
-    broker.publisher(output.topic.name, schema=output.events, title=f"{output.topic.name}:publish",
-                     description=channel_description(output.topic))
-

@@ -124,6 +124,22 @@ class Toy:
         assert isinstance(letter, DeadLetter)
         return letter
 
+    async def announcement(self, service: ConsumerService, state: str) -> ServiceAnnouncement:
+        announcement = await self.first(self.catalog.services.name, ServiceAnnouncement,
+                                        lambda a: (a.service_id, a.state) == (service.service_id, state))
+        assert isinstance(announcement, ServiceAnnouncement)
+        return announcement
+
+    async def served_by_a_successor(self, request_id: str) -> ConsumerService:
+        """A new instance of the group answers the request (redelivered from its uncommitted offset)."""
+        successor = self.service()
+        await successor.start()
+        try:
+            assert (await self.pong(request_id)).text == "WAIT"
+        finally:
+            await successor.stop()
+        return successor
+
     async def committed(self, group_id: str) -> int:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
@@ -191,9 +207,8 @@ async def test_back_pressure_drain_and_announcements(harness: Toy) -> None:
     harness.gate.open.clear()
     service = harness.service(max_inflight=1)
     await service.start()
-    ready = await harness.first(harness.catalog.services.name, ServiceAnnouncement,
-                                lambda a: a.service_id == service.service_id and a.state == "ready")
-    assert isinstance(ready, ServiceAnnouncement) and ready.kind == "toy"
+    ready = await harness.announcement(service, "ready")
+    assert ready.kind == "toy" and ready.host and ready.pid
 
     first, _ = await harness.ping("wait")
     second, _ = await harness.ping("wait")
@@ -204,20 +219,11 @@ async def test_back_pressure_drain_and_announcements(harness: Toy) -> None:
     harness.gate.open.set()  # the drain lets the held ping finish, then stops
     await stopping
     assert (await harness.pong(first)).text == "WAIT"
-    states = []
-    for state in ("draining", "stopped"):
-        announcement = await harness.first(harness.catalog.services.name, ServiceAnnouncement,
-                                           lambda a, s=state: a.service_id == service.service_id and a.state == s)
-        states.append(announcement)
-    assert states[0].at <= states[1].at  # type: ignore[attr-defined]
+    draining, stopped = [await harness.announcement(service, state) for state in ("draining", "stopped")]
+    assert draining.at <= stopped.at
 
     # The second ping was never started: a new instance of the group serves it.
-    successor = harness.service()
-    await successor.start()
-    try:
-        assert (await harness.pong(second)).text == "WAIT"
-    finally:
-        await successor.stop()
+    await harness.served_by_a_successor(second)
 
 
 async def test_work_unfinished_at_the_end_of_the_drain_is_handed_back_and_redelivered(harness: Toy) -> None:
@@ -235,10 +241,5 @@ async def test_work_unfinished_at_the_end_of_the_drain_is_handed_back_and_redeli
     assert await harness.committed(service.group_id) <= offset  # not answered, not committed
 
     harness.gate.open.set()
-    successor = harness.service()
-    await successor.start()
-    try:
-        assert (await harness.pong(request_id)).text == "WAIT"
-        await harness.committed_past(successor.group_id, offset)
-    finally:
-        await successor.stop()
+    successor = await harness.served_by_a_successor(request_id)
+    await harness.committed_past(successor.group_id, offset)
