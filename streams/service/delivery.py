@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,8 +25,6 @@ from pydantic import BaseModel
 from schemas.events import ErrorCode, ErrorEvent, ReplyRoute
 from streams import kafka_io
 from streams.service.offsets import Source
-
-log = logging.getLogger(__name__)
 
 
 class Outlet(Protocol):
@@ -46,7 +43,7 @@ class Delivery:
     value: bytes | None
     key: bytes | None
     received_at: float  # this process's clock, when consumed
-    published_at: float  # the record's timestamp (or the event's own, when the handler knows better)
+    published_at: float  # the record's timestamp (Kafka's clock)
     outlet: Outlet
     payload: BaseModel | None = None  # the validated input
     request_id: str = ""
