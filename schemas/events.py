@@ -242,6 +242,11 @@ class CancelRequest(Event):
     reason: str = "client disconnected"
 
 
+# Service kinds every reader of the services topic agrees on (each later consumer adds its own).
+ENGINE_WORKER_KIND = "engine-worker"
+EDGE_KIND = "edge"
+
+
 class ServiceAnnouncement(Event):
     """Published by every service on the bus (engine workers, the edge, each consumer) on start, every heartbeat and
     on shutdown, keyed by ``<kind>/<service_id>`` on the compacted services topic. `/readyz`, `specstream status`

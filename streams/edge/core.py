@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 
-from schemas.events import EdgeAnnouncement, GenerateRequest
+from schemas.events import EDGE_KIND, EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
 from streams.kafka_io import encode, ensure_topics
 from streams.edge.publisher import Publisher
@@ -42,7 +42,7 @@ class Edge:
         self._announce_task: asyncio.Task | None = None
         self.started_at = time.time()
         # On the services topic with every other service (`specstream status`); the edges topic above is topics gc's.
-        self.announcer = Announcer(self._send_announcement, settings.catalog.services.name, kind="edge",
+        self.announcer = Announcer(self._send_announcement, settings.catalog.services.name, kind=EDGE_KIND,
                                    service_id=self.edge_id, heartbeat_s=settings.heartbeat_s)
 
     @property

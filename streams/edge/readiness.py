@@ -27,14 +27,11 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
-from schemas.events import ServiceAnnouncement
+from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, stop_polling
 
 log = logging.getLogger(__name__)
-
-# The service kind that serves generation requests.
-ENGINE_WORKER = "engine-worker"
 
 
 @dataclass(frozen=True)
@@ -119,7 +116,7 @@ class Readiness:
             self.services[name] = announcement
 
     def workers(self) -> list[ServiceAnnouncement]:
-        return [s for s in self.services.values() if s.kind == ENGINE_WORKER]
+        return [s for s in self.services.values() if s.kind == ENGINE_WORKER_KIND]
 
     def live_workers(self, now: float | None = None) -> list[ServiceAnnouncement]:
         """Engine workers that announced ready recently and serve one of this edge's models."""

@@ -88,14 +88,16 @@ class Publisher:
                 job.fail(ReplyTopicGone(f"topic '{topic}' does not exist"))
                 continue
             try:
-                ack = await asyncio.wait_for(self._send(job.value, job.topic, job.key, job.partition), timeout=timeout_s)
+                ack = await asyncio.wait_for(self._send(job.value, job.topic, job.key, job.partition),
+                                             timeout=timeout_s)
             except Exception as error:  # noqa: BLE001 - reported through the job's future
                 self.routes.forget(topic)  # look it up again before the next publish
                 job.fail(error if not isinstance(error, TimeoutError) else
                          TimeoutError(f"not accepted by the producer within {timeout_s:g} s"))
                 continue
             ack.add_done_callback(lambda fut, done=job.delivered: _chain(fut, done))
-            expiry = loop.call_later(timeout_s, job.fail, TimeoutError(f"not acknowledged by Kafka within {timeout_s:g} s"))
+            expiry = loop.call_later(timeout_s, job.fail,
+                                     TimeoutError(f"not acknowledged by Kafka within {timeout_s:g} s"))
             job.delivered.add_done_callback(lambda _, timer=expiry: timer.cancel())
         # No await between the emptiness check and this: a job queued later starts a new lane.
         del self._lanes[topic]

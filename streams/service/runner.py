@@ -7,7 +7,7 @@ Path of one message::
         ▼
     admit: reply route allowed and existing ──► check ──► dedupe ──► slot ──► consumer.handle(payload, delivery)
         ▼
-    delivery.reply / publish ──► Publisher lanes ──► Kafka ack ──► _settle: commit below the oldest unanswered
+    delivery.reply / publish ──► Publisher lanes ──► Kafka ack ──► _settle: commit below the oldest open one
 
 How this is laid out on FastStream (public API only) is :mod:`streams.service.wiring`.
 The middleware hands each message its :class:`Delivery` through a context
@@ -84,7 +84,8 @@ class ConsumerService:
     # --- lifecycle (FastStream's hooks, or start/stop without an app) ------------------------------------------------
 
     async def prepare(self) -> None:
-        """Create the catalog's topics and the consumer's inputs, and run the consumer's own preparation, before any message is read."""
+        """Before any message is read: create the catalog's topics and the consumer's inputs, start the route
+        checks' admin client, and run the consumer's own preparation (the engine worker loads its model)."""
         o = self.options
         inputs = [self.consumer.topic, *(listener.topic for listener in self.consumer.listeners)]
         topics = {t.name: t for t in (*o.catalog.shared_topics(), *inputs)}
@@ -283,8 +284,8 @@ class ConsumerService:
         """Every publish is bounded, so this is known within seconds. The message is finished and committed anyway
         (a redelivery would meet the same topic); the dead letter keeps the input and the final answer."""
         topic = delivery.route.topic if delivery.route is not None else "its topics"
-        log.error("could not deliver %d event(s) of %s to %s: %s", len(failures), delivery.request_id or delivery.source,
-                  topic, describe_error(failures[0]))
+        log.error("could not deliver %d event(s) of %s to %s: %s", len(failures),
+                  delivery.request_id or delivery.source, topic, describe_error(failures[0]))
         reason = (f"reply_undeliverable: {len(failures)} of {total} event(s) to '{topic}' not delivered: "
                   f"{describe_error(failures[0])}")
         # The input as validated (a redrive does the work again), and the final event that did not arrive.

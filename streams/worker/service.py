@@ -2,9 +2,9 @@
 
 Flow of one request::
 
-    request topic ──► foundation (intake, dead letters, slot) ──► _on_request ──► EngineDriver.add ──► engine thread
-                                                                                                        │ step()
-    reply topic  ◄── foundation lanes ◄── TokenChunk / Completion (replies.Generation) ◄─────────────────┘
+    request topic ──► foundation (intake, slot) ──► _on_request ──► EngineDriver.add ──► engine thread
+                                                                                          │ step()
+    reply topic  ◄── foundation lanes ◄── TokenChunk / Completion (replies.Generation) ◄───┘
 
 * The foundation reads the request topic as one consumer group (a second
   ``specstream worker`` joins it), validates each message, dead-letters what is
@@ -29,7 +29,14 @@ from faststream import FastStream
 
 from engine.outputs import RequestOutput
 from engine.request import RequestRejected
-from schemas.events import CancelRequest, Completion, ErrorEvent, GenerateRequest, TokenChunk
+from schemas.events import (
+    ENGINE_WORKER_KIND,
+    CancelRequest,
+    Completion,
+    ErrorEvent,
+    GenerateRequest,
+    TokenChunk,
+)
 from streams.config import Settings
 from streams.service import Consumer, Delivery, Listener, Output, Rejection, ServiceOptions
 from streams.service.app import create_app as create_service_app
@@ -41,7 +48,6 @@ from streams.worker.replies import Generation
 
 log = logging.getLogger("specstream.worker")
 
-KIND = "engine-worker"
 Progress = Callable[[str], None]
 EngineFactory = Callable[[Any, Progress | None], Engine]
 
@@ -78,7 +84,7 @@ class EngineWorker:
         self._cancelled: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.service = ConsumerService(ServiceOptions.from_settings(settings, settings.worker), Consumer(
-            kind=KIND, topic=catalog.requests, input_model=GenerateRequest, handle=self._on_request,
+            kind=ENGINE_WORKER_KIND, topic=catalog.requests, input_model=GenerateRequest, handle=self._on_request,
             outputs=[Output(catalog.replies("<edge-id>"), TokenChunk | Completion | ErrorEvent)],
             group_id=self.group_id, check=self._precheck,
             listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel)],

@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from pydantic import BaseModel, ValidationError
 
-from schemas.events import DeadLetter, Event, ReplyRoute, ServiceAnnouncement
+from schemas.events import DeadLetter, ErrorEvent, Event, ReplyRoute, ServiceAnnouncement
 from schemas.topics import HOUR_MS, Topic, TopicCatalog
 from streams import kafka_io
 from streams.service import Consumer, Delivery, Output, ServiceOptions
@@ -196,6 +196,9 @@ async def test_a_toy_consumer_replies_commits_after_publishing_and_dead_letters_
             assert reason in letter.reason
             assert base64.b64decode(letter.original_b64) == value  # the original bytes are kept
         await harness.committed_past(service.group_id, offset)
+        # Where a reply route can be read from the bad message, the sender hears why too.
+        error = await harness.first(harness.reply_topic, ErrorEvent, lambda e: e.request_id == "x")
+        assert isinstance(error, ErrorEvent) and error.code == "unsupported_schema_version"
 
         request_id, _ = await harness.ping("still serving")
         assert (await harness.pong(request_id)).text == "STILL SERVING"
