@@ -5,7 +5,8 @@ annotation), their listeners and the topics they publish to, so FastStream's
 AsyncAPI generator sees every channel of a service with the pydantic schemas
 and field descriptions. The document is built from the engine worker's
 declarations (constructed, not started: no engine is loaded and nothing
-connects) plus what the edge publishes, which is not a FastStream app.
+connects) plus what the edge and the rollout controller publish, which are not
+FastStream apps.
 ``specstream topics asyncapi`` prints it; ``docs/asyncapi.yaml`` is that output.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 from faststream.specification import AsyncAPI
 
-from schemas.events import EdgeAnnouncement
+from schemas.events import EdgeAnnouncement, RolloutState
 from streams.config import Settings
 from streams.service import Output
 from streams.service.wiring import declare_output
@@ -32,8 +33,10 @@ def document(settings: Settings) -> Any:
 
     worker = EngineWorker(settings)
     # The edge publishes requests and cancellations (documented where the worker consumes them) and announces
-    # itself on the services topic (declared by the foundation) and on the edges topic, for `topics gc`:
+    # itself on the services topic (declared by the foundation) and on the edges topic, for `topics gc`; the
+    # rollout controller publishes each model's rollout state, which every edge follows.
     declare_output(worker.broker, Output(settings.catalog.edges, EdgeAnnouncement))
+    declare_output(worker.broker, Output(settings.catalog.rollouts, RolloutState))
     return AsyncAPI(
         worker.broker, title="specstream", version="1",
         description="LLM generation as an event-driven pipeline on Kafka: the topics, their keys and their events. "

@@ -15,6 +15,8 @@ from pydantic import BaseModel
 
 from schemas.events import ReplyRoute
 from schemas.topics import Topic, TopicCatalog
+from streams.kafka_acls import Grant, announcement_topics
+from streams.kafka_connection import Connectable
 from streams.reply_routes import compile_patterns
 from streams.service.delivery import Delivery
 from streams.service.intake import Rejection
@@ -73,6 +75,8 @@ class Consumer(Generic[InputT]):
     key_of: Callable[[InputT], str] = _request_id
     route_of: Callable[[InputT], ReplyRoute | None] = _reply_to
     listeners: Sequence[Listener[Any]] = ()
+    # The ACLs it needs, checked at start ((catalog, group id) -> grants); None: derived from this description.
+    grants: Callable[[TopicCatalog, str], list[Grant]] | None = None
     # Before any message is read (e.g. load a model), once serving, and after the last message.
     prepare: Callable[[], Awaitable[None]] | None = None
     started: Callable[[], Awaitable[None]] | None = None
@@ -84,7 +88,7 @@ class Consumer(Generic[InputT]):
 class ServiceOptions:
     """The settings every consumer service takes, from its section of the configuration."""
 
-    bootstrap_servers: str
+    kafka: Connectable  # the kafka settings (addresses, TLS, SASL), or just the bootstrap addresses
     catalog: TopicCatalog
     service_id: str
     replication_factor: int = 1
@@ -111,7 +115,7 @@ class ServiceOptions:
         """From ``streams.config.Settings`` and a consumer's section (``settings.worker`` for engine workers)."""
         kafka, delivery = settings.kafka, settings.delivery
         return cls(
-            bootstrap_servers=kafka.bootstrap_servers, catalog=settings.catalog, service_id=section.resolved_id(),
+            kafka=kafka, catalog=settings.catalog, service_id=section.resolved_id(),
             replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
             max_message_bytes=int(section.max_message_bytes), heartbeat_s=section.heartbeat_s,
             max_inflight=section.max_inflight, drain_timeout_s=section.drain_timeout_s,
@@ -120,3 +124,20 @@ class ServiceOptions:
             publish_timeout_s=delivery.publish_timeout_s, topic_cache_ttl_s=delivery.topic_cache_ttl_s,
             metadata_timeout_s=delivery.metadata_timeout_s,
         )
+
+
+def grants_of(consumer: Consumer[Any], catalog: TopicCatalog, group_id: str) -> list[Grant]:
+    """What a consumer does on Kafka: read its input as its group and its listeners' topics; write its outputs,
+    dead letters and announcements. Reply topics are granted by prefix (any edge's)."""
+    if consumer.grants is not None:
+        return consumer.grants(catalog, group_id)
+    replies = catalog.replies("").name
+    outputs = [o.topic for o in consumer.outputs if not o.topic.name.startswith(replies)]
+    return [
+        Grant("READ", "TOPIC", consumer.topic.name, topic=consumer.topic),
+        Grant("READ", "GROUP", group_id),
+        *[Grant("READ", "TOPIC", listener.topic.name, topic=listener.topic) for listener in consumer.listeners],
+        Grant("WRITE", "TOPIC", replies, prefixed=True),
+        *[Grant("WRITE", "TOPIC", topic.name, topic=topic) for topic in (*outputs, catalog.dead_letters,
+                                                                         *announcement_topics(catalog))],
+    ]

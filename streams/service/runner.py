@@ -37,7 +37,8 @@ from streams import kafka_io
 from streams.reply_routes import ReplyRoutes, RouteCheck
 from streams.service.announcer import Announcer
 from streams.service.commits import Committer
-from streams.service.consumer import Consumer, ServiceOptions
+from streams.kafka_permissions import prepare_service
+from streams.service.consumer import Consumer, ServiceOptions, grants_of
 from streams.service.dead_letters import DeadLetters
 from streams.service.delivery import Delivery
 from streams.service.flow import Flow
@@ -87,12 +88,15 @@ class ConsumerService:
         """Before any message is read: create the catalog's topics and the consumer's inputs, start the route
         checks' admin client, and run the consumer's own preparation (the engine worker loads its model)."""
         o = self.options
-        inputs = [self.consumer.topic, *(listener.topic for listener in self.consumer.listeners)]
-        topics = {t.name: t for t in (*o.catalog.shared_topics(), *inputs)}
-        await kafka_io.ensure_topics(o.bootstrap_servers, topics.values(),
-                                     replication_factor=o.replication_factor, min_insync_replicas=o.min_insync_replicas)
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=o.bootstrap_servers,
-                                          client_id=f"specstream-{self.kind}-{self.service_id}-routes")
+        client_id = f"specstream-{self.kind}-{self.service_id}"
+        # Its permissions, then its topics: a missing ACL stops the service here, in one line, before serving.
+        await prepare_service(
+            o.kafka, grants_of(self.consumer, o.catalog, self.group_id),
+            [self.consumer.topic, *(listener.topic for listener in self.consumer.listeners)],
+            client_id=f"{client_id}-admin", replication_factor=o.replication_factor,
+            min_insync_replicas=o.min_insync_replicas,
+        )
+        self._admin = kafka_io.make_admin(o.kafka, client_id=f"{client_id}-routes")
         await self._admin.start()
         if self.consumer.prepare is not None:
             await self.consumer.prepare()

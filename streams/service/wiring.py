@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from schemas.events import DeadLetter, ServiceAnnouncement
 from schemas.topics import DEAD_LETTER_MAX_BYTES, Topic
 from streams import kafka_io
+from streams.kafka_connection import faststream_options
 from streams.service.consumer import Consumer, Output, ServiceOptions
 from streams.service.intake import Rejected, Rejection, parse_message
 from streams.service.logs import faststream_log
@@ -61,8 +62,8 @@ def wire(options: ServiceOptions, consumer: Consumer[Any], group_id: str,
          hooks: Hooks) -> tuple[KafkaBroker, InputSubscriber]:
     """The broker with the consumer's input subscriber, its listeners and its declared outputs."""
     broker = KafkaBroker(
-        # A list: FastStream would pass a comma-separated string on as one host name.
-        [server.strip() for server in options.bootstrap_servers.split(",") if server.strip()],
+        # Addresses, TLS and SASL: built in one place for every client (streams.kafka_connection).
+        **faststream_options(options.kafka),
         # Large enough for a dead letter of a message at the broker's size limit.
         **kafka_io.producer_options(client_id=f"specstream-{consumer.kind}-{options.service_id}",
                                     max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),

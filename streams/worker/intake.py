@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.request import EngineRequest, SamplingParams
+from engine.request import EngineRequest, SamplingOptions
 from schemas.events import GenerateRequest
 
 
@@ -31,7 +31,7 @@ def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time:
     return EngineRequest(
         request_id=request.request_id,
         prompt_token_ids=prompt_token_ids(request, tokenizer),
-        sampling=SamplingParams(
+        sampling=SamplingOptions(
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,

@@ -38,6 +38,7 @@ from schemas.events import (
     TokenChunk,
 )
 from streams.config import Settings
+from streams.kafka_acls import worker_grants
 from streams.service import Consumer, Delivery, Listener, Output, Rejection, ServiceOptions
 from streams.service.app import create_app as create_service_app
 from streams.service.app import serve
@@ -86,7 +87,7 @@ class EngineWorker:
         self.service = ConsumerService(ServiceOptions.from_settings(settings, settings.worker), Consumer(
             kind=ENGINE_WORKER_KIND, topic=catalog.requests, input_model=GenerateRequest, handle=self._on_request,
             outputs=[Output(catalog.replies("<edge-id>"), TokenChunk | Completion | ErrorEvent)],
-            group_id=self.group_id, check=self._precheck,
+            group_id=self.group_id, check=self._precheck, grants=worker_grants,
             listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel)],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,

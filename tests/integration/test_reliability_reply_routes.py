@@ -26,8 +26,8 @@ from schemas.events import DeadLetter
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
-from tests.reliability import Fleet, group_lag, reply_records
-from tests.stack import Process, Stack, running_stack
+from streams.testing.reliability import Fleet, group_lag, reply_records
+from streams.testing.stack import Process, Stack, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 

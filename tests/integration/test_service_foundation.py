@@ -80,7 +80,7 @@ class Toy:
         self.producer = kafka_io.make_producer(bootstrap, client_id="pytest-toy")
 
     def service(self, *, drain_timeout_s: float = 5.0, max_inflight: int = 1) -> ConsumerService:
-        options = ServiceOptions(bootstrap_servers=self.bootstrap, catalog=self.catalog,
+        options = ServiceOptions(kafka=self.bootstrap, catalog=self.catalog,
                                  service_id=f"toy-{uuid.uuid4().hex[:6]}", max_message_bytes=2048, heartbeat_s=1.0,
                                  max_inflight=max_inflight, drain_timeout_s=drain_timeout_s)
         return ConsumerService(options, toy(self.catalog, self.gate))

@@ -38,7 +38,7 @@ async def test_the_consumed_message_reaches_the_handler_validated_and_without_a_
     catalog = TopicCatalog(prefix="unit")
     notes = Topic(name="unit.notes", partitions=1, key="request_id", retention_ms=HOUR_MS, carries="Note",
                   purpose="Notes.")
-    service = ConsumerService(ServiceOptions(bootstrap_servers="127.0.0.1:9", catalog=catalog, service_id="u1"),
+    service = ConsumerService(ServiceOptions(kafka="127.0.0.1:9", catalog=catalog, service_id="u1"),
                               Consumer(kind="note-taker", topic=notes, input_model=Note, handle=handle))
     body = Note(request_id="n1", reply_to=ReplyRoute(topic="unit.replies.x"), text="hello")
 
