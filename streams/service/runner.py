@@ -90,11 +90,12 @@ class ConsumerService:
         o = self.options
         client_id = f"specstream-{self.kind}-{self.service_id}"
         # Its permissions, then its topics: a missing ACL stops the service here, in one line, before serving.
+        grants = grants_of(self.consumer, o.catalog, self.group_id)
+        granted = {g.name for g in grants}
+        inputs = [self.consumer.topic, *(listener.topic for listener in self.consumer.listeners)]
         await prepare_service(
-            o.kafka, grants_of(self.consumer, o.catalog, self.group_id),
-            [self.consumer.topic, *(listener.topic for listener in self.consumer.listeners)],
-            client_id=f"{client_id}-admin", replication_factor=o.replication_factor,
-            min_insync_replicas=o.min_insync_replicas,
+            o.kafka, grants, [t for t in inputs if t.name not in granted], client_id=f"{client_id}-admin",
+            replication_factor=o.replication_factor, min_insync_replicas=o.min_insync_replicas,
         )
         self._admin = kafka_io.make_admin(o.kafka, client_id=f"{client_id}-routes")
         await self._admin.start()
