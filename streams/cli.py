@@ -111,7 +111,7 @@ def _configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # Client libraries log every connection and rebalance step at INFO.
     quiet = logging.DEBUG if level == "DEBUG" else logging.WARNING
-    for name in ("aiokafka", "specstream.worker.faststream", "httpx", "faststream"):
+    for name in ("aiokafka", "specstream.faststream", "httpx", "faststream"):
         logging.getLogger(name).setLevel(quiet)
 
 

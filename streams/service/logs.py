@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 import time
 
-# FastStream's own lines (per-message, lifecycle): a child of "faststream", which the CLI keeps at WARNING.
-faststream_log = logging.getLogger("faststream.specstream")
+# FastStream's own lines (per-message, lifecycle) go to a logger of ours that the CLI keeps at WARNING (not under
+# "faststream": importing FastStream sets that one to INFO, after the CLI configured logging).
+faststream_log = logging.getLogger("specstream.faststream")
 
 
 class _DropDeclaredTopicWarning(logging.Filter):
