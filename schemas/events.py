@@ -287,14 +287,9 @@ class CancelRequest(Event):
     reason: str = "client disconnected"
 
 
-class WorkerAnnouncement(Event):
-    """Published by engine workers on start, periodically, and on shutdown; the edge's /readyz reads it."""
-
-    type: Literal["worker"] = "worker"
-    worker_id: str
-    models: list[str]
-    state: Literal["ready", "draining", "stopped"]
-    at: float
+# Service kinds every reader of the services topic agrees on (each later consumer adds its own).
+ENGINE_WORKER_KIND = "engine-worker"
+EDGE_KIND = "edge"
 
 
 class ServiceAnnouncement(Event):

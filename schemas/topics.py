@@ -18,7 +18,6 @@ from schemas.events import (
     GenerateRequest,
     RolloutState,
     ServiceAnnouncement,
-    WorkerAnnouncement,
 )
 
 HOUR_MS = 3_600_000
@@ -93,14 +92,6 @@ class TopicCatalog:
         )
 
     @property
-    def workers(self) -> Topic:
-        return Topic(
-            name=f"{self.prefix}.workers", partitions=1, key="worker_id",
-            retention_ms=24 * HOUR_MS, carries=_describe(WorkerAnnouncement), compacted=True,
-            purpose="Engine workers announce ready/draining/stopped; the edge's /readyz reads it.",
-        )
-
-    @property
     def services(self) -> Topic:
         return Topic(
             name=f"{self.prefix}.services", partitions=1, key="<kind>/<service_id>",
@@ -160,8 +151,8 @@ class TopicCatalog:
 
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
-        return [self.requests, self.cancellations, self.workers, self.services, self.edges, self.dead_letters,
-                self.rollouts, self.completions, self.eval_samples]
+        return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
+                self.completions, self.eval_samples]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

@@ -6,7 +6,7 @@
     specstream status                  every service on the bus: kind, id, state, host/pid, uptime, load
     specstream kafka start|stop|status the local broker (infra.kafka); --secure: SASL_SSL with ACLs
     specstream kafka acls --print|--apply  each service's least privileges (streams.kafka_acls_cli)
-    specstream topics create|list|markdown|gc
+    specstream topics create|list|markdown|asyncapi|gc
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
     specstream eval replay|run         compare a candidate with recorded completions; score eval samples (streams.eval)
     specstream send "prompt"           one request straight onto the request topic, streamed back
@@ -117,7 +117,7 @@ def _configure_logging(level: str, log_format: str = "text") -> None:
     configure_logging(level, log_format)
     # Client libraries log every connection and rebalance step at INFO.
     quiet = logging.DEBUG if level == "DEBUG" else logging.WARNING
-    for name in ("aiokafka", "specstream.worker.faststream", "httpx", "faststream"):
+    for name in ("aiokafka", "specstream.faststream", "httpx", "faststream"):
         logging.getLogger(name).setLevel(quiet)
 
 

@@ -278,7 +278,7 @@ class WorkerSettings(Section):
     max_message_bytes: ByteSize = Field(
         default=MIB, ge=1024, description="Larger request messages are rejected (message_too_large) and dead-lettered."
     )
-    heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between `ready` announcements on the workers topic.")
+    heartbeat_s: float = Field(default=5.0, gt=0, description="Seconds between `ready` announcements on the services topic.")
     max_inflight: int = Field(
         default=128, ge=1, description="Most requests held (running + queued); beyond it the worker stops reading requests."
     )

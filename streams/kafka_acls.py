@@ -3,14 +3,13 @@
 Each service gets exactly what it does, no more:
 
 * **edge**: WRITE the request and cancellation topics and its announcements; READ the
-  workers' announcements; READ and CREATE its reply topic(s) ``<prefix>.replies.<edge_id>``.
+  services' announcements; READ and CREATE its reply topic(s) ``<prefix>.replies.<edge_id>``.
 * **worker**: READ requests as its consumer group (READ on the group), READ
   cancellations (no group: every worker reads all of them); WRITE every reply topic
   (``<prefix>.replies.*``), dead letters, the completions log and its announcements.
 
-Announcement topics are whichever the catalog has (``workers`` and ``services``
-while both exist), so the grants follow the catalog as it changes. A consumer
-service added later gets an entry in :data:`SERVICES`. Operators, the CLI's
+Announcement topics are whichever the catalog has (``services`` today), so the
+grants follow the catalog as it changes. A consumer service added later gets an entry in :data:`SERVICES`. Operators, the CLI's
 ``send``, ``dlq`` and ``topics`` run with an admin (super) user.
 
 ``specstream kafka acls --print`` writes the grants as ``kafka-acls.sh`` commands;
@@ -55,7 +54,7 @@ class Grant:
 
 
 def announcement_topics(catalog: TopicCatalog) -> list[Topic]:
-    """The catalog's announcement topics (``workers``, ``services``), whichever exist."""
+    """The catalog's announcement topics (``services``; the edges topic is topics gc's, granted apart)."""
     return [t for t in catalog.shared_topics() if t.carries.endswith("Announcement") and t.name != catalog.edges.name]
 
 

@@ -1,4 +1,4 @@
-"""``specstream topics create|list|markdown|gc``: the topic catalog on the cluster."""
+"""``specstream topics create|list|markdown|asyncapi|gc``: the topic catalog on the cluster."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +11,7 @@ from streams.config import Settings
 
 def add_commands(commands: Any) -> None:
     topics = commands.add_parser("topics", help="the topic catalog")
-    topics.add_argument("action", choices=["create", "list", "markdown", "gc"])
+    topics.add_argument("action", choices=["create", "list", "markdown", "asyncapi", "gc"])
     topics.add_argument("--idle-minutes", type=float, default=60.0,
                         help="gc: delete reply topics of edges neither announced nor replied to for this long")
     topics.add_argument("--dry-run", action="store_true", help="gc: only say what would be deleted")
@@ -31,6 +31,11 @@ def create_topics(settings: Settings) -> list[Any]:
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "markdown":
         print(settings.catalog.markdown())
+        return 0
+    if args.action == "asyncapi":
+        from streams.asyncapi import document_yaml
+
+        print(document_yaml(settings), end="")
         return 0
     from aiokafka.errors import KafkaError
 

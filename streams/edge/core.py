@@ -15,7 +15,7 @@ import time
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from schemas.events import EdgeAnnouncement, GenerateRequest
+from schemas.events import EDGE_KIND, EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
 from streams.kafka_io import encode
 from streams.kafka_permissions import prepare_service
@@ -24,6 +24,7 @@ from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
 from streams.kafka_acls import edge_grants
+from streams.service.announcer import Announcer
 from streams.telemetry.logs import bind_request, trace_id_of
 from streams.telemetry.tracing import trace_id_hex
 
@@ -57,6 +58,9 @@ class Edge:
         self._connect_task: asyncio.Task | None = None
         self._announce_task: asyncio.Task | None = None
         self.started_at = time.time()
+        # On the services topic with every other service (`specstream status`); the edges topic above is topics gc's.
+        self.announcer = Announcer(self._send_announcement, settings.catalog.services.name, kind=EDGE_KIND,
+                                   service_id=self.edge_id, heartbeat_s=settings.heartbeat_s)
 
     @property
     def edge_id(self) -> str:
@@ -95,6 +99,8 @@ class Edge:
             self.last_error = ""
             self.connected.set()
             self._announce_task = asyncio.create_task(self._announce_forever(), name=f"edge-announce-{self.edge_id}")
+            await self.announcer.announce("ready")
+            self.announcer.start_heartbeat()
             log.info("edge %s connected: requests -> %s, replies <- %s",
                      self.edge_id, self.publisher.request_topic, self.reply_topic)
             return
@@ -118,6 +124,9 @@ class Edge:
                 log.debug("edge %s: announcement failed: %r", self.edge_id, exc)
             await asyncio.sleep(ANNOUNCE_S)
 
+    async def _send_announcement(self, topic: str, key: bytes, value: bytes) -> None:
+        await self.publisher.producer.send_and_wait(topic, value, key=key)
+
     async def _stop_parts(self) -> None:
         for part in (self.readiness, self.router, self.publisher):
             try:
@@ -128,6 +137,9 @@ class Edge:
     async def stop(self) -> None:
         if self._announce_task is not None:
             self._announce_task.cancel()
+        self.announcer.stop_heartbeat()
+        if self.connected.is_set():
+            await self.announcer.announce("stopped")
         if self._connect_task is not None:
             self._connect_task.cancel()
             try:

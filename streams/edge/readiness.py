@@ -1,17 +1,19 @@
 """Readiness: is there anyone to serve a request this edge would publish?
 
 The edge is ready when (1) it is connected to Kafka, with its reply router
-running, and (2) at least one worker announced ``state="ready"`` recently, i.e.
-its last announcement on the compacted workers topic is no older than
-``ready_heartbeats`` heartbeat intervals (3 x 5 s by default). Workers announce
-on start, every heartbeat, and on shutdown (``draining``/``stopped``), so a
-worker that stops cleanly is dropped at once and one that dies is dropped after
-a few missed heartbeats.
+running, and (2) at least one engine worker serving one of the edge's models
+announced ``state="ready"`` recently, i.e. its last announcement on the
+compacted services topic is no older than ``ready_heartbeats`` heartbeat
+intervals (3 x 5 s by default). Every service announces there on start, every
+heartbeat, and on shutdown (``draining``/``stopped``), so a worker that stops
+cleanly is dropped at once and one that dies is dropped after a few missed
+heartbeats; announcements of other kinds (edges, other consumers) are kept but
+do not make the edge ready.
 
-A background consumer is *assigned* the workers topic's partitions from the
-beginning (compaction keeps the newest announcement of every worker) and keeps
-the newest announcement per ``worker_id``; a tombstone (empty value) removes
-the worker. Kafka reachability is checked with a metadata request, cached for
+A background consumer is *assigned* the services topic's partitions from the
+beginning (compaction keeps the newest announcement of every service) and keeps
+the newest announcement per ``<kind>/<service_id>``; a tombstone (empty value)
+removes the service. Kafka reachability is checked with a metadata request, cached for
 a second so /readyz can be polled freely.
 """
 from __future__ import annotations
@@ -25,9 +27,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
-from schemas.events import WorkerAnnouncement
-from streams.kafka_io import decode, make_consumer, stop_polling
+from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
 from streams.edge.settings import EdgeOptions
+from streams.kafka_io import decode, make_consumer, stop_polling
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,8 @@ class ReadyState:
 class Readiness:
     def __init__(self, settings: EdgeOptions) -> None:
         self.settings = settings
-        self.topic = settings.catalog.workers.name
-        self.workers: dict[str, WorkerAnnouncement] = {}
+        self.topic = settings.catalog.services.name
+        self.services: dict[str, ServiceAnnouncement] = {}  # by <kind>/<service_id>, the key on the topic
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task | None = None
         self._kafka_ok: tuple[float, bool, str] = (0.0, False, "not connected yet")
@@ -101,22 +103,28 @@ class Readiness:
     def observe(self, key: bytes | None, value: bytes | None) -> None:
         if value is None:
             if key is not None:
-                self.workers.pop(key.decode(errors="replace"), None)
+                self.services.pop(key.decode(errors="replace"), None)
             return
         try:
-            announcement = decode(value, WorkerAnnouncement)
+            announcement = decode(value, ServiceAnnouncement)
         except ValidationError as exc:
-            log.warning("readiness: undecodable worker announcement dropped: %s", exc.errors()[:1])
+            log.warning("readiness: undecodable service announcement dropped: %s", exc.errors()[:1])
             return
-        previous = self.workers.get(announcement.worker_id)
+        name = f"{announcement.kind}/{announcement.service_id}"
+        previous = self.services.get(name)
         if previous is None or announcement.at >= previous.at:
-            self.workers[announcement.worker_id] = announcement
+            self.services[name] = announcement
 
-    def live_workers(self, now: float | None = None) -> list[WorkerAnnouncement]:
+    def workers(self) -> list[ServiceAnnouncement]:
+        return [s for s in self.services.values() if s.kind == ENGINE_WORKER_KIND]
+
+    def live_workers(self, now: float | None = None) -> list[ServiceAnnouncement]:
+        """Engine workers that announced ready recently and serve one of this edge's models."""
         now = time.time() if now is None else now
+        models = set(self.settings.models)
         return [
-            w for w in self.workers.values()
-            if w.state == "ready" and now - w.at <= self.max_age_s
+            w for w in self.workers()
+            if w.state == "ready" and now - w.at <= self.max_age_s and models.intersection(w.models)
         ]
 
     async def kafka_reachable(self) -> tuple[bool, str]:
@@ -144,12 +152,14 @@ class Readiness:
             return ReadyState(False, "reply router not running")
         live = self.live_workers()
         if not live:
-            known = ", ".join(f"{w.worker_id}={w.state}" for w in self.workers.values()) or "none announced"
+            known = ", ".join(f"{w.service_id}={w.state} serving {'/'.join(w.models) or 'nothing'}"
+                              for w in self.workers()) or "none announced"
             return ReadyState(
-                False, f"no worker announced ready in the last {self.max_age_s:g} s (workers: {known})",
+                False, f"no worker announced ready for {', '.join(self.settings.models)} in the last "
+                f"{self.max_age_s:g} s (workers: {known})",
             )
         models = sorted({m for w in live for m in w.models})
-        return ReadyState(True, "ok", tuple(w.worker_id for w in live), tuple(models))
+        return ReadyState(True, "ok", tuple(w.service_id for w in live), tuple(models))
 
 
 async def _wait_partitions(consumer: AIOKafkaConsumer, topic: str, timeout_s: float = 10.0) -> set[int]:

@@ -26,12 +26,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
-from schemas.events import ServiceAnnouncement
+from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
 from streams import kafka_io
 from streams.kafka_connection import Connectable
 from streams.ops.scaling import Load
 
-ENGINE_WORKER = "engine-worker"  # the kind engine workers announce themselves as
+ENGINE_WORKER = ENGINE_WORKER_KIND  # the kind engine workers announce themselves as (schemas.events)
 
 
 class ProbeError(RuntimeError):

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
-from schemas.events import Completion, ErrorEvent, GenerateRequest, ServiceAnnouncement, WorkerAnnouncement
+from schemas.events import Completion, ErrorEvent, GenerateRequest, ServiceAnnouncement
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.kafka_connection import Connectable
@@ -128,21 +128,20 @@ class RolloutWatch:
         """A candidate worker announced itself ready within the last ``stale_after_s`` seconds."""
         now = time.time()
         existing = await kafka_io.list_topics(self.kafka)
-        for topic, model in ((self.candidate.services.name, ServiceAnnouncement),
-                             (self.candidate.workers.name, WorkerAnnouncement)):
-            if topic not in existing:
+        topic = self.candidate.services.name
+        if topic not in existing:
+            return False
+        newest: dict[str, bytes] = {}
+        for record in await kafka_io.read_partition(self.kafka, topic, timeout_s=5.0):
+            if record.value and record.key:
+                newest[record.key.decode(errors="replace")] = record.value
+        for raw in newest.values():
+            try:
+                a = kafka_io.decode(raw, ServiceAnnouncement)
+            except (ValidationError, ValueError):
                 continue
-            newest: dict[str, BaseModel] = {}
-            for record in await kafka_io.read_partition(self.kafka, topic, timeout_s=5.0):
-                if record.value and record.key:
-                    newest[record.key.decode(errors="replace")] = record.value  # type: ignore[assignment]
-            for raw in newest.values():
-                try:
-                    a = kafka_io.decode(raw, model)  # type: ignore[arg-type]
-                except (ValidationError, ValueError):
-                    continue
-                if getattr(a, "kind", ENGINE_WORKER) == ENGINE_WORKER and a.state == "ready" and now - a.at <= stale_after_s:
-                    return True
+            if a.kind == ENGINE_WORKER and a.state == "ready" and now - a.at <= stale_after_s:
+                return True
         return False
 
 

@@ -172,7 +172,7 @@ def vm_kib(pid: int, field_name: str = "VmHWM") -> int:
     raise KeyError(field_name)
 
 
-_ASSIGNED = re.compile(r"specstream\.worker: assigned (.*)$")
+_ASSIGNED = re.compile(r"specstream\.service: assigned (.*)$")
 
 
 class Fleet:

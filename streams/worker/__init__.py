@@ -1,9 +1,13 @@
 """The engine worker: consumes GenerateRequests from Kafka, runs the engine, streams replies.
 
-* :mod:`streams.worker.service` - the FastStream app (:func:`create_app`, :func:`run_worker`, :class:`EngineWorker`)
+It is a consumer on the foundation (:mod:`streams.service`), which does the
+intake, dead letters, commits, back-pressure, drain and announcements.
+
+* :mod:`streams.worker.service` - the engine-specific handler (:class:`EngineWorker`, :func:`create_app`,
+  :func:`run_worker`)
 * :mod:`streams.worker.engine_driver` - the engine's dedicated thread
-* :mod:`streams.worker.intake` - raw message -> validated request or precise rejection
-* :mod:`streams.worker.offsets` - which offsets may be committed
+* :mod:`streams.worker.intake` - a validated request -> an engine request (prompt rendering, sampling)
+* :mod:`streams.worker.replies` - engine outputs -> TokenChunks and a Completion
 """
 from streams.worker.service import EngineWorker, create_app, load_engine, run_worker
 

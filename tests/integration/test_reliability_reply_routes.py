@@ -112,7 +112,7 @@ async def test_bad_reply_routes_are_dead_lettered_without_stalling_the_partition
             await publish(producer, catalog.requests.name,
                           body(catalog, missing[0], messages="not a list"), key),
             await publish(producer, catalog.requests.name, body(catalog, missing[1]), key),
-            await publish(producer, catalog.requests.name, body(catalog, catalog.workers.name), key),
+            await publish(producer, catalog.requests.name, body(catalog, catalog.services.name), key),
         ]
         await asyncio.sleep(1.0)
         valid = body(catalog, good_reply.name)
@@ -128,10 +128,10 @@ async def test_bad_reply_routes_are_dead_lettered_without_stalling_the_partition
     assert all(len(r) == 1 for r in reasons), reasons
     assert reasons[0][0].startswith("invalid_request: messages") and "reply_topic_missing" in reasons[0][0]
     assert reasons[1][0].startswith("reply_topic_missing: ") and missing[1] in reasons[1][0]
-    assert reasons[2][0].startswith("reply_topic_forbidden: ") and catalog.workers.name in reasons[2][0]
+    assert reasons[2][0].startswith("reply_topic_forbidden: ") and catalog.services.name in reasons[2][0]
 
-    announcements = await reply_records(bootstrap, catalog.workers.name)
-    assert announcements and all(event.get("type") == "worker" for _, event in announcements), announcements
+    announcements = await reply_records(bootstrap, catalog.services.name)
+    assert announcements and all(event.get("type") == "service" for _, event in announcements), announcements
 
     worker = stack.processes[0]
     log_text = worker.log.read_text(errors="replace")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas.events import WorkerAnnouncement
+from schemas.events import ServiceAnnouncement
 from tests.conftest import TEST_MAX_MODEL_LEN, WorkerHarness
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.kafka, pytest.mark.model]
@@ -41,10 +41,10 @@ def _env(harness: WorkerHarness, worker_id: str) -> dict[str, str]:
     return env
 
 
-async def _announcements(harness: WorkerHarness, worker_id: str, state: str, timeout_s: float) -> WorkerAnnouncement:
+async def _announcements(harness: WorkerHarness, worker_id: str, state: str, timeout_s: float) -> ServiceAnnouncement:
     announcement = await harness.first_event(
-        harness.settings.catalog.workers.name, WorkerAnnouncement,
-        lambda a: a.worker_id == worker_id and a.state == state, timeout_s,
+        harness.settings.catalog.services.name, ServiceAnnouncement,
+        lambda a: (a.kind, a.service_id, a.state) == ("engine-worker", worker_id, state), timeout_s,
     )
     if announcement is None:
         raise AssertionError(f"worker {worker_id} did not announce {state!r} within {timeout_s}s")

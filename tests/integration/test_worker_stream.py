@@ -3,13 +3,14 @@ cancellation, commits and announcements."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from schemas.events import CancelRequest, Completion, WorkerAnnouncement
+from schemas.events import CancelRequest, Completion, ServiceAnnouncement
 from streams import kafka_io
 from tests.conftest import ReplyInbox, WorkerHarness, chunks_and_completion
 
@@ -140,23 +141,15 @@ async def test_offsets_are_committed_once_answered(worker_harness: WorkerHarness
         await admin.close()
 
 
-async def test_worker_announces_itself_ready(worker_harness: WorkerHarness):
-    consumer = AIOKafkaConsumer(bootstrap_servers=worker_harness.bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(worker_harness.settings.catalog.workers.name, 0)])
-        seen: list[WorkerAnnouncement] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while not any(a.worker_id == worker_harness.worker.worker_id and a.state == "ready" for a in seen):
-            assert loop.time() < deadline, seen
-            batch = await consumer.getmany(timeout_ms=200)
-            seen += [kafka_io.decode(r.value, WorkerAnnouncement) for rs in batch.values() for r in rs]
-        mine = [a for a in seen if a.worker_id == worker_harness.worker.worker_id]
-        assert worker_harness.model in mine[-1].models
-    finally:
-        await consumer.stop()
+async def test_worker_announces_itself_ready_on_the_services_topic(worker_harness: WorkerHarness):
+    worker = worker_harness.worker
+    ready = await worker_harness.first_event(
+        worker_harness.settings.catalog.services.name, ServiceAnnouncement,
+        lambda a: (a.kind, a.service_id, a.state) == ("engine-worker", worker.worker_id, "ready"), timeout_s=10,
+    )
+    assert ready is not None, "no ready announcement"
+    assert worker_harness.model in ready.models
+    assert ready.pid == os.getpid() and ready.host and ready.started_at <= ready.at
 
 
 async def test_concurrent_requests_share_the_engine(worker_harness: WorkerHarness, reply_inbox: ReplyInbox):

@@ -26,13 +26,13 @@ from websockets.sync.client import connect as ws_connect
 
 from schemas.events import (
     CancelRequest, Completion, ErrorEvent, GenerateRequest, SpecStats, SpecStepStats, Timings, TokenChunk, Usage,
-    WorkerAnnouncement,
 )
 from schemas.topics import TopicCatalog
 from streams.edge.server import serve_in_thread
 from streams.config import EdgeAuthSettings, EdgeSettings, KafkaSettings, Settings
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, encode, ensure_topics, make_producer, request_key
+from streams.service.announcer import Announcer
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]
@@ -83,9 +83,13 @@ class FakeWorker:
         self._tasks.add(asyncio.create_task(self._serve()))
         self._tasks.add(asyncio.create_task(self._watch_cancels()))
 
-    async def announce(self, state: str = "ready") -> None:
-        event = WorkerAnnouncement(worker_id=self.worker_id, models=[MODEL], state=state, at=time.time())
-        await self.producer.send_and_wait(self.catalog.workers.name, encode(event), key=self.worker_id.encode())
+    async def announce(self, state: str = "ready", models: tuple[str, ...] = (MODEL,)) -> None:
+        announcer = Announcer(self._publish, self.catalog.services.name, kind="engine-worker",
+                              service_id=self.worker_id, heartbeat_s=5.0, models=lambda: list(models))
+        await announcer.announce(state)
+
+    async def _publish(self, topic: str, key: bytes, value: bytes) -> None:
+        await self.producer.send_and_wait(topic, value, key=key)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -185,6 +189,10 @@ def test_readyz_503_until_a_worker_announces_then_200(edge_a, worker, loop_threa
     r = httpx.get(edge_a.base_url + "/readyz")
     assert r.status_code == 503, r.text
     assert "no worker announced ready" in r.json()["reason"]
+    loop_thread.call(worker.announce("ready", models=("another-model",)))  # serves nothing this edge offers
+    time.sleep(1.0)
+    r = httpx.get(edge_a.base_url + "/readyz")
+    assert r.status_code == 503 and "fake-worker=ready serving another-model" in r.json()["reason"], r.text
     loop_thread.call(worker.announce("ready"))
     _wait(lambda: httpx.get(edge_a.base_url + "/readyz").status_code == 200, what="/readyz 200")
     assert httpx.get(edge_a.base_url + "/readyz").json()["workers"] == ["fake-worker"]

@@ -115,22 +115,21 @@ def test_config_check_show_masks_the_password(monkeypatch: pytest.MonkeyPatch, c
     assert "sasl_password: '**********'" in shown.out and SECRET not in shown.out + shown.err
 
 
-def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completions_and_both_announcement_topics(
-) -> None:
+def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completions_and_announcements() -> None:
     catalog = TopicCatalog(prefix="p")
     grants = {(g.operation, g.resource) for g in worker_grants(catalog, "p.engine-workers")}
     assert grants == {("READ", "topic p.requests"), ("READ", "group p.engine-workers"), ("READ", "topic p.cancellations"),
-                      ("WRITE", "topic p.replies.*"), ("WRITE", "topic p.dead-letters"), ("WRITE", "topic p.workers"),
-                      ("WRITE", "topic p.services"), ("WRITE", "topic p.completions")}
+                      ("WRITE", "topic p.replies.*"), ("WRITE", "topic p.dead-letters"), ("WRITE", "topic p.services"),
+                      ("WRITE", "topic p.completions")}
     assert [t.name for t in topics_of(worker_grants(catalog, "g"))] == [
-        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.workers", "p.services"]
+        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.services"]
 
 
 def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topic() -> None:
     catalog = TopicCatalog(prefix="p")
     grants = {(g.operation, g.resource) for g in edge_grants(catalog)}
     assert grants == {("WRITE", "topic p.requests"), ("WRITE", "topic p.cancellations"), ("WRITE", "topic p.edges"),
-                      ("WRITE", "topic p.services"), ("READ", "topic p.workers"), ("READ", "topic p.services"),
+                      ("WRITE", "topic p.services"), ("READ", "topic p.services"),
                       ("READ", "topic p.replies.*"), ("CREATE", "topic p.replies.*"),
                       ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*")}  # canary routing
     own = [g for g in edge_grants(catalog, "e1") if g.name.startswith("p.replies")]

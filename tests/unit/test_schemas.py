@@ -63,4 +63,4 @@ def test_catalog_names_derive_from_one_prefix():
     names = [t.name for t in catalog.shared_topics()] + [catalog.replies("edge-1").name]
     assert all(n.startswith("acme.") for n in names)
     assert len(set(names)) == len(names)
-    assert json.loads(json.dumps(catalog.workers.config(min_insync_replicas=2)))["cleanup.policy"] == "compact"
+    assert json.loads(json.dumps(catalog.services.config(min_insync_replicas=2)))["cleanup.policy"] == "compact"

@@ -1,5 +1,5 @@
 """Commit positions: everything below is answered, whatever order requests finish in."""
-from streams.worker.offsets import OffsetTracker
+from streams.service.offsets import OffsetTracker
 
 
 def test_position_waits_for_the_oldest_unfinished_request() -> None:

@@ -13,6 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where a consumed message came from: what is committed once it is answered."""
+
+    topic: str
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.partition}@{self.offset}"
+
+
 @dataclass
 class _Partition:
     in_flight: set[int] = field(default_factory=set)

@@ -1,0 +1,58 @@
+"""A consumer service as a process: FastStream's app runs it until SIGINT/SIGTERM, drains, and exits 0.
+
+FastStream installs the signal handlers and calls the service's hooks in
+order: prepare (topics, the consumer's own start), start the broker, announce
+ready; on a signal: drain, stop the Kafka clients, close. With the broker gone,
+aiokafka's clients can take minutes to stop (each waits out its own retries);
+the drain already settled what could be, so a watchdog armed after it exits
+the process once the clients had ``CLIENT_STOP_GRACE_S`` to stop.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from faststream import FastStream
+
+from streams.service.logs import faststream_log
+from streams.service.runner import ConsumerService
+
+log = logging.getLogger("specstream.service")
+
+# After the drain, how long the Kafka clients may take to stop before the process exits anyway.
+CLIENT_STOP_GRACE_S = 10.0
+
+
+def create_app(service: ConsumerService) -> FastStream:
+    return FastStream(
+        service.broker,
+        logger=faststream_log,
+        on_startup=[service.prepare],
+        after_startup=[service.started],
+        on_shutdown=[service.drain],
+        after_shutdown=[service.close],
+    )
+
+
+async def serve(service: ConsumerService) -> None:
+    """Serve until SIGINT/SIGTERM, then drain and stop (exit 0, also when the broker is gone)."""
+    app = create_app(service)
+    watchdog = threading.Timer(CLIENT_STOP_GRACE_S, _exit_stuck_clients)
+    watchdog.daemon = True
+
+    @app.on_shutdown
+    async def _arm_watchdog() -> None:
+        # Runs after the drain (hooks run in the order they were added).
+        watchdog.start()
+
+    try:
+        await app.run()
+    finally:
+        watchdog.cancel()
+
+
+def _exit_stuck_clients() -> None:
+    log.warning("Kafka clients did not stop within %.0f s (broker unreachable?); exiting", CLIENT_STOP_GRACE_S)
+    logging.shutdown()
+    os._exit(0)
