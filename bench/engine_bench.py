@@ -65,7 +65,7 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
     from engine.config import EngineConfig, SpeculationConfig
     from engine.llm_engine import LLMEngine
     from engine.loader import resolve_model_dir
-    from engine.request import EngineRequest, SamplingParams
+    from engine.request import EngineRequest, SamplingOptions
 
     spec = SpeculationConfig(enabled=method is not None, method=method or "ngram")
     if method == "draft":
@@ -76,7 +76,7 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
             enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")), adaptive=False
         )
     engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", speculation=spec))
-    params = SamplingParams(max_tokens=max_new, temperature=0.0, ignore_eos=True)
+    params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
 
     def run(batch: list[tuple[str, list[int]]]) -> tuple[float, dict[str, list[int]], int, int, int]:
         for rid, ids in batch:

@@ -6,7 +6,7 @@
 
 What runs: the three-node Kafka cluster (replication 3, min.insync.replicas 2;
 started if it is not running, stopped again afterwards), one edge and two
-engine workers on the default model (subprocesses, as ``tests/stack.py`` starts
+engine workers on the default model (subprocesses, as ``streams/testing/stack.py`` starts
 them), and ``--clients`` websocket clients in a closed loop (each sends its
 next request when the previous one ended), greedy, ``--max-tokens`` each.
 
@@ -52,10 +52,10 @@ if str(REPO) not in sys.path:
 from infra.kafka.broker import kill_node, start, start_node, status, stop, three_nodes  # noqa: E402
 from infra.kafka.paths import env_port  # noqa: E402
 from infra.kafka.spec import DEFAULT_CLUSTER_BASE_PORT  # noqa: E402
-from tests.reliability import (  # noqa: E402
+from streams.testing.reliability import (  # noqa: E402
     PROMPTS, WORKER_ENV, Answer, Fleet, chat_body, regenerated, reply_records, vm_kib,
 )
-from tests.stack import DEFAULT_MODEL, running_stack  # noqa: E402
+from streams.testing.stack import DEFAULT_MODEL, running_stack  # noqa: E402
 
 
 # RSS "at start" is read this many seconds into the load.
@@ -141,9 +141,9 @@ async def _chaos(fleet: Fleet, spec: Any, chaos: Chaos, started: float, seconds:
 
 
 async def _leading_broker(bootstrap: str, topic: str) -> int:
-    from aiokafka.admin import AIOKafkaAdminClient
+    from streams.kafka_io import make_admin
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = make_admin(bootstrap)
     await admin.start()
     try:
         (described,) = await admin.describe_topics([topic])

@@ -1,36 +1,18 @@
 """Engine configuration: plain dataclasses.
 
 The YAML / pydantic settings (streams/config.py) validate user input and build
-these; the engine reads them as they are.
+these; the engine reads them as they are. The speculation part is
+engine.spec.config.SpeculationConfig (re-exported here).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+
+from engine.spec.config import SpeculationConfig
+
+__all__ = ["DEFAULT_MODEL", "EngineConfig", "SpeculationConfig"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-@dataclass
-class SpeculationConfig:
-    enabled: bool = True
-    method: Literal["ngram", "draft"] = "ngram"
-    # Path or name of the draft model when method == "draft".
-    draft_model: str | None = None
-    # How the draft model drafts for sampled requests (see engine.spec.config):
-    # "greedy" and "coupled" keep seeded text reproducible across redeliveries,
-    # "sampled" (Leviathan rejection with q) does not.
-    draft_sampling: Literal["greedy", "coupled", "sampled"] = "greedy"
-    # Upper bound of k, the number of draft tokens verified per target forward.
-    max_draft_tokens: int = 8
-    # False pins k at max_draft_tokens: for benchmarks that show a method's ceiling.
-    adaptive: bool = True
-    # Below this acceptance rate the controller stops speculating for a sequence...
-    min_acceptance: float = 0.3
-    # ...and probes again every this many steps.
-    probe_interval_steps: int = 16
-    ngram_min: int = 1
-    ngram_max: int = 4
 
 
 @dataclass

@@ -44,14 +44,6 @@ class ArenaAllocator:
         self._allocated: dict[int, int] = {}  # start -> size
         self.used = 0
 
-    @property
-    def free_tokens(self) -> int:
-        return self.capacity - self.used
-
-    @property
-    def largest_free(self) -> int:
-        return max(self._free_sizes, default=0)
-
     def free_runs(self) -> list[Region]:
         return [Region(s, n) for s, n in zip(self._free_starts, self._free_sizes)]
 
@@ -90,6 +82,15 @@ class ArenaAllocator:
         else:
             self._free_starts.insert(i, start)
             self._free_sizes.insert(i, size)
+
+
+def region_size(num_tokens: int, max_draft_tokens: int) -> int:
+    """Slots a sequence of up to `num_tokens` tokens reserves for its whole life.
+
+    The last sampled token is never fed back, drafts may run up to
+    max_draft_tokens positions past the accepted ones; +1 keeps a slot of slack.
+    """
+    return num_tokens + max_draft_tokens + 1
 
 
 @dataclass

@@ -13,8 +13,9 @@ A step:
    gets its last row;
 5. the verifier turns each sequence's rows into 1..k+1 tokens (accepted
    drafts plus one token of the target's own; with k = 0 this is plain
-   sampling), the KV counter is rolled back to the accepted prefix (O(1)),
-   and the controller learns what was accepted;
+   sampling), the scheduler moves each KV counter past the accepted prefix
+   (rejected drafts cost nothing to drop), and the controller learns what was
+   accepted;
 6. tokens go through the finish checks (EOS, stop strings, max_tokens) and
    the detokenizer; finished requests free their KV region at once.
 """
@@ -22,21 +23,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes
+from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel, load_model
-from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecStats
+from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecCounters
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
 from engine.sampler import RequestRng
-from engine.scheduler import ScheduledSequence, Scheduler
+from engine.scheduler import ScheduledSequence, Scheduler, draft_cap
 from engine.sequence import Sequence
-from engine.spec.config import SpecConfig
 from engine.spec.controller import SpeculationController
-from engine.spec.proposer import DraftProposal, ProposalInput, Proposer
+from engine.spec.proposer import ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
 
 Progress = Callable[[str], None]
@@ -50,6 +49,15 @@ def _detok(seq: Sequence) -> IncrementalDetokenizer:
     if seq.detok is None:  # set in add_request; only hand-built sequences lack it
         raise RuntimeError(f"{seq.request_id} has no detokenizer")
     return seq.detok
+
+
+def _max_model_len(requested: int | None, context: int) -> int:
+    """The longest prompt + completion served: as configured, or min(model context, 2048)."""
+    if requested is None:
+        return min(context, 2048)
+    if requested > context:
+        raise ValueError(f"max_model_len {requested} exceeds the model's context of {context} tokens")
+    return requested
 
 
 class LLMEngine:
@@ -74,38 +82,25 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = loaded.model.cfg.vocab_size
 
-        context = loaded.max_context
-        if config.max_model_len is None:
-            self.max_model_len = min(context, 2048)
-        elif config.max_model_len > context:
-            raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's context of {context} tokens")
-        else:
-            self.max_model_len = config.max_model_len
+        self.max_model_len = _max_model_len(config.max_model_len, loaded.max_context)
 
         spec = config.speculation
-        self.spec_config = SpecConfig.from_engine(spec)
         self.speculation_enabled = spec.enabled and spec.max_draft_tokens > 0
         self.max_draft_tokens = spec.max_draft_tokens if self.speculation_enabled else 0
         self.proposer: Proposer | None
         self.controller: SpeculationController | None
         if self.speculation_enabled:
             self.proposer = proposer or self._build_proposer(loaded, say)
-            self.controller = controller or SpeculationController(self.spec_config)
+            self.controller = controller or SpeculationController(spec)
         else:
             self.proposer, self.controller = None, None
 
-        # RoPE tables: drafts may run a few positions past max_model_len - 1.
-        self.model.init_rope(loaded.hf_config, self.max_model_len + self.max_draft_tokens + 1)
+        # RoPE tables for every position of the longest region: drafts may run past max_model_len - 1.
+        self.model.init_rope(loaded.hf_config, region_size(self.max_model_len, self.max_draft_tokens))
         if config.prepack_weights and self.model.prepack_for_cpu():
             say("weights prepacked for few-row CPU steps (verification, small batches)")
 
-        cfg = self.model.cfg
-        budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
-        # More than every running request at full length could never be used.
-        useful = config.max_running_requests * (self.max_model_len + self.max_draft_tokens + 1)
-        self.kv_cache = KVCache.from_budget(
-            budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
-        )
+        self.kv_cache = self._build_kv_cache(loaded)
         usage = self.kv_cache.usage()
         say(f"KV cache: {usage.total_tokens} tokens, {usage.total_bytes / 2**20:.0f} MiB")
 
@@ -117,13 +112,21 @@ class LLMEngine:
             max_draft_tokens=self.max_draft_tokens,
         )
         self.runner = ModelRunner(self.model, self.kv_cache)
-        self.num_steps = 0
         self.num_forwards = 0
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
         loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
         return cls(loaded, cfg, progress=progress)
+
+    def _build_kv_cache(self, loaded: LoadedModel) -> KVCache:
+        cfg, config = self.model.cfg, self.config
+        budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
+        # More than every running request at full length could never be used.
+        useful = config.max_running_requests * region_size(self.max_model_len, self.max_draft_tokens)
+        return KVCache.from_budget(
+            budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
+        )
 
     def _build_proposer(self, loaded: LoadedModel, say: Progress) -> Proposer:
         spec = self.config.speculation
@@ -136,7 +139,7 @@ class LLMEngine:
 
             say(f"loading draft model {spec.draft_model} ...")
             return DraftModelProposer.from_engine(
-                self.spec_config,
+                spec,
                 loaded,
                 max_model_len=self.max_model_len,
                 max_running_requests=self.config.max_running_requests,
@@ -166,7 +169,7 @@ class LLMEngine:
         if seq is None:
             return None
         self._release(seq)
-        return self._final_output(seq, [], "", SpecStats())
+        return self._final_output(seq, [], "", SpecCounters())
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -176,10 +179,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """One iteration; outputs of the requests that progressed or finished."""
-        now = time.time()
-        self.num_steps += 1
-        draft_lens = self._plan_drafts()
-        batch = self.scheduler.schedule(now, draft_lens)
+        batch = self.scheduler.schedule(time.time(), self._plan_drafts())
         outputs = [self._expired_output(seq) for seq in batch.finished]
         if batch.is_empty:
             return outputs
@@ -191,15 +191,18 @@ class LLMEngine:
         with_logits = [s for s in batch.scheduled if s.needs_logits]
         emitted = self._verify(with_logits, result)
         verify_s = result.forward_s + time.perf_counter() - t0
+        accepted = [len(tokens) - 1 for tokens in emitted]  # every step emits one token of the target's own
+        self.scheduler.update_from_step(batch, {s.seq.request_id: a for s, a in zip(with_logits, accepted)})
 
-        drafted_total = 0
-        for sched, tokens in zip(with_logits, emitted):
-            drafted_total += len(sched.draft_tokens)
-            out = self._commit(sched, tokens, draft_s, verify_s)
+        for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
+            now = time.time()
+            self._learn(sched, n_accepted, draft_s, verify_s, now)
+            out = self._commit(sched.seq, tokens, SpecCounters(len(sched.draft_tokens), n_accepted), now)
             if out is not None:
                 outputs.append(out)
         if self.controller is not None:
-            self.controller.observe_step(batch.num_batched_tokens, verify_s, draft_s, drafted_total)
+            drafted = sum(len(s.draft_tokens) for s in with_logits)
+            self.controller.observe_step(batch.num_batched_tokens, verify_s, draft_s, drafted)
         return outputs
 
     def generate(self, requests: list[EngineRequest]) -> dict[str, RequestOutputAccum]:
@@ -215,6 +218,7 @@ class LLMEngine:
     # ------------------------------------------------------------ speculation
 
     def _plan_drafts(self) -> dict[str, int]:
+        """The controller's k per speculating decode (only the positive ones)."""
         if self.controller is None:
             return {}
         decoding = [s for s in self.scheduler.decoding() if s.spec_state is not None]
@@ -223,12 +227,12 @@ class LLMEngine:
         # Tokens the step feeds anyway: one per decode plus what prefill can take.
         n_decode = len(self.scheduler.decoding())
         base = min(self.config.max_batched_tokens, n_decode + self.scheduler.pending_prefill_tokens())
-        caps = [s.params.max_tokens - len(s.output_ids) - 1 for s in decoding]
+        caps = [draft_cap(s, self.max_draft_tokens) for s in decoding]
         ks = self.controller.plan([s.spec_state for s in decoding if s.spec_state is not None], base, caps)
         return {s.request_id: k for s, k in zip(decoding, ks) if k > 0}
 
     def _propose(self, scheduled: list[ScheduledSequence]) -> float:
-        """Fill draft_tokens of the scheduled decodes; returns the proposer's seconds."""
+        """Set the drafts of the scheduled decodes; returns the proposer's seconds."""
         todo = [s for s in scheduled if not s.is_prefill and s.draft_budget > 0]
         if self.proposer is None or not todo:
             return 0.0
@@ -243,61 +247,38 @@ class LLMEngine:
             )
             for s in todo
         ]
-        proposals = self.proposer.propose(inputs, [s.draft_budget for s in todo])
-        for sched, prop in zip(todo, proposals):
-            tokens = list(prop.tokens[: sched.draft_budget])
-            sched.draft_tokens = tokens
-            sched.draft_probs = prop.probs[: len(tokens)] if prop.probs is not None else None
-            sched.finalize_drafts()
+        for sched, proposal in zip(todo, self.proposer.propose(inputs, [s.draft_budget for s in todo])):
+            sched.set_drafts(proposal)
         return time.perf_counter() - t0
 
     def _verify(self, with_logits: list[ScheduledSequence], result: RunnerOutput) -> list[list[int]]:
         """Per sequence needing logits, its emitted tokens (k = 0 is plain sampling)."""
         if not with_logits:
             return []
-        proposals = [DraftProposal(s.draft_tokens, s.draft_probs) for s in with_logits]  # type: ignore[arg-type]
         return verify_batch(
             result.logits,
-            proposals,
+            [s.drafts for s in with_logits],
             [s.seq.params for s in with_logits],
             [s.seq.rng for s in with_logits],
             [len(s.seq.output_ids) for s in with_logits],
         )
 
-    # ------------------------------------------------------------ commit
-
-    def _commit(
-        self, sched: ScheduledSequence, tokens: list[int], draft_s: float, verify_s: float
-    ) -> RequestOutput | None:
-        seq = sched.seq
-        now = time.time()
-        k = len(sched.draft_tokens)
-        accepted = len(tokens) - 1
-        if seq.kv is None:
-            raise RuntimeError(f"{seq.request_id} lost its KV region mid-step")
-        if not sched.is_prefill:
-            # Valid KV: the prefix plus the fed last token plus the accepted drafts.
-            fed_from = seq.kv.num_cached - sched.num_new_tokens
-            seq.kv.rollback(fed_from + 1 + accepted)
-
+    def _learn(self, sched: ScheduledSequence, accepted: int, draft_s: float, verify_s: float, now: float) -> None:
+        """Per-sequence bookkeeping of one verification: timing, counters, the controller's estimate."""
+        seq, k = sched.seq, len(sched.draft_tokens)
         seq.num_sampling_forwards += 1
         if seq.first_token_time is None:
             seq.first_token_time = now
-        if k > 0:
-            seq.spec.drafted += k
-            seq.spec.accepted += accepted
-            while len(seq.drafted_at) < k:
-                seq.drafted_at.append(0)
-                seq.accepted_at.append(0)
-            for i in range(k):
-                seq.drafted_at[i] += 1
-            for i in range(accepted):
-                seq.accepted_at[i] += 1
-            seq.draft_time_s += draft_s
-            seq.verify_time_s += verify_s
-            if self.controller is not None and seq.spec_state is not None:
-                self.controller.observe_acceptance(seq.spec_state, k, accepted)
+        if k == 0:
+            return
+        seq.spec.record(k, accepted, draft_s, verify_s)
+        if self.controller is not None and seq.spec_state is not None:
+            self.controller.observe_acceptance(seq.spec_state, k, accepted)
 
+    # ------------------------------------------------------------ commit
+
+    def _commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float) -> RequestOutput | None:
+        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens)."""
         detok = _detok(seq)
         new: list[int] = []
         reason: FinishReason | None = None
@@ -313,7 +294,6 @@ class LLMEngine:
                 reason = "length"
             if reason is not None:
                 break  # tokens after a finish are dropped
-        step_spec = SpecStats(k, accepted)
         if reason is not None:
             self.scheduler.finish(seq, reason, now)
             self._release(seq)
@@ -328,9 +308,9 @@ class LLMEngine:
 
     def _expired_output(self, seq: Sequence) -> RequestOutput:
         self._release(seq)
-        return self._final_output(seq, [], _detok(seq).take_delta(final=True), SpecStats())
+        return self._final_output(seq, [], _detok(seq).take_delta(final=True), SpecCounters())
 
-    def _final_output(self, seq: Sequence, tokens: list[int], text: str, spec: SpecStats) -> RequestOutput:
+    def _final_output(self, seq: Sequence, tokens: list[int], text: str, spec: SpecCounters) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
             token_ids=tokens,
@@ -340,11 +320,3 @@ class LLMEngine:
             spec=spec,
             stats=seq.stats(),
         )
-
-    # ------------------------------------------------------------ introspection
-
-    def telemetry(self) -> Any:
-        """The speculation controller's view of the running requests (None without speculation)."""
-        if self.controller is None:
-            return None
-        return self.controller.telemetry([s.spec_state for s in self.scheduler.running if s.spec_state is not None])

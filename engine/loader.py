@@ -168,6 +168,24 @@ def load_tokenizer(name_or_path: str, progress: Progress = _noop) -> Any:
     return AutoTokenizer.from_pretrained(resolve_model_dir(name_or_path, progress))
 
 
+def model_context(name_or_path: str) -> int:
+    """The longest sequence the model handles exactly (as LoadedModel.max_context), from its config alone.
+
+    Neither loads weights nor converts a GGUF, so a front end (the edge) can check prompt lengths in seconds.
+    """
+    from transformers import AutoConfig
+
+    gguf = _gguf_for(name_or_path)
+    if gguf is not None and not _is_model_dir(converted_dir(*gguf)):
+        hf_config = AutoConfig.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
+    else:
+        hf_config = AutoConfig.from_pretrained(resolve_model_dir(name_or_path))
+    cfg = DecoderConfig.from_hf(hf_config)
+    if cfg.attention_window:
+        return min(cfg.max_position_embeddings, cfg.attention_window)
+    return cfg.max_position_embeddings
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

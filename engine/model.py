@@ -12,7 +12,7 @@ gate/up into one matmul each, and the HF module is dropped.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,41 +63,6 @@ def causal_mask_at_end(q_len: int, kv_len: int, device: torch.device | str) -> t
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)  # [q_len]
     k_pos = torch.arange(kv_len, device=device)  # [kv_len]
     return k_pos[None, :] <= q_pos[:, None]
-
-
-@dataclass
-class FlatBatchBuilder:
-    """Lays sequences one after another into the flat varlen batch `Decoder.forward` takes.
-
-    Each sequence contributes the tokens it feeds this step, written to its KV
-    region right after the `num_cached` positions it already holds.
-    """
-
-    device: torch.device | str
-    input_ids: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    seqs: list[SeqAttention] = field(default_factory=list)
-
-    def add(self, tokens: list[int], num_cached: int, region_start: int) -> int:
-        """Append one sequence; returns the batch row of its first token."""
-        q_start, n = len(self.input_ids), len(tokens)
-        self.input_ids.extend(tokens)
-        self.positions.extend(range(num_cached, num_cached + n))
-        self.slots.extend(range(region_start + num_cached, region_start + num_cached + n))
-        kv_len = num_cached + n
-        # A first prefill chunk is the whole sequence so far: SDPA's is_causal, no mask to build.
-        mask = causal_mask_at_end(n, kv_len, self.device) if n > 1 and num_cached > 0 else None
-        self.seqs.append(SeqAttention(q_start, n, region_start, kv_len, mask))
-        return q_start
-
-    def tensor(self, xs: list[int]) -> torch.Tensor:
-        return torch.tensor(xs, dtype=torch.long).to(self.device, non_blocking=True)
-
-    def build(self, kv_cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """(input_ids [T], positions [T], attention metadata) for `Decoder.forward`."""
-        attn = AttentionMetadata(seqs=self.seqs, slot_mapping=self.tensor(self.slots), kv_cache=kv_cache)
-        return self.tensor(self.input_ids), self.tensor(self.positions), attn
 
 
 @dataclass(frozen=True)

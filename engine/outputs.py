@@ -1,15 +1,17 @@
 """What the engine reports after each step, per request."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
 
 @dataclass
-class SpecStats:
-    """Speculation counters; per step in a RequestOutput, cumulative in RequestStats."""
+class SpecCounters:
+    """Speculation counters; per step in a RequestOutput, cumulative in RequestStats.
+
+    The worker reports them on the wire as `schemas.events.SpecStats`."""
 
     drafted: int = 0
     accepted: int = 0
@@ -20,25 +22,45 @@ class SpecStats:
 
 
 @dataclass
+class SpecTally(SpecCounters):
+    """One request's speculation over its life: the counters plus where and at what cost.
+
+    The sequence keeps one up to date; its finishing RequestStats carries a copy."""
+
+    # drafted_at[i] / accepted_at[i]: how often draft position i was drafted / accepted.
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+
+    def record(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """One verification of `drafted` drafts, the first `accepted` of them accepted."""
+        self.drafted += drafted
+        self.accepted += accepted
+        while len(self.drafted_at) < drafted:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+        self.draft_time_s += draft_s
+        self.verify_time_s += verify_s
+
+    def copy(self) -> SpecTally:
+        return replace(self, drafted_at=list(self.drafted_at), accepted_at=list(self.accepted_at))
+
+
+@dataclass
 class RequestStats:
     prompt_tokens: int
     completion_tokens: int
     queued_s: float  # arrival -> first scheduled
     ttft_s: float  # arrival -> first token
     total_s: float  # arrival -> finish
-    spec: SpecStats = field(default_factory=SpecStats)
+    spec: SpecTally = field(default_factory=SpecTally)
     # Tokens emitted per target forward that included this request (1.0 without speculation).
     tokens_per_forward: float = 1.0
-    # accepted_at[i] counts how often draft position i was accepted.
-    accepted_at: list[int] = field(default_factory=list)
-    drafted_at: list[int] = field(default_factory=list)
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        decode = self.total_s - self.ttft_s
-        return (self.completion_tokens - 1) / decode if decode > 0 and self.completion_tokens > 1 else 0.0
 
 
 @dataclass
@@ -56,7 +78,7 @@ class RequestOutput:
     text: str
     finished: bool = False
     finish_reason: FinishReason | None = None
-    spec: SpecStats = field(default_factory=SpecStats)
+    spec: SpecCounters = field(default_factory=SpecCounters)
     stats: RequestStats | None = None  # set on the finishing output
 
 
@@ -69,7 +91,7 @@ class RequestOutputAccum:
     text: str = ""
     finished: bool = False
     finish_reason: FinishReason | None = None
-    spec: SpecStats = field(default_factory=SpecStats)
+    spec: SpecCounters = field(default_factory=SpecCounters)
     stats: RequestStats | None = None
 
     def add(self, out: RequestOutput) -> None:

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
-class SamplingParams:
+class SamplingOptions:
+    """How one request samples. Named apart from the wire's `schemas.events.SamplingParams`,
+    which the worker's intake translates into this (the engine never sees wire models)."""
+
     max_tokens: int = 128
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
@@ -29,7 +32,7 @@ class SamplingParams:
 class EngineRequest:
     request_id: str
     prompt_token_ids: list[int]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     # Lower value runs first; FCFS within the same priority.
     priority: int = 0
     # Absolute wall-clock deadline (time.time() seconds); None means no deadline.

@@ -1,28 +1,57 @@
-"""Turns a SchedulerOutput into one flat model forward and returns the needed logits."""
+"""Turns a SchedulerOutput into one flat model forward and returns the needed logits.
+
+The flat batch: every scheduled sequence's rows one after another (prefill
+chunks and decodes mixed), so the linear layers run as single [T, hidden]
+matmuls; FlatBatchBuilder lays it out, for this runner and for the draft
+model's own forwards. The runner reads each sequence's KV counter to know
+where its rows go and never moves it: the scheduler does, once verification
+has said which rows stay (Scheduler.update_from_step).
+"""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from engine.kv_cache import KVCache
-from engine.model import AttentionMetadata, Decoder, FlatBatchBuilder
+from engine.model import AttentionMetadata, Decoder, SeqAttention, causal_mask_at_end
 from engine.scheduler import SchedulerOutput
 
 
 @dataclass
-class RunnerOutput:
-    # [num_rows, V] fp32: the rows of every sequence that needed logits, in
-    # schedule order, consecutive per sequence (the layout verify_batch takes).
-    logits: torch.Tensor
-    # request id -> (first row, end row) in `logits`.
-    rows: dict[str, tuple[int, int]]
-    forward_s: float
+class FlatBatchBuilder:
+    """Lays sequences one after another into the flat varlen batch `Decoder.forward` takes.
 
-    def for_request(self, request_id: str) -> torch.Tensor:
-        start, end = self.rows[request_id]
-        return self.logits[start:end]  # [rows, V]
+    Each sequence contributes the tokens it feeds this step, written to its KV
+    region right after the `num_cached` positions it already holds.
+    """
+
+    device: torch.device | str
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    seqs: list[SeqAttention] = field(default_factory=list)
+
+    def add(self, tokens: list[int], num_cached: int, region_start: int) -> int:
+        """Append one sequence; returns the batch row of its first token."""
+        q_start, n = len(self.input_ids), len(tokens)
+        self.input_ids.extend(tokens)
+        self.positions.extend(range(num_cached, num_cached + n))
+        self.slots.extend(range(region_start + num_cached, region_start + num_cached + n))
+        kv_len = num_cached + n
+        # A first prefill chunk is the whole sequence so far: SDPA's is_causal, no mask to build.
+        mask = causal_mask_at_end(n, kv_len, self.device) if n > 1 and num_cached > 0 else None
+        self.seqs.append(SeqAttention(q_start, n, region_start, kv_len, mask))
+        return q_start
+
+    def tensor(self, xs: list[int]) -> torch.Tensor:
+        return torch.tensor(xs, dtype=torch.long).to(self.device, non_blocking=True)
+
+    def build(self, kv_cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """(input_ids [T], positions [T], attention metadata) for `Decoder.forward`."""
+        attn = AttentionMetadata(seqs=self.seqs, slot_mapping=self.tensor(self.slots), kv_cache=kv_cache)
+        return self.tensor(self.input_ids), self.tensor(self.positions), attn
 
 
 @dataclass
@@ -30,8 +59,17 @@ class FlatBatch:
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64
     attn: AttentionMetadata
-    logit_rows: torch.Tensor  # [n] int64: rows of the batch whose hidden state goes to the LM head
-    rows: dict[str, tuple[int, int]]
+    # [n] int64: rows of the batch whose hidden state goes to the LM head, in
+    # schedule order: a completing prefill chunk's last row, every row of a decode.
+    logit_rows: torch.Tensor
+
+
+@dataclass
+class RunnerOutput:
+    # [num_rows, V] fp32: the rows of every sequence that needed logits, in
+    # schedule order, consecutive per sequence (the layout verify_batch takes).
+    logits: torch.Tensor
+    forward_s: float
 
 
 class ModelRunner:
@@ -43,7 +81,6 @@ class ModelRunner:
     def prepare(self, batch: SchedulerOutput) -> FlatBatch:
         builder = FlatBatchBuilder(self.device)
         logit_rows: list[int] = []
-        rows: dict[str, tuple[int, int]] = {}
         for sched in batch.scheduled:
             seq = sched.seq
             if seq.kv is None:
@@ -61,29 +98,18 @@ class ModelRunner:
                 raise RuntimeError(f"{seq.request_id}: {len(tokens)} tokens scheduled as {n}, or past its KV region")
             q_start = builder.add(tokens, start, seq.kv.region.start)
             if sched.needs_logits:
-                first = len(logit_rows)
-                if sched.is_prefill:
-                    logit_rows.append(q_start + n - 1)
-                else:
-                    logit_rows.extend(range(q_start, q_start + n))
-                rows[seq.request_id] = (first, len(logit_rows))
+                logit_rows.extend([q_start + n - 1] if sched.is_prefill else range(q_start, q_start + n))
 
         input_ids, positions, attn = builder.build(self.kv_cache)
-        return FlatBatch(
-            input_ids=input_ids, positions=positions, attn=attn, logit_rows=builder.tensor(logit_rows), rows=rows
-        )
+        return FlatBatch(input_ids=input_ids, positions=positions, attn=attn, logit_rows=builder.tensor(logit_rows))
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        """One forward; the KV of every fed row is written (drafts included)."""
         start = time.perf_counter()
         flat = self.prepare(batch)
         hidden = self.model(flat.input_ids, flat.positions, flat.attn)  # [T, hidden]
         logits = self.model.compute_logits(hidden[flat.logit_rows])  # [n, V]
-        # The KV of every fed row is written; rejected drafts are rolled back by the engine.
-        for sched in batch.scheduled:
-            kv = sched.seq.kv
-            if kv is not None:
-                kv.num_cached += sched.num_new_tokens
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
-        return RunnerOutput(logits=logits, rows=flat.rows, forward_s=time.perf_counter() - start)
+        return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 
 _M32 = 0xFFFFFFFF
 
@@ -209,19 +209,19 @@ def race(weights: Tensor, noise: Tensor) -> Tensor:
 # ---------------------------------------------------------------- distributions
 
 
-def _as_param_list(params: SamplingParams | Sequence[SamplingParams], n: int) -> list[SamplingParams]:
-    if isinstance(params, SamplingParams):
+def _as_param_list(params: SamplingOptions | Sequence[SamplingOptions], n: int) -> list[SamplingOptions]:
+    if isinstance(params, SamplingOptions):
         return [params] * n
     plist = list(params)
     if len(plist) != n:
-        raise ValueError(f"got {len(plist)} SamplingParams for {n} rows of logits")
+        raise ValueError(f"got {len(plist)} SamplingOptions for {n} rows of logits")
     return plist
 
 
-def target_probs(logits: Tensor, params: SamplingParams | Sequence[SamplingParams]) -> Tensor:
+def target_probs(logits: Tensor, params: SamplingOptions | Sequence[SamplingOptions]) -> Tensor:
     """The distribution the target samples from, after temperature, top-k and top-p.
 
-    logits [n, V]; params one SamplingParams for all rows or one per row.
+    logits [n, V]; params one SamplingOptions for all rows or one per row.
     Returns [n, V] float32 rows summing to 1. Greedy rows (temperature 0) are
     one-hot at the argmax: that is the distribution greedy decoding "samples".
     The verifier computes acceptance against exactly this distribution, which
@@ -281,7 +281,7 @@ def target_probs(logits: Tensor, params: SamplingParams | Sequence[SamplingParam
 
 def sample_batch(
     logits: Tensor,
-    params: Sequence[SamplingParams],
+    params: Sequence[SamplingOptions],
     rngs: Sequence[RequestRng | None],
     positions: Sequence[int],
 ) -> list[int]:
@@ -310,7 +310,7 @@ def sample_batch(
     return out.tolist()
 
 
-def sample_next(logits: Tensor, params: SamplingParams, rng: RequestRng | None, position: int) -> int:
+def sample_next(logits: Tensor, params: SamplingOptions, rng: RequestRng | None, position: int) -> int:
     """The next token from logits [V] at output position `position`."""
     if logits.dim() != 1:
         raise ValueError(f"sample_next takes logits [V], got shape {tuple(logits.shape)}")

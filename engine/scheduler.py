@@ -17,18 +17,40 @@ nothing is ever preempted: a request that does not fit right now waits; one
 that could never fit is rejected when it is added. The queue is strict: when
 its head does not fit, nothing behind it jumps ahead (a big request is not
 starved by a stream of small ones).
+
+The scheduler owns two decisions the rest of the engine only reads:
+* how many drafts a decode may verify (`draft_cap`, the one place k is capped);
+* how many positions of a sequence's KV region hold valid KV: it reserves the
+  region at admission, advances the counter after each step
+  (`update_from_step`, which also drops rejected drafts) and frees it.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.kv_cache import KVCache
 from engine.outputs import FinishReason
 from engine.request import RequestRejected
 from engine.sequence import Sequence, SequenceStatus
+from engine.spec.proposer import DraftProposal
+
+
+def draft_cap(seq: Sequence, max_draft_tokens: int, free_tokens: int | None = None) -> int:
+    """The most drafts `seq` may verify in one step: the one place k is capped.
+
+    - max_draft_tokens: k_max, the draft slack every KV region is sized for;
+    - never past max_tokens: a step emits up to k + 1 tokens;
+    - free_tokens (what is left of the step's token budget, when known): the
+      decode feeds its last token and its k drafts.
+    """
+    cap = min(max_draft_tokens, seq.params.max_tokens - len(seq.output_ids) - 1)
+    if free_tokens is not None:
+        cap = min(cap, free_tokens - 1)
+    return max(0, cap)
 
 
 @dataclass
@@ -40,22 +62,27 @@ class ScheduledSequence:
     # A next-token distribution is needed: a prefill chunk that completes the
     # prompt (its last row), or a decode (all 1 + k rows).
     needs_logits: bool
-    # Drafts the token budget allows for this decode (the controller's k, maybe trimmed).
+    # Drafts this decode may verify: the controller's k within draft_cap.
     draft_budget: int = 0
-    # Filled by the engine after proposing (at most draft_budget tokens).
-    draft_tokens: list[int] = field(default_factory=list)
-    draft_probs: object = None  # the proposal's [k, V] probs, or None
+    # The proposer's drafts (set_drafts), at most draft_budget of them.
+    drafts: DraftProposal = field(default_factory=lambda: DraftProposal(tokens=[]))
 
     @property
-    def num_logit_rows(self) -> int:
-        if not self.needs_logits:
-            return 0
-        return 1 if self.is_prefill else 1 + len(self.draft_tokens)
+    def draft_tokens(self) -> list[int]:
+        return self.drafts.tokens
 
-    def finalize_drafts(self) -> None:
-        """After the proposer answered: the decode feeds its last token and the drafts."""
-        if not self.is_prefill:
-            self.num_new_tokens = 1 + len(self.draft_tokens)
+    def set_drafts(self, proposal: DraftProposal) -> None:
+        """The proposer's answer: the decode feeds its last token and these drafts.
+
+        Fewer than draft_budget is normal (no n-gram match); more would overrun
+        the region's draft slack, which the Proposer protocol rules out.
+        """
+        if self.is_prefill or proposal.num_tokens > self.draft_budget:
+            raise ValueError(
+                f"{self.seq.request_id}: {proposal.num_tokens} drafts for a budget of {self.draft_budget}"
+            )
+        self.drafts = proposal
+        self.num_new_tokens = 1 + proposal.num_tokens
 
 
 @dataclass
@@ -209,9 +236,7 @@ class Scheduler:
             if budget < 1:
                 skipped.append(seq)
                 continue
-            k = min(draft_lens.get(seq.request_id, 0), self.max_draft_tokens, budget - 1)
-            # Never draft past max_tokens: the last step emits at most k + 1 tokens.
-            k = max(0, min(k, seq.params.max_tokens - len(seq.output_ids) - 1))
+            k = min(draft_lens.get(seq.request_id, 0), draft_cap(seq, self.max_draft_tokens, budget))
             scheduled.append(ScheduledSequence(seq, 1 + k, is_prefill=False, needs_logits=True, draft_budget=k))
             budget -= 1 + k
 
@@ -246,6 +271,20 @@ class Scheduler:
             budget -= scheduled[-1].num_new_tokens
 
         return SchedulerOutput(scheduled=scheduled, finished=finished)
+
+    def update_from_step(self, batch: SchedulerOutput, accepted: Mapping[str, int]) -> None:
+        """After the forward (which wrote the KV of every fed row) and verification.
+
+        accepted: drafts accepted per request id (absent: none). Each sequence's
+        counter moves past its fed rows minus its rejected drafts, whose KV is
+        simply overwritten later: rolling back is O(1).
+        """
+        for sched in batch.scheduled:
+            kv = sched.seq.kv
+            if kv is None:
+                raise RuntimeError(f"{sched.seq.request_id} lost its KV region mid-step")
+            rejected = len(sched.draft_tokens) - accepted.get(sched.seq.request_id, 0)
+            kv.num_cached += sched.num_new_tokens - rejected
 
     @staticmethod
     def _prefill_chunk(seq: Sequence, budget: int) -> ScheduledSequence:

@@ -5,9 +5,9 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.kv_cache import CacheSlot
-from engine.outputs import FinishReason, RequestStats, SpecStats
-from engine.request import EngineRequest, SamplingParams
+from engine.kv_cache import CacheSlot, region_size
+from engine.outputs import FinishReason, RequestStats, SpecTally
+from engine.request import EngineRequest, SamplingOptions
 from engine.sampler import RequestRng
 from engine.spec.controller import SpecState
 
@@ -41,23 +41,15 @@ class Sequence:
     # Target forwards that produced tokens for this sequence (prefill chunks that
     # end mid-prompt do not count), so tokens_per_forward is 1.0 without speculation.
     num_sampling_forwards: int = 0
-    spec: SpecStats = field(default_factory=SpecStats)
-    drafted_at: list[int] = field(default_factory=list)
-    accepted_at: list[int] = field(default_factory=list)
-    draft_time_s: float = 0.0
-    verify_time_s: float = 0.0
+    spec: SpecTally = field(default_factory=SpecTally)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
     @property
-    def params(self) -> SamplingParams:
+    def params(self) -> SamplingOptions:
         return self.request.sampling
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.request.prompt_token_ids
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -90,18 +82,10 @@ class Sequence:
     def all_token_ids(self) -> list[int]:
         return self.request.prompt_token_ids + self.output_ids
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
-
     def kv_tokens_needed(self, max_draft_tokens: int) -> int:
-        """Region size reserved on admission: enough for the sequence's whole life.
-
-        The last sampled token is never fed back, drafts may run up to k positions
-        past the accepted ones; +1 keeps a slot of slack.
-        """
+        """Region size reserved on admission: enough for the sequence's whole life."""
         draft = max_draft_tokens if self.speculate else 0
-        return self.num_prompt_tokens + self.params.max_tokens + draft + 1
+        return region_size(self.num_prompt_tokens + self.params.max_tokens, draft)
 
     def stats(self) -> RequestStats:
         arrival = self.request.arrival_time
@@ -115,10 +99,6 @@ class Sequence:
             queued_s=max(0.0, first_sched - arrival),
             ttft_s=max(0.0, first_tok - arrival),
             total_s=max(0.0, end - arrival),
-            spec=SpecStats(self.spec.drafted, self.spec.accepted),
+            spec=self.spec.copy(),
             tokens_per_forward=n_out / self.num_sampling_forwards if self.num_sampling_forwards else 1.0,
-            accepted_at=list(self.accepted_at),
-            drafted_at=list(self.drafted_at),
-            draft_time_s=self.draft_time_s,
-            verify_time_s=self.verify_time_s,
         )

@@ -9,6 +9,7 @@ from schemas.events import (
     GenerateRequest,
     ReplyEvent,
     ReplyRoute,
+    RolloutState,
     SamplingParams,
     ServiceAnnouncement,
     SpecStats,
@@ -22,6 +23,6 @@ from schemas.events import (
 
 __all__ = [
     "SCHEMA_VERSION", "CancelRequest", "ChatMessage", "DeadLetter", "EdgeAnnouncement", "Completion", "ErrorEvent", "GenerateRequest", "ReplyEvent",
-    "ReplyRoute", "SamplingParams", "ServiceAnnouncement", "SpecStats", "SpecStepStats", "Timings", "TokenChunk", "TraceContext", "Usage",
+    "ReplyRoute", "RolloutState", "SamplingParams", "ServiceAnnouncement", "SpecStats", "SpecStepStats", "Timings", "TokenChunk", "TraceContext", "Usage",
     "WorkerAnnouncement",
 ]

@@ -270,6 +270,27 @@ class ServiceAnnouncement(Event):
     at: float = Field(description="Unix time of this announcement.")
 
 
+class RolloutState(Event):
+    """The state of a canary rollout of one model, keyed by the model's name on the compacted rollouts topic.
+
+    Written by ``specstream rollout start`` at every step and outcome, and by ``rollout pause|resume|abort``; every
+    edge follows it and sends ``percent`` % of new requests (by a stable hash of the request id) to the candidate
+    pool's request topic ``<candidate_prefix>.requests``."""
+
+    type: Literal["rollout"] = "rollout"
+    model: str = Field(min_length=1, description="The model name both pools serve.")
+    rollout_id: str = Field(min_length=1, max_length=64)
+    candidate: str = Field(default="", description="What the candidate is (its configuration file), for people.")
+    candidate_prefix: str = Field(min_length=1, pattern=r"^[a-zA-Z0-9._-]+$",
+                                  description="Topic prefix of the candidate pool (its requests, cancellations).")
+    state: Literal["starting", "running", "paused", "completed", "rolled_back", "aborted"]
+    percent: float = Field(ge=0, le=100, description="Share of new requests sent to the candidate.")
+    steps: list[float] = Field(default_factory=list, description="The planned percentages.")
+    step: int = Field(default=0, ge=0, description="Index of the current step in steps.")
+    reason: str = Field(default="", description="Why the rollout is in this state (the failed gate, who aborted).")
+    at: float = Field(description="Unix time of this state.")
+
+
 class EdgeAnnouncement(Event):
     """Published by each edge on start and every minute; `specstream topics gc` keeps the reply topics of edges
     announced recently and deletes those of edges gone for longer."""
@@ -295,3 +316,8 @@ class DeadLetter(Event):
     original_key_b64: str | None = None
     consumer: str = Field(description="Which consumer rejected it (worker id).")
     at: float
+    undelivered: str | None = Field(
+        default=None,
+        description="For reply_undeliverable: the final reply event (JSON) that could not be delivered to the "
+        "request's reply topic; the original is the request, so a redrive generates the answer again.",
+    )

@@ -14,6 +14,7 @@ from schemas.events import (
     DeadLetter,
     EdgeAnnouncement,
     GenerateRequest,
+    RolloutState,
     ServiceAnnouncement,
     WorkerAnnouncement,
 )
@@ -124,9 +125,19 @@ class TopicCatalog:
             max_message_bytes=DEAD_LETTER_MAX_BYTES,
         )
 
+    @property
+    def rollouts(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.rollouts", partitions=1, key="model",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(RolloutState), compacted=True,
+            purpose="Canary rollouts: each model's newest state (share of requests to the candidate pool, step, "
+            "outcome and why); every edge follows it, so a restarted or second edge routes alike.",
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
-        return [self.requests, self.cancellations, self.workers, self.services, self.edges, self.dead_letters]
+        return [self.requests, self.cancellations, self.workers, self.services, self.edges, self.dead_letters,
+                self.rollouts]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

@@ -26,12 +26,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import ValidationError
 
 from schemas.events import DeadLetter
 from schemas.topics import DEAD_LETTER_MAX_BYTES
 from streams import kafka_io
+from streams.kafka_connection import Connectable
 
 REDRIVEN_HEADER = "specstream-redriven-from"
 
@@ -59,14 +60,14 @@ class Letter:
                 "original_bytes": len(self.original), "original_preview": _preview(self.original)}
 
 
-async def read_letters(bootstrap_servers: str, topic: str, *, limit: int | None = None,
+async def read_letters(kafka: Connectable, topic: str, *, limit: int | None = None,
                        offsets: Iterable[int] | None = None, timeout_s: float = 30.0) -> list[Letter]:
     """Dead letters in offset order: the newest ``limit`` of them, or exactly those at ``offsets``."""
     wanted = sorted(set(offsets)) if offsets is not None else None
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=2 * DEAD_LETTER_MAX_BYTES,
-                                fetch_max_bytes=4 * DEAD_LETTER_MAX_BYTES)
+    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False,
+                                      auto_offset_reset="earliest", max_partition_fetch_bytes=2 * DEAD_LETTER_MAX_BYTES,
+                                      fetch_max_bytes=4 * DEAD_LETTER_MAX_BYTES)
     await asyncio.wait_for(consumer.start(), timeout_s)
     try:
         consumer.assign([tp])
@@ -108,13 +109,13 @@ def _parse(offset: int, value: bytes | None) -> Letter:
         return Letter(offset, None, kafka_io.validation_summary(error))
 
 
-async def redrive(bootstrap_servers: str, letters: list[Letter], *, to_topic: str | None = None,
+async def redrive(kafka: Connectable, letters: list[Letter], *, to_topic: str | None = None,
                   dead_letter_topic: str = "") -> list[tuple[Letter, str, int, int]]:
     """Publish each letter's original bytes (and key) to its source topic, or ``to_topic``.
 
     Returns (letter, topic, partition, offset) per message written. Letters that are not readable DeadLetters are
     skipped (nothing to re-drive)."""
-    producer = kafka_io.make_producer(bootstrap_servers, client_id="specstream-dlq",
+    producer = kafka_io.make_producer(kafka, client_id="specstream-dlq",
                                       max_request_size=DEAD_LETTER_MAX_BYTES)
     await producer.start()
     written: list[tuple[Letter, str, int, int]] = []
@@ -166,10 +167,10 @@ def cmd_dlq(args: argparse.Namespace, settings: Any) -> int:
 
 
 async def _dlq(args: argparse.Namespace, settings: Any) -> int:
-    servers = settings.kafka.bootstrap_servers
+    kafka = settings.kafka
     topic = settings.catalog.dead_letters.name
     if args.dlq_action == "list":
-        letters = await read_letters(servers, topic, limit=max(0, args.limit))
+        letters = await read_letters(kafka, topic, limit=max(0, args.limit))
         for item in letters:
             if args.json:
                 print(json.dumps(item.as_dict(), ensure_ascii=False))
@@ -183,13 +184,13 @@ async def _dlq(args: argparse.Namespace, settings: Any) -> int:
         if not args.json:
             print(f"{len(letters)} dead letter(s) shown from {topic}", file=sys.stderr)
         return 0
-    letters = await read_letters(servers, topic, offsets=None if args.all else args.offset)
+    letters = await read_letters(kafka, topic, offsets=None if args.all else args.offset)
     if not args.all:
         missing = sorted(set(args.offset) - {item.offset for item in letters})
         if missing:
             print(f"dlq: no dead letter at offset(s) {', '.join(map(str, missing))} of {topic}", file=sys.stderr)
             return 1
-    written = await redrive(servers, letters, to_topic=args.to, dead_letter_topic=topic)
+    written = await redrive(kafka, letters, to_topic=args.to, dead_letter_topic=topic)
     for item, out_topic, partition, offset in written:
         print(f"{item.offset} -> {out_topic}/{partition}@{offset}")
     print(f"re-drove {len(written)} dead letter(s)", file=sys.stderr)

@@ -5,7 +5,9 @@ cannot drift apart on durability settings, topic layout or wire format:
 
 * :func:`producer_options` / :func:`make_producer`: an idempotent ``acks=all``
   producer (a reply event is either stored on all in-sync replicas or the send
-  fails; retries never duplicate it).
+  fails; retries never duplicate it). :func:`make_consumer` / :func:`make_admin`:
+  the other clients. All connect with :func:`streams.kafka_connection.client_options`
+  (TLS, SASL), and take the ``kafka.*`` settings or a plain address.
 * :func:`ensure_topics`: create catalog topics idempotently with the configured
   replication factor and ``min.insync.replicas``.
 * :func:`encode` / :func:`decode` / :func:`decode_reply`: the JSON wire format
@@ -25,11 +27,25 @@ from typing import Any, Literal, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.codec import has_lz4
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from schemas.events import ReplyEvent
 from schemas.topics import Topic
+from streams.kafka_connection import (
+    Connectable,
+    KafkaAccessError,
+    check_connection,
+    client_options,
+    not_authorized,
+    settings_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +84,21 @@ def producer_options(*, client_id: str, max_request_size: int = 1024 * 1024) -> 
     }
 
 
-def make_producer(bootstrap_servers: str, *, client_id: str, max_request_size: int = 1024 * 1024) -> AIOKafkaProducer:
+def make_producer(kafka: Connectable, *, client_id: str, max_request_size: int = 1024 * 1024) -> AIOKafkaProducer:
     """An unstarted producer with specstream's durability settings; ``await producer.start()`` before use."""
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap_servers,
+        **client_options(kafka),
         **producer_options(client_id=client_id, max_request_size=max_request_size),
     )
+
+
+def make_consumer(kafka: Connectable, **options: Any) -> AIOKafkaConsumer:
+    """An unstarted consumer of ``kafka`` (settings or a plain address) with the given consumer options."""
+    return AIOKafkaConsumer(**client_options(kafka), **options)
+
+
+def make_admin(kafka: Connectable, *, client_id: str = "specstream-admin", **options: Any) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(**client_options(kafka), client_id=client_id, **options)
 
 
 def request_key(request_id: str) -> bytes:
@@ -142,7 +167,7 @@ def _new_topic(topic: Topic, replication_factor: int, min_insync_replicas: int) 
 
 
 async def ensure_topics(
-    bootstrap_servers: str,
+    kafka: Connectable,
     topics: Iterable[Topic],
     *,
     replication_factor: int = 1,
@@ -153,30 +178,21 @@ async def ensure_topics(
     """Create the topics that do not exist yet; existing topics are left as they are.
 
     Idempotent, so every process (CLI, worker, edge, tests) may call it at start
-    without coordinating. Raises ``KafkaError`` with a one-line message when the
-    cluster refuses a topic for another reason (e.g. fewer brokers than
-    ``replication_factor``).
+    without coordinating. Only missing topics are created, so a service that may
+    not create topics (least-privilege ACLs) passes once they exist. Raises
+    ``KafkaError`` with a one-line message when the cluster refuses a topic for
+    another reason (e.g. fewer brokers than ``replication_factor``).
     """
     wanted = list(topics)
     if not wanted:
         return []
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id=client_id, request_timeout_ms=int(timeout_s * 1000))
-    await _start_admin(admin, bootstrap_servers, timeout_s)
+    admin = make_admin(kafka, client_id=client_id, request_timeout_ms=int(timeout_s * 1000))
+    await start_admin(admin, kafka, timeout_s)
     try:
-        response = await admin.create_topics(
-            [_new_topic(t, replication_factor, min_insync_replicas) for t in wanted], timeout_ms=int(timeout_s * 1000)
-        )
-        results: list[TopicResult] = []
-        for topic_error in response.to_object()["topic_errors"]:
-            name, code = topic_error["topic"], topic_error["error_code"]
-            if not code:
-                results.append(TopicResult(name, created=True))
-                continue
-            error = for_code(code)(topic_error.get("error_message") or f"error code {code}")
-            if isinstance(error, TopicAlreadyExistsError):
-                results.append(TopicResult(name, created=False))
-            else:
-                raise KafkaError(f"cannot create topic {name}: {type(error).__name__}: {error}")
+        existing = set(await admin.list_topics())
+        missing = [t for t in wanted if t.name not in existing]
+        created = await _create(admin, missing, replication_factor, min_insync_replicas, timeout_s) if missing else set()
+        results = [TopicResult(t.name, created=t.name in created) for t in wanted]
         # Creation is acknowledged by the controller before every broker knows the
         # topic; wait until metadata shows it so the first produce does not fail.
         await wait_visible(admin, [t.name for t in wanted], timeout_s)
@@ -189,21 +205,40 @@ async def ensure_topics(
         await admin.close()
 
 
-async def list_topics(bootstrap_servers: str, *, timeout_s: float = 30.0) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="specstream-admin")
-    await _start_admin(admin, bootstrap_servers, timeout_s)
+async def _create(admin: AIOKafkaAdminClient, topics: list[Topic], replication_factor: int, min_insync_replicas: int,
+                  timeout_s: float) -> set[str]:
+    """Create the topics; return the names created here (another process may have been first with some)."""
+    response = await admin.create_topics(
+        [_new_topic(t, replication_factor, min_insync_replicas) for t in topics], timeout_ms=int(timeout_s * 1000))
+    created: set[str] = set()
+    for topic_error in response.to_object()["topic_errors"]:
+        name, code = topic_error["topic"], topic_error["error_code"]
+        error = for_code(code)(topic_error.get("error_message") or f"error code {code}") if code else None
+        if error is None:
+            created.add(name)
+        elif isinstance(error, TopicAuthorizationFailedError):
+            raise KafkaAccessError(f"{not_authorized(f'CREATE topic {name}')} "
+                                   "(or create the topics first: `specstream topics create` with an admin user)")
+        elif not isinstance(error, TopicAlreadyExistsError):
+            raise KafkaError(f"cannot create topic {name}: {type(error).__name__}: {error}")
+    return created
+
+
+async def list_topics(kafka: Connectable, *, timeout_s: float = 30.0) -> list[str]:
+    admin = make_admin(kafka)
+    await start_admin(admin, kafka, timeout_s)
     try:
         return sorted(await admin.list_topics())
     finally:
         await admin.close()
 
 
-async def delete_topics(bootstrap_servers: str, names: Sequence[str], *, timeout_s: float = 30.0) -> None:
+async def delete_topics(kafka: Connectable, names: Sequence[str], *, timeout_s: float = 30.0) -> None:
     """Delete topics, ignoring those that do not exist (used for temporary reply topics)."""
     if not names:
         return
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, client_id="specstream-admin")
-    await _start_admin(admin, bootstrap_servers, timeout_s)
+    admin = make_admin(kafka)
+    await start_admin(admin, kafka, timeout_s)
     try:
         existing = set(await admin.list_topics())
         doomed = [n for n in names if n in existing]
@@ -213,13 +248,21 @@ async def delete_topics(bootstrap_servers: str, names: Sequence[str], *, timeout
         await admin.close()
 
 
-async def _start_admin(admin: AIOKafkaAdminClient, bootstrap_servers: str, timeout_s: float) -> None:
+async def start_admin(admin: AIOKafkaAdminClient, kafka: Connectable, timeout_s: float) -> None:
+    """Start an admin client, or raise one line: KafkaAccessError (refused) or KafkaConnectionError (unreachable).
+
+    One direct connection goes first: it names what is wrong (credentials, certificate, protocol), where
+    aiokafka would log an error of its own and then only say that it could not bootstrap.
+    """
     try:
+        await asyncio.wait_for(check_connection(kafka), timeout=timeout_s)
         await asyncio.wait_for(admin.start(), timeout=timeout_s)
-    except (KafkaConnectionError, asyncio.TimeoutError) as error:
+    except (KafkaError, asyncio.TimeoutError) as error:
         await admin.close()
+        if isinstance(error, (KafkaAccessError, KafkaConnectionError)):
+            raise
         reason = "timed out" if isinstance(error, asyncio.TimeoutError) else (error.args[0] if error.args else error)
-        raise KafkaConnectionError(f"cannot reach Kafka at {bootstrap_servers}: {reason}") from error
+        raise KafkaConnectionError(f"cannot reach Kafka at {settings_of(kafka).bootstrap_servers}: {reason}") from error
 
 
 async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
@@ -245,15 +288,14 @@ async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: 
         await asyncio.sleep(0.1)
 
 
-async def read_partition(bootstrap_servers: str, topic: str, *, timeout_s: float = 30.0) -> list[ConsumerRecord]:
+async def read_partition(kafka: Connectable, topic: str, *, timeout_s: float = 30.0) -> list[ConsumerRecord]:
     """Every record of the topic's partition 0, from the beginning up to the end it had when called.
 
     For small bookkeeping topics (announcements, one reply topic) read whole; stops at
     timeout_s with what it has.
     """
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+    consumer = make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     records: list[ConsumerRecord] = []
     try:

@@ -19,12 +19,13 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import ValidationError
 
 from schemas.events import EdgeAnnouncement
 from schemas.topics import TopicCatalog
 from streams import kafka_io
+from streams.kafka_connection import Connectable
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,13 @@ class Verdict:
     why: str
 
 
-async def last_announcements(bootstrap_servers: str, catalog: TopicCatalog, timeout_s: float = 30.0) -> dict[str, float]:
+async def last_announcements(kafka: Connectable, catalog: TopicCatalog, timeout_s: float = 30.0) -> dict[str, float]:
     """edge_id -> time of its latest announcement."""
     seen: dict[str, float] = {}
     topic = catalog.edges.name
-    if topic not in await kafka_io.list_topics(bootstrap_servers, timeout_s=timeout_s):
+    if topic not in await kafka_io.list_topics(kafka, timeout_s=timeout_s):
         return seen
-    for record in await kafka_io.read_partition(bootstrap_servers, topic, timeout_s=timeout_s):
+    for record in await kafka_io.read_partition(kafka, topic, timeout_s=timeout_s):
         try:
             event = kafka_io.decode(record.value or b"", EdgeAnnouncement)
         except ValidationError:
@@ -52,13 +53,12 @@ async def last_announcements(bootstrap_servers: str, catalog: TopicCatalog, time
     return seen
 
 
-async def _newest_record_times(bootstrap_servers: str, topics: list[str], timeout_s: float) -> dict[str, float | None]:
+async def _newest_record_times(kafka: Connectable, topics: list[str], timeout_s: float) -> dict[str, float | None]:
     """Per topic, the timestamp of its newest record (partition 0), None when it holds none."""
     out: dict[str, float | None] = {}
     if not topics:
         return out
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
         tps = [TopicPartition(t, 0) for t in topics]
@@ -78,14 +78,14 @@ async def _newest_record_times(bootstrap_servers: str, topics: list[str], timeou
     return out
 
 
-async def collect(bootstrap_servers: str, catalog: TopicCatalog, *, idle_s: float,
+async def collect(kafka: Connectable, catalog: TopicCatalog, *, idle_s: float,
                   now: float | None = None, timeout_s: float = 30.0) -> list[Verdict]:
     now = time.time() if now is None else now
     prefix = catalog.replies("").name  # "<prefix>.replies."
-    topics = [t for t in await kafka_io.list_topics(bootstrap_servers, timeout_s=timeout_s) if t.startswith(prefix)
+    topics = [t for t in await kafka_io.list_topics(kafka, timeout_s=timeout_s) if t.startswith(prefix)
               and len(t) > len(prefix)]
-    announced = await last_announcements(bootstrap_servers, catalog, timeout_s)
-    newest = await _newest_record_times(bootstrap_servers, topics, timeout_s)
+    announced = await last_announcements(kafka, catalog, timeout_s)
+    newest = await _newest_record_times(kafka, topics, timeout_s)
     verdicts: list[Verdict] = []
     for topic in sorted(topics):
         edge_id = topic[len(prefix):]
@@ -100,18 +100,18 @@ async def collect(bootstrap_servers: str, catalog: TopicCatalog, *, idle_s: floa
     return verdicts
 
 
-async def gc(bootstrap_servers: str, catalog: TopicCatalog, *, idle_s: float, dry_run: bool = False,
+async def gc(kafka: Connectable, catalog: TopicCatalog, *, idle_s: float, dry_run: bool = False,
              timeout_s: float = 30.0) -> list[Verdict]:
-    verdicts = await collect(bootstrap_servers, catalog, idle_s=idle_s, timeout_s=timeout_s)
+    verdicts = await collect(kafka, catalog, idle_s=idle_s, timeout_s=timeout_s)
     doomed = [v.topic for v in verdicts if v.delete]
     if doomed and not dry_run:
-        await kafka_io.delete_topics(bootstrap_servers, doomed, timeout_s=timeout_s)
+        await kafka_io.delete_topics(kafka, doomed, timeout_s=timeout_s)
     return verdicts
 
 
 def run_gc(settings: object, *, idle_minutes: float, dry_run: bool) -> int:
     """The CLI's `topics gc`: one line per reply topic, what was done and why."""
-    verdicts = asyncio.run(gc(settings.kafka.bootstrap_servers, settings.catalog,  # type: ignore[attr-defined]
+    verdicts = asyncio.run(gc(settings.kafka, settings.catalog,  # type: ignore[attr-defined]
                               idle_s=idle_minutes * 60, dry_run=dry_run))
     for v in verdicts:
         action = ("would delete" if dry_run else "deleted") if v.delete else "kept"

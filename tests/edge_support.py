@@ -2,13 +2,13 @@
 
 * :func:`redis_server`: a real ``redis-server`` (Debian package) on a free port,
   in-memory only, stopped afterwards.
-* :func:`shared_worker`: one real ``specstream worker`` subprocess (tests/stack.py)
+* :func:`shared_worker`: one real ``specstream worker`` subprocess (streams/testing/stack.py)
   for every edge test module of the session, on a topic prefix of its own; the
   first module that asks starts it, the end of the session stops it. Loading the
   model takes a while on two cores, so the modules share it. Edges run in the
   test process (``streams.edge.server.serve_in_thread``) on that prefix.
 * :func:`edge_options`: EdgeOptions for such an edge (auth on, a keys file of the
-  test's own, the worker's context length).
+  test's own, the worker's context length), with more ``edge`` settings as keywords.
 * :func:`request_topic_messages`: every message on a prefix's request topic, to
   check that nothing malformed was published.
 """
@@ -26,8 +26,9 @@ from typing import Any
 
 import httpx
 
+from streams.config import EdgeAuthSettings, EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
 from streams.edge.settings import EdgeOptions
-from tests.stack import Stack, free_port, running_stack
+from streams.testing.stack import Stack, free_port, running_stack
 
 HEARTBEAT_S = 1.0
 MAX_MODEL_LEN = 512
@@ -96,14 +97,15 @@ def shared_worker(bootstrap_servers: str) -> Iterator[Stack]:
             manager.__exit__(None, None, None)
 
 
-def edge_options(bootstrap_servers: str, prefix: str, edge_id: str, keys_file: Path | None, **overrides: Any) -> EdgeOptions:
-    values: dict[str, Any] = dict(
-        bootstrap_servers=bootstrap_servers, topic_prefix=prefix, edge_id=edge_id, heartbeat_s=HEARTBEAT_S,
-        request_timeout_s=120.0, auth_enabled=True, keys_file=str(keys_file) if keys_file else None,
-        max_model_len=MAX_MODEL_LEN,
-    )
-    values.update(overrides)
-    return EdgeOptions(**values)
+def edge_options(bootstrap_servers: str, prefix: str, edge_id: str, keys_file: Path | None,
+                 **edge: Any) -> EdgeOptions:
+    auth = EdgeAuthSettings(enabled=True, keys_file=str(keys_file) if keys_file else None)
+    return EdgeOptions(Settings(
+        kafka=KafkaSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix),
+        edge=EdgeSettings(**{"edge_id": edge_id, "request_timeout_s": 120.0, "auth": auth, **edge}),
+        engine=EngineSettings(max_model_len=MAX_MODEL_LEN),
+        worker=WorkerSettings(heartbeat_s=HEARTBEAT_S),
+    ))
 
 
 def wait_ready(base_url: str, stack: Stack | None = None, timeout_s: float = 300.0) -> None:

@@ -1,15 +1,17 @@
-"""Configuration of speculative decoding (proposers and the adaptive controller).
+"""Configuration of speculative decoding: the one SpeculationConfig of the engine.
 
-Kept here rather than in engine/config.py so the speculation package has no
-dependency on the engine core; the engine's SpeculationConfig can embed a
-SpecConfig or map its fields onto one.
+`EngineConfig.speculation` is this class; streams/config.py's SpeculationSettings
+validates the user-facing fields and builds it, the fields after those are the
+controller's and the draft model's tuning, which only code (tests, benchmarks)
+sets. It lives next to the controller and the proposers that read it;
+engine.config re-exports it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-SpecMethod = Literal["ngram", "draft"]  # the names engine.config.SpeculationConfig uses
+SpecMethod = Literal["ngram", "draft"]
 # How a draft model drafts for sampled (temperature > 0) requests; greedy
 # requests always draft the argmax.
 #   "greedy":  draft argmax q. Deterministic proposal, so the verifier's coupled
@@ -31,38 +33,41 @@ DraftSampling = Literal["greedy", "coupled", "sampled"]
 
 
 @dataclass
-class SpecConfig:
+class SpeculationConfig:
+    # --- user-facing (one SpeculationSettings field each, same names)
     enabled: bool = True
     method: SpecMethod = "ngram"
-    max_draft_tokens: int = 8  # k_max: the most drafts per sequence per step
-
-    # n-gram (prompt lookup) proposer: match the last n tokens, n from max down to min.
-    ngram_max: int = 4
-    ngram_min: int = 1
-
-    # draft-model proposer
+    # Path or name of the draft model when method == "draft".
     draft_model: str | None = None
+    # How the draft model drafts for sampled requests (DraftSampling above).
     draft_sampling: DraftSampling = "greedy"
+    # k_max: the most drafts per sequence per step; sizes every KV region's draft slack.
+    max_draft_tokens: int = 8
+    # False: every enabled request gets max_draft_tokens (benchmarks showing a method's ceiling, tests).
+    adaptive: bool = True
+    # Speculation switches off for a request whose acceptance estimate falls
+    # below this (once min_trials accept tests back the estimate)...
+    min_acceptance: float = 0.3
+    # ...and a switched-off request probes again after this many steps.
+    probe_interval_steps: int = 16
+    # n-gram (prompt lookup) proposer: match the last n tokens, n from max down to min.
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    # --- draft-model proposer tuning
     # The draft's own KV arena: an absolute budget in bytes wins over the
     # fraction of free memory; never more than max_running x context is used.
     draft_kv_cache_bytes: int | None = None
     draft_kv_cache_fraction: float = 0.1
 
-    # --- adaptive controller
-    # False: every enabled request gets max_draft_tokens (benchmarks, tests).
-    adaptive: bool = True
-    # Speculation switches off for a request whose acceptance estimate falls
-    # below this, once at least min_trials accept tests back the estimate.
-    min_acceptance: float = 0.3
+    # --- adaptive controller tuning
     min_trials: float = 8.0
     # Acceptance is estimated from exponentially decayed counts of accept tests
     # (successes / trials), starting from a prior worth prior_weight trials.
     acceptance_prior: float = 0.5
     acceptance_prior_weight: float = 2.0
     acceptance_decay: float = 0.9
-    # A switched-off request probes again after probe_interval_steps with a
-    # probe_tokens draft; each failed probe doubles the interval, up to max.
-    probe_interval_steps: int = 16
+    # A probe drafts probe_tokens; each failed probe doubles the interval, up to max.
     max_probe_interval_steps: int = 512
     probe_tokens: int = 2
     # At a probe, old evidence is shrunk to this many trials so the probe counts.
@@ -97,16 +102,3 @@ class SpecConfig:
             raise ValueError("decays must be in (0, 1]")
         if self.probe_tokens < 1 or self.probe_interval_steps < 1:
             raise ValueError("probe_tokens and probe_interval_steps must be >= 1")
-
-    @classmethod
-    def from_engine(cls, speculation_config: object, **overrides: object) -> "SpecConfig":
-        """Build from engine.config.SpeculationConfig (or anything with the same
-        attribute names): fields both define are copied, the rest keep their
-        defaults unless given in overrides. Duck-typed so this package does not
-        import the engine's config module."""
-        values: dict[str, object] = {}
-        for name in cls.__dataclass_fields__:
-            if hasattr(speculation_config, name):
-                values[name] = getattr(speculation_config, name)
-        values.update(overrides)
-        return cls(**values)  # type: ignore[arg-type]

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.spec.config import SpecConfig
+from engine.spec.config import SpeculationConfig
 
 
 # ---------------------------------------------------------------- cost models
@@ -103,14 +103,12 @@ class OnlineCostModel:
             self._add(self._floor, x, y, prior_weight * self._PRIOR_FLOOR)
         self._draft_per_token = draft_per_token_s
         self._draft_seen = False
-        self.num_observed = 0
         self._fit = self._solve()
 
     def observe(self, num_tokens: int, elapsed_s: float, draft_s: float, drafted: int) -> None:
         if num_tokens > 0 and elapsed_s > 0.0:
             self._s = [self._decay * v for v in self._s]
             self._add(self._s, float(num_tokens), elapsed_s, 1.0)
-            self.num_observed += 1
             self._fit = self._solve()
         if drafted > 0 and draft_s >= 0.0:
             per = draft_s / drafted
@@ -167,7 +165,6 @@ class SpecState:
     # Cumulative counters.
     drafted_total: int = 0
     accepted_total: int = 0
-    steps: int = 0
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -200,7 +197,7 @@ class ControllerTelemetry:
 
 
 class SpeculationController:
-    def __init__(self, cfg: SpecConfig, cost_model: CostModel | None = None) -> None:
+    def __init__(self, cfg: SpeculationConfig, cost_model: CostModel | None = None) -> None:
         self.cfg = cfg
         self.cost_model: CostModel = cost_model or OnlineCostModel(
             fixed_s=cfg.cost_prior_fixed_s,
@@ -230,17 +227,16 @@ class SpeculationController:
         """Draft lengths for this step, one per decoding request.
 
         base_tokens: tokens the step feeds without drafts (prefill chunks plus
-        one per decoding sequence). caps: optional per-request upper bounds
-        (e.g. tokens left before max_tokens, minus one). Also sets state.k.
+        one per decoding sequence). caps: per request the most drafts it may
+        verify, each in 0..max_draft_tokens (engine.scheduler.draft_cap decides
+        them); None: max_draft_tokens for all. Also sets state.k.
         """
         n = len(states)
-        if caps is not None and len(caps) != n:
-            raise ValueError(f"got {len(caps)} caps for {n} states")
-        self.step += 1
         kmax = self.cfg.max_draft_tokens
-        cap_of = [max(0, min(kmax, c)) for c in caps] if caps is not None else [kmax] * n
-        for s in states:
-            s.steps += 1
+        cap_of = list(caps) if caps is not None else [kmax] * n
+        if len(cap_of) != n or any(not 0 <= c <= kmax for c in cap_of):
+            raise ValueError(f"need {n} caps in 0..{kmax}, got {cap_of}")
+        self.step += 1
 
         if not self.cfg.adaptive:
             out = [c if s.enabled else 0 for s, c in zip(states, cap_of)]
@@ -252,42 +248,18 @@ class SpeculationController:
             return []
 
         costs = self.cost_model.costs()
-        c0, c1, cd = costs.fixed_s, costs.per_token_s, costs.draft_per_token_s
+        marginal_s = costs.per_token_s + costs.draft_per_token_s  # one more draft token, fed and drafted
         base_time = max(costs.step_time(base_tokens, 0), 1e-12)
-        share = base_time / n  # each request's share of the step it rides in anyway
         # Can any draft pay right now? Even a certainly-accepted draft token only
         # pays if its marginal cost is below the time per token of the plain
         # step. When not (compute-bound), probes wait: they could not change
         # the decision.
-        can_pay = (c1 + cd) * n < base_time
+        can_pay = marginal_s * n < base_time
         limits = [min(self._request_limit(s, kmax, can_pay), c) for s, c in zip(states, cap_of)]
         accs = [self.acceptance(s) for s in states]
-
-        # Per request: the k maximising E(k) / (share + marginal cost of k drafts),
-        # at least 1 while the request is on: whether a request is worth drafting
-        # for at all is decided by the global cap below and by the acceptance
-        # gate. Probes keep their length: their point is to measure, not to pay.
-        best_k: list[int] = []
-        for s, a, lim in zip(states, accs, limits):
-            if s.probing or lim == 0:
-                best_k.append(lim)
-                continue
-            best, best_rate = 1, expected_tokens(a, 1) / (share + (c1 + cd))
-            for k in range(2, lim + 1):
-                rate = expected_tokens(a, k) / (share + (c1 + cd) * k)
-                if rate > best_rate * (1.0 + 1e-9):  # ties go to the shorter draft
-                    best, best_rate = k, rate
-            best_k.append(best)
-
-        # Global: the cap K with the most expected tokens per second for the batch.
-        best_cap, best_tps = 0, -1.0
-        for cap in range(0, kmax + 1):
-            ks = [k if s.probing else min(k, cap) for s, k in zip(states, best_k)]
-            drafted = sum(ks)
-            time_s = max(c0 + c1 * (base_tokens + drafted) + cd * drafted, 1e-12)
-            tps = sum(expected_tokens(a, k) for a, k in zip(accs, ks)) / time_s
-            if tps > best_tps * (1.0 + 1e-9):  # ties go to the smaller cap
-                best_cap, best_tps = cap, tps
+        # base_time / n: each request's share of the step it rides in anyway.
+        best_k = self._best_lengths(states, accs, limits, base_time / n, marginal_s)
+        best_cap, best_tps = self._best_cap(states, accs, best_k, base_tokens, costs)
         explore = self.cfg.explore_interval_steps
         if explore and best_cap == 0 and self.step % explore == 0:
             best_cap = 1  # keep the cost model seeing steps with drafts
@@ -305,6 +277,43 @@ class SpeculationController:
                 self._switch_off(s)
             out.append(s.k)
         return out
+
+    @staticmethod
+    def _best_lengths(
+        states: Sequence[SpecState], accs: list[float], limits: list[int], share: float, marginal_s: float
+    ) -> list[int]:
+        """Per request: the k maximising E(k) / (share + marginal cost of k drafts),
+        at least 1 while the request is on: whether a request is worth drafting
+        for at all is decided by the global cap and by the acceptance gate.
+        Probes keep their length: their point is to measure, not to pay."""
+        best_k: list[int] = []
+        for s, a, lim in zip(states, accs, limits):
+            if s.probing or lim == 0:
+                best_k.append(lim)
+                continue
+            best, best_rate = 1, expected_tokens(a, 1) / (share + marginal_s)
+            for k in range(2, lim + 1):
+                rate = expected_tokens(a, k) / (share + marginal_s * k)
+                if rate > best_rate * (1.0 + 1e-9):  # ties go to the shorter draft
+                    best, best_rate = k, rate
+            best_k.append(best)
+        return best_k
+
+    def _best_cap(
+        self, states: Sequence[SpecState], accs: list[float], best_k: list[int], base_tokens: int, costs: StepCosts
+    ) -> tuple[int, float]:
+        """The global cap K (request i drafts min(K, k_i); probes keep theirs) with
+        the most expected tokens per second for the batch, and that rate."""
+        c0, c1, cd = costs.fixed_s, costs.per_token_s, costs.draft_per_token_s
+        best_cap, best_tps = 0, -1.0
+        for cap in range(0, self.cfg.max_draft_tokens + 1):
+            ks = [k if s.probing else min(k, cap) for s, k in zip(states, best_k)]
+            drafted = sum(ks)
+            time_s = max(c0 + c1 * (base_tokens + drafted) + cd * drafted, 1e-12)
+            tps = sum(expected_tokens(a, k) for a, k in zip(accs, ks)) / time_s
+            if tps > best_tps * (1.0 + 1e-9):  # ties go to the smaller cap
+                best_cap, best_tps = cap, tps
+        return best_cap, best_tps
 
     def _request_limit(self, s: SpecState, kmax: int, can_pay: bool) -> int:
         if not s.enabled:

@@ -12,7 +12,7 @@ Per propose call, batched across sequences:
 2. draft: one forward per draft position for all sequences still drafting;
    each forward feeds the previous draft token and yields the next.
 
-How a sampled (temperature > 0) request drafts is `SpecConfig.draft_sampling`
+How a sampled (temperature > 0) request drafts is `SpeculationConfig.draft_sampling`
 (see there): "greedy" (default) and "coupled" are deterministic given the
 prefix and the seed, so the verifier's coupled rule keeps the text identical
 to non-speculative sampling and a redelivered request reproduces it whatever
@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_token
-from engine.model import Decoder, FlatBatchBuilder
+from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_token, region_size
+from engine.model import Decoder
+from engine.runner import FlatBatchBuilder
 from engine.sampler import STREAM_DRAFT, STREAM_SAMPLE, NoiseKey, exponential_noise, race, target_probs
-from engine.spec.config import SpecConfig
+from engine.spec.config import SpeculationConfig
 from engine.spec.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
 
 if TYPE_CHECKING:
@@ -126,7 +127,7 @@ class DraftModelProposer:
     def __init__(
         self,
         model: Decoder,
-        cfg: SpecConfig,
+        cfg: SpeculationConfig,
         target_vocab_size: int,
         kv_cache_tokens: int,
         name: str = "draft",
@@ -144,7 +145,7 @@ class DraftModelProposer:
     @classmethod
     def from_engine(
         cls,
-        cfg: SpecConfig,
+        cfg: SpeculationConfig,
         target: LoadedModel,
         max_model_len: int | None = None,
         max_running_requests: int | None = None,
@@ -169,7 +170,7 @@ class DraftModelProposer:
         budget = kv_budget_bytes(draft.device, cfg.draft_kv_cache_bytes, cfg.draft_kv_cache_fraction)
         tokens = budget // per_token
         if max_model_len is not None and max_running_requests is not None:
-            tokens = min(tokens, max_running_requests * (max_model_len + cfg.max_draft_tokens + 1))
+            tokens = min(tokens, max_running_requests * region_size(max_model_len, cfg.max_draft_tokens))
         if tokens <= 0:
             raise ValueError(f"the draft KV budget of {budget} bytes holds no token ({per_token} bytes per token)")
         return cls(draft.model, cfg, target_vocab, int(tokens), name=cfg.draft_model)
@@ -256,7 +257,7 @@ class DraftModelProposer:
         if st is not None:  # outgrew its region (max_tokens larger than planned): move
             self.release(inp.seq_id)
         # Size the region for the sequence's whole life, like the target's.
-        size = max(needed, inp.num_prompt_tokens + inp.params.max_tokens + self.cfg.max_draft_tokens + 1)
+        size = max(needed, region_size(inp.num_prompt_tokens + inp.params.max_tokens, self.cfg.max_draft_tokens))
         size = min(size, max(needed, self.model.max_positions + 1))
         slot = self.kv_cache.allocate(size)
         if slot is None:

@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 from engine.sampler import RequestRng
 
 
@@ -31,7 +31,7 @@ class ProposalInput:
 
     seq_id: str
     token_ids: list[int]
-    params: SamplingParams
+    params: SamplingOptions
     num_prompt_tokens: int = 0
     rng: RequestRng | None = None
 

@@ -33,6 +33,8 @@ from infra.kafka.java import find_java
 from infra.kafka.locking import exclusive
 from infra.kafka.properties import configured_listeners, listeners, write_server_properties
 from infra.kafka.readiness import ReadyReport, await_ready
+from infra.kafka.secure import prepare as prepare_security
+from infra.kafka.secure import secured_single_node
 from infra.kafka.spec import ClusterSpec, KafkaNodeSpec, single_node, three_nodes
 from infra.kafka.storage import format_missing
 
@@ -49,6 +51,7 @@ __all__ = [
     "ensure_kafka_jars",
     "kill_node",
     "reset",
+    "secured_single_node",
     "single_node",
     "start",
     "start_node",
@@ -227,6 +230,7 @@ def _launch(spec: ClusterSpec, nodes: Sequence[KafkaNodeSpec], progress: Progres
     libs = ensure_kafka_jars(spec.kafka_version, progress)
     for node in nodes:
         _check_ports_free(node)
+    prepare_security(spec)
     formatted = format_missing(spec, java, libs)
     for node in nodes:
         write_server_properties(spec, node)

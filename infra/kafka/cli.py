@@ -18,14 +18,21 @@ from typing import Any
 from infra.kafka import broker
 from infra.kafka.errors import KafkaInfraError
 from infra.kafka.paths import env_port
+from infra.kafka.secure import DEFAULT_SECURE_PORT, client_config_file, secured_single_node, user_env_file
 from infra.kafka.spec import DEFAULT_CLUSTER_BASE_PORT, ClusterSpec
 
 SINGLE_PORT_ENV = "SPECSTREAM_KAFKA_PORT"
 CLUSTER_PORT_ENV = "SPECSTREAM_KAFKA_CLUSTER_PORT"
+SECURE_PORT_ENV = "SPECSTREAM_KAFKA_SECURE_PORT"
 
 
 def spec_from_args(args: argparse.Namespace) -> ClusterSpec:
     state_dir: Path | None = args.state_dir
+    if args.secure:
+        if args.cluster:
+            raise ValueError("--secure runs a single node; it cannot be combined with --cluster")
+        port = args.port if args.port is not None else env_port(SECURE_PORT_ENV, DEFAULT_SECURE_PORT)
+        return broker.secured_single_node(port=port, state_dir=state_dir, authorizer=not args.no_authorizer)
     if args.cluster:
         base_port = args.port if args.port is not None else env_port(CLUSTER_PORT_ENV, DEFAULT_CLUSTER_BASE_PORT)
         return broker.three_nodes(base_port=base_port, state_dir=state_dir)
@@ -45,12 +52,20 @@ def _cmd_start(spec: ClusterSpec, args: argparse.Namespace) -> int:
     prefix = f"kafka {spec.name}:"
     where = f"on {spec.bootstrap_servers} ({_pids(result.status)})"
     if not result.started:
-        print(f"{prefix} already running {where}")
+        print(f"{prefix} already running {where}{_client_hint(spec)}")
         return 0
     ready = f", ready in {result.ready.elapsed_s:.1f}s" if result.ready else ""
     partial = "" if len(result.started) == len(spec.nodes) else f" node(s) {list(result.started)}"
-    print(f"{prefix} started{partial} {where}{ready}")
+    print(f"{prefix} started{partial} {where}{ready}{_client_hint(spec)}")
     return 0
+
+
+def _client_hint(spec: ClusterSpec) -> str:
+    security = spec.security
+    if security is None:
+        return ""
+    admin_env = user_env_file(security, security.admin_user)
+    return f"; clients: --config {client_config_file(security)} with the user of {admin_env}"
 
 
 def _cmd_stop(spec: ClusterSpec, args: argparse.Namespace) -> int:
@@ -129,6 +144,10 @@ def _common_options() -> argparse.ArgumentParser:
         help=f"broker port (single, default ${SINGLE_PORT_ENV} or 9092; controller = port+1) "
         f"or base port (cluster, default ${CLUSTER_PORT_ENV} or {DEFAULT_CLUSTER_BASE_PORT})",
     )
+    common.add_argument("--secure", action="store_true",
+                        help=f"the secured single node: SASL_SSL + SCRAM with an authorizer (default port "
+                        f"${SECURE_PORT_ENV} or {DEFAULT_SECURE_PORT}; see infra.kafka.secure)")
+    common.add_argument("--no-authorizer", action="store_true", help="--secure without the StandardAuthorizer")
     common.add_argument("--state-dir", type=Path, default=None, help="override the state folder of this deployment")
     common.add_argument("--timeout", type=float, default=None, help="seconds to wait (start/wait/stop)")
     common.add_argument("--json", action="store_true", help="status: print the full status as JSON")

@@ -6,6 +6,8 @@ takes effect on the next restart without wiping data.
 
 from __future__ import annotations
 
+from infra.kafka.certs import write_private
+from infra.kafka.secure import broker_security_properties
 from infra.kafka.spec import ClusterSpec, KafkaNodeSpec
 
 # Internal topics get this many partitions instead of Kafka's 50: creating 50
@@ -15,7 +17,7 @@ _INTERNAL_TOPIC_PARTITIONS = 12
 
 
 def listeners(node: KafkaNodeSpec) -> str:
-    return f"PLAINTEXT://{node.bootstrap_server},CONTROLLER://{node.controller_endpoint}"
+    return f"{node.protocol}://{node.bootstrap_server},CONTROLLER://{node.controller_endpoint}"
 
 
 def configured_listeners(node: KafkaNodeSpec) -> str | None:
@@ -35,9 +37,10 @@ def _listeners(node: KafkaNodeSpec) -> dict[str, str]:
     return {
         "listeners": listeners(node),
         "advertised.listeners": listeners(node),
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        # The controller listener stays PLAINTEXT on 127.0.0.1 (KRaft cannot use SCRAM there).
+        "listener.security.protocol.map": f"{node.protocol}:{node.protocol},CONTROLLER:PLAINTEXT",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
+        "inter.broker.listener.name": node.protocol,
     }
 
 
@@ -97,6 +100,8 @@ def server_properties(cluster: ClusterSpec, node: KafkaNodeSpec) -> dict[str, st
     settings.update(_listeners(node))
     settings.update(_replication(cluster))
     settings.update(_runtime(cluster))
+    if cluster.security is not None:
+        settings.update(broker_security_properties(cluster.security, node))
     settings.update(cluster.extra_properties)
     return settings
 
@@ -108,5 +113,5 @@ def render(settings: dict[str, str]) -> str:
 
 
 def write_server_properties(cluster: ClusterSpec, node: KafkaNodeSpec) -> None:
-    node.state_dir.mkdir(parents=True, exist_ok=True)
-    node.config_file.write_text(render(server_properties(cluster, node)))
+    # Owner-only: a secured node's file holds the inter-broker password.
+    write_private(node.config_file, render(server_properties(cluster, node)).encode())

@@ -13,12 +13,14 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from infra.kafka.errors import NotReadyError
+from infra.kafka.secure import admin_client_options
 from infra.kafka.spec import ClusterSpec, KafkaNodeSpec
 
 READINESS_TOPIC = "__specstream_readiness"
@@ -66,12 +68,17 @@ async def _ensure_readiness_topic(admin: AIOKafkaAdminClient, cluster: ClusterSp
             raise _NotYet(f"creating {READINESS_TOPIC}: {error_type.__name__} {details[0] if details else ''}")
 
 
-async def _produce_probe(bootstrap: str) -> None:
+def _client_options(cluster: ClusterSpec) -> dict[str, Any]:
+    return admin_client_options(cluster.security) if cluster.security is not None else {}
+
+
+async def _produce_probe(cluster: ClusterSpec, bootstrap: str) -> None:
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         acks="all",
         request_timeout_ms=_ATTEMPT_TIMEOUT_MS,
         client_id="specstream-readiness",
+        **_client_options(cluster),
     )
     await producer.start()
     try:
@@ -84,7 +91,8 @@ async def _attempt(cluster: ClusterSpec, nodes: Sequence[KafkaNodeSpec]) -> tupl
     for node in nodes:
         await _tcp_reachable(node)
     bootstrap = ",".join(node.bootstrap_server for node in nodes)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=_ATTEMPT_TIMEOUT_MS)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=_ATTEMPT_TIMEOUT_MS,
+                                **_client_options(cluster))
     await admin.start()
     try:
         broker_ids = await _broker_ids(admin)
@@ -94,7 +102,7 @@ async def _attempt(cluster: ClusterSpec, nodes: Sequence[KafkaNodeSpec]) -> tupl
         await _ensure_readiness_topic(admin, cluster)
     finally:
         await admin.close()
-    await _produce_probe(bootstrap)
+    await _produce_probe(cluster, bootstrap)
     return broker_ids
 
 

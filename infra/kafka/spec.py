@@ -37,6 +37,8 @@ class KafkaNodeSpec:
     state_dir: Path
     heap_mb: int
     host: str = LOCALHOST
+    # The client listener's security protocol: PLAINTEXT, or SASL_SSL on a secured deployment.
+    protocol: str = "PLAINTEXT"
 
     @property
     def bootstrap_server(self) -> str:
@@ -73,6 +75,24 @@ class KafkaNodeSpec:
 
 
 @dataclass(frozen=True)
+class BrokerSecurity:
+    """A secured deployment: a SASL_SSL client listener, SCRAM users, optionally an authorizer.
+
+    Certificates, passwords and client files live in ``folder`` (see :mod:`infra.kafka.secure`).
+    """
+
+    folder: Path
+    authorizer: bool = True
+    admin_user: str = "admin"
+    # SCRAM users created at format time besides the admin: one per specstream service.
+    users: tuple[str, ...] = ("specstream-edge", "specstream-worker")
+
+    @property
+    def all_users(self) -> tuple[str, ...]:
+        return (self.admin_user, *self.users)
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     """A set of nodes forming one KRaft cluster, plus the topic defaults they enforce."""
 
@@ -83,6 +103,7 @@ class ClusterSpec:
     min_insync_replicas: int
     kafka_version: str
     auto_create_topics: bool = False
+    security: BrokerSecurity | None = None
     # Escape hatch for experiments; these win over everything we generate.
     extra_properties: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -126,6 +147,7 @@ def single_node(
     auto_create_topics: bool = False,
     extra_properties: Mapping[str, str] | None = None,
     version: str | None = None,
+    security: BrokerSecurity | None = None,
 ) -> ClusterSpec:
     """A one-node cluster for development: replication factor 1 everywhere.
 
@@ -140,7 +162,8 @@ def single_node(
         raise ValueError(f"broker and controller ports must differ (both {port})")
     root = state_dir if state_dir is not None else state_root() / _folder_name("kafka-single", port, 9092)
     node = KafkaNodeSpec(
-        node_id=1, broker_port=port, controller_port=resolved_controller, state_dir=root, heap_mb=heap_mb
+        node_id=1, broker_port=port, controller_port=resolved_controller, state_dir=root, heap_mb=heap_mb,
+        protocol="SASL_SSL" if security is not None else "PLAINTEXT",
     )
     return ClusterSpec(
         name="single",
@@ -150,6 +173,7 @@ def single_node(
         min_insync_replicas=1,
         kafka_version=version or kafka_version(),
         auto_create_topics=auto_create_topics,
+        security=security,
         extra_properties=MappingProxyType(dict(extra_properties or {})),
     )
 

@@ -18,6 +18,7 @@ from infra.kafka.errors import BrokerStartError
 from infra.kafka.java import JavaRuntime
 from infra.kafka.paths import LOG4J2_CONFIG
 from infra.kafka.properties import write_server_properties
+from infra.kafka.secure import scram_format_flags
 from infra.kafka.spec import ClusterSpec, KafkaNodeSpec
 
 _FORMAT_TIMEOUT_S = 120
@@ -93,6 +94,7 @@ def _format_command(
         "--cluster-id",
         identity.cluster_id,
         *_quorum_flags(cluster, identity),
+        *(scram_format_flags(cluster.security) if cluster.security is not None else []),
     ]
 
 

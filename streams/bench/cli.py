@@ -216,6 +216,7 @@ def _backend_options(args: argparse.Namespace, settings: Any) -> BackendOptions:
         base_url=base_url, endpoint=args.endpoint, ws_connections=args.ws_connections,
         bootstrap_servers=args.bootstrap_servers or getattr(kafka, "bootstrap_servers", BackendOptions.bootstrap_servers),
         topic_prefix=args.topic_prefix or getattr(kafka, "topic_prefix", BackendOptions.topic_prefix),
+        kafka=kafka,
         api_key=args.api_key or os.environ.get("SPECSTREAM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
         engine_config=engine_config,
     )

@@ -13,47 +13,51 @@ recently, else 503 with the reason; :mod:`streams.edge.readiness`), ``GET /``
 (the browser chat page, ``streams/edge/static``) and ``GET /openapi.json``
 (:mod:`streams.edge.openapi`; ``/docs`` renders it).
 
-Security and validation: :mod:`streams.edge.auth` (API keys, per tenant),
-:mod:`streams.edge.limits` (per-tenant rpm / tpm / concurrency),
-:mod:`streams.edge.validation` (sizes, encoding, parameters, context length)
-and :mod:`streams.edge.gate`, which strings them together per request and
-writes the access log (never keys or prompts).
+Security and validation: :mod:`streams.edge.auth` (API keys, per tenant)
+and the admission pipeline every generation request passes
+(:mod:`streams.edge.admission.pipeline`: sizes, encoding, parameters, model,
+context length, the tenant's limits from :mod:`streams.edge.limits`), which
+writes the access log (:mod:`streams.edge.access`; never keys or prompts).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from streams.config import Settings
 from streams.edge import errors, openai_api, openapi, ws
-from streams.edge.core import Edge
-from streams.edge.gate import Gate
+from streams.edge.admission.pipeline import Pipeline
+from streams.edge.core import Edge, prepare_edge
 from streams.edge.settings import EdgeOptions
+from streams.kafka_connection import KafkaAccessError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Any = None) -> FastAPI:
-    """The edge's ASGI app. ``settings``: a streams.config.Settings, an EdgeOptions, or None (load_settings())."""
+def create_app(settings: Settings | EdgeOptions | None = None) -> FastAPI:
+    """The edge's ASGI app. ``settings``: the project's, an EdgeOptions, or None (load_settings())."""
     edge_settings = EdgeOptions.from_settings(settings)
 
     # Built here, not in the lifespan: a bad keys file or Redis URL fails the start, not the first request.
-    gate = Gate(edge_settings)
+    pipeline = Pipeline(edge_settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         edge = Edge(edge_settings)
         app.state.edge = edge
-        await gate.start()
+        await pipeline.start()
         try:
             await edge.start()
             try:
@@ -61,11 +65,11 @@ def create_app(settings: Any = None) -> FastAPI:
             finally:
                 await edge.stop()
         finally:
-            await gate.stop()
+            await pipeline.stop()
 
     app = FastAPI(title="specstream edge", version="0.1.0", lifespan=lifespan)
     app.state.settings = edge_settings
-    app.state.gate = gate
+    app.state.pipeline = pipeline
     openapi.install(app, edge_settings.models, edge_settings.max_model_len)
 
     @app.exception_handler(errors.EdgeError)
@@ -100,11 +104,26 @@ def create_app(settings: Any = None) -> FastAPI:
     return app
 
 
-def run_edge(settings: Any = None, **overrides: Any) -> None:
+def _check_access(options: EdgeOptions) -> None:
+    """Before serving: Kafka refusing this edge (credentials, certificate, ACLs) raises KafkaAccessError, in one line.
+
+    Kafka being unreachable does not stop the start: the edge then serves 503 and keeps connecting.
+    """
+    try:
+        asyncio.run(prepare_edge(options))
+    except KafkaAccessError:
+        raise
+    except KafkaError as error:
+        log.warning("edge %s: Kafka not ready at start (%s); connecting in the background", options.edge_id, error)
+
+
+def run_edge(settings: Settings | EdgeOptions | None = None) -> None:
     """Serve the edge with uvicorn on settings.edge host:port (default 127.0.0.1:8000) until interrupted."""
     import uvicorn
 
-    edge_settings = EdgeOptions.from_settings(settings, **overrides)
-    log.info("edge %s on http://%s:%d", edge_settings.edge_id, edge_settings.host, edge_settings.port)
-    uvicorn.run(create_app(edge_settings), host=edge_settings.host, port=edge_settings.port, log_level="info",
-                ws_max_size=edge_settings.max_ws_frame_bytes)
+    options = EdgeOptions.from_settings(settings)
+    _check_access(options)
+    host, port = options.edge.host, options.edge.port
+    log.info("edge %s on http://%s:%d", options.edge_id, host, port)
+    uvicorn.run(create_app(options), host=host, port=port, log_level="info",
+                ws_max_size=options.edge.max_ws_frame_bytes)

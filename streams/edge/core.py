@@ -14,17 +14,28 @@ import time
 
 from schemas.events import EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
-from streams.kafka_io import encode, ensure_topics
+from streams.kafka_io import encode
+from streams.kafka_permissions import prepare_service
 from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
+from streams.kafka_acls import edge_grants
 
 log = logging.getLogger(__name__)
 
 # How often an edge announces itself on the edges topic, so `specstream topics gc` can tell the reply topics of
 # running edges from those of edges that are gone.
 ANNOUNCE_S = 60.0
+
+
+async def prepare_edge(s: EdgeOptions) -> None:
+    """The edge's permissions, then its topics (its reply topic included); one-line KafkaAccessError if refused."""
+    await prepare_service(
+        s.kafka, edge_grants(s.catalog, s.edge_id), [s.catalog.replies(s.edge_id)],
+        replication_factor=s.kafka.replication_factor, min_insync_replicas=s.kafka.min_insync_replicas,
+        client_id=f"{s.client_id}-{s.edge_id}-admin",
+    )
 
 
 class Edge:
@@ -52,7 +63,7 @@ class Edge:
     async def start(self, *, wait_s: float | None = None) -> None:
         """Start connecting; wait up to ``wait_s`` (default: settings.startup_timeout_s) for it to finish."""
         self._connect_task = asyncio.create_task(self._connect_forever(), name=f"edge-connect-{self.edge_id}")
-        wait_s = self.settings.startup_timeout_s if wait_s is None else wait_s
+        wait_s = self.settings.edge.startup_timeout_s if wait_s is None else wait_s
         try:
             await asyncio.wait_for(asyncio.shield(self.connected.wait()), timeout=wait_s)
         except TimeoutError:
@@ -68,8 +79,8 @@ class Edge:
                 raise
             except Exception as exc:
                 detail = str(exc) or type(exc).__name__
-                self.last_error = (detail if self.settings.bootstrap_servers in detail
-                                   else f"cannot connect to Kafka at {self.settings.bootstrap_servers}: {detail}")
+                servers = self.settings.kafka.bootstrap_servers
+                self.last_error = detail if servers in detail else f"cannot connect to Kafka at {servers}: {detail}"
                 log.warning("edge %s: %s; retrying in %.1f s", self.edge_id, self.last_error, delay)
                 await self._stop_parts()
                 await asyncio.sleep(delay)
@@ -83,12 +94,7 @@ class Edge:
             return
 
     async def _connect_once(self) -> None:
-        s = self.settings
-        await ensure_topics(
-            s.bootstrap_servers, s.catalog.shared_topics(),
-            replication_factor=s.replication_factor, min_insync_replicas=s.min_insync_replicas,
-            client_id=f"{s.client_id}-{s.edge_id}-admin",
-        )
+        await prepare_edge(self.settings)
         await self.publisher.start()
         await self.router.start()
         await self.readiness.start()

@@ -17,9 +17,9 @@ Speculation statistics travel in an extra ``specstream`` field that OpenAI
 clients ignore.
 
 Every ``/v1/*`` route needs an API key (:func:`principal`, 401 otherwise);
-generation requests then pass the size, encoding and parameter checks of
-:mod:`streams.edge.validation` and the gate (:mod:`streams.edge.gate`: context
-length, the tenant's limits) before anything is published.
+generation requests then pass the admission pipeline
+(:mod:`streams.edge.admission.pipeline`: size, encoding, parameters, model,
+context length, the tenant's limits) before anything is published.
 """
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, TokenChunk
 from streams.edge import errors, openapi
+from streams.edge.admission.admit import Ticket
+from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
+from streams.edge.admission.pipeline import Pipeline
+from streams.edge.auth import key_from_headers
 from streams.edge.core import Edge
-from streams.edge.gate import Gate, Ticket
-from streams.edge.intake import ChatCompletionBody, CompletionBody, build_request, validate_body
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
-from streams.edge.validation import parse_json_object, read_body, strip_unsupported
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -55,8 +56,8 @@ def _edge(request: Request) -> Edge:
     return request.app.state.edge
 
 
-def _gate(request: Request) -> Gate:
-    return request.app.state.gate
+def _pipeline(request: Request) -> Pipeline:
+    return request.app.state.pipeline
 
 
 bearer = HTTPBearer(
@@ -71,10 +72,8 @@ def _api_of(path: str) -> str:
 
 async def principal(request: Request, credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> Principal:
     """The caller, from ``Authorization: Bearer <key>``; 401 in OpenAI's shape without a valid key."""
-    from streams.edge.auth import key_from_headers
-
     key = credentials.credentials if credentials is not None else key_from_headers(request.headers)
-    return _gate(request).authenticate(key, api=_api_of(request.url.path))
+    return _pipeline(request).authenticate(key, api=_api_of(request.url.path))
 
 
 @router.get("/v1/models", response_model=openapi.ModelList, responses={**openapi.AUTH_ERRORS})
@@ -103,51 +102,28 @@ def _model_card(model: str, edge: Edge) -> dict[str, Any]:
              responses=openapi.generation_responses(openapi.ChatCompletion, openapi.ChatCompletionChunk))
 async def chat_completions(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Chat completion (OpenAI-compatible), streamed with `stream: true`."""
-    return await _generate(request, caller, ChatCompletionBody, chat=True)
+    return await _generate(request, caller, ChatCompletionBody)
 
 
 @router.post("/v1/completions", response_model=None, openapi_extra=openapi.request_body("CompletionBody"),
              responses=openapi.generation_responses(openapi.TextCompletion, openapi.TextCompletionChunk))
 async def completions(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Text completion of a raw prompt (OpenAI-compatible), streamed with `stream: true`."""
-    return await _generate(request, caller, CompletionBody, chat=False)
+    return await _generate(request, caller, CompletionBody)
 
 
-async def _admit(request: Request, caller: Principal, body_model: type, *, chat: bool) -> tuple[Any, Ticket]:
-    """Body -> validated, admitted request (nothing is published before this returns)."""
-    edge, gate = _edge(request), _gate(request)
-    api = "chat" if chat else "completions"
-    size: int | None = None
-    try:
-        raw = await read_body(request, edge.settings.max_body_bytes)
-        size = len(raw)
-        data = strip_unsupported(parse_json_object(raw), api)
-        body = validate_body(body_model, data)
-        gen = build_request(
-            body, edge.settings, edge.reply_topic, tenant=caller.tenant,
-            traceparent=request.headers.get("traceparent"), tracestate=request.headers.get("tracestate"),
-        )
-    except errors.EdgeError as exc:
-        gate.rejected(exc, api=api, principal=caller, body_bytes=size)
-        raise
-    ticket = await gate.admit(caller, gen, api=api, input_param="messages" if chat else "prompt",
-                              max_tokens_given=body.max_new_tokens() is not None, stream=body.stream,
-                              body_bytes=size)
-    return body, ticket
-
-
-async def _generate(request: Request, caller: Principal, body_model: type, *, chat: bool) -> Response:
+async def _generate(request: Request, caller: Principal, body_type: type[Body]) -> Response:
     edge = _edge(request)
-    body, ticket = await _admit(request, caller, body_model, chat=chat)
-    gen = ticket.request
+    ticket = await _pipeline(request).admit_http(caller, body_type, request)
+    gen, body, chat = ticket.request, ticket.body, body_type is ChatCompletionBody
     try:
         stream = await edge.submit(gen)
     except BaseException as exc:
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 499, code="not_published")
         raise
-    input_param = "messages" if chat else "prompt"
+    input_param = ticket.input_param
     try:
-        if not body.stream:
+        if not body.streams:
             try:
                 final = await _unless_disconnected(request, _final_event(stream, ticket))
             except ReplyTimeout:
@@ -175,9 +151,8 @@ async def _generate(request: Request, caller: Principal, body_model: type, *, ch
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 500,
                       code=exc.code if isinstance(exc, errors.EdgeError) else type(exc).__name__)
         raise
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=include_usage, input_param=input_param,
-               ticket=ticket)
+    sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=body.include_usage,
+               input_param=input_param, ticket=ticket)
     return StreamingResponse(sse, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
 

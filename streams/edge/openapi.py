@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from schemas.events import SpecStats, Timings, Usage
-from streams.edge.intake import ChatCompletionBody, CompletionBody
+from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody
 
 
 class ErrorDetail(BaseModel):

@@ -7,6 +7,9 @@ topic. ``CancelRequest`` goes to the cancellations topic when a client goes
 away before its request finished. Cancellation is fire-and-forget: it is
 scheduled as a task the publisher keeps a reference to, so it still goes out
 when the code that noticed the disconnect is itself being cancelled.
+
+While a model is rolled out, the :class:`~streams.ops.rollout_router.RolloutRouter` picks each request's topic
+(stable's, or the candidate pool's), and cancellations go to both pools.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from aiokafka import AIOKafkaProducer
 from schemas.events import CancelRequest, GenerateRequest
 from streams.kafka_io import encode, make_producer, request_key
 from streams.edge.settings import EdgeOptions
+from streams.ops.rollout_router import RolloutRouter
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,7 @@ class Publisher:
         catalog = settings.catalog
         self.request_topic = catalog.requests.name
         self.cancel_topic = catalog.cancellations.name
+        self.rollouts = RolloutRouter(settings.kafka, catalog)
         self._producer: AIOKafkaProducer | None = None
         self._pending: set[asyncio.Task] = set()
         self.cancels_sent = 0
@@ -39,7 +44,7 @@ class Publisher:
         return self._producer
 
     async def start(self) -> None:
-        producer = make_producer(self.settings.bootstrap_servers,
+        producer = make_producer(self.settings.kafka,
                                  client_id=f"{self.settings.client_id}-{self.settings.edge_id}")
         try:
             await producer.start()
@@ -47,8 +52,10 @@ class Publisher:
             await producer.stop()
             raise
         self._producer = producer
+        await self.rollouts.start()
 
     async def stop(self) -> None:
+        await self.rollouts.stop()
         if self._pending:
             await asyncio.wait(self._pending, timeout=2.0)
         if self._producer is not None:
@@ -58,14 +65,15 @@ class Publisher:
     async def publish_request(self, request: GenerateRequest) -> None:
         """Publish and wait until the broker acknowledged it."""
         await self.producer.send_and_wait(
-            self.request_topic, encode(request), key=request_key(request.request_id),
+            self.rollouts.request_topic(request.model, request.request_id), encode(request),
+            key=request_key(request.request_id),
         )
 
     async def publish_cancel(self, request_id: str, reason: str = "client disconnected") -> None:
-        await self.producer.send_and_wait(
-            self.cancel_topic, encode(CancelRequest(request_id=request_id, reason=reason)),
-            key=request_key(request_id),
-        )
+        for topic in self.rollouts.cancel_topics():
+            await self.producer.send_and_wait(
+                topic, encode(CancelRequest(request_id=request_id, reason=reason)), key=request_key(request_id),
+            )
         self.cancels_sent += 1
         log.info("cancelled request %s (%s)", request_id, reason)
 

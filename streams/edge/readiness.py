@@ -26,7 +26,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from schemas.events import WorkerAnnouncement
-from streams.kafka_io import decode, stop_polling
+from streams.kafka_io import decode, make_consumer, stop_polling
 from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)
@@ -55,12 +55,12 @@ class Readiness:
 
     @property
     def max_age_s(self) -> float:
-        return self.settings.heartbeat_s * self.settings.ready_heartbeats
+        return self.settings.heartbeat_s * self.settings.edge.ready_heartbeats
 
     async def start(self) -> None:
         s = self.settings
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap_servers,
+        consumer = make_consumer(
+            s.kafka,
             client_id=f"{s.client_id}-{s.edge_id}-readiness",
             group_id=None,
             enable_auto_commit=False,
@@ -132,7 +132,7 @@ class Readiness:
                     await asyncio.wait_for(self._consumer._client.fetch_all_metadata(), timeout=3.0)
                     ok, reason = True, ""
                 except (KafkaError, TimeoutError, OSError) as exc:
-                    ok, reason = False, f"Kafka at {self.settings.bootstrap_servers} unreachable: {exc or type(exc).__name__}"
+                    ok, reason = False, f"Kafka at {self.settings.kafka.bootstrap_servers} unreachable: {exc or type(exc).__name__}"
             self._kafka_ok = (time.monotonic(), ok, reason)
             return ok, reason
 

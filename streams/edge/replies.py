@@ -46,7 +46,7 @@ from pydantic import ValidationError
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from streams.edge.dedupe import Diverged, Forwarded
-from streams.kafka_io import decode_reply, ensure_topics, stop_polling
+from streams.kafka_io import decode_reply, ensure_topics, make_consumer, stop_polling
 from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)
@@ -99,12 +99,12 @@ class ReplyRouter:
     async def start(self) -> None:
         s = self.settings
         await ensure_topics(
-            s.bootstrap_servers, [self.topic],
-            replication_factor=s.replication_factor, min_insync_replicas=s.min_insync_replicas,
+            s.kafka, [self.topic],
+            replication_factor=s.kafka.replication_factor, min_insync_replicas=s.kafka.min_insync_replicas,
             client_id=f"{s.client_id}-{s.edge_id}-admin",
         )
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap_servers,
+        consumer = make_consumer(
+            s.kafka,
             client_id=f"{s.client_id}-{s.edge_id}-replies",
             group_id=None,
             enable_auto_commit=False,
@@ -138,7 +138,7 @@ class ReplyRouter:
             raise ValueError(f"request {request_id!r} is already in flight on this edge")
         queue: asyncio.Queue[ReplyEventT] = asyncio.Queue()
         self._inflight[request_id] = queue
-        grace = self.settings.deadline_grace_s if grace_s is None else grace_s
+        grace = self.settings.edge.deadline_grace_s if grace_s is None else grace_s
         return ReplyStream(self, request_id, queue, deadline=deadline, grace_s=grace)
 
     def _close(self, request_id: str) -> None:

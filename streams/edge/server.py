@@ -2,7 +2,7 @@
 
 For tests, benchmarks and notebooks::
 
-    with serve_in_thread(EdgeOptions(bootstrap_servers=..., edge_id="a")) as edge:
+    with serve_in_thread(EdgeOptions(Settings(kafka=..., edge=EdgeSettings(edge_id="a")))) as edge:
         httpx.get(edge.base_url + "/healthz")
 
 The server owns its own event loop in its thread; ``edge.edge`` (the
@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator
 
 import uvicorn
@@ -35,15 +35,15 @@ class RunningEdge:
 
     @property
     def port(self) -> int:
-        return self.options.port
+        return self.options.edge.port
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.options.host}:{self.options.port}"
+        return f"http://{self.options.edge.host}:{self.port}"
 
     @property
     def ws_url(self) -> str:
-        return f"ws://{self.options.host}:{self.options.port}/v1/ws"
+        return f"ws://{self.options.edge.host}:{self.port}/v1/ws"
 
     @property
     def edge(self) -> Edge:
@@ -56,12 +56,11 @@ def serve_in_thread(options: EdgeOptions, *, port: int | None = None, start_time
     """Serve the edge on ``port`` (default: a free one) until the block exits."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((options.host, port or 0))
-    bound_port = sock.getsockname()[1]
-    options = replace(options, port=bound_port)
+    sock.bind((options.edge.host, port or 0))
+    options = options.with_edge(port=sock.getsockname()[1])
     app = create_app(options)
     config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
-                            ws_max_size=options.max_ws_frame_bytes)
+                            ws_max_size=options.edge.max_ws_frame_bytes)
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
 

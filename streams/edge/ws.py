@@ -14,7 +14,8 @@ Edge -> client:
 * ``{"type": "done", "id", "request_id", "text", "finish_reason", "usage",
   "timings", "spec"}`` once, at the end;
 * ``{"type": "error", "id", "code", "message", "param", "status"}`` for a request
-  that failed (``id`` null when the frame could not be read). A malformed frame
+  that failed (``id`` null when the frame could not be read, or a request
+  without an ``id`` was refused before admission). A malformed frame
   gets an error and the socket stays open.
 
 When the socket closes, every request still in flight on it is cancelled
@@ -25,8 +26,9 @@ subprotocols ``specstream.v1`` + ``specstream.key.<key>``, or a first frame
 ``{"type": "auth", "api_key": ...}`` (answered ``{"type": "auth", "ok": true,
 "tenant": ...}``). Without a valid key the socket is closed with 1008; a frame
 larger than ``edge.max_ws_frame_bytes`` closes it with 1009. Each request
-passes the same validation, context check and tenant limits as on HTTP (a
-refusal is an error frame; over a limit it carries ``retry_after``), and chunk
+passes the same admission pipeline as on HTTP
+(:mod:`streams.edge.admission.pipeline`; a refusal is an error frame, over a
+limit it carries ``retry_after``), and chunk
 frames carry ``draft_chars``: how many leading characters of ``text`` came
 from accepted draft tokens.
 """
@@ -46,12 +48,14 @@ from streams.edge import errors
 from streams.edge.auth import (
     WS_CLOSE_POLICY, WS_CLOSE_TOO_BIG, WS_PROTOCOL, key_from_headers, key_from_subprotocols,
 )
+from streams.edge.admission.admit import Ticket
+from streams.edge.admission.bodies import WsRequestBody
+from streams.edge.admission.parse import decode_json
+from streams.edge.admission.pipeline import Pipeline
+from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
-from streams.edge.gate import Gate, Ticket
-from streams.edge.intake import WsRequestBody, build_request, validate_body
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
-from streams.edge.validation import parse_json_object, strip_unsupported
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -62,15 +66,15 @@ AUTH_FRAME_TIMEOUT_S = 30.0
 
 @router.websocket("/v1/ws")
 async def websocket_endpoint(websocket: WebSocket) -> None:
-    gate: Gate = websocket.app.state.gate
+    pipeline: Pipeline = websocket.app.state.pipeline
     offered = list(websocket.scope.get("subprotocols") or [])
     # Only specstream.v1 is ever chosen: the key subprotocol is never echoed back.
     await websocket.accept(subprotocol=WS_PROTOCOL if WS_PROTOCOL in offered else None)
-    session = WsSession(websocket.app.state.edge, websocket, gate)
+    session = WsSession(websocket.app.state.edge, websocket, pipeline)
     key = key_from_headers(websocket.headers) or key_from_subprotocols(offered)
-    if key is not None or not gate.auth.enabled:
+    if key is not None or not pipeline.auth.enabled:
         try:
-            session.principal = gate.authenticate(key, api="ws")
+            session.principal = pipeline.authenticate(key, api=WsRequestBody.api)
         except errors.EdgeError as exc:
             await session.close(WS_CLOSE_POLICY, exc.code or "unauthorized")
             return
@@ -78,10 +82,10 @@ async def websocket_endpoint(websocket: WebSocket) -> None:
 
 
 class WsSession:
-    def __init__(self, edge: Edge, websocket: WebSocket, gate: Gate | None = None) -> None:
+    def __init__(self, edge: Edge, websocket: WebSocket, pipeline: Pipeline) -> None:
         self.edge = edge
         self.websocket = websocket
-        self.gate: Gate = gate if gate is not None else websocket.app.state.gate
+        self.pipeline = pipeline
         self.principal: Principal | None = None
         self._send_lock = asyncio.Lock()
         self._tasks: dict[Any, asyncio.Task] = {}
@@ -110,12 +114,10 @@ class WsSession:
                 if message["type"] == "timeout":
                     await self.close(WS_CLOSE_POLICY, "missing_api_key: no auth frame")
                     break
-                raw = message.get("text")
-                if raw is None and message.get("bytes") is not None:
-                    raw = message["bytes"]
-                size = len(raw) if isinstance(raw, bytes) else len(raw.encode("utf-8", "surrogatepass")) if raw else 0
-                if size > self.edge.settings.max_ws_frame_bytes:
-                    await self.close(WS_CLOSE_TOO_BIG, f"frame over {self.edge.settings.max_ws_frame_bytes} bytes")
+                try:
+                    raw = read_frame(message, self.pipeline.options.edge.max_ws_frame_bytes)
+                except FrameTooLarge as exc:
+                    await self.close(WS_CLOSE_TOO_BIG, str(exc))
                     break
                 await self._on_frame(raw)
         except WebSocketDisconnect:
@@ -131,15 +133,15 @@ class WsSession:
     async def _authenticate(self, data: dict[str, Any]) -> None:
         key = data.get("api_key")
         try:
-            self.principal = self.gate.authenticate(key if isinstance(key, str) else None, api="ws")
+            self.principal = self.pipeline.authenticate(key if isinstance(key, str) else None, api=WsRequestBody.api)
         except errors.EdgeError as exc:
             await self.close(WS_CLOSE_POLICY, exc.code or "unauthorized")
             return
         await self._send({"type": "auth", "ok": True, "tenant": self.principal.tenant})
 
-    async def _on_frame(self, raw: str | bytes | None) -> None:
+    async def _on_frame(self, raw: str | bytes) -> None:
         try:
-            data = parse_json_object(raw or b"", what="frame")
+            data = decode_json(raw, what="frame")
         except errors.EdgeError as exc:
             if self.principal is None:
                 await self.close(WS_CLOSE_POLICY, "missing_api_key")
@@ -162,33 +164,30 @@ class WsSession:
         if data.get("type") == "cancel":
             await self._cancel(client_id)
             return
+        refusal = self._over_socket_limits(client_id)
+        if refusal is not None:
+            await self._error(client_id, refusal)
+            return
         try:
-            body = validate_body(WsRequestBody, strip_unsupported(data, "chat"))
-            request = build_request(body, self.edge.settings, self.edge.reply_topic, tenant=self.principal.tenant)
+            ticket = await self.pipeline.admit(self.principal, WsRequestBody, data)
         except errors.EdgeError as exc:
-            self.gate.rejected(exc, api="ws", principal=self.principal)
             await self._error(client_id, exc)
             return
-        tag = client_id if client_id is not None else request.request_id
-        if tag in self._tasks:
-            await self._error(tag, errors.EdgeError(400, f"request id {tag!r} is already in flight on this socket",
-                                                    param="id", code="duplicate_id"))
-            return
-        if len(self._tasks) >= MAX_IN_FLIGHT_PER_SOCKET:
-            await self._error(tag, errors.EdgeError(
-                429, f"at most {MAX_IN_FLIGHT_PER_SOCKET} requests may be in flight on one socket",
-                type="rate_limit_error", code="too_many_requests", headers={"Retry-After": "1"}))
-            return
-        try:
-            ticket = await self.gate.admit(
-                self.principal, request, api="ws", input_param="messages" if request.messages is not None else "prompt",
-                max_tokens_given=body.max_new_tokens() is not None, stream=True)
-        except errors.EdgeError as exc:
-            await self._error(tag, exc)
-            return
-        task = asyncio.create_task(self._serve(tag, ticket), name=f"ws-{request.request_id}")
+        tag = client_id if client_id is not None else ticket.request.request_id
+        task = asyncio.create_task(self._serve(tag, ticket), name=f"ws-{ticket.request.request_id}")
         self._tasks[tag] = task
         task.add_done_callback(lambda _t, tag=tag: self._tasks.pop(tag, None))
+
+    def _over_socket_limits(self, client_id: str | int | None) -> errors.EdgeError | None:
+        """Checked before admission, so that a request the socket refuses is not charged to the tenant."""
+        if client_id is not None and client_id in self._tasks:
+            return errors.EdgeError(400, f"request id {client_id!r} is already in flight on this socket", param="id",
+                                    code="duplicate_id")
+        if len(self._tasks) >= MAX_IN_FLIGHT_PER_SOCKET:
+            return errors.EdgeError(
+                429, f"at most {MAX_IN_FLIGHT_PER_SOCKET} requests may be in flight on one socket",
+                type="rate_limit_error", code="too_many_requests", headers={"Retry-After": "1"})
+        return None
 
     async def _cancel(self, tag: Any) -> None:
         task = self._tasks.get(tag)
@@ -210,8 +209,8 @@ class WsSession:
                     ticket.saw(event)
                     draft_chars = event.draft_chars
                     if draft_chars is None:
-                        draft_chars = self.gate.tokens.draft_chars(request.model, event.text, event.token_ids,
-                                                                   event.spec.accepted)
+                        draft_chars = self.pipeline.tokenizers.draft_chars(
+                            request.model, event.text, event.token_ids, event.spec.accepted)
                     await self._send({
                         "type": "chunk", "id": tag, "request_id": request.request_id, "index": event.index,
                         "text": event.text, "token_ids": event.token_ids, "spec": event.spec.model_dump(),
@@ -226,8 +225,7 @@ class WsSession:
                         "num_chunks": event.num_chunks, "model": request.model,
                     })
                 elif isinstance(event, ErrorEvent):
-                    input_param = "messages" if request.messages is not None else "prompt"
-                    error = errors.from_worker_error(event, input_param=input_param)
+                    error = errors.from_worker_error(event, input_param=ticket.input_param)
                     status, final, code = error.status, event, None
                     await self._error(tag, error)
         except ReplyTimeout:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.request import EngineRequest, SamplingParams
+from engine.request import EngineRequest, SamplingOptions
 from schemas.events import SCHEMA_VERSION, ErrorCode, GenerateRequest, ReplyRoute
 from streams.kafka_io import validation_summary
 
@@ -114,7 +114,7 @@ def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time:
     return EngineRequest(
         request_id=request.request_id,
         prompt_token_ids=prompt_token_ids(request, tokenizer),
-        sampling=SamplingParams(
+        sampling=SamplingOptions(
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,

@@ -34,6 +34,7 @@ from typing import Annotated, Any
 
 from aiokafka import ConsumerRebalanceListener
 from aiokafka import TopicPartition as AIOKafkaTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
@@ -62,6 +63,10 @@ from schemas.events import (
 from schemas.topics import DEAD_LETTER_MAX_BYTES
 from streams import kafka_io
 from streams.config import Settings
+from streams.kafka_acls import worker_grants
+from streams.kafka_connection import faststream_options
+from streams.kafka_permissions import prepare_service
+from streams.reply_routes import ReplyRoutes, RouteCheck, compile_patterns
 from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import Rejection, parse_request, to_engine_request
 from streams.worker.offsets import OffsetTracker
@@ -81,17 +86,31 @@ class _DropDeclaredTopicWarning(logging.Filter):
 faststream_log.addFilter(_DropDeclaredTopicWarning())
 
 
-class _DropGoneReplyTopicErrors(logging.Filter):
+class _ThrottleMissingTopicErrors(logging.Filter):
     """Reply topics come and go (an edge shuts down, `specstream send` deletes its own), but the producer keeps
-    asking for every topic it ever wrote to and logs an ERROR per refresh for each one that is gone."""
+    asking for every topic it ever wrote to and logs an ERROR per metadata refresh (several a second) for each one
+    that is gone. Keep one line per topic and interval: enough to see it, not enough to bury everything else."""
+
+    interval_s = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[str, float] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == "Topic %s not found in cluster metadata" and record.args:
-            return ".replies." not in str(record.args[0])
+        if record.msg != "Topic %s not found in cluster metadata" or not record.args:
+            return True
+        topic = str(record.args[0] if isinstance(record.args, tuple) else record.args)
+        now = time.monotonic()
+        if now - self._last.get(topic, -self.interval_s) < self.interval_s:
+            return False
+        if len(self._last) > 10_000:
+            self._last.clear()
+        self._last[topic] = now
         return True
 
 
-logging.getLogger("aiokafka.cluster").addFilter(_DropGoneReplyTopicErrors())
+logging.getLogger("aiokafka.cluster").addFilter(_ThrottleMissingTopicErrors())
 
 
 class _InlineContext(FastStreamContext):
@@ -155,6 +174,7 @@ class InFlight:
     tokens: int = 0  # tokens published so far: the next chunk's token_offset
     deliveries: list[asyncio.Future[Any]] = field(default_factory=list)
     done: bool = False
+    final_event: BaseModel | None = None  # the Completion or ErrorEvent, kept for a dead letter if undeliverable
 
 
 @dataclass
@@ -211,10 +231,17 @@ class EngineWorker:
         # True while the request partitions are paused because every slot is taken (back-pressure).
         self._intake_paused = False
         self._commit_retry_pending = False
+        self._admin: AIOKafkaAdminClient | None = None
+        self.routes = ReplyRoutes(
+            compile_patterns(settings.delivery.reply_topic_patterns, settings.kafka.topic_prefix),
+            self._list_topics,
+            ttl_s=settings.delivery.topic_cache_ttl_s,
+            lookup_timeout_s=settings.delivery.metadata_timeout_s,
+        )
 
         self.broker = KafkaBroker(
-            # A list: FastStream would pass a comma-separated string on as one host name.
-            [server.strip() for server in settings.kafka.bootstrap_servers.split(",") if server.strip()],
+            # Addresses, TLS and SASL: built in one place for every client (streams.kafka_connection).
+            **faststream_options(settings.kafka),
             # Large enough for a dead letter of a request at the broker's size limit.
             **kafka_io.producer_options(client_id=f"specstream-worker-{self.worker_id}",
                                         max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),
@@ -252,12 +279,16 @@ class EngineWorker:
     # --- lifecycle --------------------------------------------------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Create the shared topics and load the engine (before any message is read)."""
+        """Create its topics, check its permissions, load the engine (before any message is read)."""
         kafka = self.settings.kafka
-        await kafka_io.ensure_topics(
-            kafka.bootstrap_servers, self.catalog.shared_topics(),
+        # Its topics, then its permissions: a missing ACL stops the worker here, in one line, before serving.
+        await prepare_service(
+            kafka, worker_grants(self.catalog, self.group_id), client_id=f"specstream-worker-{self.worker_id}-admin",
             replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
         )
+        # Long-lived: reply routes are checked against topic metadata (cached) before any work or reply.
+        self._admin = kafka_io.make_admin(kafka, client_id=f"specstream-worker-{self.worker_id}-routes")
+        await self._admin.start()
         config = self.settings.engine.to_engine_config()
         # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
         self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
@@ -312,6 +343,16 @@ class EngineWorker:
         if self._driver is not None:
             await asyncio.to_thread(self._driver.stop)
             self._driver = None
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                await self._admin.close()
+            self._admin = None
+
+    async def _list_topics(self) -> list[str]:
+        if self._admin is None:
+            raise RuntimeError("the worker is not started")
+        topics: list[str] = await self._admin.list_topics()
+        return topics
 
     async def start(self) -> None:
         """Everything ``create_app`` does at startup, for use without a FastStream app (tests, embedding)."""
@@ -343,7 +384,7 @@ class EngineWorker:
             await self._intake(record.value, record.key, record.timestamp, source)
         except Exception:  # noqa: BLE001 - a bug here must not stop consumption; the message is dead-lettered
             log.exception("internal error handling %s/%d@%d", source.topic, source.partition, source.offset)
-            await self._reject(
+            self._reject(
                 Rejection("internal_error", "the worker failed to handle this message", dead_letter=True),
                 record.value, record.key, source,
             )
@@ -352,12 +393,18 @@ class EngineWorker:
         received_at = time.time()
         parsed = parse_request(value, max_bytes=self.settings.worker.max_message_bytes)
         if isinstance(parsed, Rejection):
-            await self._reject(parsed, value, key, source)
+            route_problem = await self.routes.check(parsed.route.topic) if parsed.route is not None else None
+            self._reject(parsed, value, key, source, route_problem)
             return
         request = parsed
+        # Before any work or reply: a request may only be answered on one of this deployment's existing reply topics.
+        route_problem = await self.routes.check(request.reply_to.topic)
+        if route_problem is not None:
+            self._dead_letter_route(route_problem, request.request_id, value, key, source)
+            return
         rejection = self._precheck(request, received_at)
         if rejection is not None:
-            await self._reject(rejection, value, key, source)
+            self._reject(rejection, value, key, source)
             return
         held = self._in_flight.get(request.request_id)
         if held is not None:
@@ -378,8 +425,8 @@ class EngineWorker:
             return
         if request.request_id in self._cancelled:  # the cancel arrived while we waited for a slot
             self._release_slot()
-            await self._reject(Rejection("cancelled", "cancelled before it started", request.request_id,
-                                         request.reply_to), value, key, source)
+            self._reject(Rejection("cancelled", "cancelled before it started", request.request_id, request.reply_to),
+                         value, key, source)
             return
         published_at = request.created_at if request.created_at is not None else timestamp_ms / 1000
         flight = InFlight(request, [source], received_at, transit_s=max(0.0, received_at - published_at))
@@ -456,8 +503,9 @@ class EngineWorker:
         flight.tokens += len(output.token_ids)
         self._publish_reply(flight, chunk)
         if output.finished:
-            self._publish_reply(flight, self._completion(flight, output, finish_reason or "stop"))
-            self._finish(flight)
+            completion = self._completion(flight, output, finish_reason or "stop")
+            self._publish_reply(flight, completion)
+            self._finish(flight, completion)
 
     def _completion(self, flight: InFlight, output: RequestOutput, finish_reason: Any) -> Completion:
         stats = output.stats
@@ -564,19 +612,37 @@ class EngineWorker:
         return delivered
 
     async def _run_lane(self, topic: str, lane: _ReplyLane) -> None:
+        """Publish the lane's jobs in order, each bounded by delivery.publish_timeout_s.
+
+        The bound is what keeps a topic that vanished (or a broker that stopped answering) from holding anything
+        but its own lane: the job fails with a timeout, its request is finished anyway (and dead-lettered), and
+        later jobs for a topic known to be missing fail at once instead of each waiting out the bound.
+        """
+        timeout_s = self.settings.delivery.publish_timeout_s
+        loop = asyncio.get_running_loop()
         while lane.queue:
             job = lane.queue.popleft()
+            if not await self.routes.exists(topic):
+                _fail_job(job, ReplyTopicGone(f"topic '{topic}' does not exist"))
+                continue
             try:
                 # no_confirm: returns once the message is in the producer's buffer, which fixes its order;
-                # the broker's ack arrives on the returned future.
-                ack = await self.broker.publish(
-                    job.value, job.topic, key=job.key, partition=job.partition, headers=_JSON_HEADERS, no_confirm=True
+                # the broker's ack arrives on the returned future. The producer waits for the topic's metadata
+                # first, for up to its request timeout (40 s), hence the bound.
+                ack = await asyncio.wait_for(
+                    self.broker.publish(job.value, job.topic, key=job.key, partition=job.partition,
+                                        headers=_JSON_HEADERS, no_confirm=True),
+                    timeout=timeout_s,
                 )
             except Exception as error:  # noqa: BLE001 - reported through the job's future
-                if not job.delivered.done():
-                    job.delivered.set_exception(error)
+                self.routes.forget(topic)  # look it up again before the next publish
+                _fail_job(job, error if not isinstance(error, TimeoutError) else
+                          TimeoutError(f"not accepted by the producer within {timeout_s:g} s"))
                 continue
             ack.add_done_callback(lambda fut, done=job.delivered: _chain(fut, done))
+            expiry = loop.call_later(timeout_s, _fail_job, job,
+                                     TimeoutError(f"not acknowledged by Kafka within {timeout_s:g} s"))
+            job.delivered.add_done_callback(lambda _, timer=expiry: timer.cancel())
         # No await between the emptiness check and this: a job enqueued later starts a new lane.
         del self._lanes[topic]
 
@@ -588,20 +654,27 @@ class EngineWorker:
         while self._lanes:
             await asyncio.gather(*[lane.task for lane in self._lanes.values() if lane.task], return_exceptions=True)
 
-    def _finish(self, flight: InFlight) -> None:
+    def _finish(self, flight: InFlight, final_event: BaseModel) -> None:
         """The request is answered: once Kafka has acked its events, release its slot and commit its offsets."""
         flight.done = True
+        flight.final_event = final_event
         self._spawn(self._settle(flight))
 
     async def _settle(self, flight: InFlight) -> None:
         results = await asyncio.gather(*flight.deliveries, return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
-            # The reply may be lost; committing anyway keeps the partition moving (the client times out).
-            log.error(
-                "could not publish %d reply event(s) of %s to %s: %s",
-                len(failures), flight.request.request_id, flight.request.reply_to.topic, failures[0],
-            )
+            # Every publish is bounded, so this is known within seconds. The request is finished and committed
+            # anyway (a redelivery would meet the same topic); the dead letter keeps the answer and the request.
+            request = flight.request
+            log.error("could not deliver %d reply event(s) of %s to %s: %s",
+                      len(failures), request.request_id, request.reply_to.topic, failures[0])
+            reason = (f"reply_undeliverable: {len(failures)} of {len(results)} reply event(s) to "
+                      f"'{request.reply_to.topic}' not delivered: {_describe_error(failures[0])}")
+            undelivered = kafka_io.encode(flight.final_event).decode() if flight.final_event is not None else None
+            await asyncio.gather(self._dead_letter(reason, kafka_io.encode(request),
+                                                   kafka_io.request_key(request.request_id), flight.sources[0],
+                                                   undelivered=undelivered), return_exceptions=True)
         if self._in_flight.get(flight.request.request_id) is flight:
             del self._in_flight[flight.request.request_id]
             self._release_slot()
@@ -612,37 +685,58 @@ class EngineWorker:
     async def _fail(self, flight: InFlight, code: Any, message: str) -> None:
         if flight.done:
             return
-        self._publish_reply(flight, ErrorEvent(request_id=flight.request.request_id, code=code, message=message))
-        self._finish(flight)
+        error = ErrorEvent(request_id=flight.request.request_id, code=code, message=message)
+        self._publish_reply(flight, error)
+        self._finish(flight, error)
 
-    async def _reject(self, rejection: Rejection, value: bytes | None, key: bytes | None, source: Source) -> None:
-        """Answer a message that never reaches the engine, then let its offset be committed."""
+    def _reject(self, rejection: Rejection, value: bytes | None, key: bytes | None, source: Source,
+                route_problem: RouteCheck | None = None) -> None:
+        """Answer a message that never reaches the engine, then let its offset be committed.
+
+        Not awaited by the handler: the publishes are bounded, but the partition must not wait even that long.
+        The offset stays in flight (uncommitted) until they are settled.
+        """
         log.info(
             "rejected %s/%d@%d (%s): %s", source.topic, source.partition, source.offset, rejection.code, rejection.message
         )
+        reason = f"{rejection.code}: {rejection.message}"
         pending: list[asyncio.Future[Any]] = []
-        if rejection.route is not None:
+        if route_problem is not None:
+            # The sender hears nothing (its route is refused); the dead letter says why.
+            reason += f" (no error reply sent: {route_problem.code}: {route_problem.message})"
+        elif rejection.route is not None:
             error = ErrorEvent(request_id=rejection.request_id, code=rejection.code, message=rejection.message)
             key_bytes = kafka_io.request_key(rejection.request_id) if rejection.request_id else key or b""
             pending.append(self._enqueue(rejection.route.topic, rejection.route.partition, key_bytes, error))
-        if rejection.dead_letter:
-            pending.append(self._dead_letter(rejection, value, key, source))
+        if rejection.dead_letter or route_problem is not None:
+            pending.append(self._dead_letter(reason, value, key, source))
+        self._spawn(self._settle_rejection(pending, reason, value, key, source))
+
+    def _dead_letter_route(self, problem: RouteCheck, request_id: str, value: bytes | None, key: bytes | None,
+                           source: Source) -> None:
+        """A request whose reply route is refused: dead-lettered, never answered, never generated."""
+        log.warning("dead-lettered %s/%d@%d (request %s): %s: %s", source.topic, source.partition, source.offset,
+                    request_id, problem.code, problem.message)
+        reason = f"{problem.code}: {problem.message}"
+        self._spawn(self._settle_rejection([self._dead_letter(reason, value, key, source)], reason, value, key, source))
+
+    async def _settle_rejection(self, pending: list[asyncio.Future[Any]], reason: str, value: bytes | None,
+                                key: bytes | None, source: Source) -> None:
         results = await asyncio.gather(*pending, return_exceptions=True)
         for result in results:
-            if isinstance(result, MessageSizeTooLargeError) and rejection.dead_letter:
+            if isinstance(result, MessageSizeTooLargeError):
                 # Too big even for the dead-letters topic: keep the reason and the source offset.
-                await asyncio.gather(self._dead_letter(rejection, None, key, source, dropped=len(value or b"")),
+                await asyncio.gather(self._dead_letter(reason, None, key, source, dropped=len(value or b"")),
                                      return_exceptions=True)
             elif isinstance(result, BaseException):
                 log.error("could not publish the rejection of %s/%d@%d: %s",
-                          source.topic, source.partition, source.offset, result)
+                          source.topic, source.partition, source.offset, _describe_error(result))
+        # Committed past whatever happened to its reply: a message is never read again once it was dealt with.
         self._offsets.finished(source.topic, source.partition, source.offset)
         await self._commit()
 
-    def _dead_letter(
-        self, rejection: Rejection, value: bytes | None, key: bytes | None, source: Source, *, dropped: int = 0
-    ) -> asyncio.Future[Any]:
-        reason = f"{rejection.code}: {rejection.message}"
+    def _dead_letter(self, reason: str, value: bytes | None, key: bytes | None, source: Source, *,
+                     dropped: int = 0, undelivered: str | None = None) -> asyncio.Future[Any]:
         if dropped:
             reason += f" (original of {dropped} bytes too large to keep)"
         letter = DeadLetter(
@@ -654,6 +748,7 @@ class EngineWorker:
             original_key_b64=base64.b64encode(key).decode("ascii") if key is not None else None,
             consumer=self.worker_id,
             at=time.time(),
+            undelivered=undelivered,
         )
         letter_key = f"{source.topic}/{source.partition}/{source.offset}".encode()
         return self._enqueue(self.catalog.dead_letters.name, None, letter_key, letter)
@@ -769,6 +864,19 @@ class EngineWorker:
     @property
     def in_flight(self) -> int:
         return len(self._in_flight)
+
+
+class ReplyTopicGone(KafkaError):
+    """A publish to a topic that a metadata look-up found missing (deleted since its request was checked)."""
+
+
+def _fail_job(job: _Publish, error: BaseException) -> None:
+    if not job.delivered.done():
+        job.delivered.set_exception(error)
+
+
+def _describe_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _chain(source: asyncio.Future[Any], target: asyncio.Future[Any]) -> None:

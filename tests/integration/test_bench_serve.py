@@ -1,5 +1,5 @@
 """`specstream bench` against the real stack: Kafka, a `specstream worker` subprocess on the default model and
-an edge subprocess (tests/stack.py). Short runs (4 requests, 16 tokens) through every door, the in-process
+an edge subprocess (streams/testing/stack.py). Short runs (4 requests, 16 tokens) through every door, the in-process
 baseline, the compare command, and failing servers reported as errors."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from streams.bench.cli import main
 from streams.bench.fake_server import FakeOptions, closed_port, fake_server_in_thread
+from streams.testing.stack import Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import Stack, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -77,7 +77,7 @@ def results(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
     return paths
 
 
-def test_openai_with_inprocess_baseline(results: dict[str, Path]) -> None:
+def test_the_openai_run_is_compared_with_the_inprocess_baseline_on_the_same_requests(results: dict[str, Path]) -> None:
     out = results["openai"]
     data = json.loads(out.read_text())
     assert data["schema"] == "specstream.bench/1"
@@ -97,7 +97,7 @@ def test_openai_with_inprocess_baseline(results: dict[str, Path]) -> None:
 
 
 @pytest.mark.parametrize("backend", ["ws", "kafka"])
-def test_ws_and_kafka(results: dict[str, Path], backend: str) -> None:
+def test_websocket_and_kafka_runs_complete_with_server_timings(results: dict[str, Path], backend: str) -> None:
     run = json.loads(results[backend].read_text())["runs"][0]
     assert run["backend"]["backend"] == backend
     _check_run(run)
@@ -105,7 +105,8 @@ def test_ws_and_kafka(results: dict[str, Path], backend: str) -> None:
     assert run["server_ttft_ms"]["count"] == NUM
 
 
-def test_compare_two_results(results: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_prints_the_ratios_of_two_results_as_a_table_or_json(
+        results: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
     assert main(["compare", str(results["openai"]), str(results["kafka"])]) == 0
     out = capsys.readouterr().out

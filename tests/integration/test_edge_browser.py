@@ -19,9 +19,9 @@ import pytest
 
 from streams.edge.keys import create_key
 from streams.edge.server import RunningEdge, serve_in_thread
+from streams.testing.stack import Stack
 from tests.edge_support import edge_options, shared_worker, wait_ready
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(400)]
 

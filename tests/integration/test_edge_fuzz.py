@@ -114,7 +114,8 @@ def test_api_conforms_to_its_openapi_document(api_schema, fuzz_target: tuple[Run
         assert any(200 <= s < 300 for s in statuses), statuses  # valid input really was served, not only refused
 
 
-def test_the_document_is_complete(fuzz_target: tuple[RunningEdge, str]) -> None:
+def test_the_document_describes_bodies_error_shapes_sse_events_and_security(
+        fuzz_target: tuple[RunningEdge, str]) -> None:
     """Bodies, responses with OpenAI's error shape, the SSE events and the security scheme are all described."""
     import httpx
 

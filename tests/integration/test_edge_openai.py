@@ -18,10 +18,10 @@ from openai import OpenAI
 
 from streams.edge.keys import create_key
 from streams.edge.server import RunningEdge, serve_in_thread
+from streams.testing.stack import DEFAULT_MODEL as MODEL
+from streams.testing.stack import Stack
 from tests.edge_support import edge_options, shared_worker, wait_ready
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import DEFAULT_MODEL as MODEL
-from tests.stack import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(400)]
 
@@ -50,7 +50,7 @@ def client(setup: dict) -> OpenAI:
     return OpenAI(base_url=setup["edge"].base_url + "/v1", api_key=setup["key"], max_retries=0, timeout=120)
 
 
-def test_models_list_and_retrieve(client: OpenAI) -> None:
+def test_the_served_model_is_listed_and_retrievable_and_an_unknown_one_is_404(client: OpenAI) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL] and models.data[0].object == "model"
     assert client.models.retrieve(MODEL).id == MODEL
@@ -59,7 +59,7 @@ def test_models_list_and_retrieve(client: OpenAI) -> None:
     assert caught.value.code == "model_not_found" and caught.value.param == "model"
 
 
-def test_chat_with_every_sampling_parameter(client: OpenAI) -> None:
+def test_chat_accepts_every_sampling_parameter_and_a_seed_repeats_the_text(client: OpenAI) -> None:
     response = client.chat.completions.create(
         model=MODEL, messages=QUESTION, max_tokens=6, temperature=0.7, top_p=0.9, seed=11, n=1, user="user-42",
     )
@@ -129,7 +129,7 @@ def test_chat_stream_without_include_usage_has_no_usage(client: OpenAI) -> None:
     assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason in ("length", "stop")
 
 
-def test_completions_streamed_and_not(client: OpenAI) -> None:
+def test_a_streamed_completion_adds_up_to_the_unstreamed_one(client: OpenAI) -> None:
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=9)
     assert full.object == "text_completion" and full.id.startswith("cmpl-") and full.choices[0].text
     chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, seed=9, stream=True,
@@ -140,7 +140,7 @@ def test_completions_streamed_and_not(client: OpenAI) -> None:
         [full.choices[0].finish_reason]
 
 
-def test_error_shapes_as_the_client_sees_them(setup: dict, client: OpenAI) -> None:
+def test_the_openai_client_raises_typed_errors_naming_the_code_and_param(setup: dict, client: OpenAI) -> None:
     base = setup["edge"].base_url + "/v1"
     with pytest.raises(openai.AuthenticationError) as caught:
         OpenAI(base_url=base, api_key="sk-ss-wrong", max_retries=0).models.list()

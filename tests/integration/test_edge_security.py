@@ -32,10 +32,10 @@ from schemas.events import GenerateRequest
 from streams.edge.keys import create_key, revoke_keys
 from streams.edge.server import RunningEdge, serve_in_thread
 from streams.kafka_io import decode
+from streams.testing.stack import DEFAULT_MODEL as MODEL
+from streams.testing.stack import Stack
 from tests.edge_support import edge_options, redis_server, request_topic_messages, shared_worker, wait_ready
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import DEFAULT_MODEL as MODEL
-from tests.stack import Stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(400)]
 

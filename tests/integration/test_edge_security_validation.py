@@ -20,9 +20,9 @@ from websockets.sync.client import connect as ws_connect
 
 from streams.edge.keys import create_key
 from streams.edge.server import RunningEdge, serve_in_thread
+from streams.testing.stack import DEFAULT_MODEL as MODEL
 from tests.edge_support import edge_options, request_topic_messages
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import DEFAULT_MODEL as MODEL
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 

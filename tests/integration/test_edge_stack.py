@@ -2,7 +2,7 @@
 
 The edges run in this process (uvicorn in a thread, ``streams.edge.server``) so
 the tests can look inside their reply routers; the worker is the real one
-(``python -m streams.cli worker``, via tests/stack.py) on a topic prefix of
+(``python -m streams.cli worker``, via streams/testing/stack.py) on a topic prefix of
 this module's own. Generation is kept short (a few tokens) so the module runs
 in well under a minute once the model is cached.
 """
@@ -23,11 +23,12 @@ from websockets.sync.client import connect as ws_connect
 
 from schemas.events import CancelRequest, Completion
 from streams.edge.server import RunningEdge, serve_in_thread
+from streams.config import EdgeAuthSettings, EdgeSettings, KafkaSettings, Settings, WorkerSettings
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, decode_reply
+from streams.testing.stack import DEFAULT_MODEL as MODEL
+from streams.testing.stack import Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.stack import DEFAULT_MODEL as MODEL
-from tests.stack import Stack, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -41,8 +42,11 @@ QUESTION = [{"role": "user", "content": "What is Apache Kafka? Answer in one sen
 
 
 def _options(bootstrap: str, prefix: str, edge_id: str) -> EdgeOptions:
-    return EdgeOptions(bootstrap_servers=bootstrap, topic_prefix=prefix, edge_id=edge_id, heartbeat_s=HEARTBEAT_S,
-                       request_timeout_s=120.0, auth_enabled=False)  # auth: tests/integration/test_edge_security.py
+    return EdgeOptions(Settings(  # auth: tests/integration/test_edge_security.py
+        kafka=KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=prefix),
+        edge=EdgeSettings(edge_id=edge_id, request_timeout_s=120.0, auth=EdgeAuthSettings(enabled=False)),
+        worker=WorkerSettings(heartbeat_s=HEARTBEAT_S),
+    ))
 
 
 def _wait(predicate, timeout_s: float, what: str, check=lambda: None) -> None:
@@ -141,7 +145,7 @@ def test_websocket_malformed_frame_keeps_the_socket_open(edge_a, worker):
 # --- OpenAI-compatible HTTP ----------------------------------------------------------------------------------------
 
 
-def test_openai_client_chat_streamed_and_not_and_completions(edge_a, worker):
+def test_the_openai_client_gets_the_same_text_streamed_and_not_and_completions_work(edge_a, worker):
     client = OpenAI(base_url=edge_a.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
     assert [m.id for m in client.models.list().data] == [MODEL]
 

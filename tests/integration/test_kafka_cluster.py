@@ -95,14 +95,15 @@ async def _wait_for_isr(admin: AIOKafkaAdminClient, topic: str, expected: list[i
         await asyncio.sleep(0.5)
 
 
-def test_three_nodes_running(kafka_cluster: ClusterSpec) -> None:  # noqa: F811
+def test_the_cluster_runs_three_distinct_broker_processes(kafka_cluster: ClusterSpec) -> None:  # noqa: F811
     current = status(kafka_cluster)
     assert current.running
     assert sorted(current.pids) == ALL_NODES
     assert len(set(current.pids.values())) == 3
 
 
-async def test_replicated_topic_round_trip(kafka_cluster: ClusterSpec) -> None:  # noqa: F811
+async def test_a_topic_replicated_on_all_three_nodes_delivers_every_record(
+        kafka_cluster: ClusterSpec) -> None:  # noqa: F811
     bootstrap = kafka_cluster.bootstrap_servers
     async with _admin(bootstrap) as admin:
         topic = await _create_replicated_topic(admin, partitions=3)

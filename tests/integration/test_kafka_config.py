@@ -26,7 +26,7 @@ from infra.kafka.storage import random_kafka_uuid
         ('openjdk version "11.0.2-ea" 2019-01-15', 11),
     ],
 )
-def test_parse_java_major(output: str, major: int) -> None:
+def test_the_java_major_version_is_read_from_old_and_new_version_strings(output: str, major: int) -> None:
     assert parse_major(output) == major
 
 
@@ -35,7 +35,7 @@ def test_parse_java_major_rejects_garbage() -> None:
         parse_major("command not found")
 
 
-def test_single_node_properties(tmp_path: Path) -> None:
+def test_a_single_node_listens_on_its_port_and_the_next_with_replication_1_and_no_auto_create(tmp_path: Path) -> None:
     spec = single_node(port=9092, state_dir=tmp_path)
     (node,) = spec.nodes
     settings = server_properties(spec, node)
@@ -54,7 +54,7 @@ def test_single_node_properties(tmp_path: Path) -> None:
     assert settings["auto.create.topics.enable"] == "false"
 
 
-def test_three_node_properties(tmp_path: Path) -> None:
+def test_three_nodes_take_consecutive_port_pairs_with_replication_3_and_min_isr_2(tmp_path: Path) -> None:
     spec = three_nodes(base_port=39092, state_dir=tmp_path)
     ports = [(node.broker_port, node.controller_port) for node in spec.nodes]
     assert ports == [(39092, 39093), (39094, 39095), (39096, 39097)]
@@ -69,14 +69,15 @@ def test_three_node_properties(tmp_path: Path) -> None:
     assert settings["transaction.state.log.min.isr"] == "2"
 
 
-def test_extra_properties_override(tmp_path: Path) -> None:
+def test_extra_properties_and_auto_create_override_the_defaults(tmp_path: Path) -> None:
     spec = single_node(state_dir=tmp_path, auto_create_topics=True, extra_properties={"num.partitions": "6"})
     settings = server_properties(spec, spec.nodes[0])
     assert settings["auto.create.topics.enable"] == "true"
     assert settings["num.partitions"] == "6"
 
 
-def test_default_state_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_state_folders_default_under_the_state_dir_named_by_port(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECSTREAM_STATE_DIR", str(tmp_path))
     assert single_node().state_dir == tmp_path / "kafka-single"
     assert single_node(port=49092).state_dir == tmp_path / "kafka-single-49092"
@@ -95,7 +96,7 @@ def test_spec_rejects_bad_ports(tmp_path: Path) -> None:
         three_nodes(state_dir=tmp_path).node(4)
 
 
-def test_kafka_uuid_shape() -> None:
+def test_cluster_ids_are_distinct_22_character_kafka_uuids() -> None:
     ids = {random_kafka_uuid() for _ in range(200)}
     assert len(ids) == 200
     assert all(re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_-]{21}", value) for value in ids)
@@ -115,7 +116,7 @@ def test_jar_cache_needs_marker_and_every_jar(tmp_path: Path, monkeypatch: pytes
     assert jars.ensure_kafka_jars("9.9.9") == libs  # complete: Maven is not run
 
 
-def test_cli_status_of_stopped_deployment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_reports_a_stopped_deployment_as_not_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--port", "45991", "--state-dir", str(tmp_path)]) == 1
     assert capsys.readouterr().out.strip() == "kafka single: not running"
     assert main(["stop", "--cluster", "--port", "45981", "--state-dir", str(tmp_path)]) == 0

@@ -50,7 +50,7 @@ def test_second_start_is_a_no_op(kafka_single: ClusterSpec) -> None:  # noqa: F8
     assert result.ready is not None and result.ready.broker_ids == (1,)
 
 
-def test_status_reports_running(kafka_single: ClusterSpec) -> None:  # noqa: F811
+def test_status_reports_the_running_broker_with_its_pid_and_open_ports(kafka_single: ClusterSpec) -> None:  # noqa: F811
     current = status(kafka_single)
     assert current.running
     (node,) = current.nodes
@@ -61,7 +61,7 @@ def test_status_reports_running(kafka_single: ClusterSpec) -> None:  # noqa: F81
     assert f"running on 127.0.0.1:{port} (pid {node.pid})" in cli.stdout
 
 
-async def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:  # noqa: F811
+async def test_a_produced_record_is_consumed_with_its_key_value_and_headers(kafka_bootstrap: str) -> None:  # noqa: F811
     topic = unique_topic("single-roundtrip")
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
@@ -89,7 +89,7 @@ async def test_produce_consume_round_trip(kafka_bootstrap: str) -> None:  # noqa
         await admin.close()
 
 
-def test_lifecycle_on_scratch_broker(tmp_path: Path) -> None:
+def test_a_broker_starts_once_refuses_other_ports_stops_and_ignores_stale_pid_files(tmp_path: Path) -> None:
     spec = single_node(port=_free_port(), controller_port=_free_port(), state_dir=tmp_path / "kafka")
     node = spec.nodes[0]
     try:

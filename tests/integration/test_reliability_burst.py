@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from streams.testing.reliability import PROMPTS, WORKER_ENV, Fleet, chat_body, group_lag, max_overlap, run_ws, vm_kib
+from streams.testing.stack import DEFAULT_MODEL, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
-from tests.reliability import PROMPTS, WORKER_ENV, Fleet, chat_body, group_lag, max_overlap, run_ws, vm_kib
-from tests.stack import DEFAULT_MODEL, running_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from infra.kafka import broker
+from streams.testing.stack import free_port
 from tests.conftest import TEST_MAX_MODEL_LEN
-from tests.stack import free_port
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 

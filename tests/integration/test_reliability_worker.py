@@ -16,9 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from streams.testing.reliability import (
+    PROMPTS, WORKER_ENV, Fleet, chat_body, group_lag, regenerated, reply_records, run_ws,
+)
+from streams.testing.stack import DEFAULT_MODEL, running_stack, spawn_process, wait_ready
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
-from tests.reliability import PROMPTS, WORKER_ENV, Fleet, chat_body, group_lag, regenerated, reply_records, run_ws
-from tests.stack import DEFAULT_MODEL, _spawn, running_stack, wait_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
@@ -169,7 +171,7 @@ def test_edge_restart_clients_reconnect_and_orphans_are_cancelled(fleet: Fleet) 
     edge.popen.wait(10)
 
     # The same edge (same id, same reply topic) comes back; clients reconnect and are served.
-    restarted = _spawn("edge-restarted", ["edge"], stack.env, fleet.log_dir)
+    restarted = spawn_process("edge-restarted", ["edge"], stack.env, fleet.log_dir)
     stack.processes[stack.processes.index(edge)] = restarted
     wait_ready(stack, 120)
     again = asyncio.run(run_ws(stack.ws_url, stack.api_key, _bodies("back", 2)))

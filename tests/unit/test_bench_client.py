@@ -143,7 +143,7 @@ async def test_open_loop_duration_and_max_concurrency() -> None:
     assert all(r.ok for r in outcome.records)
 
 
-def test_bus_overhead_figures() -> None:
+def test_bus_overhead_is_the_added_latency_and_the_throughput_ratio_against_the_baseline() -> None:
     def run(label: str, ttft50: float, ttft99: float, tput: float) -> dict:
         lat = {"mean": ttft50, "p50": ttft50, "p99": ttft99}
         return {"label": label, "ttft_ms": lat, "itl_ms": lat, "tpot_ms": lat, "e2e_ms": lat,
@@ -156,7 +156,8 @@ def test_bus_overhead_figures() -> None:
     assert out["targets"]["added_ttft_p50_ms<=5"] and out["targets"]["throughput_ratio>=0.95"]
 
 
-def test_cli_run_json_plot_and_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_runs_write_json_and_plots_with_the_same_prompts_per_seed_and_compare_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     with fake_server_in_thread(FakeOptions(chunks=3, delay_s=0.002)) as server:
         common = ["--backend", "openai", "--base-url", server.base_url, "--model", "ok", "--num-requests", "4",
@@ -198,14 +199,14 @@ def test_cli_failing_server_exit_status(tmp_path: Path) -> None:
     assert run["ttft_ms"]["p50"] is None
 
 
-def test_cli_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_a_bad_slo_missing_results_and_conflicting_load_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--slo", "latency=5s", "--no-progress"]) == 2
     assert main(["compare", "/nonexistent/a.json", "/nonexistent/b.json"]) == 2
     with pytest.raises(SystemExit):
         main(["--concurrency", "2", "--request-rate", "3"])
 
 
-async def test_rounds_merge_and_pair_up() -> None:
+async def test_alternating_rounds_merge_per_backend_and_pair_requests_for_differences() -> None:
     from streams.bench.report import paired_differences
     from streams.bench.runner import merge_outcomes
 
@@ -283,7 +284,7 @@ class _FakeWs:
 
 @pytest.mark.parametrize(("mode", "kinds"), [("ok", {}), ("gap", {"protocol:gap": 4}), ("error", {"error:overloaded": 4}),
                                              ("close", {"disconnect": 4})])
-async def test_websocket_backend(mode: str, kinds: dict) -> None:
+async def test_the_websocket_backend_counts_completions_gaps_errors_and_disconnects(mode: str, kinds: dict) -> None:
     from streams.bench.backends.websocket import WebSocketBackend
 
     async with _FakeWs() as fake:

@@ -17,7 +17,7 @@ class TestPercentile:
         for q in (0, 10, 25, 50, 90, 99, 100):
             assert percentile(data, q) == pytest.approx(float(np.percentile(data, q)))
 
-    def test_known_values(self) -> None:
+    def test_percentiles_of_small_lists_interpolate_between_ranks(self) -> None:
         assert percentile([1, 2, 3, 4], 50) == 2.5
         assert percentile([1, 2, 3, 4], 0) == 1
         assert percentile([1, 2, 3, 4], 100) == 4
@@ -29,7 +29,7 @@ class TestPercentile:
         with pytest.raises(ValueError):
             percentile([1.0], 101)
 
-    def test_summarize_scales_and_orders(self) -> None:
+    def test_a_summary_is_scaled_and_its_percentiles_are_ordered(self) -> None:
         s = summarize([0.010, 0.020, 0.030, 0.040], scale=1000)
         assert s["count"] == 4
         assert s["mean"] == pytest.approx(25.0)
@@ -43,14 +43,14 @@ class TestPercentile:
 
 
 class TestSlo:
-    def test_parse(self) -> None:
+    def test_an_slo_lists_metrics_with_durations_in_any_unit(self) -> None:
         assert parse_slo("ttft=500ms,e2e=5s") == {"ttft": 0.5, "e2e": 5.0}
         assert parse_slo("tpot:50, itl=200ms") == {"tpot": 0.05, "itl": 0.2}
         assert parse_slo(None) == {} and parse_slo("") == {}
         assert parse_duration_s("250us") == pytest.approx(0.00025)
 
     @pytest.mark.parametrize("bad", ["latency=5s", "ttft", "ttft=fast", "ttft=0ms", "ttft=-1s"])
-    def test_rejects(self, bad: str) -> None:
+    def test_an_unknown_metric_or_a_missing_bad_or_non_positive_duration_is_rejected(self, bad: str) -> None:
         with pytest.raises(ValueError):
             parse_slo(bad)
 
@@ -72,13 +72,13 @@ class TestSlo:
         out = goodput([{"ttft": 9.0}] * 3, failures=1, slo={}, duration_s=3.0)
         assert out.good == 3 and out.goodput == pytest.approx(1.0) and out.fraction == pytest.approx(0.75)
 
-    def test_cdf(self) -> None:
+    def test_the_cdf_sorts_the_values_and_climbs_to_one(self) -> None:
         xs, ys = cdf([3.0, 1.0, 2.0, 4.0])
         assert xs == [1.0, 2.0, 3.0, 4.0] and ys == [0.25, 0.5, 0.75, 1.0]
 
 
 class TestArrivals:
-    def test_reproducible_with_seed(self) -> None:
+    def test_arrival_times_are_reproducible_with_a_seed_and_never_decrease(self) -> None:
         a = arrivals.arrival_times(50, rate=4.0, seed=7)
         b = arrivals.arrival_times(50, rate=4.0, seed=7)
         c = arrivals.arrival_times(50, rate=4.0, seed=8)
@@ -86,7 +86,7 @@ class TestArrivals:
         assert a != c
         assert a[0] == 0.0 and all(y >= x for x, y in zip(a, a[1:]))
 
-    def test_poisson_mean_and_dispersion(self) -> None:
+    def test_poisson_gaps_have_the_rates_mean_and_a_coefficient_of_variation_of_one(self) -> None:
         gaps = [g for g, _ in zip(arrivals.gaps(rate=5.0, burstiness=1.0, seed=1), range(20000))]
         mean = statistics.fmean(gaps)
         assert mean == pytest.approx(0.2, rel=0.03)
@@ -108,7 +108,7 @@ class TestArrivals:
     def test_infinite_rate_sends_all_at_once(self) -> None:
         assert arrivals.arrival_times(5, rate=math.inf) == [0.0] * 5
 
-    def test_parse_rates(self) -> None:
+    def test_rates_parse_as_a_list_with_inf_and_non_positive_or_nan_rates_are_rejected(self) -> None:
         assert arrivals.parse_rates("1,2,4") == [1.0, 2.0, 4.0]
         assert math.isinf(arrivals.parse_rate("inf"))
         for bad in ("0", "-1", "nan"):

@@ -16,20 +16,20 @@ def _record() -> RequestRecord:
 
 
 class TestSSE:
-    def test_events_and_done(self) -> None:
+    def test_blank_lines_end_events_and_the_done_marker_is_an_event(self) -> None:
         p = SSEParser()
         events = p.feed(b'data: {"a": 1}\n\ndata: {"b": 2}\n\ndata: [DONE]\n\n')
         assert [e.data for e in events] == ['{"a": 1}', '{"b": 2}', "[DONE]"]
         assert all(e.event == "message" for e in events)
 
-    def test_split_anywhere_including_inside_utf8(self) -> None:
+    def test_a_stream_split_anywhere_even_inside_a_utf8_character_parses_the_same(self) -> None:
         stream = 'data: {"text": "héllo 🌍"}\n\ndata: [DONE]\n\n'.encode()
         for cut in range(1, len(stream)):
             p = SSEParser()
             events = p.feed(stream[:cut]) + p.feed(stream[cut:])
             assert [e.data for e in events] == ['{"text": "héllo 🌍"}', "[DONE]"], cut
 
-    def test_byte_at_a_time(self) -> None:
+    def test_a_stream_fed_a_byte_at_a_time_gives_one_multiline_event_with_its_fields(self) -> None:
         stream = b"event: update\nid: 7\ndata: line one\ndata: line two\n\n"
         p = SSEParser()
         events = [e for i in range(len(stream)) for e in p.feed(stream[i:i + 1])]
@@ -37,7 +37,7 @@ class TestSSE:
         assert events[0].data == "line one\nline two" and events[0].event == "update" and events[0].id == "7"
 
     @pytest.mark.parametrize("newline", [b"\r\n", b"\r", b"\n"])
-    def test_line_endings(self, newline: bytes) -> None:
+    def test_crlf_cr_and_lf_all_end_a_line_even_split_between_reads(self, newline: bytes) -> None:
         stream = b"data: x" + newline + newline + b"data: y" + newline + newline
         p = SSEParser()
         assert [e.data for e in p.feed(stream)] == ["x", "y"]
@@ -46,7 +46,7 @@ class TestSSE:
         half = len(b"data: x") + 1
         assert [e.data for e in p.feed(stream[:half]) + p.feed(stream[half:])] == ["x", "y"]
 
-    def test_comments_fields_and_partial(self) -> None:
+    def test_comments_and_other_fields_are_skipped_and_an_unfinished_event_stays_pending(self) -> None:
         p = SSEParser()
         assert p.feed(b": keep-alive\n\nretry: 3000\ndata:no-space\n\n")[0].data == "no-space"
         assert p.feed(b"data: unfinished") == []
@@ -55,7 +55,7 @@ class TestSSE:
 
 
 class TestChecker:
-    def test_good_stream(self) -> None:
+    def test_a_good_stream_is_ok_and_yields_ttft_itl_tpot_and_speculation_counts(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.2, text="Hel", token_ids=[1], index=0)
@@ -74,7 +74,7 @@ class TestChecker:
         assert rec.max_itl == pytest.approx(0.2)
         assert (rec.spec_drafted, rec.spec_accepted, rec.spec_steps) == (8, 1, 2)
 
-    def test_gap(self) -> None:
+    def test_a_gap_in_chunk_indices_is_a_protocol_error(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.1, text="a", token_ids=[1], index=0)
@@ -83,7 +83,7 @@ class TestChecker:
         assert not rec.ok and rec.error_kind == "protocol:gap"
         assert "protocol:missing_chunks" in rec.violations
 
-    def test_repeat(self) -> None:
+    def test_a_repeated_chunk_index_is_a_protocol_error_and_not_counted_twice(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.1, text="a", token_ids=[1], index=0)
@@ -93,21 +93,21 @@ class TestChecker:
         assert not rec.ok and rec.error_kind == "protocol:repeat"
         assert rec.token_ids == [1, 2]  # the duplicate is not counted
 
-    def test_missing_final(self) -> None:
+    def test_a_stream_closed_without_a_final_event_is_a_protocol_error(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.1, text="a", token_ids=[1], index=0)
         c.close(100.2)
         assert not rec.ok and rec.error_kind == "protocol:missing_final"
 
-    def test_token_count_mismatch(self) -> None:
+    def test_usage_disagreeing_with_the_tokens_received_is_a_protocol_error(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.1, text="ab", token_ids=[1, 2], index=0)
         c.final(100.2, finish_reason="length", num_chunks=1, text="ab", completion_tokens=3)
         assert rec.error_kind == "protocol:token_count"
 
-    def test_text_mismatch_and_chunk_after_final(self) -> None:
+    def test_a_final_text_unlike_the_chunks_and_a_chunk_after_the_final_are_protocol_errors(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.1, text="ab", token_ids=[1, 2], index=0)
@@ -123,7 +123,7 @@ class TestChecker:
         c.close(100.02)
         assert not rec.ok and rec.error_kind == "error:overloaded" and rec.ttft is None
 
-    def test_without_token_ids_counts_text_chunks(self) -> None:
+    def test_without_token_ids_the_usage_is_taken_unchecked(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.1, text="a")
@@ -132,7 +132,7 @@ class TestChecker:
         assert rec.ok  # token ids unknown: usage cannot be checked against them
         assert rec.output_tokens == 5 and not rec.token_ids_known
 
-    def test_done_marker_missing(self) -> None:
+    def test_a_stream_without_the_done_marker_is_a_protocol_error(self) -> None:
         rec = _record()
         c = StreamChecker(rec)
         c.chunk(100.1, text="a", token_ids=[1], index=0)

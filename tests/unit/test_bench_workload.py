@@ -19,7 +19,7 @@ def test_first_requests_are_the_bench_workload_prompts() -> None:
 
 
 @pytest.mark.parametrize("name", ["chat", "code", "rag", "mixed"])
-def test_same_seed_same_requests(name: str) -> None:
+def test_the_same_seed_gives_the_same_requests_each_with_its_own_sampling_seed(name: str) -> None:
     lengths = LengthSpec(output_len=64, output_len_jitter=0.2, input_len=300, input_len_jitter=0.3)
     a = take(synthetic(name, lengths, seed=5), 12)
     b = take(synthetic(name, lengths, seed=5), 12)
@@ -29,12 +29,12 @@ def test_same_seed_same_requests(name: str) -> None:
     assert len({r.seed for r in a}) == len(a)  # each request has its own sampling seed
 
 
-def test_variations_differ() -> None:
+def test_the_prompts_of_one_workload_vary_from_request_to_request() -> None:
     reqs = take(synthetic("chat", LengthSpec(), seed=1), 10)
     assert len({json.dumps(r.messages) for r in reqs}) >= 6
 
 
-def test_output_len_jitter_bounds() -> None:
+def test_output_length_jitter_stays_within_its_bounds_and_no_jitter_is_fixed() -> None:
     reqs = take(synthetic("chat", LengthSpec(output_len=100, output_len_jitter=0.2), seed=2), 200)
     lens = [r.max_tokens for r in reqs]
     assert min(lens) >= 80 and max(lens) <= 120 and len(set(lens)) > 10
@@ -59,7 +59,7 @@ def test_bad_lengths_rejected() -> None:
         next(synthetic("poetry", LengthSpec(), seed=0))
 
 
-def test_dataset(tmp_path: Path) -> None:
+def test_a_dataset_of_prompts_messages_and_conversations_is_cycled_reproducibly(tmp_path: Path) -> None:
     path = tmp_path / "prompts.jsonl"
     lines = [
         {"prompt": "Once upon a time"},

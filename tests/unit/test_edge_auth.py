@@ -52,7 +52,7 @@ def test_wrong_and_revoked_keys_do_not_authenticate_and_the_edge_sees_changes(ke
     assert [k.active for k in read_key_file(keys_file).keys] == [False, True]
 
 
-def test_revoke_by_tenant_prefix_and_errors(keys_file: Path) -> None:
+def test_revoking_a_tenant_revokes_all_its_keys_and_bad_ids_or_names_are_refused(keys_file: Path) -> None:
     create_key(keys_file, "carol")
     create_key(keys_file, "carol")
     assert len(revoke_keys(keys_file, tenant="carol")) == 2
@@ -83,7 +83,7 @@ def test_a_broken_keys_file_fails_the_start_but_a_later_bad_edit_keeps_the_old_k
         KeyStore(keys_file)
 
 
-def test_authenticator_missing_wrong_and_disabled(keys_file: Path) -> None:
+def test_a_missing_or_wrong_key_is_401_and_without_auth_everyone_is_the_default_tenant(keys_file: Path) -> None:
     key, _ = create_key(keys_file, "alice")
     auth = Authenticator(enabled=True, keys_file=str(keys_file), defaults=DEFAULTS)
     with pytest.raises(errors.EdgeError) as missing:
@@ -99,7 +99,7 @@ def test_authenticator_missing_wrong_and_disabled(keys_file: Path) -> None:
     assert anonymous.tenant == "default" and anonymous.limits == DEFAULTS
 
 
-def test_key_extraction_from_headers_and_subprotocols() -> None:
+def test_the_key_is_read_from_a_bearer_header_or_a_websocket_subprotocol() -> None:
     assert key_from_headers({"authorization": "Bearer sk-1"}) == "sk-1"
     assert key_from_headers({"authorization": "bearer   sk-2 "}) == "sk-2"
     assert key_from_headers({}) is None
@@ -119,7 +119,8 @@ def test_local_key_is_created_once_and_replaced_when_revoked(keys_file: Path) ->
     assert KeyStore(keys_file).lookup(third.key).tenant == "local"
 
 
-def test_keys_cli_create_list_revoke_hash(keys_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_keys_cli_prints_a_key_only_when_creating_it_and_lists_hashes_and_revokes_it(
+        keys_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     os.environ.pop("SPECSTREAM_CONFIG", None)
     base = ["--config", os.devnull, "--file", str(keys_file)]
     assert keys_main([*base, "create", "--tenant", "erin", "--rpm", "5", "--tpm", "0"]) == 0

@@ -1,4 +1,5 @@
-"""Edge logic that needs no broker: client input -> GenerateRequest, error mapping, reply-stream ordering."""
+"""Edge logic that needs no broker: the edge's options, client input -> GenerateRequest, error mapping,
+reply-stream ordering."""
 from __future__ import annotations
 
 import asyncio
@@ -6,58 +7,92 @@ import time
 
 import pytest
 
-from schemas.events import Completion, ErrorEvent, TokenChunk, Timings, Usage
-from streams.config import Settings
+from schemas.events import Completion, ErrorEvent, TokenChunk, Timings, TraceContext, Usage
+from streams.config import EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
 from streams.edge import errors
-from streams.edge.intake import (
-    ChatCompletionBody, CompletionBody, WsRequestBody, build_request, parse_json_body, validate_body,
-)
+from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
+from streams.edge.admission.build import build_request, trace_context
+from streams.edge.admission.parse import decode_json, parse_body
+from streams.edge.admission.validate import check_model
 from streams.edge.replies import ReplyRouter, ReplyTimeout
 from streams.edge.settings import EdgeOptions, default_edge_id
 from streams.kafka_io import encode
 
 MODEL = "smollm2-135m-instruct"
-OPTS = EdgeOptions(edge_id="e1", request_timeout_s=30.0, max_tokens_default=17)
+OPTS = EdgeOptions(Settings(edge=EdgeSettings(edge_id="e1", request_timeout_s=30.0, max_tokens_default=17)))
 
 
 def chat(**kw):
-    return validate_body(ChatCompletionBody, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kw})
+    return parse_body(ChatCompletionBody, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kw})
 
 
-def test_options_from_project_settings():
-    s = Settings(kafka={"topic_prefix": "p"}, edge={"port": 8123, "edge_id": "edge-7"}, worker={"heartbeat_s": 2.0})
+def test_options_are_the_project_settings_plus_what_the_edge_derives():
+    s = Settings(kafka=KafkaSettings(topic_prefix="p"), edge=EdgeSettings(port=8123, edge_id="edge-7"),
+                 worker=WorkerSettings(heartbeat_s=2.0), engine=EngineSettings(max_model_len=300))
     o = EdgeOptions.from_settings(s)
-    assert (o.topic_prefix, o.port, o.edge_id, o.heartbeat_s, o.models) == ("p", 8123, "edge-7", 2.0, (MODEL,))
+    assert o.kafka is s.kafka and o.edge is s.edge  # read as they are, not copied
+    assert (o.kafka.topic_prefix, o.edge.port, o.edge_id, o.heartbeat_s, o.max_model_len, o.models) == (
+        "p", 8123, "edge-7", 2.0, 300, (MODEL,))
     assert o.reply_topic == "p.replies.edge-7"
-    assert EdgeOptions.from_settings(Settings()).edge_id == default_edge_id("127.0.0.1", 8000)
-    assert EdgeOptions(host="10.0.0.5", port=9000).edge_id == "10.0.0.5-9000"
+    assert EdgeOptions.from_settings(o) is o
+    assert EdgeOptions(Settings()).edge_id == default_edge_id("127.0.0.1", 8000)
+    assert EdgeOptions(Settings(edge=EdgeSettings(host="10.0.0.5", port=9000))).edge_id == "10.0.0.5-9000"
+    assert EdgeOptions(s, models=("a", "b")).models == ("a", "b")
+
+
+def test_options_with_other_edge_settings_are_validated_again():
+    bound = EdgeOptions(Settings(edge=EdgeSettings(host="10.0.0.5"))).with_edge(port=9001)
+    assert (bound.edge.port, bound.edge_id) == (9001, "10.0.0.5-9001")
+    with pytest.raises(ValueError):
+        OPTS.with_edge(port=0)
 
 
 def test_edge_assigns_id_seed_deadline_and_reply_topic():
     now = 1_000.0
-    a = build_request(chat(), OPTS, "x.replies.e1", now=now)
-    b = build_request(chat(), OPTS, "x.replies.e1", now=now)
+    a = build_request(chat(), OPTS, now=now)
+    b = build_request(chat(), OPTS, now=now)
     assert a.request_id.startswith("chatcmpl-") and a.request_id != b.request_id
     assert a.sampling.seed is not None and a.sampling.seed != b.sampling.seed
     assert a.sampling.max_tokens == 17
-    assert (a.created_at, a.deadline, a.reply_to.topic) == (now, now + 30.0, "x.replies.e1")
-    given = build_request(chat(seed=5, max_completion_tokens=3, stop="\n", temperature=0.7), OPTS, "t")
+    assert (a.created_at, a.deadline, a.reply_to.topic) == (now, now + 30.0, "specstream.replies.e1")
+    given = build_request(chat(seed=5, max_completion_tokens=3, stop="\n", temperature=0.7), OPTS)
     assert (given.sampling.seed, given.sampling.max_tokens, given.sampling.stop, given.sampling.temperature) == (
         5, 3, ["\n"], 0.7)
-    assert build_request(chat(), EdgeOptions(request_timeout_s=None), "t").deadline is None
+    no_timeout = EdgeOptions(Settings(edge=EdgeSettings(request_timeout_s=None)))
+    assert build_request(chat(), no_timeout).deadline is None
 
 
-def test_completion_and_ws_bodies():
-    c = build_request(validate_body(CompletionBody, {"model": MODEL, "prompt": ["once"]}), OPTS, "t")
+def test_the_tenant_and_trace_context_go_into_the_request():
+    trace = trace_context({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                           "tracestate": "k=v"})
+    request = build_request(chat(), OPTS, tenant="alice", trace=trace)
+    assert request.tenant == "alice" and request.trace == trace
+    assert trace_context({"tracestate": "k=v"}) is None
+    assert isinstance(trace, TraceContext) and trace.tracestate == "k=v"
+
+
+def test_completion_and_websocket_bodies_become_requests_and_prompt_with_messages_is_refused():
+    c = build_request(parse_body(CompletionBody, {"model": MODEL, "prompt": ["once"]}), OPTS)
     assert c.prompt == "once" and c.messages is None and c.request_id.startswith("cmpl-")
-    w = validate_body(WsRequestBody, {"id": 3, "model": MODEL, "messages": [
+    w = parse_body(WsRequestBody, {"id": 3, "model": MODEL, "messages": [
         {"role": "developer", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
         {"role": "user", "content": "q"}]})
-    r = build_request(w, OPTS, "t")
+    r = build_request(w, OPTS)
     assert r.messages[0].role == "system" and r.messages[0].content == "be brief"
+    assert (w.input_param, w.streams) == ("messages", True)
+    raw = parse_body(WsRequestBody, {"model": MODEL, "prompt": "a"})
+    assert (raw.input_param, build_request(raw, OPTS).request_id[:5]) == ("prompt", "cmpl-")
     with pytest.raises(errors.EdgeError) as info:
-        validate_body(WsRequestBody, {"model": MODEL, "prompt": "a", "messages": [{"role": "user", "content": "b"}]})
+        parse_body(WsRequestBody, {"model": MODEL, "prompt": "a", "messages": [{"role": "user", "content": "b"}]})
     assert info.value.param == "messages"
+
+
+def test_each_body_names_its_prompt_field_and_says_whether_it_streams():
+    completion = parse_body(CompletionBody, {"model": MODEL, "prompt": "x", "stream": True,
+                                              "stream_options": {"include_usage": True}})
+    assert (completion.input_param, completion.streams, completion.include_usage) == ("prompt", True, True)
+    assert (chat().input_param, chat().streams, chat().include_usage) == ("messages", False, False)
+    assert chat(max_tokens=5, max_completion_tokens=7).max_new_tokens() == 7
 
 
 @pytest.mark.parametrize(
@@ -68,9 +103,9 @@ def test_completion_and_ws_bodies():
         (b"{\"model\": ", "invalid_json", None),
     ],
 )
-def test_body_parse_errors(raw, code, param):
+def test_a_body_that_is_not_a_json_object_is_400_invalid_json(raw, code, param):
     with pytest.raises(errors.EdgeError) as info:
-        parse_json_body(raw)
+        decode_json(raw)
     assert (info.value.status, info.value.code, info.value.param) == (400, code, param)
 
 
@@ -91,13 +126,14 @@ def test_body_parse_errors(raw, code, param):
 )
 def test_body_validation_errors_name_the_field(body, status, code, param):
     with pytest.raises(errors.EdgeError) as info:
-        validate_body(ChatCompletionBody, body)
+        parse_body(ChatCompletionBody, body)
     assert (info.value.status, info.value.code, info.value.param) == (status, code, param)
 
 
 def test_unknown_model_is_404():
+    request = build_request(parse_body(CompletionBody, {"model": "gpt-9", "prompt": "x"}), OPTS)
     with pytest.raises(errors.EdgeError) as info:
-        build_request(validate_body(CompletionBody, {"model": "gpt-9", "prompt": "x"}), OPTS, "t")
+        check_model(request, OPTS.models)
     assert (info.value.status, info.value.code, info.value.param) == (404, "model_not_found", "model")
     assert info.value.body()["error"]["type"] == "invalid_request_error"
 
@@ -119,7 +155,7 @@ def test_unknown_model_is_404():
         ("internal_error", "boom", 500, None),
     ],
 )
-def test_worker_error_mapping(code, message, status, param):
+def test_worker_errors_map_to_an_http_status_and_the_offending_param(code, message, status, param):
     e = errors.from_worker_error(ErrorEvent(request_id="r", code=code, message=message))
     assert (e.status, e.param, e.code, e.message) == (status, param, code, message)
 

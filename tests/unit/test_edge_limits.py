@@ -22,7 +22,7 @@ class Clock:
         return self.t
 
 
-def test_window_wait() -> None:
+def test_a_full_sliding_window_waits_until_the_weighted_count_fits() -> None:
     assert window_wait(prev=0, cur=2, elapsed=10, cost=1, limit=3) == 0
     # The current window is full: wait for the next one (then the previous window's weight decays).
     assert window_wait(prev=0, cur=3, elapsed=10, cost=1, limit=3) == pytest.approx(50 + 60 * (1 - 2 / 3))
@@ -67,7 +67,7 @@ async def test_memory_tpm_counts_prompt_plus_max_tokens_and_refunds_unused() -> 
     assert "more than your tenant's limit" in too_big.message
 
 
-async def test_memory_concurrency_leases_and_expiry() -> None:
+async def test_concurrency_leases_are_released_once_and_expire_after_a_crash() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
     limits = TenantLimits(concurrency=2)
@@ -85,7 +85,7 @@ async def test_memory_concurrency_leases_and_expiry() -> None:
     assert limiter.in_flight("alice") == 1
 
 
-def test_make_limiter() -> None:
+def test_a_redis_url_selects_the_shared_limiter_and_none_the_in_memory_one() -> None:
     assert isinstance(make_limiter(None), MemoryLimiter)
     assert isinstance(make_limiter("redis://127.0.0.1:1/0"), RedisLimiter)
 

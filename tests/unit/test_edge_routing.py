@@ -30,6 +30,7 @@ from schemas.events import (
 )
 from schemas.topics import TopicCatalog
 from streams.edge.server import serve_in_thread
+from streams.config import EdgeAuthSettings, EdgeSettings, KafkaSettings, Settings
 from streams.edge.settings import EdgeOptions
 from streams.kafka_io import decode, encode, ensure_topics, make_producer, request_key
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
@@ -146,9 +147,12 @@ def catalog() -> TopicCatalog:
     return TopicCatalog(prefix=f"t-edge-{uuid.uuid4().hex[:8]}")
 
 
-def options(bootstrap: str, catalog: TopicCatalog, edge_id: str, **kw) -> EdgeOptions:
-    return EdgeOptions(bootstrap_servers=bootstrap, topic_prefix=catalog.prefix, edge_id=edge_id,
-                       request_partitions=catalog.request_partitions, auth_enabled=False, **kw)
+def options(bootstrap: str, catalog: TopicCatalog, edge_id: str) -> EdgeOptions:
+    return EdgeOptions(Settings(
+        kafka=KafkaSettings(bootstrap_servers=bootstrap, topic_prefix=catalog.prefix,
+                            request_partitions=catalog.request_partitions),
+        edge=EdgeSettings(edge_id=edge_id, auth=EdgeAuthSettings(enabled=False)),
+    ))
 
 
 @pytest.fixture(scope="module")
@@ -254,7 +258,7 @@ def test_websocket_duplicate_chunks_are_dropped(edge_a, worker):
 # --- OpenAI-compatible HTTP ----------------------------------------------------------------------------------------
 
 
-def test_openai_client_stream_and_non_stream(edge_a, worker):
+def test_the_openai_client_is_served_chat_streamed_and_not_and_completions(edge_a, worker):
     from openai import OpenAI
 
     client = OpenAI(base_url=edge_a.base_url + "/v1", api_key="x", max_retries=0)

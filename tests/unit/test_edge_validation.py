@@ -1,4 +1,5 @@
-"""Validation before Kafka: encoding, JSON, unsupported parameters, ranges, and the context checked with the tokenizer."""
+"""Admission's checks before Kafka: encoding, JSON, unsupported parameters, ranges (parse), and the context checked
+with the model's tokenizer (validate)."""
 from __future__ import annotations
 
 import asyncio
@@ -8,9 +9,12 @@ import pytest
 
 from schemas.events import ChatMessage, GenerateRequest, ReplyRoute, SamplingParams
 from streams.edge import errors
-from streams.edge.intake import ChatCompletionBody, CompletionBody, build_request, validate_body
-from streams.edge.settings import EdgeOptions
-from streams.edge.validation import TokenCounter, parse_json_object, prompt_hash, strip_unsupported
+from streams.edge.access import prompt_hash
+from streams.edge.admission.bodies import ChatCompletionBody
+from streams.edge.admission.parse import decode_json, parse_body
+from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS, strip_unsupported
+from streams.edge.admission.validate import fit_context
+from streams.edge.tokenizers import Tokenizers
 
 MODEL = "smollm2-135m-instruct"
 
@@ -34,14 +38,15 @@ def _error(fn, *args, **kwargs) -> errors.EdgeError:
     (b"   ", "invalid_json", None),
     ("\ufeff{}".encode(), "invalid_json", None),
 ])
-def test_bodies_that_are_not_clean_utf8_json_objects(raw: bytes, code: str, param: str | None) -> None:
-    error = _error(parse_json_object, raw)
+def test_bodies_that_are_not_clean_utf8_json_objects_are_400_naming_the_problem(
+        raw: bytes, code: str, param: str | None) -> None:
+    error = _error(decode_json, raw)
     assert (error.status, error.code, error.param) == (400, code, param)
     json.dumps(error.body()).encode("utf-8")  # the error itself is always encodable
 
 
 def test_valid_unicode_passes() -> None:
-    assert parse_json_object('{"prompt": "caf\\u00e9 \\ud83d\\ude00 東京"}'.encode())["prompt"] == "café 😀 東京"
+    assert decode_json('{"prompt": "caf\\u00e9 \\ud83d\\ude00 東京"}'.encode())["prompt"] == "café 😀 東京"
 
 
 @pytest.mark.parametrize(("name", "value"), [
@@ -51,18 +56,33 @@ def test_valid_unicode_passes() -> None:
     ("modalities", ["text", "audio"]), ("store", True), ("reasoning_effort", "low"), ("prediction", {"x": 1}),
 ])
 def test_unsupported_openai_parameters_are_named(name: str, value) -> None:
-    error = _error(strip_unsupported, {"model": MODEL, name: value}, "chat")
+    error = _error(strip_unsupported, {"model": MODEL, name: value}, FOR_CHAT)
     assert (error.status, error.code, error.param) == (400, "unsupported_parameter", name)
     assert f"'{name}' is not supported" in error.message
+
+
+def test_an_integer_is_a_valid_float() -> None:
+    body = parse_body(ChatCompletionBody, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                           "temperature": 1, "top_p": 1})
+    assert (body.temperature, body.top_p) == (1.0, 1.0)
 
 
 def test_neutral_values_of_unsupported_parameters_are_dropped() -> None:
     data = {"model": MODEL, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
             "logit_bias": {}, "store": False, "parallel_tool_calls": None, "service_tier": "auto"}
-    assert strip_unsupported(data, "chat") == {"model": MODEL}
-    assert _error(strip_unsupported, {"best_of": 3}, "completions").param == "best_of"
-    assert _error(strip_unsupported, {"suffix": "end"}, "completions").param == "suffix"
-    assert strip_unsupported({"best_of": 3}, "chat") == {"best_of": 3}  # not a chat parameter: unknown, later
+    assert strip_unsupported(data, FOR_CHAT) == {"model": MODEL}
+    assert _error(strip_unsupported, {"best_of": 3}, FOR_COMPLETIONS).param == "best_of"
+    assert _error(strip_unsupported, {"suffix": "end"}, FOR_COMPLETIONS).param == "suffix"
+    assert strip_unsupported({"best_of": 3}, FOR_CHAT) == {"best_of": 3}  # not a chat parameter: unknown, later
+    assert strip_unsupported({"tools": [{"type": "function"}]}, FOR_COMPLETIONS) == {"tools": [{"type": "function"}]}
+
+
+def test_the_chat_body_refuses_an_unsupported_parameter_before_anything_else() -> None:
+    error = _error(parse_body, ChatCompletionBody, {"model": MODEL, "tools": [{"type": "function"}]})
+    assert (error.code, error.param) == ("unsupported_parameter", "tools")  # not the missing messages
+    error = _error(parse_body, ChatCompletionBody,
+                   {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "best_of": 2})
+    assert (error.code, error.param) == ("unknown_parameter", "best_of")  # a completions parameter
 
 
 @pytest.mark.parametrize(("body", "code", "param"), [
@@ -76,19 +96,18 @@ def test_neutral_values_of_unsupported_parameters_are_dropped() -> None:
     ({"presence_penalty": 0.5}, "unsupported_value", "presence_penalty"),
     ({"stop": ["a"] * 9}, "invalid_value", "stop"),
     ({"temprature": 0.5}, "unknown_parameter", "temprature"),
+    # Numbers and booleans are strict, as in OpenAI's API: true is not 1.0, "5" is not 5, 1 is not true.
+    ({"top_p": True}, "invalid_value", "top_p"),
+    ({"max_tokens": "5"}, "invalid_value", "max_tokens"),
+    ({"stream": 1}, "invalid_value", "stream"),
+    ({"stream_options": {"include_usage": "yes"}}, "invalid_value", "stream_options.include_usage"),
     ({"messages": []}, "invalid_value", "messages"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "invalid_value", "messages[0].role"),
 ])
 def test_out_of_range_and_unknown_parameters_name_the_field(body: dict, code: str, param: str) -> None:
     data = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **body}
-    error = _error(validate_body, ChatCompletionBody, strip_unsupported(data, "chat"))
+    error = _error(parse_body, ChatCompletionBody, data)
     assert (error.status, error.code, error.param) == (400, code, param), error.message
-
-
-def test_the_tenant_goes_into_the_request() -> None:
-    body = validate_body(CompletionBody, {"model": MODEL, "prompt": "hi"})
-    request = build_request(body, EdgeOptions(auth_enabled=False), "replies", tenant="alice")
-    assert request.tenant == "alice"
 
 
 def _request(messages=None, prompt=None, max_tokens=8) -> GenerateRequest:
@@ -100,53 +119,69 @@ def _request(messages=None, prompt=None, max_tokens=8) -> GenerateRequest:
 
 
 @pytest.fixture(scope="module")
-def counter() -> TokenCounter:
-    async def load() -> TokenCounter:
-        tc = TokenCounter((MODEL,), max_model_len=64)
-        tc.start()
-        assert await tc.get(MODEL) is not None
-        return tc
+def tokenizers() -> Tokenizers:
+    async def load() -> Tokenizers:
+        loaded = Tokenizers((MODEL,), max_model_len=64)
+        loaded.start()
+        assert await loaded.get(MODEL) is not None
+        return loaded
 
     return asyncio.run(load())
 
 
-async def test_context_counted_with_the_models_tokenizer_and_chat_template(counter: TokenCounter) -> None:
+async def test_context_counted_with_the_models_tokenizer_and_chat_template(tokenizers: Tokenizers) -> None:
     from engine.loader import load_tokenizer
     from streams.worker.intake import prompt_token_ids
 
     request = _request(messages=["What is Kafka?"])
-    checked, n = await counter.check_context(request, input_param="messages", max_tokens_given=True)
-    assert checked is request and n == len(prompt_token_ids(request, load_tokenizer(MODEL))) and n > 4
+    checked = await fit_context(request, tokenizers, input_param="messages", max_tokens_given=True)
+    assert checked.request is request
+    assert checked.prompt_tokens == len(prompt_token_ids(request, load_tokenizer(MODEL))) > 4
 
     raw = _request(prompt="one two three")
-    assert (await counter.check_context(raw, input_param="prompt", max_tokens_given=True))[1] == 3
+    assert (await fit_context(raw, tokenizers, input_param="prompt", max_tokens_given=True)).prompt_tokens == 3
 
 
-async def test_context_errors_name_the_prompt_or_max_tokens(counter: TokenCounter) -> None:
+async def test_context_errors_name_the_prompt_or_max_tokens(tokenizers: Tokenizers) -> None:
     long = _request(prompt="word " * 80, max_tokens=1)
     with pytest.raises(errors.EdgeError) as caught:
-        await counter.check_context(long, input_param="prompt", max_tokens_given=True)
+        await fit_context(long, tokenizers, input_param="prompt", max_tokens_given=True)
     assert (caught.value.status, caught.value.code, caught.value.param) == (400, "context_length_exceeded", "prompt")
     assert "maximum context length is 64 tokens" in caught.value.message
 
     fits = _request(prompt="word " * 20, max_tokens=60)
     with pytest.raises(errors.EdgeError) as caught:
-        await counter.check_context(fits, input_param="prompt", max_tokens_given=True)
+        await fit_context(fits, tokenizers, input_param="prompt", max_tokens_given=True)
     assert caught.value.param == "max_tokens"
     # Without an explicit max_tokens the default is capped to what the context leaves.
-    capped, n = await counter.check_context(fits, input_param="prompt", max_tokens_given=False)
-    assert capped.sampling.max_tokens == 64 - n and n > 10
+    capped = await fit_context(fits, tokenizers, input_param="prompt", max_tokens_given=False)
+    assert capped.request.sampling.max_tokens == 64 - capped.prompt_tokens and capped.prompt_tokens > 10
 
 
-def test_draft_chars(counter: TokenCounter) -> None:
-    tokenizer = counter.loaded(MODEL)
+async def test_without_a_tokenizer_the_length_is_left_to_the_worker() -> None:
+    unknown = Tokenizers(("no-such-model",), max_model_len=64)
+    unknown.start()
+    request = _request(prompt="word " * 500, max_tokens=60)
+    checked = await fit_context(request, unknown, input_param="prompt", max_tokens_given=True)
+    assert (checked.request, checked.prompt_tokens) == (request, None)
+    await unknown.stop()
+
+
+def test_the_context_of_a_model_comes_from_its_config_without_weights() -> None:
+    from engine.loader import model_context
+
+    assert model_context(MODEL) == 8192  # SmolLM2-135M's max_position_embeddings, no sliding window
+
+
+def test_draft_chars_counts_the_drafted_tokens_characters_or_estimates_them(tokenizers: Tokenizers) -> None:
+    tokenizer = tokenizers.loaded(MODEL)
     ids = tokenizer(" the quick brown fox")["input_ids"]
     text = tokenizer.decode(ids)
-    assert counter.draft_chars(MODEL, text, ids, len(ids) - 1) == len(tokenizer.decode(ids[:-1]))
-    assert counter.draft_chars(MODEL, text, ids, 0) == 0
-    assert counter.draft_chars(MODEL, text, ids, len(ids)) == len(text)
+    assert tokenizers.draft_chars(MODEL, text, ids, len(ids) - 1) == len(tokenizer.decode(ids[:-1]))
+    assert tokenizers.draft_chars(MODEL, text, ids, 0) == 0
+    assert tokenizers.draft_chars(MODEL, text, ids, len(ids)) == len(text)
     # Text that does not start with the drafts' text (held back by a stop string): a proportional estimate.
-    assert counter.draft_chars(MODEL, "abcdef", ids[:2], 1) == 3
+    assert tokenizers.draft_chars(MODEL, "abcdef", ids[:2], 1) == 3
 
 
 def test_prompt_hash_is_stable_and_hides_the_prompt() -> None:
@@ -155,7 +190,7 @@ def test_prompt_hash_is_stable_and_hides_the_prompt() -> None:
     assert "secret" not in prompt_hash(a) and len(prompt_hash(a)) == 16
 
 
-async def test_an_empty_prompt_is_refused_naming_it(counter: TokenCounter) -> None:
+async def test_an_empty_prompt_is_refused_naming_it(tokenizers: Tokenizers) -> None:
     with pytest.raises(errors.EdgeError) as caught:
-        await counter.check_context(_request(prompt=""), input_param="prompt", max_tokens_given=True)
+        await fit_context(_request(prompt=""), tokenizers, input_param="prompt", max_tokens_given=True)
     assert (caught.value.status, caught.value.param) == (400, "prompt")

@@ -44,7 +44,7 @@ def test_unknown_schema_version_is_rejected():
 
 
 @pytest.mark.parametrize("inputs", [{}, {"messages": [{"role": "user", "content": "x"}]}])
-def test_exactly_one_of_prompt_and_messages(inputs):
+def test_a_request_needs_exactly_one_of_prompt_and_messages(inputs):
     body = _request(**inputs)
     if not inputs:
         body.pop("prompt")

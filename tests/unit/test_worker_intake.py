@@ -21,7 +21,7 @@ def parse(value: bytes) -> GenerateRequest | Rejection:
     return parse_request(value, max_bytes=LIMIT)
 
 
-def test_valid_request() -> None:
+def test_a_valid_request_parses_with_its_sampling_parameters() -> None:
     parsed = parse(json.dumps(body(sampling={"max_tokens": 4, "stop": ["\n"]})).encode())
     assert isinstance(parsed, GenerateRequest)
     assert parsed.sampling.stop == ["\n"]
@@ -60,7 +60,7 @@ def test_route_is_not_guessed_from_a_bad_reply_to() -> None:
     assert isinstance(rejection, Rejection) and rejection.route is None and rejection.request_id == "r1"
 
 
-def test_empty_message() -> None:
+def test_an_empty_message_is_rejected_and_dead_lettered() -> None:
     rejection = parse_request(None, max_bytes=LIMIT)
     assert isinstance(rejection, Rejection) and rejection.dead_letter
 

@@ -20,6 +20,7 @@ class BackendOptions:
     endpoint: str = "auto"  # openai: auto (chat for messages, completions for prompts), chat, completions
     ws_connections: int = 4
     bootstrap_servers: str = "127.0.0.1:9092"  # kafka
+    kafka: Any = None  # kafka: the project's KafkaSettings (TLS, SASL) for bootstrap_servers; None: an open broker
     topic_prefix: str = "specstream"
     api_key: str | None = None
     # inprocess: engine settings; None takes the project's settings (streams.config) or the engine's defaults.

@@ -50,18 +50,23 @@ class KafkaBackend(Backend):
             "consumer": CONSUMER_OPTIONS, "producer": _producer_settings(),
         }
 
+    def _connection(self) -> Any:
+        """The project's Kafka settings at the address asked for, else just the address (an open broker)."""
+        kafka, servers = self.options.kafka, self.options.bootstrap_servers
+        return kafka.model_copy(update={"bootstrap_servers": servers}) if kafka is not None else servers
+
     async def start(self) -> None:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
+        from aiokafka import TopicPartition
 
-        from streams.kafka_io import ensure_topics, make_producer
+        from streams.kafka_io import ensure_topics, make_consumer, make_producer
 
-        servers = self.options.bootstrap_servers
+        servers = self._connection()
         await ensure_topics(servers, [self.catalog.requests, self.catalog.replies(self.client_tag)],
                             client_id=f"{self.client_tag}-admin", timeout_s=30)
         self._producer = make_producer(servers, client_id=self.client_tag)
         await self._producer.start()
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=servers, client_id=f"{self.client_tag}-replies", group_id=None,
+        self._consumer = make_consumer(
+            servers, client_id=f"{self.client_tag}-replies", group_id=None,
             enable_auto_commit=False, auto_offset_reset="latest", **CONSUMER_OPTIONS,
         )
         await self._consumer.start()
@@ -82,7 +87,7 @@ class KafkaBackend(Backend):
         try:
             from streams.kafka_io import delete_topics
 
-            await delete_topics(self.options.bootstrap_servers, [self.reply_topic], timeout_s=10)
+            await delete_topics(self._connection(), [self.reply_topic], timeout_s=10)
         except Exception as error:  # noqa: BLE001 - cleanup only; the topic's retention removes it anyway
             log.warning("could not delete reply topic %s: %s", self.reply_topic, error)
 

@@ -12,7 +12,7 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel
 from engine.model import Decoder
-from engine.request import EngineRequest, SamplingParams
+from engine.request import EngineRequest, SamplingOptions
 
 VOCAB = 300
 
@@ -114,7 +114,7 @@ def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
 
 
 def greedy_request(rid: str, prompt: list[int], max_tokens: int, **kw: Any) -> EngineRequest:
-    return EngineRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), **kw)
+    return EngineRequest(rid, prompt, SamplingOptions(max_tokens=max_tokens, ignore_eos=True), **kw)
 
 
 @torch.inference_mode()

@@ -15,8 +15,7 @@ from _engine_factories import (
 )
 
 from engine.config import SpeculationConfig
-from engine.request import EngineRequest, RequestRejected, SamplingParams
-from engine.spec.config import SpecConfig
+from engine.request import EngineRequest, RequestRejected, SamplingOptions
 from engine.spec.controller import SpeculationController
 from engine.spec.proposer import DraftProposal, ProposalInput
 
@@ -91,7 +90,7 @@ def test_speculative_steps_emit_exactly_the_greedy_tokens(llama) -> None:
     truth = {f"s{i}": hf_greedy(llama, p, n_new) for i, p in enumerate(prompts)}
     proposer = OracleProposer(truth, {f"s{i}": len(p) for i, p in enumerate(prompts)}, wrong_every=2)
     spec = SpeculationConfig(enabled=True, max_draft_tokens=4)
-    controller = SpeculationController(SpecConfig(max_draft_tokens=4, adaptive=False))
+    controller = SpeculationController(SpeculationConfig(max_draft_tokens=4, adaptive=False))
     engine = make_engine(llama, speculation=spec, proposer=proposer, controller=controller, max_batched_tokens=12)
     res = engine.generate([greedy_request(f"s{i}", p, n_new) for i, p in enumerate(prompts)])
     for rid, r in res.items():
@@ -99,7 +98,7 @@ def test_speculative_steps_emit_exactly_the_greedy_tokens(llama) -> None:
         st = r.stats
         assert st is not None and st.spec.drafted > 0 and 0 < st.spec.accepted < st.spec.drafted
         assert st.tokens_per_forward > 1.0  # fewer target forwards than tokens
-        assert st.accepted_at[0] >= st.accepted_at[-1] and len(st.drafted_at) == 4
+        assert st.spec.accepted_at[0] >= st.spec.accepted_at[-1] and len(st.spec.drafted_at) == 4
     assert engine.num_forwards < 3 * n_new
     assert engine.cache_usage().used_tokens == 0
 
@@ -109,7 +108,7 @@ def test_ngram_speculation_does_not_change_greedy_output(llama) -> None:
     prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 5 + [9]]
     plain = make_engine(llama).generate([greedy_request(f"p{i}", p, 24) for i, p in enumerate(prompts)])
     spec = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=3)
-    controller = SpeculationController(SpecConfig(max_draft_tokens=3, adaptive=False))
+    controller = SpeculationController(SpeculationConfig(max_draft_tokens=3, adaptive=False))
     fast = make_engine(llama, speculation=spec, controller=controller)
     res = fast.generate([greedy_request(f"p{i}", p, 24) for i, p in enumerate(prompts)])
     for rid in res:
@@ -205,7 +204,7 @@ def test_abort_mid_generation_frees_its_region_at_once(llama) -> None:
     assert "drop" not in res and len(res["keep"]) == 20 - 3
 
 
-def test_deadlines(llama) -> None:
+def test_an_expired_request_never_starts_and_one_expiring_mid_generation_stops_with_deadline(llama) -> None:
     engine = make_engine(llama)
     expired = greedy_request("late", [1, 2, 3], 10, deadline=time.time() - 1)
     running = greedy_request("slow", [4, 5, 6], 50)
@@ -230,15 +229,15 @@ def test_finish_reasons_eos_stop_string_and_length(llama) -> None:
     # EOS: the 4th generated token is declared EOS.
     engine = make_engine(llama, eos=frozenset({truth[3]}))
     first_eos = truth.index(truth[3])
-    r = engine.generate([EngineRequest("e", prompt, SamplingParams(max_tokens=12))])["e"]
+    r = engine.generate([EngineRequest("e", prompt, SamplingOptions(max_tokens=12))])["e"]
     assert r.finish_reason == "stop" and r.token_ids == truth[: first_eos + 1]
-    r = engine.generate([EngineRequest("i", prompt, SamplingParams(max_tokens=12, ignore_eos=True))])["i"]
+    r = engine.generate([EngineRequest("i", prompt, SamplingOptions(max_tokens=12, ignore_eos=True))])["i"]
     assert r.finish_reason == "length" and r.token_ids == truth
     # Stop string: CharTokenizer renders token t as chr(97 + t % 26).
     text = "".join(chr(97 + t % 26) for t in truth)
     stop = text[5:7]
     cut = text.index(stop)
-    r = make_engine(llama).generate([EngineRequest("s", prompt, SamplingParams(max_tokens=12, stop=(stop,)))])["s"]
+    r = make_engine(llama).generate([EngineRequest("s", prompt, SamplingOptions(max_tokens=12, stop=(stop,)))])["s"]
     assert r.finish_reason == "stop" and r.text == text[:cut] and r.token_ids == truth[: cut + 2]
     assert r.stats is not None and r.stats.prompt_tokens == 6 and r.stats.completion_tokens == cut + 2
     assert r.stats.ttft_s <= r.stats.total_s

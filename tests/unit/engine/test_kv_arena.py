@@ -74,7 +74,7 @@ def test_random_alloc_free_keeps_the_free_list_consistent() -> None:
     assert a.free_runs() == [Region(0, 1000)]
 
 
-def test_kv_cache_budget_usage_and_write_view() -> None:
+def test_the_kv_cache_holds_what_its_budget_allows_and_views_its_writes_without_copying() -> None:
     per_token = kv_bytes_per_token(2, 2, 8, torch.float32)
     assert per_token == 2 * 2 * 2 * 8 * 4
     cache = KVCache.from_budget(per_token * 50 + 7, 2, 2, 8, torch.float32, "cpu")
@@ -100,7 +100,7 @@ def test_kv_cache_budget_usage_and_write_view() -> None:
         KVCache.from_budget(per_token - 1, 2, 2, 8, torch.float32, "cpu")
 
 
-def test_rollback_is_a_counter() -> None:
+def test_rollback_only_lowers_the_cached_count() -> None:
     slot = CacheSlot(Region(0, 10), num_cached=8)
     slot.rollback(5)
     assert slot.num_cached == 5

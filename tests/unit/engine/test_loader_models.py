@@ -18,7 +18,7 @@ from engine.loader import (
     resolve_model_dir,
 )
 from engine.model import UnsupportedModelError
-from engine.request import EngineRequest, SamplingParams
+from engine.request import EngineRequest, SamplingOptions
 
 torch.set_num_threads(1)
 
@@ -49,7 +49,7 @@ def test_a_local_hf_folder_loads(tiny_folder: tuple[Path, object]) -> None:
     prompt = [5, 6, 7, 8]
     engine = LLMEngine(loaded, EngineConfig(model=str(path), kv_cache_bytes=1 << 22,
                                             speculation=SpeculationConfig(enabled=False)))
-    out = engine.generate([EngineRequest("x", prompt, SamplingParams(max_tokens=6, ignore_eos=True))])["x"]
+    out = engine.generate([EngineRequest("x", prompt, SamplingOptions(max_tokens=6, ignore_eos=True))])["x"]
     assert out.token_ids == hf_greedy(hf, prompt, 6)
     assert out.text == loaded.tokenizer.decode(out.token_ids) and out.text.startswith(f"t{out.token_ids[0]}")
 
@@ -60,12 +60,11 @@ def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: t
     cfg = EngineConfig(model=str(path), device="cpu", kv_cache_bytes=1 << 22, speculation=spec)
     engine = LLMEngine.from_config(cfg)
     # A non-adaptive controller so every step drafts (the adaptive one may decide drafting does not pay).
-    from engine.spec.config import SpecConfig
     from engine.spec.controller import SpeculationController
 
-    engine.controller = SpeculationController(SpecConfig(max_draft_tokens=3, adaptive=False))
+    engine.controller = SpeculationController(SpeculationConfig(max_draft_tokens=3, adaptive=False))
     prompts = {"a": [5, 6, 7, 8], "b": [9, 10, 11]}
-    res = engine.generate([EngineRequest(r, p, SamplingParams(max_tokens=10, ignore_eos=True)) for r, p in prompts.items()])
+    res = engine.generate([EngineRequest(r, p, SamplingOptions(max_tokens=10, ignore_eos=True)) for r, p in prompts.items()])
     for rid, prompt in prompts.items():
         assert res[rid].token_ids == hf_greedy(hf, prompt, 10)
         assert res[rid].spec.drafted > 0 and res[rid].spec.accepted == res[rid].spec.drafted  # same model: all accepted
@@ -80,14 +79,15 @@ def test_unknown_models_and_architectures_fail_clearly(tmp_path: Path) -> None:
         load_model(str(tmp_path), device="cpu")
 
 
-def test_cache_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_specstream_cache_dir_overrides_where_models_are_cached(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path))
     assert cache_root() == tmp_path / "models"
     monkeypatch.delenv("SPECSTREAM_CACHE_DIR")
     assert cache_root() == Path.home() / ".cache" / "specstream" / "models"
 
 
-def test_device_and_dtype_resolution() -> None:
+def test_auto_picks_float32_on_cpu_and_bfloat16_on_cuda_and_unknown_dtypes_are_refused() -> None:
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", cpu) == torch.float32
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
@@ -113,7 +113,7 @@ def test_default_model_greedy_equals_hf_generate() -> None:
 
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
-    out = engine.generate([EngineRequest("fr", prompt, SamplingParams(max_tokens=16, ignore_eos=True))])["fr"]
+    out = engine.generate([EngineRequest("fr", prompt, SamplingOptions(max_tokens=16, ignore_eos=True))])["fr"]
     assert "Paris" in out.text
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

@@ -6,7 +6,7 @@ import torch
 
 from _stats import _single_thread, chisquare_pvalue  # noqa: F401 (fixture)
 
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 from engine.sampler import (
     STREAM_ACCEPT,
     STREAM_SAMPLE,
@@ -21,8 +21,8 @@ from engine.sampler import (
     uniforms,
 )
 
-GREEDY = SamplingParams(temperature=0.0)
-T1 = SamplingParams(temperature=1.0)
+GREEDY = SamplingOptions(temperature=0.0)
+T1 = SamplingOptions(temperature=1.0)
 
 
 # ---------------------------------------------------------------- RequestRng
@@ -74,7 +74,7 @@ def test_large_and_negative_seeds_fold() -> None:
         assert torch.isfinite(e).all() and (e > 0).all()
 
 
-def test_exponential_noise_statistics() -> None:
+def test_the_noise_is_unit_exponential_and_uncorrelated_across_tokens_and_positions() -> None:
     rng = RequestRng(7)
     e = exponential_noise([rng.key(p) for p in range(64)], 4096).double()  # [64, 4096]
     assert torch.isfinite(e).all() and (e > 0).all()
@@ -98,7 +98,7 @@ def test_out_of_range_position_is_refused() -> None:
 
 def test_temperature_scales_logits() -> None:
     logits = torch.tensor([[1.0, 2.0, 3.0]])
-    p = target_probs(logits, SamplingParams(temperature=0.5))
+    p = target_probs(logits, SamplingOptions(temperature=0.5))
     assert torch.allclose(p, torch.softmax(logits / 0.5, dim=-1))
 
 
@@ -110,7 +110,7 @@ def test_greedy_is_one_hot_argmax() -> None:
 
 def test_top_k_keeps_k_largest() -> None:
     logits = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0]])
-    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    p = target_probs(logits, SamplingOptions(temperature=1.0, top_k=2))
     assert (p[0] > 0).tolist() == [False, True, False, True, False]
     assert torch.allclose(p[0, [1, 3]], torch.softmax(torch.tensor([5.0, 4.0]), dim=-1))
 
@@ -118,16 +118,16 @@ def test_top_k_keeps_k_largest() -> None:
 def test_top_p_keeps_smallest_set_reaching_p() -> None:
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().unsqueeze(0)
-    p = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    p = target_probs(logits, SamplingOptions(temperature=1.0, top_p=0.7))
     assert (p[0] > 0).tolist() == [True, True, False, False]  # 0.5 < 0.7 <= 0.8
     assert torch.allclose(p[0, :2], torch.tensor([0.5, 0.3]) / 0.8)
-    p = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.1))
+    p = target_probs(logits, SamplingOptions(temperature=1.0, top_p=0.1))
     assert (p[0] > 0).tolist() == [True, False, False, False]  # the top token always stays
 
 
-def test_per_row_params() -> None:
+def test_each_row_is_sampled_with_its_own_parameters() -> None:
     logits = torch.tensor([[1.0, 5.0, 3.0, 4.0]] * 3)
-    p = target_probs(logits, [GREEDY, SamplingParams(temperature=1.0, top_k=1), T1])
+    p = target_probs(logits, [GREEDY, SamplingOptions(temperature=1.0, top_k=1), T1])
     assert p[0].tolist() == [0.0, 1.0, 0.0, 0.0]
     assert p[1].tolist() == [0.0, 1.0, 0.0, 0.0]
     assert torch.allclose(p[2], torch.softmax(logits[2], dim=-1))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.spec.config import SpecConfig
+from engine.spec.config import SpeculationConfig
 from engine.spec.controller import (
     FixedCostModel,
     OnlineCostModel,
@@ -13,10 +13,10 @@ from engine.spec.controller import (
 )
 
 
-def cfg(**kw: object) -> SpecConfig:
+def cfg(**kw: object) -> SpeculationConfig:
     base: dict[str, object] = {"max_draft_tokens": 6, "explore_interval_steps": 0}
     base.update(kw)
-    return SpecConfig(**base)  # type: ignore[arg-type]
+    return SpeculationConfig(**base)  # type: ignore[arg-type]
 
 
 def feed(ctl: SpeculationController, states: list[SpecState], rate: float, steps: int) -> None:
@@ -29,7 +29,7 @@ def feed(ctl: SpeculationController, states: list[SpecState], rate: float, steps
                 ctl.observe_acceptance(s, k, min(k, round(rate * k)))
 
 
-def test_expected_tokens() -> None:
+def test_expected_tokens_per_step_grow_with_acceptance_and_draft_length() -> None:
     assert expected_tokens(0.5, 0) == 1.0
     assert expected_tokens(0.5, 2) == pytest.approx(1.75)
     assert expected_tokens(1.0, 4) == 5.0
@@ -161,12 +161,12 @@ def test_measured_roofline_backs_off_at_large_batch() -> None:
     assert run(256) == 0
 
 
-def test_not_adaptive_gives_max() -> None:
+def test_without_adaptation_every_sequence_drafts_the_maximum() -> None:
     ctl = SpeculationController(cfg(adaptive=False), FixedCostModel(0.0, 1.0))
     assert ctl.plan([ctl.new_state("a")], 1) == [6]
 
 
-def test_telemetry_exposes_state() -> None:
+def test_telemetry_reports_the_cap_the_costs_and_each_requests_acceptance() -> None:
     ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.001, 0.0005))
     s = ctl.new_state("a")
     [k] = ctl.plan([s], 1)
@@ -185,6 +185,8 @@ def test_invalid_observations_are_refused() -> None:
         ctl.observe_acceptance(ctl.new_state("a"), 2, 3)
     with pytest.raises(ValueError):
         ctl.plan([ctl.new_state("a")], 1, caps=[1, 2])
+    with pytest.raises(ValueError, match="caps in 0..6"):  # draft_cap never gives more than k_max
+        ctl.plan([ctl.new_state("a")], 1, caps=[7])
 
 
 def test_free_drafts_still_switch_off_on_evidence() -> None:

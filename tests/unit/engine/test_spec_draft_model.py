@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from engine.model import Decoder
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 from engine.sampler import RequestRng, sample_next
-from engine.spec.config import SpecConfig
+from engine.spec.config import SpeculationConfig
 from engine.spec.draft_model import DraftModelMismatch, DraftModelProposer, check_draft_compatible
 from engine.spec.proposer import ProposalInput, Proposer
 from engine.spec.verifier import verify
 
 V = 64
-GREEDY = SamplingParams(temperature=0.0, max_tokens=64)
-T1 = SamplingParams(temperature=1.0, max_tokens=64)
+GREEDY = SamplingOptions(temperature=0.0, max_tokens=64)
+T1 = SamplingOptions(temperature=1.0, max_tokens=64)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -79,9 +79,9 @@ def perturbed(hf: Any, scale: float, seed: int = 1) -> Any:
     return out
 
 
-def proposer_for(draft_hf: Any, cfg: SpecConfig | None = None, kv_tokens: int = 4096) -> DraftModelProposer:
+def proposer_for(draft_hf: Any, cfg: SpeculationConfig | None = None, kv_tokens: int = 4096) -> DraftModelProposer:
     model = Decoder.from_hf(draft_hf, max_positions=256)
-    cfg = cfg or SpecConfig(max_draft_tokens=6)
+    cfg = cfg or SpeculationConfig(max_draft_tokens=6)
     return DraftModelProposer(model, cfg, target_vocab_size=V, kv_cache_tokens=kv_tokens)
 
 
@@ -121,7 +121,7 @@ def test_different_special_tokens_are_refused() -> None:
         check_draft_compatible("T", make_tokenizer(64), 64, "D", make_tokenizer(64, eos="w3"), 64)
 
 
-def test_model_sizes_without_tokenizers() -> None:
+def test_without_tokenizers_a_draft_is_checked_by_vocabulary_size() -> None:
     with pytest.raises(DraftModelMismatch, match="draft model D has vocab 72 tokens, target T has 64"):
         check_draft_compatible("T", object(), 64, "D", object(), 72)
     check_draft_compatible("T", object(), 64, "D", object(), 64)
@@ -154,8 +154,8 @@ def test_startup_refuses_a_draft_with_another_tokenizer(tmp_path: Path) -> None:
     target = load_model(target_dir, device="cpu", dtype="float32")
     msg = f"draft model {bad_dir} has vocab 80 tokens, target {target_dir} has 64"
     with pytest.raises(DraftModelMismatch, match=re.escape(msg)):
-        DraftModelProposer.from_engine(SpecConfig(method="draft", draft_model=bad_dir), target)
-    cfg = SpecConfig(method="draft", draft_model=good_dir, draft_kv_cache_bytes=1 << 20)
+        DraftModelProposer.from_engine(SpeculationConfig(method="draft", draft_model=bad_dir), target)
+    cfg = SpeculationConfig(method="draft", draft_model=good_dir, draft_kv_cache_bytes=1 << 20)
     prop = DraftModelProposer.from_engine(cfg, target, max_model_len=128, max_running_requests=2)
     assert isinstance(prop, Proposer)
     assert prop.kv_cache.num_tokens == 2 * (128 + cfg.max_draft_tokens + 1)
@@ -233,7 +233,7 @@ def test_coupled_drafting_matches_the_targets_own_samples() -> None:
     would mostly fail, and the text equals plain seeded sampling."""
     target = tiny_llama()
     reference, _, _ = _sampled_run(target, None, seed=5, n=24)
-    coupled, drafted, accepted = _sampled_run(target, proposer_for(target, SpecConfig(draft_sampling="coupled")), 5, 24)
+    coupled, drafted, accepted = _sampled_run(target, proposer_for(target, SpeculationConfig(draft_sampling="coupled")), 5, 24)
     assert coupled == reference
     assert accepted >= 0.9 * drafted
     greedy, g_drafted, g_accepted = _sampled_run(target, proposer_for(target), 5, 24)
@@ -241,9 +241,9 @@ def test_coupled_drafting_matches_the_targets_own_samples() -> None:
     assert g_accepted / g_drafted < accepted / drafted
 
 
-def test_sampled_drafting_returns_q() -> None:
+def test_sampled_drafting_returns_the_draft_probabilities_verification_needs() -> None:
     target = tiny_llama()
-    prop = proposer_for(perturbed(target, 0.2), SpecConfig(draft_sampling="sampled"))
+    prop = proposer_for(perturbed(target, 0.2), SpeculationConfig(draft_sampling="sampled"))
     ctx = [1, 9, 17, 3]
     rng = RequestRng(11)
     [out] = prop.propose([ProposalInput("s", ctx, T1, 4, rng)], [3])
@@ -260,7 +260,7 @@ def test_sampled_drafting_returns_q() -> None:
 
 def test_full_arena_means_no_drafts_and_release_frees() -> None:
     prop = proposer_for(tiny_llama(), kv_tokens=100)
-    long_params = SamplingParams(max_tokens=60)
+    long_params = SamplingOptions(max_tokens=60)
     [a] = prop.propose([ProposalInput("a", [1, 2, 3], long_params, 3)], [2])
     assert len(a.tokens) == 2
     [b] = prop.propose([ProposalInput("b", [1, 2, 3], long_params, 3)], [2])
@@ -273,5 +273,5 @@ def test_full_arena_means_no_drafts_and_release_frees() -> None:
 def test_context_end_limits_the_draft() -> None:
     prop = proposer_for(tiny_llama())
     ctx = [1] + [5] * 250  # 251 tokens; the draft model has 256 positions
-    [out] = prop.propose([ProposalInput("s", ctx, SamplingParams(max_tokens=100), 251)], [8])
+    [out] = prop.propose([ProposalInput("s", ctx, SamplingOptions(max_tokens=100), 251)], [8])
     assert len(out.tokens) == 6  # positions 251..255 get fed, the 6th draft is never fed

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,8 +15,7 @@ from _engine_factories import VOCAB, make_engine, random_prompts, tiny_hf_model
 
 from engine.config import SpeculationConfig
 from engine.model import Decoder
-from engine.request import EngineRequest, SamplingParams
-from engine.spec.config import SpecConfig
+from engine.request import EngineRequest, SamplingOptions
 from engine.spec.controller import SpeculationController
 from engine.spec.draft_model import DraftModelProposer
 
@@ -36,10 +36,10 @@ def target() -> Any:
 PROMPTS = random_prompts([7, 15, 4, 12], seed=3)
 PROMPTS[3] = PROMPTS[3][:6] * 3  # repetitive: the n-gram proposer finds matches
 PARAMS = [
-    SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=100, ignore_eos=True),
-    SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
-    SamplingParams(max_tokens=24, temperature=1.2, top_k=40, seed=102, ignore_eos=True),
-    SamplingParams(max_tokens=24, temperature=0.7, seed=103, ignore_eos=True),
+    SamplingOptions(max_tokens=24, temperature=0.9, top_p=0.95, seed=100, ignore_eos=True),
+    SamplingOptions(max_tokens=24, temperature=0.0, ignore_eos=True),
+    SamplingOptions(max_tokens=24, temperature=1.2, top_k=40, seed=102, ignore_eos=True),
+    SamplingOptions(max_tokens=24, temperature=0.7, seed=103, ignore_eos=True),
 ]
 
 
@@ -57,7 +57,7 @@ def reference(target: Any) -> dict[str, list[int]]:
 
 def draft_engine(target: Any, draft_hf: Any, mode: str, adaptive: bool) -> Any:
     spec = SpeculationConfig(enabled=True, method="draft", draft_model="tiny-draft", max_draft_tokens=4)
-    cfg = SpecConfig.from_engine(spec, draft_sampling=mode, adaptive=adaptive)
+    cfg = replace(spec, draft_sampling=mode, adaptive=adaptive)
     proposer = DraftModelProposer(Decoder.from_hf(draft_hf, 512), cfg, VOCAB, kv_cache_tokens=4096)
     return make_engine(target, speculation=spec, proposer=proposer, controller=SpeculationController(cfg))
 
@@ -70,7 +70,7 @@ def test_batch_composition_does_not_change_tokens(target: Any, reference: dict[s
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-k", "adaptive"])
 def test_ngram_speculation_keeps_seeded_tokens(target: Any, reference: dict[str, list[int]], adaptive: bool) -> None:
     spec = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4)
-    controller = SpeculationController(SpecConfig.from_engine(spec, adaptive=adaptive))
+    controller = SpeculationController(replace(spec, adaptive=adaptive))
     tokens, drafted, _ = run(make_engine(target, speculation=spec, controller=controller))
     assert tokens == reference
     assert drafted > 0

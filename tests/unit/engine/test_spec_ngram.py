@@ -6,18 +6,18 @@ import time
 
 import pytest
 
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 from engine.spec.ngram import NgramProposer
 from engine.spec.proposer import ProposalInput, Proposer
 
-P = SamplingParams()
+P = SamplingOptions()
 
 
 def inp(tokens: list[int], seq_id: str = "s") -> ProposalInput:
     return ProposalInput(seq_id=seq_id, token_ids=tokens, params=P)
 
 
-def test_is_a_proposer() -> None:
+def test_the_ngram_proposer_implements_the_proposer_protocol() -> None:
     assert isinstance(NgramProposer(), Proposer)
 
 
@@ -53,13 +53,13 @@ def test_prefers_longest_then_most_recent_match() -> None:
     assert prop.propose([inp(tokens, "b")], [1])[0].tokens == [8]  # only 2-grams: the most recent
 
 
-def test_periodic_continuation() -> None:
+def test_a_repeating_pattern_is_continued_past_its_last_occurrence() -> None:
     prop = NgramProposer(ngram_min=1, ngram_max=2)
     assert prop.propose([inp([9, 1, 2, 1, 2])], [5])[0].tokens == [1, 2, 1, 2, 1]
     assert prop.propose([inp([3, 3, 3], "r")], [4])[0].tokens == [3, 3, 3, 3]
 
 
-def test_batched_and_incremental() -> None:
+def test_a_batch_proposes_per_sequence_and_follows_tokens_appended_in_place() -> None:
     prop = NgramProposer(ngram_min=2, ngram_max=2)
     a = [1, 2, 3, 4, 1, 2]
     b = [7, 8, 9, 7]
@@ -71,7 +71,7 @@ def test_batched_and_incremental() -> None:
     assert [o.tokens for o in outs] == [[], [9, 7]]
 
 
-def test_rollback_and_release() -> None:
+def test_rollback_forgets_rolled_back_tokens_and_a_released_id_starts_afresh() -> None:
     prop = NgramProposer(ngram_min=1, ngram_max=2)
     tokens = [1, 2, 3, 1, 2, 5, 1]
     assert prop.propose([inp(tokens)], [2])[0].tokens == [2, 5]
@@ -118,7 +118,7 @@ def naive_lookup(tokens: list[int], k: int, nmin: int, nmax: int) -> list[int]:
     return []
 
 
-def test_matches_naive_reference() -> None:
+def test_proposals_match_a_naive_rescan_of_the_whole_history() -> None:
     rnd = random.Random(3)
     prop = NgramProposer(ngram_min=1, ngram_max=4)
     tokens: list[int] = []
@@ -129,7 +129,7 @@ def test_matches_naive_reference() -> None:
         assert got == (naive_lookup(tokens, k, 1, 4) if k else [])
 
 
-def test_speed_on_long_context() -> None:
+def test_a_step_on_a_4k_token_context_takes_under_a_millisecond_and_beats_a_rescan() -> None:
     """Per-step cost on a 4k-token sequence (prompt + growing output)."""
     rnd = random.Random(1)
     tokens = [rnd.randrange(2000) for _ in range(4096)]

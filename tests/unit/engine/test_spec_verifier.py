@@ -8,7 +8,7 @@ import torch
 
 from _stats import _single_thread, chisquare_pvalue  # noqa: F401 (fixture)
 
-from engine.request import SamplingParams
+from engine.request import SamplingOptions
 from engine.sampler import (
     STREAM_ACCEPT,
     STREAM_RESIDUAL,
@@ -20,8 +20,8 @@ from engine.sampler import (
 from engine.spec.proposer import DraftProposal
 from engine.spec.verifier import verify, verify_batch
 
-GREEDY = SamplingParams(temperature=0.0)
-T1 = SamplingParams(temperature=1.0)
+GREEDY = SamplingOptions(temperature=0.0)
+T1 = SamplingOptions(temperature=1.0)
 V = 8
 N_TRIALS = 20000
 
@@ -46,12 +46,12 @@ def test_greedy_first_rejected_gives_correction() -> None:
     assert verify(logits, DraftProposal([2, 1, 4]), GREEDY, None, 0) == [3]
 
 
-def test_greedy_middle_rejection() -> None:
+def test_greedy_a_rejection_mid_draft_keeps_the_accepted_prefix_and_adds_the_correction() -> None:
     logits = one_hot_logits([3, 1, 4, 6])
     assert verify(logits, DraftProposal([3, 1, 5]), GREEDY, None, 0) == [3, 1, 4]
 
 
-def test_greedy_no_drafts() -> None:
+def test_greedy_without_drafts_emits_the_targets_token() -> None:
     logits = one_hot_logits([5])
     assert verify(logits, DraftProposal([]), GREEDY, None, 0) == [5]
 
@@ -62,12 +62,12 @@ def test_greedy_ignores_draft_probs() -> None:
     assert verify(logits, DraftProposal([3, 1], q), GREEDY, None, 0) == [3, 1, 2]
 
 
-def test_mixed_batch_layout() -> None:
+def test_a_flat_batch_of_mixed_draft_lengths_and_sampling_is_verified_per_sequence() -> None:
     # Three sequences, k = 2, 0, 1, greedy and sampled, in one flat logits tensor.
     logits = torch.cat([one_hot_logits([1, 2, 3]), one_hot_logits([4]), one_hot_logits([5, 6])])
     rng = RequestRng(3)
     props = [DraftProposal([1, 2]), DraftProposal([]), DraftProposal([5])]
-    params = [GREEDY, GREEDY, SamplingParams(temperature=1.0, top_k=1)]
+    params = [GREEDY, GREEDY, SamplingOptions(temperature=1.0, top_k=1)]
     out = verify_batch(logits, props, params, [None, None, rng], [0, 7, 2])
     assert out == [[1, 2, 3], [4], [5, 6]]
 
@@ -112,7 +112,7 @@ def _first_tokens(stochastic: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("stochastic", [True, False], ids=["stochastic", "deterministic"])
-def test_first_token_follows_target(stochastic: bool) -> None:
+def test_sampled_verification_draws_the_first_token_from_the_target_distribution(stochastic: bool) -> None:
     first = _first_tokens(stochastic)
     assert chisquare_pvalue(torch.bincount(first, minlength=V), P_ROWS[0]) > 1e-3
 
@@ -138,7 +138,7 @@ def _broken_first_tokens(rule: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rule", ["accept_always", "residual_from_p", "no_ratio"])
-def test_broken_rules_fail_the_same_test(rule: str) -> None:
+def test_the_distribution_check_catches_broken_acceptance_rules(rule: str) -> None:
     first = _broken_first_tokens(rule)
     assert chisquare_pvalue(torch.bincount(first, minlength=V), P_ROWS[0]) < 1e-6
 
@@ -182,7 +182,7 @@ def _two_tokens(stochastic: bool, k: int = 3) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("stochastic", [True, False], ids=["stochastic", "deterministic"])
-def test_second_position_follows_target(stochastic: bool) -> None:
+def test_sampled_verification_draws_the_second_token_from_the_target_distribution(stochastic: bool) -> None:
     toks = _two_tokens(stochastic)
     joint_counts = torch.bincount(toks[:, 0] * V + toks[:, 1], minlength=V * V)
     joint_p = P_MC[START].unsqueeze(1) * P_MC  # [V, V]: p(t0) p(t1 | t0)
@@ -202,7 +202,7 @@ def toy_logits(ctx: list[int]) -> torch.Tensor:
     return T_LAST[ctx[-1]] + T_PREV[ctx[-2]]
 
 
-def generate_plain(prompt: list[int], params: SamplingParams, rng: RequestRng, n: int) -> list[int]:
+def generate_plain(prompt: list[int], params: SamplingOptions, rng: RequestRng, n: int) -> list[int]:
     out: list[int] = []
     for t in range(n):
         out.append(sample_next(toy_logits(prompt + out), params, rng, t))
@@ -210,7 +210,7 @@ def generate_plain(prompt: list[int], params: SamplingParams, rng: RequestRng, n
 
 
 def generate_spec(
-    prompt: list[int], params: SamplingParams, rng: RequestRng, n: int, k_of_step, oracle: list[int], seed: int
+    prompt: list[int], params: SamplingOptions, rng: RequestRng, n: int, k_of_step, oracle: list[int], seed: int
 ) -> tuple[list[int], int, int]:
     """Speculative generation with a deterministic proposer: each draft is the
     oracle's token with probability 0.6, else a random one (so both acceptances
@@ -237,10 +237,10 @@ def generate_spec(
 
 @pytest.mark.parametrize(
     "params",
-    [GREEDY, SamplingParams(temperature=0.8), SamplingParams(temperature=1.3, top_k=12, top_p=0.9)],
+    [GREEDY, SamplingOptions(temperature=0.8), SamplingOptions(temperature=1.3, top_k=12, top_p=0.9)],
     ids=["greedy", "t0.8", "t1.3-topk-topp"],
 )
-def test_same_seed_same_tokens_whatever_the_draft_lengths(params: SamplingParams) -> None:
+def test_same_seed_same_tokens_whatever_the_draft_lengths(params: SamplingOptions) -> None:
     prompt = [1, 2, 3]
     n = 60
     reference = generate_plain(prompt, params, RequestRng(1234), n)

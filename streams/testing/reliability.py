@@ -3,7 +3,7 @@
 * :class:`Answer` / :func:`run_ws`: many requests on one websocket, every frame
   each client received kept, so a test can count them: chunk indexes 0..n-1
   without gaps or repeats, exactly one ``done``, text == concatenated chunks.
-* :class:`Fleet`: engine worker subprocesses around a :class:`tests.stack.Stack`
+* :class:`Fleet`: engine worker subprocesses around a :class:`streams.testing.stack.Stack`
   (add, kill -9, SIGTERM, wait until the group's partitions are spread over the
   live workers, peak RSS from ``/proc/<pid>/status``).
 * Kafka probes: committed offsets of the worker group, end offsets of the
@@ -13,12 +13,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from streams import kafka_io
-from tests.stack import Process, Stack, _spawn
+from streams.testing.stack import Process, Stack, spawn_process
 
 # Small and quick on 2 cores: the model work of these tests is a few dozen tokens per request.
 WORKER_ENV = {
@@ -195,7 +193,7 @@ class Fleet:
         self._n += 1
         name = f"worker{self._n}"
         env = {**self.env, "SPECSTREAM_WORKER__ID": name, **(extra_env or {})}
-        process = _spawn(name, ["worker"], env, self.log_dir)
+        process = spawn_process(name, ["worker"], env, self.log_dir)
         self.workers.append(process)
         self.stack.processes.insert(0, process)  # stopped by running_stack's cleanup too (after the edge)
         return process
@@ -275,6 +273,7 @@ async def reply_records(bootstrap: str, topic: str, timeout_s: float = 30.0) -> 
     records = await kafka_io.read_partition(bootstrap, topic, timeout_s=timeout_s)
     return [(record.timestamp / 1000, json.loads(record.value)) for record in records if record.value]
 
+
 def regenerated(records: list[tuple[float, dict[str, Any]]], since: float = 0.0) -> dict[str, float]:
     """request_id -> time of its regeneration's first chunk, for requests whose stream restarted at offset 0 after
     ``since`` (their worker died and another one generated them again)."""
@@ -288,22 +287,3 @@ def regenerated(records: list[tuple[float, dict[str, Any]]], since: float = 0.0)
             again[rid] = at
         first_seen.setdefault(rid, at)
     return again
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-@contextlib.contextmanager
-def timer() -> Any:
-    start = time.monotonic()
-    box: dict[str, float] = {}
-    yield box
-    box["s"] = time.monotonic() - start
-
-
-def ensure_subprocess_gone(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(10)

@@ -1,7 +1,7 @@
 """The real specstream stack for integration tests: an engine worker and an edge as subprocesses.
 
     from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
-    from tests.stack import running_stack
+    from streams.testing.stack import running_stack
 
     @pytest.fixture(scope="module")
     def stack(kafka_bootstrap: str) -> Iterator[Stack]:
@@ -36,13 +36,13 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the checkout: children import its code, not an older install
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
@@ -116,7 +116,7 @@ def stack_env(bootstrap_servers: str, topic_prefix: str, edge_id: str, port: int
     return env
 
 
-def _spawn(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Process:
+def spawn_process(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Process:
     log = log_dir / f"{name}.log"
     handle = open(log, "wb")  # noqa: SIM115 - owned by the child's lifetime
     popen = subprocess.Popen(
@@ -163,6 +163,9 @@ def running_stack(
     worker: bool = True,
     edge: bool = True,
     env: dict[str, str] | None = None,
+    worker_env: dict[str, str] | None = None,
+    edge_env: dict[str, str] | None = None,
+    prepare: Callable[[Stack], None] | None = None,
     ready_timeout_s: float = 300.0,
     log_dir: str | os.PathLike[str] | None = None,
 ) -> Iterator[Stack]:
@@ -171,7 +174,9 @@ def running_stack(
     ``env`` adds or overrides ``SPECSTREAM_*`` settings of both processes (e.g.
     ``{"SPECSTREAM_ENGINE__SPECULATION__ENABLED": "false"}``). With ``edge=False`` nothing
     waits for readiness; with ``worker=False`` the edge's /readyz never turns ready, so
-    only the edge's start is awaited (its /healthz).
+    only the edge's start is awaited (its /healthz). ``worker_env`` / ``edge_env`` add settings of one
+    process only (e.g. its own Kafka user); ``prepare(stack)`` runs before either starts (e.g. to grant ACLs
+    for ``stack.topic_prefix``).
     """
     tag = uuid.uuid4().hex[:8]
     stack = Stack(bootstrap_servers=bootstrap_servers, topic_prefix=f"st-{tag}", edge_id=f"edge-{tag}", port=free_port())
@@ -184,10 +189,12 @@ def running_stack(
         auth_env = {"SPECSTREAM_EDGE__AUTH__KEYS_FILE": str(stack.keys_file)}
         stack.env = stack_env(bootstrap_servers, stack.topic_prefix, stack.edge_id, stack.port, {**auth_env, **(env or {})})
         try:
+            if prepare is not None:
+                prepare(stack)
             if worker:
-                stack.processes.append(_spawn("worker", ["worker"], stack.env, logs))
+                stack.processes.append(spawn_process("worker", ["worker"], {**stack.env, **(worker_env or {})}, logs))
             if edge:
-                stack.processes.append(_spawn("edge", ["edge"], stack.env, logs))
+                stack.processes.append(spawn_process("edge", ["edge"], {**stack.env, **(edge_env or {})}, logs))
             if edge and worker:
                 wait_ready(stack, ready_timeout_s)
             elif edge:

@@ -1,0 +1,42 @@
+"""``specstream worker`` and ``specstream edge``: one service in the foreground (``up`` starts them as children)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+
+from streams.commands.common import describe, say
+from streams.config import Settings
+
+
+def add_commands(commands: Any) -> None:
+    commands.add_parser("worker", help="run one engine worker").set_defaults(handler=cmd_worker)
+    commands.add_parser("edge", help="run the HTTP/websocket edge").set_defaults(handler=cmd_edge)
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from aiokafka.errors import KafkaError
+
+    from streams.worker import run_worker
+
+    def progress(line: str) -> None:
+        say(f"engine: {line}")
+
+    try:
+        asyncio.run(run_worker(settings, progress=progress))
+    except (KafkaError, OSError, ValueError) as error:
+        say(f"worker: error: {describe(error)}")
+        return 1
+    return 0
+
+
+def cmd_edge(args: argparse.Namespace, settings: Settings) -> int:
+    from streams.edge.app import run_edge
+    from streams.kafka_connection import KafkaAccessError
+
+    try:
+        run_edge(settings)
+    except KafkaAccessError as error:
+        say(f"edge: error: {describe(error)}")
+        return 1
+    return 0

@@ -1,0 +1,58 @@
+"""``specstream prepare`` and ``specstream config check|example|reference``: set-up before anything runs."""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from streams.commands.common import EXIT_CONFIG, prefixed, print_and_succeed, say
+from streams.config import ConfigError, Settings, config_path, example_yaml, load_settings, reference_markdown
+
+
+def add_commands(commands: Any) -> None:
+    commands.add_parser("prepare", help="fetch the Kafka jars and convert the model once").set_defaults(
+        handler=cmd_prepare)
+
+    config = commands.add_parser("config", help="check the configuration")
+    config_actions = config.add_subparsers(dest="config_action", required=True, metavar="ACTION")
+    check = config_actions.add_parser("check", help="validate a configuration file (default: the one in use)")
+    check.add_argument("file", nargs="?")
+    check.add_argument("--show", action="store_true", help="print the effective configuration as YAML")
+    check.set_defaults(handler=cmd_config_check)
+    config_actions.add_parser("example", help="print a documented configuration with every default").set_defaults(
+        handler=lambda args, settings: print_and_succeed(example_yaml(), end=""))
+    config_actions.add_parser("reference", help="print the configuration reference (markdown)").set_defaults(
+        handler=lambda args, settings: print_and_succeed(reference_markdown()))
+
+
+def cmd_prepare(args: argparse.Namespace, settings: Settings) -> int:
+    """Everything slow that happens once per machine: the Kafka jars (Maven) and the model conversion."""
+    if settings.kafka.managed_port is not None:
+        from infra.kafka.jars import ensure_kafka_jars
+
+        libs = ensure_kafka_jars(progress=lambda line: say(prefixed("kafka", line)))
+        say(f"kafka: jars in {libs}")
+    from engine.loader import resolve_model_dir
+
+    try:
+        folder = resolve_model_dir(settings.engine.model, progress=lambda line: say(f"model: {line}"))
+    except FileNotFoundError as error:
+        say(f"model: error: {error}")
+        return 1
+    say(f"model: {settings.engine.model} ready in {folder}")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
+    if args.file is not None:
+        try:
+            settings = load_settings(args.file)
+        except ConfigError as error:
+            say(f"config error: {error}")
+            return EXIT_CONFIG
+    source = config_path(args.file if args.file is not None else args.config)
+    print(f"config ok: {source if source is not None else 'built-in defaults'}")
+    if args.show:
+        import yaml
+
+        print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
+    return 0

@@ -1,0 +1,216 @@
+"""What each API accepts: the typed request bodies, one pydantic model per API, forbidding unknown fields.
+
+A body class is the whole description of its API: its fields (with ranges,
+in OpenAI's names), the OpenAI parameters it knows but the engine does not
+implement (``unsupported``, accepted only with their neutral value), the name
+of its prompt field (``input_param``), and how it turns into the wire
+request's input. Adding a parameter is adding a field here (and, when the
+engine needs it, mapping it in :mod:`streams.edge.admission.build`); adding
+an API is adding a class.
+
+A few OpenAI parameters the engine does not implement are accepted only with
+their neutral value (``n=1``, penalties 0, no logprobs); the validators say so
+with ``unsupported_value``.
+"""
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+
+from schemas.events import ChatMessage
+from streams.edge import errors
+from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS
+
+
+class _Strict(BaseModel):
+    """Unknown fields are errors, and numbers and booleans are strict (StrictInt, ...): JSON ``true`` is not 1 nor
+    ``"5"`` 5, as in OpenAI's API; an integer is still a valid float."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ClientMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="Author of the message; developer is treated as system.")
+    content: str | list[TextPart] = Field(description="Text, or a list of text parts that are joined.")
+
+    def to_schema(self) -> ChatMessage:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=content)
+
+
+class StreamOptions(_Strict):
+    include_usage: StrictBool = Field(default=False, description="Send a last chunk with the usage and no choices.")
+
+
+def _unsupported_value(message: str, param: str) -> errors.EdgeError:
+    return errors.EdgeError(400, message, param=param, code="unsupported_value")
+
+
+class Body(_Strict):
+    """Sampling fields shared by every API, and what the pipeline asks of each body."""
+
+    api: ClassVar[str]  # the API's name in access logs
+    unsupported: ClassVar[frozenset[str]]  # the OpenAI parameters of streams.edge.admission.unsupported it knows
+
+    model: str = Field(min_length=1, description="A served model (GET /v1/models).")
+    max_tokens: StrictInt | None = Field(
+        default=None, ge=1, le=32768,
+        description="Most tokens to generate; prompt + max_tokens must fit the model's context. "
+        "Default: edge.max_tokens_default, capped to what the context leaves.")
+    temperature: StrictFloat | None = Field(default=None, ge=0.0, le=2.0, description="0 (the default) is greedy.")
+    top_p: StrictFloat | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: StrictInt | None = Field(default=None, ge=0, description="Extension: keep the k most likely tokens; 0: off.")
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1,
+                                   description="Same seed, same parameters: same text. Default: a random seed.")
+    stop: str | Annotated[list[str], Field(max_length=8)] | None = Field(
+        default=None, description="Up to 8 strings that end generation; they are not returned.")
+    n: StrictInt | None = Field(default=None, description="Only 1 is supported.",
+                                json_schema_extra={"minimum": 1, "maximum": 1})
+    frequency_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
+                                                  json_schema_extra={"minimum": 0, "maximum": 0})
+    presence_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
+                                                 json_schema_extra={"minimum": 0, "maximum": 0})
+    user: str | None = Field(default=None, description="End-user id; accepted and ignored.")
+    stream: StrictBool | None = Field(default=None, description="Stream chunks as Server-Sent Events.")
+    stream_options: StreamOptions | None = None
+    # Extensions (not in OpenAI's API).
+    speculation: StrictBool | None = Field(
+        default=None, description="Extension: false turns speculative decoding off for this request.")
+    priority: StrictInt | None = Field(default=None, ge=-10, le=10, description="Extension: lower runs first.")
+
+    @model_validator(mode="after")
+    def _neutral_only(self) -> "Body":
+        if self.n not in (None, 1):
+            raise _unsupported_value("Only n=1 is supported.", "n")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise _unsupported_value(f"'{name}' is not supported; only 0 is accepted.", name)
+        return self
+
+    def max_new_tokens(self) -> int | None:
+        """The client's max_tokens; None: the edge's default, capped to what the context leaves."""
+        return self.max_tokens
+
+    def chat_input(self) -> list[ChatMessage] | None:
+        """The conversation, for the model's chat template; None: a raw prompt (:meth:`prompt_input`)."""
+        return None
+
+    def prompt_input(self) -> str | None:
+        return None
+
+    @property
+    def input_param(self) -> str:
+        """The prompt's field in this API, named by errors about the prompt."""
+        raise NotImplementedError
+
+    @property
+    def streams(self) -> bool:
+        return bool(self.stream)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class _Chat(Body):
+    """The chat fields other than ``messages``, shared by the chat API and the websocket."""
+
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=32768, description="Alias of max_tokens.")
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class ChatCompletionBody(_Chat):
+    api: ClassVar[str] = "chat"
+    unsupported: ClassVar[frozenset[str]] = FOR_CHAT
+
+    messages: list[ClientMessage] = Field(min_length=1, description="The conversation so far.")
+    logprobs: StrictBool | None = Field(default=None, description="Not supported: only false.",
+                                        json_schema_extra={"enum": [False, None]})
+
+    @model_validator(mode="after")
+    def _no_logprobs(self) -> "ChatCompletionBody":
+        if self.logprobs:
+            raise _unsupported_value("logprobs are not supported.", "logprobs")
+        return self
+
+    def chat_input(self) -> list[ChatMessage] | None:
+        return [m.to_schema() for m in self.messages]
+
+    @property
+    def input_param(self) -> str:
+        return "messages"
+
+
+
+class CompletionBody(Body):
+    api: ClassVar[str] = "completions"
+    unsupported: ClassVar[frozenset[str]] = FOR_COMPLETIONS
+
+    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                             Field(min_length=1, max_length=1)] = Field(
+        description="The prompt: a non-empty string, or a list holding exactly one.")
+    echo: StrictBool | None = Field(default=None, description="Not supported: only false.",
+                                    json_schema_extra={"enum": [False, None]})
+    logprobs: StrictInt | None = Field(default=None, description="Not supported: only 0.",
+                                       json_schema_extra={"enum": [0, None]})
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> "CompletionBody":
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise _unsupported_value("Exactly one prompt per request is supported.", "prompt")
+        if self.echo:
+            raise _unsupported_value("echo is not supported.", "echo")
+        if self.logprobs:
+            raise _unsupported_value("logprobs are not supported.", "logprobs")
+        return self
+
+    def prompt_input(self) -> str | None:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def input_param(self) -> str:
+        return "prompt"
+
+
+
+class WsRequestBody(_Chat):
+    """A websocket request frame: the chat fields (or a raw ``prompt``) plus an optional client ``id``."""
+
+    api: ClassVar[str] = "ws"
+    unsupported: ClassVar[frozenset[str]] = FOR_CHAT
+
+    id: str | StrictInt | None = None
+    type: Literal["request"] | None = None
+    messages: list[ClientMessage] | None = Field(default=None, min_length=1)
+    prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "WsRequestBody":
+        if (self.messages is None) == (self.prompt is None):
+            raise errors.EdgeError(400, "Give exactly one of 'messages' and 'prompt'.", param="messages",
+                                   code="invalid_value")
+        return self
+
+    def chat_input(self) -> list[ChatMessage] | None:
+        return None if self.messages is None else [m.to_schema() for m in self.messages]
+
+    def prompt_input(self) -> str | None:
+        return self.prompt
+
+    @property
+    def input_param(self) -> str:
+        return "prompt" if self.messages is None else "messages"
+
+    @property
+    def streams(self) -> bool:
+        return True  # a websocket always streams; ``stream`` is accepted so a chat body can be sent unchanged

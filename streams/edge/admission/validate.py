@@ -1,0 +1,82 @@
+"""Stage 4, validate: the built request against what is served, before anything is charged or published.
+
+* the model must be served: 404 ``model_not_found`` naming ``model``;
+* the prompt is tokenized with the model's own tokenizer and chat template,
+  exactly as the worker does (``streams.worker.intake.prompt_token_ids``), and
+  prompt + ``max_tokens`` must fit the context (``engine.max_model_len``, or
+  the model's own context at most 2048, as the engine computes it): 400
+  ``context_length_exceeded`` naming ``messages``/``prompt`` when the prompt
+  alone does not fit, ``max_tokens`` otherwise. A request that gave no
+  ``max_tokens`` gets the default capped to what the context leaves instead.
+  An empty prompt, or one the chat template refuses, is 400 ``invalid_value``.
+
+Without a tokenizer (:mod:`streams.edge.tokenizers` could not load it) the
+prompt's length is unknown here and the worker checks it.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from schemas.events import GenerateRequest
+from streams.edge import errors
+from streams.edge.access import prompt_chars
+from streams.edge.tokenizers import Tokenizers
+
+# Tokenizing in a thread keeps the event loop responsive for long prompts; short ones are faster inline.
+_THREAD_TOKENIZE_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class Validated:
+    request: GenerateRequest  # with a default max_tokens capped to the context
+    prompt_tokens: int | None  # None: unknown (no tokenizer)
+
+
+def check_model(request: GenerateRequest, served: tuple[str, ...]) -> None:
+    if request.model not in served:
+        raise errors.model_not_found(request.model, served)
+
+
+async def validate(request: GenerateRequest, served: tuple[str, ...], tokenizers: Tokenizers, *, input_param: str,
+                   max_tokens_given: bool) -> Validated:
+    """The served model, then the context; ``input_param``: the prompt's field in the client's API."""
+    check_model(request, served)
+    return await fit_context(request, tokenizers, input_param=input_param, max_tokens_given=max_tokens_given)
+
+
+async def fit_context(request: GenerateRequest, tokenizers: Tokenizers, *, input_param: str,
+                      max_tokens_given: bool) -> Validated:
+    entry = await tokenizers.get(request.model)
+    if entry is None:
+        return Validated(request, None)
+    n = await _prompt_tokens(request, entry.tokenizer, input_param)
+    m = request.sampling.max_tokens
+    if n + m <= entry.context:
+        return Validated(request, n)
+    if n < entry.context and not max_tokens_given:
+        sampling = request.sampling.model_copy(update={"max_tokens": entry.context - n})
+        return Validated(request.model_copy(update={"sampling": sampling}), n)
+    raise errors.EdgeError(
+        400, f"This model's maximum context length is {entry.context} tokens. However, you requested {n + m} tokens "
+        f"({n} in the {input_param}, {m} in the completion). Please reduce the length of the {input_param} or "
+        "max_tokens.",
+        param=input_param if n >= entry.context else "max_tokens", code="context_length_exceeded",
+    )
+
+
+async def _prompt_tokens(request: GenerateRequest, tokenizer: object, input_param: str) -> int:
+    from streams.worker.intake import prompt_token_ids  # the worker's own rendering: same template, same count
+
+    try:
+        if prompt_chars(request) > _THREAD_TOKENIZE_CHARS:
+            ids = await asyncio.to_thread(prompt_token_ids, request, tokenizer)
+        else:
+            ids = prompt_token_ids(request, tokenizer)
+    except Exception as error:  # noqa: BLE001 - e.g. a chat template that refuses this sequence of roles
+        raise errors.EdgeError(400, f"The {input_param} cannot be rendered for this model: {type(error).__name__}: "
+                               f"{str(error)[:200]}", param=input_param, code="invalid_value") from None
+    if not ids:
+        raise errors.EdgeError(400, f"The {input_param} is empty: it has no tokens.", param=input_param,
+                               code="invalid_value")
+    return len(ids)

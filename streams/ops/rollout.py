@@ -1,0 +1,194 @@
+"""A canary rollout: start the candidate pool, move traffic to it step by step while the gates hold, roll back by
+itself when one fails.
+
+``run()`` is what ``specstream rollout start`` does:
+
+1. publish ``starting`` (0 %), start the candidate pool: ``--workers`` local ``specstream worker`` processes with the
+   candidate's configuration under the candidate topic prefix (0: the pool runs elsewhere, e.g. a Deployment);
+2. wait until a candidate worker announced itself ready (``ready_timeout_s``); one that never does fails the first
+   step;
+3. for each step: publish ``running`` with its percentage (edges follow within a poll), hold ``hold_s`` while
+   checking the gates every ``interval_s`` (:mod:`streams.ops.rollout_gates`), then run the optional eval gate (a
+   command whose exit status decides, e.g. ``specstream eval replay ...``);
+4. all steps held: ``completed`` (100 %: the candidate pool serves the model; promote its configuration to stable,
+   then end the rollout with ``rollout abort``);
+5. a failed gate: ``rolled_back`` (0 %) with the gate's reason, at once, then the candidate pool is drained.
+
+``rollout pause`` freezes the step (the hold clock stops, the share stays), ``resume`` continues, ``abort`` sets 0 %
+itself (edges follow within a poll, whether or not this process still runs) and makes this process drain the pool.
+Ctrl-C or SIGTERM of this process rolls back: no share stays on a candidate that nothing watches.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.events import RolloutState
+from schemas.topics import TopicCatalog
+from streams.config import Settings
+from streams.ops.local_fleet import LocalFleet
+from streams.ops.rollout_gates import Gates, failed_gate
+from streams.ops.rollout_router import candidate_prefix
+from streams.ops.rollout_store import RolloutStore
+from streams.ops.rollout_watch import RolloutWatch
+from streams.supervisor import STOP_TIMEOUT_S, service_argv
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    candidate_config: Path
+    model: str
+    steps: list[float]
+    hold_s: float
+    workers: int = 1
+    ready_timeout_s: float = 300.0
+    interval_s: float = 1.0
+    gates: Gates = field(default_factory=Gates)
+    eval_gate: str | None = None  # a shell command run at the end of each step; non-zero fails it
+    log_dir: Path | None = None
+
+
+class Stopped(Exception):
+    """The rollout ended here; the message says how."""
+
+
+class Rollout:
+    def __init__(self, settings: Settings, plan: RolloutPlan, say: Callable[[str], None]) -> None:
+        self.settings, self.plan, self.say = settings, plan, say
+        self.store = RolloutStore(settings.kafka, settings.catalog)
+        prefix = candidate_prefix(settings.kafka.topic_prefix)
+        self.candidate = TopicCatalog(prefix, settings.kafka.request_partitions)
+        self.state = RolloutState(model=plan.model, rollout_id=uuid.uuid4().hex[:12], candidate=str(plan.candidate_config),
+                                  candidate_prefix=prefix, state="starting", percent=0.0, steps=plan.steps, at=time.time())
+        self.fleet = LocalFleet(service_argv(str(plan.candidate_config), "worker"), say,
+                                id_prefix=f"candidate-{os.getpid()}", env=self._candidate_env(), log_dir=plan.log_dir)
+        self.watch = RolloutWatch(settings.kafka, settings.catalog, self.candidate)
+        self.interrupted = asyncio.Event()
+
+    def _candidate_env(self) -> dict[str, str]:
+        """The candidate's file is its whole configuration: this process's SPECSTREAM_<SECTION>__<KEY> overrides
+        (stable's) are not passed on. Set here: the same cluster and reply topics as stable, and the candidate's own
+        request, cancellation, announcement and dead-letter topics."""
+        kafka = self.settings.kafka
+        env = {k: v for k, v in os.environ.items()
+               if not (k.startswith("SPECSTREAM_") and ("__" in k or k == "SPECSTREAM_CONFIG"))}
+        return {**env, "SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+                "SPECSTREAM_KAFKA__TOPIC_PREFIX": self.candidate.prefix,
+                "SPECSTREAM_KAFKA__REQUEST_PARTITIONS": str(kafka.request_partitions),
+                "SPECSTREAM_DELIVERY__REPLY_TOPIC_PATTERNS": json.dumps([f"{kafka.topic_prefix}.replies.*"])}
+
+    async def run(self) -> RolloutState:
+        # Ctrl-C or SIGTERM rolls back: nothing may stay on a candidate nobody watches.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, self.interrupted.set)
+        await self.store.start()
+        try:
+            await self._publish("starting", 0.0, f"starting {self.plan.workers} candidate worker(s)")
+            self.fleet.scale_to(self.plan.workers)
+            try:
+                await self._wait_ready()
+                await self.watch.start()
+                for index, percent in enumerate(self.plan.steps):
+                    await self._step(index, percent)
+                await self._publish("completed", self.plan.steps[-1], "every step held its gates")
+            except Stopped as outcome:
+                self.say(f"rollout {self.state.rollout_id}: {outcome}")
+            finally:
+                await self.watch.stop()
+            if self.state.state != "completed":
+                await asyncio.to_thread(self.fleet.stop_all, STOP_TIMEOUT_S)
+            elif self.fleet.serving:
+                pids = ", ".join(str(w.pid) for w in self.fleet.serving)
+                self.say(f"the candidate pool serves 100 % (pids {pids}); `rollout abort` ends it, SIGTERM drains it")
+            return self.state
+        finally:
+            await self.store.stop()
+
+    async def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.plan.ready_timeout_s
+        stale = self.settings.edge.ready_heartbeats * self.settings.worker.heartbeat_s
+        while not await self.watch.candidate_ready(stale):
+            self.fleet.reap()
+            if self.plan.workers and not self.fleet.serving:
+                await self._fail("the candidate pool never became ready: every candidate worker exited")
+            if time.monotonic() > deadline:
+                await self._fail(f"the candidate pool never became ready within {self.plan.ready_timeout_s:g} s")
+            await self._control()
+            await asyncio.sleep(self.plan.interval_s)
+        self.say("candidate pool ready")
+
+    async def _step(self, index: int, percent: float) -> None:
+        await self._publish("running", percent, f"step {index + 1} of {len(self.plan.steps)}", step=index)
+        await self.watch.new_window()
+        held = 0.0
+        last = time.monotonic()
+        while held < self.plan.hold_s:
+            await self.watch.poll(self.plan.interval_s)
+            await self._check_gates()
+            paused = await self._control()
+            now = time.monotonic()
+            held += 0 if paused else now - last
+            last = now
+        await self._check_gates()
+        failure = await asyncio.to_thread(self._eval_gate, percent)
+        if failure is not None:
+            await self._fail(failure)
+        window = self.watch.window
+        self.say(f"step {percent:g} % held {self.plan.hold_s:g} s: candidate {window.candidate.summary()}; "
+                 f"stable {window.stable.summary()}")
+
+    async def _check_gates(self) -> None:
+        self.fleet.reap()
+        if self.plan.workers and not self.fleet.serving:
+            await self._fail("the candidate pool has no worker left (they exited)")
+        reason = failed_gate(self.plan.gates, self.watch.window.candidate, self.watch.baseline,
+                             await self.watch.dead_letters())
+        if reason is not None:
+            await self._fail(reason)
+
+    def _eval_gate(self, percent: float) -> str | None:
+        if not self.plan.eval_gate:
+            return None
+        self.say(f"eval gate at {percent:g} %: {self.plan.eval_gate}")
+        result = subprocess.run(self.plan.eval_gate, shell=True, capture_output=True, text=True)  # noqa: S602
+        if result.returncode == 0:
+            return None
+        tail = (result.stdout + result.stderr).strip().splitlines()[-1:] or [""]
+        return f"eval gate at {percent:g} %: `{self.plan.eval_gate}` exited {result.returncode}: {tail[0]}"
+
+    async def _control(self) -> bool:
+        """Follow pause/resume/abort from the rollouts topic; True while paused."""
+        if self.interrupted.is_set():
+            await self._fail("interrupted (SIGINT/SIGTERM) while rolling out")
+        latest = self.store.latest(self.plan.model)
+        if latest is None or latest.rollout_id != self.state.rollout_id or latest.at < self.state.at:
+            return self.state.state == "paused"  # nothing newer than what this process knows
+        if latest.state == "aborted":
+            self.state = latest
+            raise Stopped(f"aborted ({latest.reason}); all traffic on stable")
+        if latest.state == "paused" and self.state.state != "paused":
+            self.say(f"paused at {latest.percent:g} % ({latest.reason})")
+        elif latest.state == "running" and self.state.state == "paused":
+            self.say("resumed")
+        self.state = latest
+        return latest.state == "paused"
+
+    async def _fail(self, reason: str) -> None:
+        await self._publish("rolled_back", 0.0, reason)
+        raise Stopped(f"rolled back: {reason}")
+
+    async def _publish(self, state: str, percent: float, reason: str, *, step: int | None = None) -> None:
+        self.state = self.state.model_copy(update={
+            "state": state, "percent": percent, "reason": reason, "at": time.time(),
+            "step": self.state.step if step is None else step})
+        await self.store.publish(self.state)
+        self.say(f"rollout {self.state.rollout_id}: {state}, {percent:g} % to the candidate: {reason}")
+

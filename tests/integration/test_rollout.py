@@ -1,0 +1,224 @@
+"""Canary rollouts on real workers: a healthy candidate reaches 100 %, a broken one rolls back by itself, one that
+never becomes ready fails the first step, and an abort puts all traffic back on stable within seconds.
+
+One stack (a stable worker and an edge, two request partitions) serves the module; each test runs
+``specstream rollout start`` as a process against it with a candidate configuration of its own, while client
+threads send short chat requests through the edge. The edge routes by the rollouts topic; the candidate's requests
+are counted on its own request topic. Stopping the rollout process (SIGTERM) rolls back too.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from schemas.events import RolloutState
+from schemas.topics import TopicCatalog
+from streams import kafka_io
+from streams.ops.rollout_router import bucket, candidate_prefix
+from streams.ops.rollout_store import read_states
+from streams.testing.reliability import PROMPTS, WORKER_ENV
+from streams.testing.stack import DEFAULT_MODEL, Process, Stack, running_stack, spawn_process
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model]
+
+ENV = {**WORKER_ENV, "SPECSTREAM_KAFKA__REQUEST_PARTITIONS": "2"}
+CANDIDATE = {"engine": {"max_model_len": 512, "kv_cache_bytes": "96MiB"}, "worker": {"heartbeat_s": 1.0}}
+
+
+@dataclass
+class Traffic:
+    """Client threads sending short chat requests through the edge until stopped; every answer kept."""
+
+    stack: Stack
+    answers: list[tuple[float, int, str]] = field(default_factory=list)  # (sent at, status, request id or error)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def __enter__(self) -> Traffic:
+        for n in range(2):
+            thread = threading.Thread(target=self._client, args=(n,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def _client(self, n: int) -> None:
+        with httpx.Client(base_url=self.stack.base_url, headers=self.stack.headers, timeout=120) as client:
+            i = 0
+            while not self._stop.is_set():
+                i += 1
+                body = {"model": DEFAULT_MODEL, "max_tokens": 6, "temperature": 0,
+                        "messages": [{"role": "user", "content": PROMPTS[(i + n) % len(PROMPTS)]}]}
+                sent = time.time()
+                response = client.post("/v1/chat/completions", json=body)
+                self.answers.append((sent, response.status_code, response.text[:300]))
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
+    with tempfile.TemporaryDirectory(prefix="specstream-rollout-") as logs, \
+            running_stack(kafka_bootstrap, env=ENV, log_dir=logs) as s:
+        yield s
+
+
+def _rollout(stack: Stack, tmp: Path, candidate: dict, *flags: str) -> Process:
+    config = tmp / "candidate.yaml"
+    config.write_text(yaml.safe_dump(candidate))
+    process = spawn_process("rollout", ["rollout", "start", "--candidate", str(config), "--log-dir", str(tmp),
+                                        "--interval", "0.5", *flags], stack.env, tmp)
+    stack.processes.insert(0, process)
+    return process
+
+
+def _rollout_at_50_percent(stack: Stack, tmp: Path) -> Process:
+    """A rollout of a healthy candidate, once it runs its first step (50 %, held for 10 minutes)."""
+    process = _rollout(stack, tmp, CANDIDATE, "--steps", "50,100", "--hold", "10m")
+    deadline = time.monotonic() + 240
+    # This process's own line (its follower also logs the states of earlier rollouts of the model).
+    while not re.search(r"^rollout \w+: running, 50 %", process.log.read_text(errors="replace"), re.MULTILINE):
+        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail(40)
+        time.sleep(0.5)
+    return process
+
+
+def _finish(process: Process, timeout_s: float) -> tuple[int, str]:
+    try:
+        code = process.popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"rollout still running after {timeout_s:.0f} s:\n{process.tail(60)}") from None
+    return code, process.log.read_text(errors="replace")
+
+
+def _state(stack: Stack) -> RolloutState:
+    return asyncio.run(read_states(stack.bootstrap_servers, TopicCatalog(stack.topic_prefix)))[DEFAULT_MODEL]
+
+
+def _candidate_requests(stack: Stack) -> int:
+    """How many requests the edge published to the candidate pool's request topic."""
+    from streams.testing.reliability import group_lag
+
+    topic = TopicCatalog(candidate_prefix(stack.topic_prefix)).requests.name
+    if topic not in asyncio.run(kafka_io.list_topics(stack.bootstrap_servers)):
+        return 0
+    _, ends = asyncio.run(group_lag(stack.bootstrap_servers, "none", topic))
+    return sum(ends.values())
+
+
+def test_a_candidate_that_never_becomes_ready_fails_the_first_step_and_rolls_back(stack: Stack,
+                                                                                  tmp_path: Path) -> None:
+    broken = {**CANDIDATE, "engine": {**CANDIDATE["engine"], "model": str(tmp_path / "no-such-model")}}
+    process = _rollout(stack, tmp_path, broken, "--steps", "50,100", "--hold", "5s", "--ready-timeout", "120s")
+    code, log = _finish(process, 180)
+    assert code == 1, log
+    state = _state(stack)
+    assert (state.state, state.percent) == ("rolled_back", 0.0)
+    assert "never became ready" in state.reason and "never became ready" in log
+
+
+def test_a_healthy_candidate_reaches_100_percent_and_serves_its_share(stack: Stack, tmp_path: Path) -> None:
+    with Traffic(stack) as traffic:
+        process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "50,100", "--hold", "8s", "--min-samples", "3",
+                           # two workers on two shared cores: latencies vary by more than the default 1.5x
+                           "--latency-ratio", "3")
+        code, log = _finish(process, 300)
+    assert code == 0, log
+    state = _state(stack)
+    assert (state.state, state.percent) == ("completed", 100.0), state
+    assert [s for s in traffic.answers if s[1] != 200] == []
+    assert _candidate_requests(stack) > 0
+    assert "step 50 % held 8 s" in log and "step 100 % held 8 s" in log
+    # End the rollout: everything back on stable, and the candidate pool (left serving at 100 %) drained.
+    subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "test over"], env=stack.env, check=True)
+    _drain_candidates(tmp_path)
+
+
+def test_a_candidate_that_answers_errors_is_rolled_back_naming_the_gate(stack: Stack, tmp_path: Path) -> None:
+    # A context too short for the prompts: every request it gets ends in context_length_exceeded.
+    erring = {**CANDIDATE, "engine": {**CANDIDATE["engine"], "max_model_len": 24}}
+    with Traffic(stack) as traffic:
+        process = _rollout(stack, tmp_path, erring, "--steps", "50,100", "--hold", "60s")
+        code, log = _finish(process, 300)
+        rolled_back_at = time.time()
+        time.sleep(3)
+    assert code == 1, log
+    state = _state(stack)
+    assert (state.state, state.percent) == ("rolled_back", 0.0)
+    assert state.reason.startswith("error rate: candidate") and "context_length_exceeded" in state.reason
+    # After the rollback every request is answered by stable.
+    late = [a for a in traffic.answers if a[0] > rolled_back_at + 1]
+    assert late and all(status == 200 for _, status, _ in late), late
+
+
+def test_an_abort_mid_step_puts_all_traffic_on_stable_within_seconds(stack: Stack, tmp_path: Path) -> None:
+    process = _rollout_at_50_percent(stack, tmp_path)
+    subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "operator said so"], env=stack.env, check=True)
+    aborted_at = time.monotonic()
+    time.sleep(2)  # edges follow the rollouts topic within a poll
+    before = _candidate_requests(stack)
+    ids = [f"after-abort-{i}" for i in range(200)]
+    assert sum(bucket(i) < 50 for i in ids) > 50  # at 50 % these would have gone to the candidate
+    with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=120) as client:
+        for i in range(6):
+            body = {"model": DEFAULT_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": PROMPTS[i]}]}
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert _candidate_requests(stack) == before
+    code, log = _finish(process, 120)
+    assert code == 1 and "aborted (operator said so)" in log
+    assert time.monotonic() - aborted_at < 60
+    assert (_state(stack).state, _state(stack).percent) == ("aborted", 0.0)
+
+
+def _cli(stack: Stack) -> list[str]:
+    import sys
+
+    del stack  # the environment carries its settings
+    return [sys.executable, "-m", "streams.cli"]
+
+
+def _drain_candidates(tmp: Path) -> None:
+    """The candidate workers a completed rollout left serving: SIGTERM each (they drain) and wait."""
+    import os
+    import signal
+
+    for line in (tmp / "rollout.log").read_text(errors="replace").splitlines():
+        found = re.search(r"^(candidate-\S+): started \(pid (\d+)\)", line)
+        if found:
+            pid = int(found.group(2))
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            for _ in range(120):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.5)
+
+
+def test_stopping_the_rollout_process_rolls_back(stack: Stack, tmp_path: Path) -> None:
+    import signal
+
+    process = _rollout_at_50_percent(stack, tmp_path)
+    process.popen.send_signal(signal.SIGTERM)
+    code, log = _finish(process, 120)
+    assert code == 1, log
+    state = _state(stack)
+    assert (state.state, state.percent) == ("rolled_back", 0.0) and state.reason.startswith("interrupted")
+    assert re.search(r"candidate-\S+ \(pid \d+\) drained: exited with status 0", log), log

@@ -1,0 +1,138 @@
+"""infra/k8s: every overlay renders, validates offline, and says what the deployment needs.
+
+The overlays are copied to a temporary folder and generated there (KafkaTopics from the catalog, the ScaledObject
+from autoscale.yaml), then rendered by the kustomize subset and checked: built-in kinds strictly against
+Kubernetes' schemas (kubernetes-validate), KafkaTopic and ScaledObject against their CRDs' spec schemas; Kafka and
+KafkaNodePool are skipped with the reason stated.
+"""
+from __future__ import annotations
+
+import copy
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from streams.config import load_settings
+from streams.ops.kustomize import KustomizeError, build, merge
+from streams.ops.manifest_checks import check, policy_problems
+from streams.ops.manifests import ManifestError, generate, read_policy
+
+K8S = Path(__file__).resolve().parents[2] / "infra" / "k8s"
+OVERLAYS = ["dev", "prod"]
+
+
+def rendered(tmp_path: Path, overlay: str) -> list[dict[str, Any]]:
+    root = tmp_path / "k8s"
+    shutil.copytree(K8S, root, ignore=shutil.ignore_patterns("generated"))
+    folder = root / "overlays" / overlay
+    generate(folder, load_settings(str(folder / "specstream.yaml")))
+    return build(folder)
+
+
+def find(resources: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    return next(r for r in resources if r["kind"] == kind and r["metadata"]["name"] == name)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_resource_of_the_overlay_is_valid_or_skipped_with_a_reason(tmp_path: Path, overlay: str) -> None:
+    resources = rendered(tmp_path, overlay)
+    results = [check(r) for r in resources]
+    assert [r for r in results if r.outcome == "invalid"] == []
+    assert {r.kind for r in results if r.outcome == "skipped"} == {"Kafka", "KafkaNodePool"}
+    assert all(r.detail for r in results if r.outcome == "skipped")
+    assert policy_problems(resources) == []
+    kinds = {r["kind"] for r in resources}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "ConfigMap", "Kafka", "KafkaTopic", "ScaledObject"} <= kinds
+    namespace = yaml.safe_load((K8S / "overlays" / overlay / "kustomization.yaml").read_text())["namespace"]
+    assert all(r["metadata"]["namespace"] == namespace for r in resources)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_topics_are_the_catalog_with_the_overlays_replication(tmp_path: Path, overlay: str) -> None:
+    settings = load_settings(str(K8S / "overlays" / overlay / "specstream.yaml"))
+    topics = {r["metadata"]["name"]: r["spec"] for r in rendered(tmp_path, overlay) if r["kind"] == "KafkaTopic"}
+    catalog = settings.catalog
+    assert sorted(topics) == sorted(t.name for t in catalog.shared_topics())
+    requests = topics[catalog.requests.name]
+    assert requests["partitions"] == settings.kafka.request_partitions
+    assert requests["replicas"] == settings.kafka.replication_factor
+    assert requests["config"]["min.insync.replicas"] == str(settings.kafka.min_insync_replicas)
+    assert topics[catalog.services.name]["config"]["cleanup.policy"] == "compact"
+
+
+def test_prod_scales_gpu_workers_by_the_request_topics_lag_up_to_its_partitions(tmp_path: Path) -> None:
+    resources = rendered(tmp_path, "prod")
+    settings = load_settings(str(K8S / "overlays" / "prod" / "specstream.yaml"))
+    spec = find(resources, "ScaledObject", "specstream-worker")["spec"]
+    trigger = spec["triggers"][0]["metadata"]
+    assert (trigger["topic"], trigger["consumerGroup"]) == ("specstream.requests", "specstream.engine-workers")
+    assert trigger["bootstrapServers"] == "specstream-kafka-bootstrap:9092"  # Strimzi's bootstrap Service
+    assert spec["maxReplicaCount"] == settings.kafka.request_partitions and spec["minReplicaCount"] == 1
+    worker = find(resources, "Deployment", "specstream-worker")["spec"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert {e["name"] for e in worker["env"]} >= {"SPECSTREAM_CONFIG", "SPECSTREAM_WORKER__ID"}  # merged, not lost
+    assert worker["image"] == "ghcr.io/specstream/specstream:0.1.0"
+    assert find(resources, "Deployment", "specstream-edge")["spec"]["replicas"] == 3
+    assert find(resources, "KafkaNodePool", "dual-role")["spec"]["replicas"] == 3
+
+
+def test_dev_scales_to_zero_only_because_its_policy_asks(tmp_path: Path) -> None:
+    spec = find(rendered(tmp_path, "dev"), "ScaledObject", "specstream-worker")["spec"]
+    assert spec["minReplicaCount"] == 0 and read_policy(K8S / "overlays" / "dev" / "autoscale.yaml").min_replicas == 0
+
+
+def test_strict_validation_rejects_a_misspelled_field(tmp_path: Path) -> None:
+    edge = copy.deepcopy(find(rendered(tmp_path, "dev"), "Deployment", "specstream-edge"))
+    container = edge["spec"]["template"]["spec"]["containers"][0]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    result = check(edge)
+    assert result.outcome == "invalid" and "readinesProbe" in result.detail
+
+
+def test_a_scaled_object_whose_trigger_metadata_is_not_strings_fails_kedas_schema(tmp_path: Path) -> None:
+    scaler = copy.deepcopy(find(rendered(tmp_path, "dev"), "ScaledObject", "specstream-worker"))
+    assert check(scaler).outcome == "valid"
+    scaler["spec"]["triggers"][0]["metadata"]["lagThreshold"] = 8  # KEDA reads every metadata value as a string
+    result = check(scaler)
+    assert result.outcome == "invalid" and "triggers.0.metadata.lagThreshold" in result.detail
+
+
+def test_a_topic_with_zero_partitions_fails_strimzis_schema(tmp_path: Path) -> None:
+    topic = copy.deepcopy(next(r for r in rendered(tmp_path, "dev") if r["kind"] == "KafkaTopic"))
+    topic["spec"]["partitions"] = 0
+    assert check(topic).outcome == "invalid"
+
+
+def test_a_secret_written_into_a_manifest_and_a_worker_without_drain_are_problems(tmp_path: Path) -> None:
+    resources = rendered(tmp_path, "dev")
+    edge = find(resources, "Deployment", "specstream-edge")["spec"]["template"]["spec"]["containers"][0]
+    edge["env"].append({"name": "SPECSTREAM_EDGE__AUTH__KEY_HASHES", "value": "local:abc"})
+    worker = find(resources, "Deployment", "specstream-worker")["spec"]["template"]["spec"]["containers"][0]
+    del worker["lifecycle"]
+    problems = policy_problems(resources)
+    assert any("KEY_HASHES is written in the manifest" in p for p in problems)
+    assert any("no preStop drain" in p for p in problems)
+
+
+def test_the_kustomize_subset_refuses_what_it_cannot_render(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: []\ncommonLabels: {a: b}\n")
+    with pytest.raises(KustomizeError, match="'commonLabels' is outside the kustomize subset"):
+        build(tmp_path)
+
+
+def test_strategic_merge_merges_named_lists_by_name_and_replaces_others() -> None:
+    base = {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}]}], "args": ["x", "y"]}
+    patch = {"containers": [{"name": "a", "env": [{"name": "Y", "value": "2"}]}, {"name": "b"}], "args": ["z"]}
+    assert merge(base, patch) == {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"},
+                                                                      {"name": "Y", "value": "2"}]},
+                                                 {"name": "b"}], "args": ["z"]}
+
+
+def test_an_autoscale_file_with_an_unknown_key_names_it(tmp_path: Path) -> None:
+    path = tmp_path / "autoscale.yaml"
+    path.write_text("min_replicas: 1\nmax_replicaz: 4\n")
+    with pytest.raises(ManifestError, match="unknown key 'max_replicaz'"):
+        read_policy(path)
