@@ -44,7 +44,7 @@ def redis_server() -> Iterator[str]:
     """``redis://127.0.0.1:<port>/0`` of a fresh redis-server; fails (never skips) when the binary is missing."""
     binary = shutil.which("redis-server")
     if binary is None:
-        raise RuntimeError("redis-server not found: install Debian's redis-server package (./dev setup does)")
+        raise RuntimeError("redis-server not found: install Debian's redis-server package (./dev test installs it)")
     port = free_port()
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -50,7 +50,7 @@ def edge_and_key(kafka_bootstrap: str, edge_worker: Stack, tmp_path_factory: pyt
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     if not Path(CHROMIUM).exists():
-        raise RuntimeError(f"{CHROMIUM} not found: install Debian's chromium (./dev setup does)")
+        raise RuntimeError(f"{CHROMIUM} not found: install Debian's chromium (./dev test installs it)")
     assert shutil.which("chromedriver"), "chromium-driver is part of the system packages ./dev installs"
     from playwright.sync_api import sync_playwright
 
