@@ -27,7 +27,7 @@ import yaml
 from aiokafka import TopicPartition
 from pydantic import SecretStr, ValidationError
 
-from schemas.events import ServiceAnnouncement, WorkerAnnouncement
+from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
 from streams import kafka_io
 from streams.config import KafkaSettings, Settings, read_yaml
 
@@ -99,9 +99,9 @@ async def started_candidate(settings: Settings, config: Path, kafka: KafkaSettin
 
 
 async def wait_ready(candidate: Candidate, timeout_s: float, progress: Callable[[str], None]) -> None:
-    """Until a worker of the candidate's prefix announces `ready` (on the workers or the services topic)."""
+    """Until a worker of the candidate's prefix announces `ready` on its services topic."""
     catalog = candidate.settings.catalog
-    topics = [TopicPartition(catalog.workers.name, 0), TopicPartition(catalog.services.name, 0)]
+    topics = [TopicPartition(catalog.services.name, 0)]
     consumer = kafka_io.make_consumer(candidate.settings.kafka, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
@@ -124,10 +124,9 @@ async def wait_ready(candidate: Candidate, timeout_s: float, progress: Callable[
 
 
 def _is_ready(value: bytes) -> bool:
-    for model in (WorkerAnnouncement, ServiceAnnouncement):
-        with contextlib.suppress(ValidationError):
-            announcement = kafka_io.decode(value, model)
-            return announcement.state == "ready" and getattr(announcement, "kind", "engine-worker") == "engine-worker"
+    with contextlib.suppress(ValidationError):
+        announcement = kafka_io.decode(value, ServiceAnnouncement)
+        return announcement.state == "ready" and announcement.kind == ENGINE_WORKER_KIND
     return False
 
 
