@@ -93,5 +93,8 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    debug = logging.getLevelName(level) <= logging.DEBUG
     for name in _PAYLOAD_LOGGERS:
-        logging.getLogger(name).setLevel(max(logging.INFO, logging.getLevelName(level)))
+        # Their DEBUG records carry message bytes (prompts): never below INFO. Above DEBUG they follow their parent
+        # (the CLI keeps the aiokafka family at WARNING: its per-connection INFO lines are noise).
+        logging.getLogger(name).setLevel(logging.INFO if debug else logging.NOTSET)
