@@ -87,6 +87,10 @@ def test_misuse_is_a_400_naming_the_parameter(fields: dict[str, Any], code: str,
     ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    # Found by the fuzz test: an earlier assistant call without a function name was a 500, not a 400.
+    ({"messages": USER + [{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "", "arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0].function.name"),
 ])
 def test_malformed_structured_parameters_are_named(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(errors.EdgeError) as caught:

@@ -44,7 +44,7 @@ class TextPart(_Strict):
 
 
 class FunctionCallParam(_Strict):
-    name: str
+    name: str = Field(min_length=1, description="The function called.")
     arguments: str = Field(description="The arguments, as JSON text.")
 
 
