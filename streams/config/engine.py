@@ -1,0 +1,102 @@
+"""The engine's section: model, device, memory and speculative decoding."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, model_validator
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+
+from streams.config.base import DEFAULT_MODEL, ByteSize, Section
+
+
+class SpeculationSettings(Section):
+    enabled: bool = Field(default=True, description="Speculative decoding on by default; requests may turn it off.")
+    method: Literal["ngram", "draft"] = Field(
+        default="ngram", description="ngram: draft from the request's own text (no extra model); draft: a small draft model."
+    )
+    draft_model: str | None = Field(default=None, description="Name or path of the draft model (method: draft).")
+    draft_sampling: Literal["greedy", "coupled", "sampled"] = Field(
+        default="greedy",
+        description="How a draft model drafts for sampled requests; greedy and coupled keep seeded text reproducible.",
+    )
+    max_draft_tokens: int = Field(default=8, gt=0, le=64, description="Most draft tokens verified per target forward.")
+    adaptive: bool = Field(
+        default=True,
+        description="Adapt draft lengths to measured acceptance and step costs; false always drafts max_draft_tokens.",
+    )
+    min_acceptance: float = Field(
+        default=0.3, ge=0.0, lt=1.0,
+        description="Below this acceptance rate a sequence stops speculating (and probes again later).",
+    )
+    probe_interval_steps: int = Field(
+        default=16, gt=0, description="Steps between probes of a sequence that stopped speculating."
+    )
+    ngram_min: int = Field(default=1, ge=1, description="Shortest n-gram matched when drafting (method: ngram).")
+    ngram_max: int = Field(default=4, ge=1, description="Longest n-gram matched when drafting (method: ngram).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SpeculationSettings":
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method 'draft' needs draft_model")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError(f"ngram_min ({self.ngram_min}) exceeds ngram_max ({self.ngram_max})")
+        return self
+
+
+class EngineSettings(Section):
+    model: str = Field(
+        default=DEFAULT_MODEL, min_length=1,
+        description="A known model name, a local Hugging Face model folder or a .gguf file.",
+    )
+    device: str = Field(
+        default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="cpu, cuda, cuda:N, or auto (CUDA if present)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weights and KV cache dtype; auto picks one for the device."
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=16, description="Longest prompt + completion in tokens; null: min(model context, 2048)."
+    )
+    kv_cache_bytes: ByteSize | None = Field(
+        default=None, gt=0, description="KV cache budget in bytes (e.g. 512MiB); wins over kv_cache_fraction."
+    )
+    kv_cache_fraction: float = Field(
+        default=0.3, gt=0.0, le=0.95, description="KV cache budget as a fraction of free memory."
+    )
+    max_running_requests: int = Field(default=64, ge=1, description="Most requests decoded together in one batch.")
+    max_batched_tokens: int = Field(default=512, ge=16, description="Most tokens (prefill + decode) in one engine step.")
+    prepack_weights: bool = Field(
+        default=True,
+        description="CPU: keep a oneDNN-prepacked copy of the weights for steps of 4-48 rows "
+        "(speculative verification, small batches); costs one more copy of the weights in memory. "
+        "With weights int4/int8: a bf16 copy for steps past 9 rows instead.",
+    )
+    weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
+        default="fp32",
+        description="CPU weight format: int4/int8 weight-only (GGUF Q4_0/Q4_1 codes kept as they are), bf16, "
+        "fp32, or auto (int4 where the CPU has AVX-512 and BF16); a CPU lacking them falls back to fp32, saying why.",
+    )
+    speculation: SpeculationSettings = Field(default_factory=SpeculationSettings)
+
+    def to_engine_config(self) -> EngineConfig:
+        """The engine's own (plain dataclass) configuration."""
+        # Imported here: reading or checking a config must not import torch.
+        from engine.config import EngineConfig, SpeculationConfig
+
+        spec = self.speculation
+        return EngineConfig(
+            model=self.model,
+            device=self.device,
+            dtype=self.dtype,
+            max_model_len=self.max_model_len,
+            kv_cache_bytes=self.kv_cache_bytes,
+            kv_cache_fraction=self.kv_cache_fraction,
+            max_running_requests=self.max_running_requests,
+            max_batched_tokens=self.max_batched_tokens,
+            prepack_weights=self.prepack_weights,
+            weights=self.weights,
+            # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
+            speculation=SpeculationConfig(**spec.model_dump()),
+        )
