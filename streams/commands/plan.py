@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from streams.commands.common import say
-from streams.config import Settings, _parse_size
+from streams.config import Settings, parse_byte_size
 from streams.ops.capacity import DEVICES, GIB, PRESETS, ModelShape, Plan, PlanError, Workload, cpu_device, plan
 
 EXIT_BAD_INPUT = 2
@@ -100,7 +100,7 @@ def _device(name: str, memory: str | None) -> Any:
 
 def _size(text: str, flag: str) -> int:
     try:
-        value = int(_parse_size(text))
+        value = int(parse_byte_size(text))
     except ValueError as error:
         raise PlanError(f"{flag}: {error}") from None
     if value <= 0:

@@ -21,7 +21,7 @@ from streams.config.base import (
     ByteSize,
     ConfigError,
     Section,
-    _parse_size,
+    parse_byte_size,
 )
 from streams.config.docs import example_yaml, reference_markdown
 from streams.config.engine import EngineSettings, SpeculationSettings
@@ -49,6 +49,6 @@ __all__ = [
     "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_MODEL", "ENV_NESTED_DELIMITER", "ENV_PREFIX", "MIB",
     "ByteSize", "CandidateSampling", "ConfigError", "DeliverySettings", "EdgeAuthSettings", "EdgeLimitSettings",
     "EdgeSettings", "EngineSettings", "EvalSettings", "KafkaSettings", "MetricsSettings", "Section", "Settings",
-    "SpeculationSettings", "TelemetrySettings", "TracingSettings", "WorkerSettings", "_parse_size", "config_path",
+    "SpeculationSettings", "TelemetrySettings", "TracingSettings", "WorkerSettings", "parse_byte_size", "config_path",
     "describe_errors", "example_yaml", "load_settings", "read_yaml", "reference_markdown",
 ]

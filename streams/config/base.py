@@ -24,7 +24,7 @@ class ConfigError(Exception):
     """A configuration problem, described in one line that names the offending key."""
 
 
-def _parse_size(value: Any) -> Any:
+def parse_byte_size(value: Any) -> Any:
     """Accept byte sizes as numbers or as strings like ``512MiB`` / ``2GB`` (binary and decimal units)."""
     if isinstance(value, str):
         match = _SIZE_RE.match(value)
@@ -34,7 +34,7 @@ def _parse_size(value: Any) -> Any:
     return value
 
 
-ByteSize = Annotated[int, BeforeValidator(_parse_size)]
+ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
 
 
 class Section(BaseModel):
