@@ -9,7 +9,8 @@ Accepted model references:
 GGUF is dequantised by transformers, which takes tens of seconds, so the first
 load writes the result as an ordinary safetensors model folder under
 `<cache>/models/<name>-<hash>/` (the hash covers the GGUF's name, size and
-mtime, so a new file converts again) and every later start loads that folder
+the bytes at its head and tail, so a new file converts again while a fresh
+install of the same file, in another clone or venv, finds the conversion) and every later start loads that folder
 in seconds. The folder is written to a temporary directory and renamed into
 place, so a crash or a concurrent start never leaves a half-written model.
 """
@@ -77,9 +78,21 @@ def cache_root() -> Path:
     return root / "models"
 
 
+_KEY_SPAN = 4 << 20  # bytes read at each end of a GGUF for its cache key
+
+
 def _gguf_key(gguf: Path) -> str:
-    st = gguf.stat()
-    return hashlib.sha256(f"{gguf.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    # Content, not path or mtime: every clone reinstalls the package (new path, new
+    # mtime) and would otherwise convert again. The head holds the GGUF's metadata and
+    # tensor index, the tail the last tensors; with the size that tells files apart
+    # in milliseconds where hashing gigabytes would not.
+    size = gguf.stat().st_size
+    digest = hashlib.sha256(f"{gguf.name}:{size}".encode())
+    with gguf.open("rb") as f:
+        digest.update(f.read(_KEY_SPAN))
+        f.seek(max(0, size - _KEY_SPAN))
+        digest.update(f.read(_KEY_SPAN))
+    return digest.hexdigest()[:12]
 
 
 def converted_dir(gguf: Path, name: str) -> Path:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import (
     cache_root,
+    converted_dir,
     load_model,
     resolve_device,
     resolve_dtype,
@@ -85,6 +87,23 @@ def test_specstream_cache_dir_overrides_where_models_are_cached(
     assert cache_root() == tmp_path / "models"
     monkeypatch.delenv("SPECSTREAM_CACHE_DIR")
     assert cache_root() == Path.home() / ".cache" / "specstream" / "models"
+
+
+def test_a_reinstalled_gguf_finds_its_conversion_and_a_changed_one_does_not(tmp_path: Path) -> None:
+    # A fresh clone reinstalls the package: same bytes, new path, new mtime.
+    first = tmp_path / "a" / "model.gguf"
+    first.parent.mkdir()
+    first.write_bytes(bytes(range(256)) * 64_000)
+    copy = tmp_path / "b" / "model.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(first.read_bytes())
+    os.utime(copy, ns=(1, 1))
+    assert converted_dir(copy, "m") == converted_dir(first, "m")
+
+    changed = bytearray(first.read_bytes())
+    changed[100] ^= 0xFF  # inside the header and tensor index
+    copy.write_bytes(bytes(changed))
+    assert converted_dir(copy, "m") != converted_dir(first, "m")
 
 
 def test_auto_picks_float32_on_cpu_and_bfloat16_on_cuda_and_unknown_dtypes_are_refused() -> None:
