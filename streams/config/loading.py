@@ -25,6 +25,7 @@ from streams.config.base import (
     ConfigError,
 )
 from streams.config.engine import EngineSettings
+from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.services import (
     EdgeSettings,
@@ -50,6 +51,8 @@ class Settings(BaseSettings):
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    files: FilesSettings = Field(default_factory=FilesSettings)
+    parser: ParserSettings = Field(default_factory=ParserSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, with request_id and trace_id on every line."
