@@ -31,6 +31,34 @@ def test_raising_the_share_only_moves_requests_to_the_candidate_never_back() -> 
     assert all(to_candidate(state(100), i) for i in IDS)
 
 
+CONVERSATIONS = [f"conv-{i:05d}" for i in range(4000)]
+
+
+@pytest.mark.parametrize("percent", [1, 5, 20, 50])
+def test_the_candidate_gets_its_share_of_conversations(percent: float) -> None:
+    share = sum(to_candidate(state(percent), "any", c) for c in CONVERSATIONS) / len(CONVERSATIONS)
+    assert abs(share - percent / 100) < 0.02
+
+
+def test_every_request_of_a_conversation_lands_in_one_pool_while_the_share_holds() -> None:
+    router = RolloutRouter("127.0.0.1:9", TopicCatalog("specstream"), log_changes=False)
+    for conversation in CONVERSATIONS[:500]:
+        pools = set()
+        # Turns of one conversation (new request ids) across states that keep the share: running, paused, resumed.
+        for turn, status in enumerate(["running", "paused", "running", "completed"]):
+            router.states["m"] = state(20, status)
+            pools.add(router.request_topic("m", f"chatcmpl-{conversation}-{turn}", conversation))
+        assert len(pools) == 1, conversation
+    # Without a conversation, the request id decides, so the turns of one client spread over both pools.
+    router.states["m"] = state(50)
+    assert len({router.request_topic("m", f"chatcmpl-{turn}") for turn in range(50)}) == 2
+
+
+def test_raising_the_share_moves_whole_conversations_to_the_candidate_never_back() -> None:
+    for low, high in [(1, 5), (5, 20), (20, 50)]:
+        assert all(to_candidate(state(high), "r", c) for c in CONVERSATIONS if to_candidate(state(low), "r", c))
+
+
 def test_a_request_id_always_lands_in_the_same_bucket_on_every_edge() -> None:
     # The first 8 bytes of SHA-256, big-endian, mod 10000, in hundredths (`echo -n req-6f1c | sha256sum`: 639cdb7e...)
     assert bucket("req-6f1c") == bucket("req-6f1c") == 38.17
