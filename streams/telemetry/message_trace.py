@@ -38,6 +38,7 @@ class MessageTrace:
     tracer: trace.Tracer
     span: trace.Span
     producers: dict[str, trace.Span] = field(default_factory=dict)
+    headers: dict[str, Mapping[str, str]] = field(default_factory=dict)  # per topic, computed once
     events: dict[str, int] = field(default_factory=dict)
 
     @classmethod
@@ -61,14 +62,15 @@ class MessageTrace:
 
     def publishing(self, topic: str) -> Mapping[str, str]:
         """The headers of an event to ``topic``: its producer span's context (the span opens with the first)."""
-        producer = self.producers.get(topic)
-        if producer is None:
+        headers = self.headers.get(topic)
+        if headers is None:
             producer = self.producers[topic] = self.tracer.start_span(
                 f"publish {topic}", context=trace.set_span_in_context(self.span), kind=SpanKind.PRODUCER,
                 attributes={"messaging.system": "kafka", "messaging.operation.type": "publish",
                             "messaging.destination.name": topic})
+            headers = self.headers[topic] = tracing_mod.carrier_of(trace.set_span_in_context(producer))
         self.events[topic] = self.events.get(topic, 0) + 1
-        return tracing_mod.carrier_of(trace.set_span_in_context(producer))
+        return headers
 
     def end(self, delivery: Delivery, undelivered: int) -> None:
         """The outcome is acknowledged (or given up): close the producer spans, then the consumer span."""
