@@ -101,6 +101,9 @@ class WorkerMetrics:
         self.kv_usage.labels(model_name).set_function(_guarded(kv_usage))
 
 
+OUTCOMES = ("answered", "error", "rejected", "undelivered", "handed_back")
+
+
 class ConsumerMetrics:
     """What the consumer foundation counts for every consumer (engine worker, parser, ...), labelled by its kind.
 
@@ -125,6 +128,10 @@ class ConsumerMetrics:
                                     "code.", ["consumer", "reason"], registry=registry)
         self.producer_errors = Counter(f"{PREFIX}producer_errors", "Events published that failed or were not "
                                        "acknowledged in time.", ["consumer"], registry=registry)
+        # Every outcome from zero: rate() and increase() miss the first increment of a series born at 1.
+        for outcome in OUTCOMES:
+            self.messages.labels(kind, outcome)
+        self.producer_errors.labels(kind)
 
     def dead_lettered(self, reason: str) -> None:
         # The code before the first ':' ("reply_topic_missing: ..."): a bounded label.

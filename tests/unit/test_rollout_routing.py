@@ -8,7 +8,7 @@ import pytest
 from schemas.events import Completion, ErrorEvent, RolloutState, SpecStats, Timings, Usage
 from schemas.topics import TopicCatalog
 from streams.commands.rollout import duration_s, steps_of
-from streams.ops.rollout_gates import Gates, PoolStats, failed_gate
+from streams.ops.rollout_gates import Gates, PoolFigures, PoolStats, failed_gate
 from streams.ops.rollout_router import RolloutRouter, bucket, candidate_prefix, to_candidate
 
 IDS = [f"chatcmpl-{i:05d}" for i in range(4000)]
@@ -85,11 +85,11 @@ def completion(ttft: float, total: float, tokens: int = 11, drafted: int = 0, ac
                       spec=SpecStats(drafted=drafted, accepted=accepted))
 
 
-def pool(*events: Completion | ErrorEvent) -> PoolStats:
+def pool(*events: Completion | ErrorEvent) -> PoolFigures:
     stats = PoolStats()
     for event in events:
         stats.add(event)
-    return stats
+    return stats.figures()
 
 
 HEALTHY = pool(*[completion(0.2, 1.2, drafted=50, accepted=30) for _ in range(10)])
@@ -134,3 +134,10 @@ def test_durations_read_as_people_write_them(text: str, seconds: float) -> None:
 def test_steps_must_rise_within_0_and_100(text: str) -> None:
     with pytest.raises(ValueError, match="--steps"):
         steps_of(text)
+
+
+async def test_an_unreachable_prometheus_is_a_prometheus_error_naming_it() -> None:
+    from streams.ops.rollout_prometheus import PrometheusError, PrometheusGates
+
+    with pytest.raises(PrometheusError, match=r"^http://127.0.0.1:9: ConnectError"):
+        await PrometheusGates("http://127.0.0.1:9/", timeout_s=2.0).figures()
