@@ -26,7 +26,6 @@ from streams.config.base import (
 from streams.config.docs import example_yaml, reference_markdown
 from streams.config.engine import EngineSettings, SpeculationSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
-from streams.config.ops import OpsSettings, RolloutSettings
 from streams.config.loading import (
     Settings,
     config_path,
@@ -34,6 +33,7 @@ from streams.config.loading import (
     load_settings,
     read_yaml,
 )
+from streams.config.ops import OpsSettings, RolloutSettings
 from streams.config.services import (
     CandidateSampling,
     EdgeAuthSettings,

@@ -46,8 +46,8 @@ from streams.service.intake import Rejected, Rejection
 from streams.service.offsets import OffsetTracker, Source
 from streams.service.publisher import JSON_HEADERS, Publisher, describe_error
 from streams.service.telemetry import Telemetry
-from streams.telemetry.consumer import ConsumerTelemetry
 from streams.service.wiring import CallNext, wire
+from streams.telemetry.consumer import ConsumerTelemetry
 
 log = logging.getLogger("specstream.service")
 

@@ -2,9 +2,9 @@
 
 :class:`ServiceTelemetry` is the foundation's telemetry of every consumer (consumer and producer spans, message
 and bus metrics, /metrics), on the worker's tracer and registry; the engine-specific calls (received with the
-parsed request, each engine step, the engine's finish) are the worker's own. :class:`CompletionsLog` records each delivered answer on the completions topic before the
-request's offset is committed (a crash in between regenerates the request, which may then be recorded twice:
-readers deduplicate by request_id).
+parsed request, each engine step, the engine's finish) are the worker's own. :class:`CompletionsLog` records each
+delivered answer on the completions topic before the request's offset is committed (a crash in between regenerates
+the request, which may then be recorded twice: readers deduplicate by request_id).
 """
 from __future__ import annotations
 

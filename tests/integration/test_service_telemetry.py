@@ -88,7 +88,7 @@ async def test_a_toy_consumer_continues_the_producers_trace_and_passes_it_on_in_
     assert publish.kind is SpanKind.PRODUCER and publish.parent is not None
     assert publish.parent.span_id == process.context.span_id
     assert publish.attributes["messaging.batch.message_count"] == 1
-    carried = dict((name, value.decode()) for name, value in reply.headers)
+    carried = {name: value.decode() for name, value in reply.headers}
     assert carried["traceparent"].startswith(f"00-{publish.context.trace_id:032x}-{publish.context.span_id:016x}-")
     assert carried["content-type"] == "application/json"
 
