@@ -50,6 +50,7 @@ __all__ = [
     "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_MODEL", "ENV_NESTED_DELIMITER", "ENV_PREFIX", "MIB",
     "ByteSize", "CandidateSampling", "ConfigError", "DeliverySettings", "EdgeAuthSettings", "EdgeLimitSettings",
     "EdgeSettings", "EngineSettings", "EvalSettings", "KafkaSettings", "MetricsSettings", "OpsSettings",
-    "RolloutSettings", "Section", "Settings", "SpeculationSettings", "TelemetrySettings", "TracingSettings", "WorkerSettings", "parse_byte_size", "config_path",
-    "describe_errors", "example_yaml", "load_settings", "read_yaml", "reference_markdown",
+    "RolloutSettings", "Section", "Settings", "SpeculationSettings", "TelemetrySettings", "TracingSettings",
+    "WorkerSettings", "parse_byte_size", "config_path", "describe_errors", "example_yaml", "load_settings", "read_yaml",
+    "reference_markdown",
 ]
