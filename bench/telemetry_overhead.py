@@ -13,9 +13,10 @@ content event of the SSE stream) and end-to-end latency over every request.
 
     .venv/bin/python -m bench.telemetry_overhead --micro
 
-measures instead what the worker's telemetry adds per request on the event loop, in this process: the calls a
-worker makes for one request of ``--max-tokens`` steps in a batch of ``--concurrency`` (spans exported for real by
-the SDK's batch processor to an OTLP/HTTP receiver, metrics observed), timed against the same loop without them.
+measures instead what the worker's telemetry adds per request on the event loop, in this process: the calls the
+foundation (consumer span, a producer span's context per published event, message metrics) and the worker (engine
+stages, per-step latencies) make for one request of ``--max-tokens`` steps in a batch of ``--concurrency`` (spans
+exported for real by the SDK's batch processor to an OTLP/HTTP receiver, metrics observed).
 """
 from __future__ import annotations
 
@@ -127,24 +128,42 @@ async def measure(running: dict[str, Stack], args: argparse.Namespace) -> dict[s
     return tallies
 
 
+class _Outlet:
+    """Where the micro benchmark's deliveries would publish: nowhere (only telemetry's calls are timed)."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def settle(self, delivery: Any) -> None:
+        pass
+
+    def forget(self, delivery: Any) -> None:
+        pass
+
+
 def micro(args: argparse.Namespace) -> None:
-    """CPU per request of the worker's telemetry calls (tracing + metrics), best of several repeats."""
+    """CPU per request of the foundation's and the worker's telemetry calls (tracing + metrics), best of 5."""
+    import os
     import timeit
 
     from engine.outputs import RequestOutput, RequestStats, SpecCounters, SpecTally
     from schemas.events import Completion, GenerateRequest, ReplyRoute, Timings, Usage
     from streams.config import Settings
+    from streams.service.delivery import Delivery
+    from streams.service.offsets import Source
     from streams.telemetry.worker import WorkerTelemetry
+    from streams.worker.observers import ServiceTelemetry
 
     with OtlpReceiver() as receiver:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_TRACES_SAMPLER": "always_on"}
-        import os
-
         os.environ.update(env)
         try:
-            variants = {"metrics": WorkerTelemetry.from_settings(
-                            Settings.model_validate({"telemetry": {"tracing": {"enabled": False}}}), group_id="g"),
-                        "traced": WorkerTelemetry.from_settings(Settings(), group_id="g")}
+            variants = {}
+            for name, settings in (("metrics", Settings.model_validate({"telemetry": {"tracing": {"enabled": False}}})),
+                                   ("traced", Settings())):
+                worker = WorkerTelemetry.from_settings(settings, group_id="g")
+                assert worker is not None
+                variants[name] = (worker, ServiceTelemetry(worker, settings.telemetry, kind="engine-worker"))
         finally:
             for name in env:
                 os.environ.pop(name)
@@ -159,23 +178,30 @@ def micro(args: argparse.Namespace) -> None:
                                 usage=Usage(prompt_tokens=10, completion_tokens=steps, total_tokens=10 + steps),
                                 timings=Timings(queued_s=0.01, ttft_s=0.1, total_s=1.0))
 
-        def one_batch(telemetry: WorkerTelemetry) -> None:
+        def one_batch(worker: WorkerTelemetry, service: ServiceTelemetry) -> None:
             now = time.time()
-            for request in requests:
-                telemetry.received(request, [], "topic", 0, now)
+            deliveries = [Delivery([Source("requests", 0, i)], b"", None, received_at=now, published_at=now,
+                                   outlet=_Outlet(), payload=r, request_id=r.request_id)
+                          for i, r in enumerate(requests)]
+            for request, delivery in zip(requests, deliveries):
+                service.admitted(delivery)
+                worker.received(request, delivery)
             for _ in range(steps):
-                telemetry.step(outputs, time.time())
-            for request in requests:
-                telemetry.engine_done(request.request_id, stats, completion, time.time())
-                telemetry.settled(request.request_id, 0)
+                worker.step(outputs, time.time())
+                for delivery in deliveries:
+                    service.publishing(delivery, "replies")
+            for request, delivery in zip(requests, deliveries):
+                worker.engine_done(request.request_id, stats, completion)
+                service.publishing(delivery, "replies")
+                delivery.final_event = completion
+                service.settled(delivery, 0)
 
         print(f"worker telemetry per request ({steps} steps in batches of {batch}), best of 5 x 20 batches:")
-        for name, telemetry in variants.items():
-            assert telemetry is not None
-            per_batch = min(timeit.repeat(lambda t=telemetry: one_batch(t), number=20, repeat=5)) / 20
+        for name, (worker, service) in variants.items():
+            per_batch = min(timeit.repeat(lambda w=worker, s=service: one_batch(w, s), number=20, repeat=5)) / 20
             print(f"  {name}: {1e6 * per_batch / batch:.0f} us per request, "
                   f"{1e6 * per_batch / (batch * steps):.1f} us per request and step")
-            telemetry.shutdown()
+            service.stop()
         print(f"spans exported meanwhile: {len(receiver.spans)}")
 
 

@@ -138,6 +138,11 @@ class GenerateRequest(Event):
     priority: int = Field(default=0, ge=-10, le=10, description="Lower runs first; FCFS within a priority.")
     tenant: str = Field(default="default", min_length=1, max_length=64, description="Tenant the request is billed to.")
     trace: TraceContext | None = Field(default=None, description="Trace context propagated from the client.")
+    conversation_id: str | None = Field(
+        default=None, min_length=1, max_length=128,
+        description="The client's conversation (X-Conversation-Id, or prompt_cache_key): during a canary rollout "
+        "every request of one conversation goes to the same pool. None: routed by request_id.",
+    )
     tools: list[ToolSpec] | None = Field(default=None, description="Functions offered to the model, rendered into the prompt.")
     constraint: OutputConstraint | None = Field(default=None, description="What the output must match; None: free text.")
     created_at: float | None = Field(default=None, description="Unix time the request was published.")

@@ -34,6 +34,7 @@ from streams.config.loading import (
     load_settings,
     read_yaml,
 )
+from streams.config.ops import OpsSettings, RolloutSettings
 from streams.config.services import (
     CandidateSampling,
     EdgeAuthSettings,
@@ -49,7 +50,8 @@ from streams.config.services import (
 __all__ = [
     "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_MODEL", "ENV_NESTED_DELIMITER", "ENV_PREFIX", "MIB",
     "ByteSize", "CandidateSampling", "ConfigError", "DeliverySettings", "EdgeAuthSettings", "EdgeLimitSettings",
-    "EdgeSettings", "EngineSettings", "EvalSettings", "FilesSettings", "ParserSettings", "KafkaSettings", "MetricsSettings", "Section", "Settings",
-    "SpeculationSettings", "TelemetrySettings", "TracingSettings", "WorkerSettings", "parse_byte_size", "config_path",
-    "describe_errors", "example_yaml", "load_settings", "read_yaml", "reference_markdown",
+    "EdgeSettings", "EngineSettings", "EvalSettings", "FilesSettings", "KafkaSettings", "MetricsSettings",
+    "OpsSettings", "ParserSettings", "RolloutSettings", "Section", "Settings", "SpeculationSettings",
+    "TelemetrySettings", "TracingSettings", "WorkerSettings", "parse_byte_size", "config_path", "describe_errors",
+    "example_yaml", "load_settings", "read_yaml", "reference_markdown",
 ]

@@ -27,6 +27,7 @@ from streams.config.base import (
 from streams.config.engine import EngineSettings
 from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
+from streams.config.ops import OpsSettings
 from streams.config.services import (
     EdgeSettings,
     EvalSettings,
@@ -53,6 +54,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     files: FilesSettings = Field(default_factory=FilesSettings)
     parser: ParserSettings = Field(default_factory=ParserSettings)
+    ops: OpsSettings = Field(default_factory=OpsSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, with request_id and trace_id on every line."

@@ -168,12 +168,17 @@ class TracingSettings(Section):
 
 class MetricsSettings(Section):
     enabled: bool = Field(
-        default=True, description="Serve Prometheus metrics: GET /metrics on the edge's port and on each worker's."
+        default=True, description="Serve Prometheus metrics: GET /metrics on the edge's port and on each worker's (and "
+        "other consumer service's) own."
     )
-    worker_host: str = Field(default="127.0.0.1", min_length=1, description="Address a worker's /metrics listens on.")
+    worker_host: str = Field(
+        default="127.0.0.1", min_length=1,
+        description="Address the /metrics of a worker (or any consumer service: parser, embedder, ...) listens on.",
+    )
     worker_port: int | None = Field(
         default=None, ge=0, le=65535,
-        description="Port of a worker's /metrics; null or 0: a free port. Workers announce theirs (metrics_url) and log it.",
+        description="Port of a worker's (or other consumer service's) /metrics; null or 0: a free port. Each announces "
+        "its own (metrics_url) and logs it.",
     )
     max_tenants: int = Field(
         default=50, ge=1, description="Distinct tenant label values per process; later tenants are counted as 'other'.",

@@ -72,7 +72,7 @@ class Publisher:
         Traced, the publish is a producer span whose context travels in the record's headers and in
         ``request.trace``: the worker's consumer span continues this trace.
         """
-        topic = self.rollouts.request_topic(request.model, request.request_id)
+        topic = self.rollouts.request_topic(request.model, request.request_id, request.conversation_id)
         if self.tracer is None:
             await self.producer.send_and_wait(topic, encode(request), key=request_key(request.request_id))
             return

@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 
 from fastapi import APIRouter, WebSocket
@@ -61,6 +62,7 @@ from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason
+from streams.telemetry.edge import EdgeTelemetry
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -95,6 +97,14 @@ class WsSession:
         self._send_lock = asyncio.Lock()
         self._tasks: dict[Any, asyncio.Task] = {}
         self.closed = False
+        # Each request on the socket is counted like an HTTP request (route /v1/ws); None: metrics off.
+        self.telemetry: EdgeTelemetry | None = getattr(websocket.app.state, "telemetry", None)
+
+    def _count(self, status: int, started: float, first_byte: float | None = None,
+               refusal: errors.EdgeError | None = None) -> None:
+        if self.telemetry is not None:
+            limited = (refusal.headers or {}).get("X-RateLimit-Limited") if refusal is not None else None
+            self.telemetry.websocket_request(status, started, first_byte, limited)
 
     async def close(self, code: int, reason: str) -> None:
         with contextlib.suppress(Exception):
@@ -169,17 +179,20 @@ class WsSession:
         if data.get("type") == "cancel":
             await self._cancel(client_id)
             return
+        started = time.monotonic()
         refusal = self._over_socket_limits(client_id)
         if refusal is not None:
+            self._count(refusal.status, started, refusal=refusal)
             await self._error(client_id, refusal)
             return
         try:
             ticket = await self.pipeline.admit(self.principal, WsRequestBody, data)
         except errors.EdgeError as exc:
+            self._count(exc.status, started, refusal=exc)
             await self._error(client_id, exc)
             return
         tag = client_id if client_id is not None else ticket.request.request_id
-        task = asyncio.create_task(self._serve(tag, ticket), name=f"ws-{ticket.request.request_id}")
+        task = asyncio.create_task(self._serve(tag, ticket, started), name=f"ws-{ticket.request.request_id}")
         self._tasks[tag] = task
         task.add_done_callback(lambda _t, tag=tag: self._tasks.pop(tag, None))
 
@@ -203,8 +216,9 @@ class WsSession:
         task.cancel()
         await self._error(tag, errors.EdgeError(499, "cancelled by the client", code="cancelled"))
 
-    async def _serve(self, tag: Any, ticket: Ticket) -> None:
+    async def _serve(self, tag: Any, ticket: Ticket, started: float) -> None:
         request = ticket.request
+        first_chunk: float | None = None
         stream: ReplyStream | None = None
         status, final, code = 499, None, "client_gone"
         parser = ToolCallParser() if calls_tools(request) else None
@@ -225,6 +239,7 @@ class WsSession:
                     if parser is not None:
                         frame["deltas"] = parser.feed(event.text)
                     await self._send(frame)
+                    first_chunk = first_chunk or time.monotonic()
                 elif isinstance(event, Completion):
                     status, final, code = 200, event, None
                     done: dict[str, Any] = {
@@ -256,6 +271,7 @@ class WsSession:
                 reason = "socket closed" if self.closed else "cancelled by the client"
                 self.edge.abandon(stream, reason)
             ticket.finish(status, final, code=code)
+            self._count(status, started, first_chunk)
 
     async def _send(self, message: dict[str, Any]) -> None:
         if self.websocket.application_state != WebSocketState.CONNECTED:

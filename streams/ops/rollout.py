@@ -8,8 +8,9 @@ itself when one fails.
 2. wait until a candidate worker announced itself ready (``ready_timeout_s``); one that never does fails the first
    step;
 3. for each step: publish ``running`` with its percentage (edges follow within a poll), hold ``hold_s`` while
-   checking the gates every ``interval_s`` (:mod:`streams.ops.rollout_gates`), then run the optional eval gate (a
-   command whose exit status decides, e.g. ``specstream eval replay ...``);
+   checking the gates every ``interval_s`` (:mod:`streams.ops.rollout_gates`; figures from Prometheus when
+   ``ops.rollout.prometheus_url`` is set, :mod:`streams.ops.rollout_prometheus`, else from the bus), then run the
+   optional eval gate (a command whose exit status decides, e.g. ``specstream eval replay ...``);
 4. all steps held: ``completed`` (100 %: the candidate pool serves the model; promote its configuration to stable,
    then end the rollout with ``rollout abort``);
 5. a failed gate: ``rolled_back`` (0 %) with the gate's reason, at once, then the candidate pool is drained.
@@ -35,7 +36,8 @@ from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
 from streams.config import Settings
 from streams.ops.local_fleet import LocalFleet
-from streams.ops.rollout_gates import Gates, failed_gate
+from streams.ops.rollout_gates import Gates, PoolFigures, failed_gate
+from streams.ops.rollout_prometheus import PrometheusError, PrometheusGates
 from streams.ops.rollout_router import candidate_prefix
 from streams.ops.rollout_store import RolloutStore
 from streams.ops.rollout_watch import RolloutWatch
@@ -71,6 +73,11 @@ class Rollout:
         self.fleet = LocalFleet(service_argv(str(plan.candidate_config), "worker"), say,
                                 id_prefix=f"candidate-{os.getpid()}", env=self._candidate_env(), log_dir=plan.log_dir)
         self.watch = RolloutWatch(settings.kafka, settings.catalog, self.candidate)
+        ops = settings.ops.rollout
+        # Where the gates' figures come from: Prometheus' recording rules when there is one, else the bus.
+        self.prometheus = (PrometheusGates(ops.prometheus_url, timeout_s=ops.prometheus_timeout_s)
+                           if ops.prometheus_url else None)
+        self._prometheus_failing = False
         self.interrupted = asyncio.Event()
 
     def _candidate_env(self) -> dict[str, str]:
@@ -141,18 +148,34 @@ class Rollout:
         failure = await asyncio.to_thread(self._eval_gate, percent)
         if failure is not None:
             await self._fail(failure)
-        window = self.watch.window
-        self.say(f"step {percent:g} % held {self.plan.hold_s:g} s: candidate {window.candidate.summary()}; "
-                 f"stable {window.stable.summary()}")
+        candidate, stable = await self._figures()
+        self.say(f"step {percent:g} % held {self.plan.hold_s:g} s: candidate {candidate.summary()}; "
+                 f"stable {stable.summary()} (from {candidate.source})")
 
     async def _check_gates(self) -> None:
         self.fleet.reap()
         if self.plan.workers and not self.fleet.serving:
             await self._fail("the candidate pool has no worker left (they exited)")
-        reason = failed_gate(self.plan.gates, self.watch.window.candidate, self.watch.baseline,
-                             await self.watch.dead_letters())
+        candidate, stable = await self._figures()
+        reason = failed_gate(self.plan.gates, candidate, stable, await self.watch.dead_letters())
         if reason is not None:
             await self._fail(reason)
+
+    async def _figures(self) -> tuple[PoolFigures, PoolFigures]:
+        """(candidate, stable): from Prometheus when configured and answering, else from the answers on the bus."""
+        if self.prometheus is not None:
+            try:
+                figures = await self.prometheus.figures()
+            except PrometheusError as error:
+                if not self._prometheus_failing:
+                    self.say(f"prometheus: {error}; the gates read the bus until it answers again")
+                self._prometheus_failing = True
+            else:
+                if self._prometheus_failing:
+                    self.say("prometheus answers again")
+                self._prometheus_failing = False
+                return figures
+        return self.watch.window.candidate.figures(), self.watch.baseline.figures()
 
     def _eval_gate(self, percent: float) -> str | None:
         if not self.plan.eval_gate:

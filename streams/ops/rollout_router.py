@@ -1,8 +1,10 @@
 """Which pool a new request goes to while a model is rolled out: the edge asks :class:`RolloutRouter`.
 
-A request goes to the candidate pool when its bucket, a stable hash of the request id into [0, 100), is below
-the rollout's ``percent``; the same request id always lands in the same bucket, so a redelivered or retried request
-stays in its pool, and raising the percentage only moves requests from stable to the candidate, never back. The
+A request goes to the candidate pool when its bucket, a stable hash into [0, 100) of its conversation id (when the
+client gave one: ``GenerateRequest.conversation_id``) or else of its request id, is below the rollout's ``percent``.
+The same key always lands in the same bucket, so every turn of a conversation, and a redelivered or retried request,
+stays in its pool while the share holds, and raising the percentage only moves keys from stable to the candidate,
+never back. The
 router follows the compacted ``<prefix>.rollouts`` topic from its start (the newest state of every model), so an
 edge that restarts, or a second edge, routes alike within one poll (0.2 s) of a change.
 """
@@ -32,14 +34,16 @@ def candidate_prefix(prefix: str) -> str:
     return f"{prefix}{CANDIDATE_SUFFIX}"
 
 
-def bucket(request_id: str) -> float:
-    """A stable position of the request id in [0, 100) (SHA-256, so every edge and language agrees)."""
-    digest = hashlib.sha256(request_id.encode()).digest()
+def bucket(key: str) -> float:
+    """A stable position of a routing key in [0, 100) (SHA-256, so every edge and language agrees)."""
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big") % 10_000 / 100
 
 
-def to_candidate(state: RolloutState | None, request_id: str) -> bool:
-    return state is not None and state.state in ROUTING_STATES and bucket(request_id) < state.percent
+def to_candidate(state: RolloutState | None, request_id: str, conversation_id: str | None = None) -> bool:
+    """Whether a new request goes to the candidate: by its conversation when it names one, else by its own id."""
+    key = conversation_id or request_id
+    return state is not None and state.state in ROUTING_STATES and bucket(key) < state.percent
 
 
 class RolloutRouter:
@@ -51,9 +55,9 @@ class RolloutRouter:
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
 
-    def request_topic(self, model: str, request_id: str) -> str:
+    def request_topic(self, model: str, request_id: str, conversation_id: str | None = None) -> str:
         state = self.states.get(model)
-        if to_candidate(state, request_id):
+        if to_candidate(state, request_id, conversation_id):
             assert state is not None
             return TopicCatalog(state.candidate_prefix, self.catalog.request_partitions).requests.name
         return self.catalog.requests.name

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from schemas.events import ReplyRoute
 from schemas.topics import Topic, TopicCatalog
+from streams.config import TelemetrySettings
 from streams.kafka_acls import Grant, announcement_topics
 from streams.kafka_connection import Connectable
 from streams.reply_routes import compile_patterns
@@ -105,6 +106,8 @@ class ServiceOptions:
     publish_timeout_s: float = 10.0
     topic_cache_ttl_s: float = 30.0
     metadata_timeout_s: float = 2.0
+    # Traces (OTEL_* variables and telemetry.tracing) and metrics (telemetry.metrics) of every message; None: off.
+    telemetry: TelemetrySettings | None = None
 
     def __post_init__(self) -> None:
         if self.reply_topic_patterns is None:
@@ -122,7 +125,7 @@ class ServiceOptions:
             session_timeout_ms=section.session_timeout_ms, heartbeat_interval_ms=section.heartbeat_interval_ms,
             reply_topic_patterns=compile_patterns(delivery.reply_topic_patterns, kafka.topic_prefix),
             publish_timeout_s=delivery.publish_timeout_s, topic_cache_ttl_s=delivery.topic_cache_ttl_s,
-            metadata_timeout_s=delivery.metadata_timeout_s,
+            metadata_timeout_s=delivery.metadata_timeout_s, telemetry=settings.telemetry,
         )
 
 

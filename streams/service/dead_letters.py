@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
@@ -20,14 +21,17 @@ from streams.service.publisher import Publisher
 
 
 class DeadLetters:
-    def __init__(self, publisher: Publisher, topic: str, consumer_id: str) -> None:
+    def __init__(self, publisher: Publisher, topic: str, consumer_id: str, *,
+                 counted: Callable[[str], None] = lambda reason: None) -> None:
         self._publisher = publisher
         self.topic = topic
         self._consumer_id = consumer_id
+        self._counted = counted  # told of every letter kept (the dead-letters metric)
 
     async def keep(self, reason: str, value: bytes | None, key: bytes | None, source: Source, *,
                    undelivered: str | None = None) -> None:
         """Publish the letter and wait for Kafka's acknowledgement; raises what the publish raised."""
+        self._counted(reason)
         try:
             await self._send(reason, value, key, source, undelivered)
         except MessageSizeTooLargeError:

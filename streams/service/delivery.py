@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,7 +30,8 @@ from streams.service.offsets import Source
 class Outlet(Protocol):
     """What a delivery needs from the service that runs it."""
 
-    def publish(self, topic: str, partition: int | None, key: bytes, event: BaseModel) -> asyncio.Future[Any]: ...
+    def publish(self, topic: str, partition: int | None, key: bytes, event: BaseModel, *,
+                origin: Delivery | None = None) -> asyncio.Future[Any]: ...
 
     def settle(self, delivery: Delivery) -> None: ...
 
@@ -45,11 +46,13 @@ class Delivery:
     received_at: float  # this process's clock, when consumed
     published_at: float  # the record's timestamp (Kafka's clock)
     outlet: Outlet
+    headers: Sequence[tuple[str, bytes]] = ()  # the record's Kafka headers (traceparent)
     payload: BaseModel | None = None  # the validated input
     request_id: str = ""
     route: ReplyRoute | None = None
     final_event: BaseModel | None = None  # the last reply (Completion, ErrorEvent), dead-lettered if undeliverable
     published: list[asyncio.Future[Any]] = field(default_factory=list)
+    trace: Any = None  # telemetry's state of this delivery (its spans); None when not traced
     done: bool = False
     deferred: bool = False
     _handback: list[Callable[[], object]] = field(default_factory=list)
@@ -66,7 +69,7 @@ class Delivery:
         self.publish(self.route.topic, kafka_io.request_key(self.request_id), event, partition=self.route.partition)
 
     def publish(self, topic: str, key: bytes, event: BaseModel, *, partition: int | None = None) -> None:
-        self.published.append(self.outlet.publish(topic, partition, key, event))
+        self.published.append(self.outlet.publish(topic, partition, key, event, origin=self))
 
     def defer(self) -> None:
         """The handler finishes this delivery later, with ``finish()`` or ``fail()``."""

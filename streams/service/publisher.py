@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +30,8 @@ from streams.reply_routes import ReplyRoutes
 
 JSON_HEADERS = {"content-type": "application/json"}
 
-# (value, topic, key, partition) -> a future resolved by the broker's acknowledgement.
-Send = Callable[[bytes, str, bytes, int | None], Awaitable[asyncio.Future[Any]]]
+# (value, topic, key, partition, headers) -> a future resolved by the broker's acknowledgement.
+Send = Callable[[bytes, str, bytes, int | None, Mapping[str, str]], Awaitable[asyncio.Future[Any]]]
 
 
 class ReplyTopicGone(KafkaError):
@@ -48,6 +48,7 @@ class _Job:
     partition: int | None
     key: bytes
     value: bytes
+    headers: Mapping[str, str]
     delivered: asyncio.Future[Any]
 
     def fail(self, error: BaseException) -> None:
@@ -68,15 +69,16 @@ class Publisher:
         self.timeout_s = timeout_s
         self._lanes: dict[str, _Lane] = {}
 
-    def publish(self, topic: str, partition: int | None, key: bytes, event: BaseModel) -> asyncio.Future[Any]:
+    def publish(self, topic: str, partition: int | None, key: bytes, event: BaseModel,
+                headers: Mapping[str, str] = JSON_HEADERS) -> asyncio.Future[Any]:
         """Queue one event; the returned future resolves when Kafka acknowledged it, or fails with why it was not
-        (within ``timeout_s`` of its turn in the lane)."""
+        (within ``timeout_s`` of its turn in the lane). ``headers``: the record's (content type, trace context)."""
         delivered: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         lane = self._lanes.get(topic)
         if lane is None:
             lane = self._lanes[topic] = _Lane()
             lane.task = asyncio.create_task(self._run(topic, lane), name=f"lane-{topic}")
-        lane.queue.append(_Job(topic, partition, key, kafka_io.encode(event), delivered))
+        lane.queue.append(_Job(topic, partition, key, kafka_io.encode(event), headers, delivered))
         return delivered
 
     async def _run(self, topic: str, lane: _Lane) -> None:
@@ -88,7 +90,7 @@ class Publisher:
                 job.fail(ReplyTopicGone(f"topic '{topic}' does not exist"))
                 continue
             try:
-                ack = await asyncio.wait_for(self._send(job.value, job.topic, job.key, job.partition),
+                ack = await asyncio.wait_for(self._send(job.value, job.topic, job.key, job.partition, job.headers),
                                              timeout=timeout_s)
             except Exception as error:  # noqa: BLE001 - reported through the job's future
                 self.routes.forget(topic)  # look it up again before the next publish

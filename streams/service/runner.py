@@ -23,7 +23,7 @@ import contextlib
 import contextvars
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -47,6 +47,7 @@ from streams.service.offsets import OffsetTracker, Source
 from streams.service.publisher import JSON_HEADERS, Publisher, describe_error
 from streams.service.telemetry import Telemetry
 from streams.service.wiring import CallNext, wire
+from streams.telemetry.consumer import ConsumerTelemetry
 
 log = logging.getLogger("specstream.service")
 
@@ -61,7 +62,9 @@ class ConsumerService:
         self.kind = consumer.kind
         self.service_id = options.service_id
         self.group_id = consumer.group_id or f"{options.catalog.prefix}.{consumer.kind}s"
-        self.telemetry = telemetry or Telemetry()
+        # Traces and metrics for every consumer; the engine worker passes its own (sharing its tracer and registry).
+        self.telemetry: Telemetry = telemetry or ConsumerTelemetry.from_settings(options.telemetry, kind=self.kind,
+                                                                               group_id=self.group_id)
         catalog = options.catalog
         self.broker, self.subscriber = wire(options, consumer, self.group_id, self)
 
@@ -71,13 +74,14 @@ class ConsumerService:
         self.routes = ReplyRoutes(options.reply_topic_patterns or (), self._list_topics,
                                   ttl_s=options.topic_cache_ttl_s, lookup_timeout_s=options.metadata_timeout_s)
         self.publisher = Publisher(self._send, self.routes, timeout_s=options.publish_timeout_s)
-        self.dead_letters = DeadLetters(self.publisher, catalog.dead_letters.name, self.service_id)
-        self.flow = Flow(options.max_inflight, self._input_consumer)
+        self.dead_letters = DeadLetters(self.publisher, catalog.dead_letters.name, self.service_id,
+                                        counted=self.telemetry.dead_lettered)
+        self.flow = Flow(options.max_inflight, self.input_consumer)
         self.announcer = Announcer(
             self._send_announcement, catalog.services.name, kind=self.kind, service_id=self.service_id,
             heartbeat_s=options.heartbeat_s, models=consumer.models, in_flight=lambda: len(self._held),
         )
-        self.committer = Committer(self.offsets, self._input_consumer, active=lambda: self.announcer.state != "stopped")
+        self.committer = Committer(self.offsets, self.input_consumer, active=lambda: self.announcer.state != "stopped")
         # Deliveries being handled, by request id: a redelivered copy joins the one held instead of running twice.
         self._held: dict[str, Delivery] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -103,7 +107,9 @@ class ConsumerService:
             await self.consumer.prepare()
 
     async def started(self) -> None:
-        """Announce readiness (once the subscribers run) and keep announcing it."""
+        """Serve metrics, announce readiness (once the subscribers run) and keep announcing it."""
+        self.telemetry.start(self)
+        self.announcer.metrics_url = self.telemetry.metrics_url
         await self.announcer.announce("ready")
         self.announcer.start_heartbeat()
         if self.consumer.started is not None:
@@ -136,6 +142,7 @@ class ConsumerService:
     async def close(self) -> None:
         if self.consumer.close is not None:
             await self.consumer.close()
+        self.telemetry.stop()
         if self._admin is not None:
             with contextlib.suppress(Exception):
                 await self._admin.close()
@@ -174,9 +181,8 @@ class ConsumerService:
                 return None
         source = Source(record.topic, record.partition, record.offset)
         self.offsets.started(source.topic, source.partition, source.offset)
-        self.telemetry.received(source)
         delivery = Delivery([source], record.value, record.key, received_at=time.time(),
-                            published_at=record.timestamp / 1000, outlet=self)
+                            published_at=record.timestamp / 1000, outlet=self, headers=record.headers or ())
         token = _current.set(delivery)
         try:
             return await call_next(msg)
@@ -203,6 +209,7 @@ class ConsumerService:
             log.warning("dead-lettered %s (request %s): %s: %s", delivery.source, delivery.request_id, problem.code,
                         problem.message)
             reason = f"{problem.code}: {problem.message}"
+            self.telemetry.rejected(delivery, Rejection(problem.code, problem.message, dead_letter=True))
             self._spawn(self._settle_rejection([self.dead_letters.keep(reason, delivery.value, delivery.key,
                                                                        delivery.source)], delivery.source))
             return
@@ -219,6 +226,7 @@ class ConsumerService:
         if not await self.flow.acquire(delivery.source):
             return
         self._held[key] = delivery
+        self.telemetry.admitted(delivery)
         try:
             result = await consumer.handle(payload, delivery)
         except Exception as error:  # noqa: BLE001 - answered as an internal error, the consumer keeps serving
@@ -239,7 +247,7 @@ class ConsumerService:
         """
         source = delivery.source
         log.info("rejected %s (%s): %s", source, rejection.code, rejection.message)
-        self.telemetry.rejected(source, rejection)
+        self.telemetry.rejected(delivery, rejection)
         reason = f"{rejection.code}: {rejection.message}"
         pending: list[Awaitable[Any]] = []
         if route_problem is not None:
@@ -263,8 +271,11 @@ class ConsumerService:
 
     # --- the delivery's outlet --------------------------------------------------------------------------------------
 
-    def publish(self, topic: str, partition: int | None, key: bytes, event: BaseModel) -> asyncio.Future[Any]:
-        return self.publisher.publish(topic, partition, key, event)
+    def publish(self, topic: str, partition: int | None, key: bytes, event: BaseModel, *,
+                origin: Delivery | None = None) -> asyncio.Future[Any]:
+        """Publish an event; one of a delivery's (``origin``) carries its trace context in the record's headers."""
+        headers = JSON_HEADERS if origin is None else {**JSON_HEADERS, **self.telemetry.publishing(origin, topic)}
+        return self.publisher.publish(topic, partition, key, event, headers)
 
     def settle(self, delivery: Delivery) -> None:
         self._spawn(self._settle(delivery))
@@ -338,16 +349,17 @@ class ConsumerService:
         topics: list[str] = await self._admin.list_topics()
         return topics
 
-    def _input_consumer(self) -> AIOKafkaConsumer | None:
+    def input_consumer(self) -> AIOKafkaConsumer | None:
         # The subscriber's aiokafka consumer (None until it started): FastStream has no per-partition pause or
         # per-offset commit of its own.
         consumer: AIOKafkaConsumer | None = self.subscriber.consumer
         return consumer
 
-    async def _send(self, value: bytes, topic: str, key: bytes, partition: int | None) -> asyncio.Future[Any]:
+    async def _send(self, value: bytes, topic: str, key: bytes, partition: int | None,
+                    headers: Mapping[str, str]) -> asyncio.Future[Any]:
         # no_confirm: returns once the record is in the producer's buffer; the broker's ack arrives on the future.
         ack: asyncio.Future[Any] = await self.broker.publish(value, topic, key=key, partition=partition,
-                                                             headers=JSON_HEADERS, no_confirm=True)
+                                                             headers=dict(headers), no_confirm=True)
         return ack
 
     async def _send_announcement(self, topic: str, key: bytes, value: bytes) -> None:

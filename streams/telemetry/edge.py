@@ -11,7 +11,10 @@ span need, without touching the admission pipeline:
 * the latencies the client sees, labelled ``measured_at="edge"``: time to the first byte of the
   answer (for a stream: the first token's event) and to the last byte.
 
-Websocket traffic is passed through untouched (one socket carries many requests).
+Websocket traffic is passed through by the middleware (one socket carries many requests): the
+socket's session reports each request it serves (:meth:`EdgeTelemetry.websocket_request`), counted
+under the route ``/v1/ws`` with the HTTP status its error frame carries (200 when answered), and
+its latencies measured from the request frame's arrival to the first chunk frame and to the done frame.
 """
 from __future__ import annotations
 
@@ -31,7 +34,8 @@ from streams.telemetry import tracing as tracing_mod
 from streams.telemetry.metrics import EdgeMetrics
 from streams.telemetry.tracing import Tracing
 
-GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions"})
+WS_ROUTE = "/v1/ws"
+GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", WS_ROUTE})
 # Probes and scrapes: counted, never traced (they would drown the traces that matter).
 _UNTRACED = ("/metrics", "/healthz", "/readyz", "/static", "/favicon.ico")
 
@@ -67,6 +71,12 @@ class EdgeTelemetry:
     def shutdown(self) -> None:
         if self.tracing is not None:
             self.tracing.shutdown()
+
+    def websocket_request(self, status: int, started: float, first_byte: float | None,
+                          limited: str | None = None) -> None:
+        """One request served (or refused) on a websocket; ``started``/``first_byte`` on time.monotonic()."""
+        if self.metrics is not None:
+            _observe(self.metrics, WS_ROUTE, status, started, first_byte, limited)
 
 
 class _Exchange:
@@ -126,18 +136,21 @@ class _Middleware:
                 self._count(scope, exchange)
 
     def _count(self, scope: Scope, exchange: _Exchange) -> None:
-        metrics = self.telemetry.metrics
-        if metrics is None:
-            return
-        route = _route(scope)
-        metrics.requests.labels(route, str(exchange.status)).inc()
-        if exchange.limited is not None:
-            metrics.rate_limited.labels(exchange.limited if exchange.limited in ("rpm", "tpm", "concurrency")
-                                        else "other").inc()
-        if route in GENERATION_ROUTES and exchange.status == 200:
-            end = time.monotonic()
-            metrics.ttft.labels("edge", route).observe((exchange.first_byte or end) - exchange.started)
-            metrics.e2e.labels("edge", route).observe(end - exchange.started)
+        if self.telemetry.metrics is not None:
+            _observe(self.telemetry.metrics, _route(scope), exchange.status, exchange.started, exchange.first_byte,
+                     exchange.limited)
+
+
+def _observe(metrics: EdgeMetrics, route: str, status: int, started: float, first_byte: float | None,
+             limited: str | None) -> None:
+    """Count one answered request; for a generation answered whole, the latencies its client saw."""
+    metrics.requests.labels(route, str(status)).inc()
+    if limited is not None:
+        metrics.rate_limited.labels(limited if limited in ("rpm", "tpm", "concurrency") else "other").inc()
+    if route in GENERATION_ROUTES and status == 200:
+        end = time.monotonic()
+        metrics.ttft.labels("edge", route).observe((first_byte or end) - started)
+        metrics.e2e.labels("edge", route).observe(end - started)
 
 
 def _route(scope: Scope) -> str:

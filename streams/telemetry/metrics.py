@@ -28,6 +28,9 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                40.0, 80.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
+# A consumer's handling time: milliseconds (a parser) to minutes (a long generation).
+HANDLING_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+                    600.0)
 OTHER = "other"
 # The *_created series double every counter and histogram and no dashboard or rule of ours reads them.
 disable_created_metrics()
@@ -89,7 +92,6 @@ class WorkerMetrics:
                                          ["model_name", "tenant"], registry=registry)
         self.request_success = Counter(f"{PREFIX}request_success", "Finished requests by finish reason.",
                                        ["model_name", "finished_reason"], registry=registry)
-        self.bus = BusMetrics(registry)
 
     def watch_engine(self, model_name: str, running: Callable[[], float], waiting: Callable[[], float],
                      kv_usage: Callable[[], float]) -> None:
@@ -99,21 +101,49 @@ class WorkerMetrics:
         self.kv_usage.labels(model_name).set_function(_guarded(kv_usage))
 
 
-class BusMetrics:
-    """Kafka-side health of a consumer: lag, dead letters, failed publishes."""
+OUTCOMES = ("answered", "error", "rejected", "undelivered", "handed_back")
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+class ConsumerMetrics:
+    """What the consumer foundation counts for every consumer (engine worker, parser, ...), labelled by its kind.
+
+    The Kafka-side health of a consumer (lag, dead letters, failed publishes) and how its messages ended:
+    ``answered`` (final event not an error), ``error`` (answered with an ErrorEvent), ``rejected`` (refused before
+    its handler), ``undelivered`` (some of its events never acknowledged), ``handed_back`` (rebalance, drain).
+    """
+
+    def __init__(self, registry: CollectorRegistry, kind: str) -> None:
+        self.registry = registry
+        self.kind = kind
+        self.messages = Counter(f"{PREFIX}consumer_messages", "Input messages handled, by consumer kind and outcome.",
+                                ["consumer", "outcome"], registry=registry)
+        self.handling = Histogram(f"{PREFIX}consumer_handling_seconds", "Consumed to outcome acknowledged by "
+                                  "Kafka, per message.", ["consumer"], buckets=HANDLING_BUCKETS, registry=registry)
+        self.in_flight = Gauge(f"{PREFIX}consumer_in_flight", "Messages held by the consumer's handler.",
+                               ["consumer"], registry=registry)
         self.consumer_lag = Gauge(f"{PREFIX}kafka_consumer_lag", "Records not yet read by the consumer group, per "
                                   "partition (high watermark - position).", ["group", "topic", "partition"],
                                   registry=registry)
-        self.dead_letters = Counter(f"{PREFIX}dead_letters", "Messages dead-lettered, by reason code.", ["reason"],
-                                    registry=registry)
-        self.producer_errors = Counter(f"{PREFIX}producer_errors", "Publishes that failed or were not acknowledged "
-                                       "in time, by what was published.", ["kind"], registry=registry)
+        self.dead_letters = Counter(f"{PREFIX}dead_letters", "Messages dead-lettered, by consumer kind and reason "
+                                    "code.", ["consumer", "reason"], registry=registry)
+        self.producer_errors = Counter(f"{PREFIX}producer_errors", "Events published that failed or were not "
+                                       "acknowledged in time.", ["consumer"], registry=registry)
+        # Every outcome from zero: rate() and increase() miss the first increment of a series born at 1.
+        for outcome in OUTCOMES:
+            self.messages.labels(kind, outcome)
+        self.producer_errors.labels(kind)
 
     def dead_lettered(self, reason: str) -> None:
         # The code before the first ':' ("reply_topic_missing: ..."): a bounded label.
-        self.dead_letters.labels(reason.split(":", 1)[0].strip() or "unknown").inc()
+        self.dead_letters.labels(self.kind, reason.split(":", 1)[0].strip() or "unknown").inc()
+
+    def handled(self, outcome: str, seconds: float | None = None) -> None:
+        self.messages.labels(self.kind, outcome).inc()
+        if seconds is not None:
+            self.handling.labels(self.kind).observe(seconds)
+
+    def watch_in_flight(self, count: Callable[[], float]) -> None:
+        self.in_flight.labels(self.kind).set_function(_guarded(count))
 
 
 class EdgeMetrics:
@@ -133,7 +163,6 @@ class EdgeMetrics:
                              registry=registry)
         self.ready_workers = Gauge(f"{PREFIX}ready_workers", "Engine workers this edge counts as ready (announced "
                                    "ready within edge.ready_heartbeats heartbeats).", registry=registry)
-        self.bus = BusMetrics(registry)
 
     def watch_ready_workers(self, count: Callable[[], float]) -> None:
         self.ready_workers.set_function(_guarded(count))

@@ -7,7 +7,9 @@ port it took::
     python -m streams.telemetry.targets --out /etc/prometheus/specstream-targets.json [--every 30]
 
 A service counts while its latest announcement is ``ready`` or ``draining`` and younger than
-``--max-age`` seconds (three heartbeats by default).
+``--max-age`` seconds (three heartbeats by default). Each target is labelled ``pool``: ``stable`` for
+the services of ``<prefix>.services``, ``candidate`` for those of a canary rollout's candidate pool
+(``<prefix>-candidate.services``), which is what the rollout's Prometheus gates compare.
 """
 from __future__ import annotations
 
@@ -23,11 +25,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from schemas.events import ServiceAnnouncement
+from schemas.topics import TopicCatalog
+from streams import kafka_io
 from streams.commands.status import read_announcements
+from streams.ops.rollout_router import candidate_prefix
 from streams.config import ConfigError, load_settings
 
 
-def file_sd(announcements: list[ServiceAnnouncement], *, now: float, max_age_s: float) -> list[dict[str, Any]]:
+def file_sd(announcements: list[ServiceAnnouncement], *, now: float, max_age_s: float,
+            pool: str = "stable") -> list[dict[str, Any]]:
     """One file_sd entry per live service that serves metrics, newest announcement per service winning."""
     latest: dict[tuple[str, str], ServiceAnnouncement] = {}
     for announcement in announcements:
@@ -42,7 +48,7 @@ def file_sd(announcements: list[ServiceAnnouncement], *, now: float, max_age_s: 
             continue
         url = urlsplit(announcement.metrics_url)
         entries.append({"targets": [url.netloc], "labels": {
-            "kind": kind, "service_id": service_id, "__metrics_path__": url.path or "/metrics",
+            "kind": kind, "service_id": service_id, "pool": pool, "__metrics_path__": url.path or "/metrics",
             "__scheme__": url.scheme or "http"}})
     return entries
 
@@ -57,11 +63,17 @@ def write_atomically(path: Path, entries: list[dict[str, Any]]) -> None:
 
 async def _run(args: argparse.Namespace) -> None:
     settings = load_settings(args.config)
-    topic = settings.catalog.services.name
+    prefix = settings.kafka.topic_prefix
+    pools = {"stable": settings.catalog.services.name,
+             "candidate": TopicCatalog(candidate_prefix(prefix)).services.name}
     max_age_s = args.max_age if args.max_age is not None else 3 * settings.worker.heartbeat_s
     while True:
-        newest, _ = await read_announcements(settings.kafka, topic)
-        entries = file_sd(list(newest.values()), now=time.time(), max_age_s=max_age_s)
+        existing = set(await kafka_io.list_topics(settings.kafka))
+        entries = []
+        for pool, topic in pools.items():
+            if topic in existing:  # no rollout ever started: no candidate services topic
+                newest, _ = await read_announcements(settings.kafka, topic)
+                entries += file_sd(list(newest.values()), now=time.time(), max_age_s=max_age_s, pool=pool)
         write_atomically(Path(args.out), entries)
         if args.every is None:
             return

@@ -5,51 +5,28 @@ does no telemetry work at all (not even a call per step). With metrics only, per
 observes one inter-token latency per request; with tracing, it also keeps a small tuple per
 step for each traced request (see :mod:`streams.telemetry.request_trace`).
 
-The same calls fit the consumer foundation's hooks (received, rejected, settled, handed back);
-the engine-specific ones (``step``, ``engine_done``) are the worker's own.
+What every consumer gets (its consumer span, producer spans, message and bus metrics, the
+/metrics server) comes from the foundation (:mod:`streams.telemetry.consumer`), sharing this
+tracer and registry; the engine-specific calls (``received`` with the request, ``step``,
+``engine_done``) are the worker's own.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
-import logging
-import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from engine.outputs import RequestOutput, RequestStats
 from schemas.events import Completion, GenerateRequest
 from streams.config import Settings
+from streams.service.delivery import Delivery
 from streams.telemetry import tracing as tracing_mod
+from streams.telemetry.consumer import never_raises
+from streams.telemetry.message_trace import MessageTrace
 from streams.telemetry.metrics import WorkerMetrics
-from streams.telemetry.metrics_server import MetricsServer
 from streams.telemetry.request_trace import RequestTrace
-from streams.telemetry.tracing import KafkaHeaders, Tracing
-
-LAG_INTERVAL_S = 5.0
-log = logging.getLogger(__name__)
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _never_raises(method: F) -> F:
-    """A telemetry bug must cost telemetry, never a reply: the worker calls these in the middle of its reply path."""
-    failed = False
-
-    @functools.wraps(method)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        nonlocal failed
-        try:
-            return method(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - logged (once per hook), the request goes on
-            if not failed:
-                failed = True
-                log.exception("telemetry hook %s failed (reported once)", method.__name__)
-            return None
-
-    return guarded  # type: ignore[return-value]
+from streams.telemetry.tracing import Tracing
 
 
 class WorkerTelemetry:
@@ -60,8 +37,6 @@ class WorkerTelemetry:
         self._traces: dict[str, RequestTrace] = {}
         self._last_output: dict[str, float] = {}
         self._requests: dict[str, GenerateRequest] = {}
-        self._server: MetricsServer | None = None
-        self.metrics_url: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, *, group_id: str, tracing: Tracing | None = None,
@@ -77,20 +52,19 @@ class WorkerTelemetry:
 
     # --- a request's life -------------------------------------------------------------------------------------------
 
-    @_never_raises
-    def received(self, request: GenerateRequest, headers: KafkaHeaders | None, topic: str, partition: int,
-                 received_at: float) -> None:
+    @never_raises
+    def received(self, request: GenerateRequest, delivery: Delivery) -> None:
+        """The foundation admitted the request; its consumer span (``delivery.trace``) gets the engine's stages."""
         self._requests[request.request_id] = request
-        if self.tracing is not None:
-            parent = tracing_mod.extract(headers, request.trace)
-            self._traces[request.request_id] = RequestTrace.start(
-                self.tracing.tracer, request, topic, partition, parent, received_at)
+        if self.tracing is not None and isinstance(delivery.trace, MessageTrace):
+            self._traces[request.request_id] = RequestTrace.within(
+                self.tracing.tracer, delivery.trace.span, request, delivery.received_at)
 
     def trace_id(self, request_id: str) -> str | None:
         held = self._traces.get(request_id)
         return tracing_mod.trace_id_hex(held.span) if held is not None else None
 
-    @_never_raises
+    @never_raises
     def step(self, outputs: Sequence[RequestOutput], now: float) -> None:
         """One engine step's outputs, on the event loop."""
         batch = len(outputs)
@@ -106,76 +80,32 @@ class WorkerTelemetry:
             if held is not None:
                 held.step(now, batch, len(output.token_ids), output.spec.drafted, output.spec.accepted)
 
-    @_never_raises
-    def engine_done(self, request_id: str, stats: RequestStats | None, final: Completion | None, now: float) -> None:
+    @never_raises
+    def engine_done(self, request_id: str, stats: RequestStats | None, final: Completion | None) -> None:
         """The engine finished the request (``final`` is its Completion; None for an ErrorEvent)."""
         self._last_output.pop(request_id, None)
         request = self._requests.get(request_id)
         held = self._traces.get(request_id)
         if held is not None:
-            held.engine_done(stats, final.finish_reason if final is not None else None, now)
+            held.engine_done(stats, final.finish_reason if final is not None else None)
         if self.metrics is not None and request is not None and final is not None:
             self._count(self.metrics, request, stats, final)
 
-    @_never_raises
+    @never_raises
     def failed(self, request_id: str, code: str, message: str) -> None:
         held = self._traces.get(request_id)
         if held is not None:
             held.failed(code, message)
-            held.engine_done(None, None, time.time())
+            held.engine_done(None, None)
 
-    @_never_raises
-    def settled(self, request_id: str, undelivered: int) -> None:
-        """The final reply is acknowledged (or given up): the request is over here."""
+    @never_raises
+    def settled(self, request_id: str) -> None:
+        """Answered and acknowledged, or handed back: the request is over here (the foundation ends its span)."""
         self._requests.pop(request_id, None)
         self._last_output.pop(request_id, None)
-        held = self._traces.pop(request_id, None)
-        if held is not None:
-            held.end(undelivered)
-
-    @_never_raises
-    def handed_back(self, request_id: str, why: str) -> None:
-        """Not answered here (rebalance, shutdown): another worker redoes it."""
-        held = self._traces.get(request_id)
-        if held is not None:
-            held.span.add_event("handed back", attributes={"reason": why})
-        self.settled(request_id, 0)
-
-    # --- the bus ----------------------------------------------------------------------------------------------------
-
-    @_never_raises
-    def dead_lettered(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.bus.dead_lettered(reason)
-
-    @_never_raises
-    def publish_failed(self, kind: str) -> None:
-        if self.metrics is not None:
-            self.metrics.bus.producer_errors.labels(kind).inc()
-
-    async def sample_lag(self, consumer: Any) -> None:
-        """Every few seconds: high watermark - position of each assigned partition (aiokafka's consumer)."""
-        if self.metrics is None:
-            return
-        gauge = self.metrics.bus.consumer_lag
-        while True:
-            with contextlib.suppress(Exception):  # a rebalance in progress: next time
-                for tp in consumer.assignment():
-                    high = consumer.highwater(tp)
-                    if high is not None:
-                        position = await consumer.position(tp)
-                        gauge.labels(self.group_id, tp.topic, str(tp.partition)).set(max(0, high - position))
-            await asyncio.sleep(LAG_INTERVAL_S)
+        self._traces.pop(request_id, None)
 
     # --- process -----------------------------------------------------------------------------------------------------
-
-    def serve_metrics(self, host: str, port: int | None) -> str | None:
-        """Serve /metrics on its own port (a thread of prometheus_client's); returns its URL."""
-        if self.metrics is None:
-            return None
-        self._server = MetricsServer(self.metrics.registry, host, port or 0)
-        self.metrics_url = self._server.url
-        return self.metrics_url
 
     def watch_engine(self, engine: Any) -> None:
         """Running/waiting requests and KV usage, read from the engine when Prometheus scrapes."""
@@ -184,13 +114,6 @@ class WorkerTelemetry:
             return
         self.metrics.watch_engine(engine.model_name, lambda: scheduler.num_running, lambda: scheduler.num_waiting,
                                   lambda: engine.cache_usage().fraction)
-
-    def shutdown(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        if self.tracing is not None:
-            self.tracing.shutdown()
 
     def _count(self, metrics: WorkerMetrics, request: GenerateRequest, stats: RequestStats | None,
                final: Completion) -> None:

@@ -1,46 +1,45 @@
 """What the engine worker tells telemetry and the completions log, on the foundation's hooks.
 
-The foundation calls :class:`ServiceTelemetry` at each step of a message's life (rejected, settled, handed
-back); the engine-specific calls (received with the parsed request, each engine step, the engine's finish) are
-the worker's own. :class:`CompletionsLog` records each delivered answer on the completions topic before the
-request's offset is committed (a crash in between regenerates the request, which may then be recorded twice:
-readers deduplicate by request_id).
+:class:`ServiceTelemetry` is the foundation's telemetry of every consumer (consumer and producer spans, message
+and bus metrics, /metrics), on the worker's tracer and registry; the engine-specific calls (received with the
+parsed request, each engine step, the engine's finish) are the worker's own. :class:`CompletionsLog` records each
+delivered answer on the completions topic before the request's offset is committed (a crash in between regenerates
+the request, which may then be recorded twice: readers deduplicate by request_id).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+
 from schemas.events import Completion, ErrorEvent
 from streams import kafka_io
+from streams.config import TelemetrySettings
 from streams.eval.completions_log import completion_record
 from streams.service.delivery import Delivery
-from streams.service.intake import Rejection
-from streams.service.offsets import Source
-from streams.service.telemetry import Telemetry
+from streams.telemetry.consumer import ConsumerTelemetry
+from streams.telemetry.metrics import ConsumerMetrics
 from streams.telemetry.worker import WorkerTelemetry
 
 log = logging.getLogger("specstream.worker")
 
 
-class ServiceTelemetry(Telemetry):
-    """The foundation's hooks, forwarded to the worker's traces and metrics."""
+class ServiceTelemetry(ConsumerTelemetry):
+    """The foundation's telemetry of every consumer, sharing the worker's tracer and registry, which also tells
+    the worker's own telemetry when a request is over."""
 
-    def __init__(self, worker: WorkerTelemetry) -> None:
+    def __init__(self, worker: WorkerTelemetry, settings: TelemetrySettings, *, kind: str) -> None:
+        metrics = ConsumerMetrics(worker.metrics.registry, kind) if worker.metrics is not None else None
+        super().__init__(kind, worker.group_id, worker.tracing, metrics, host=settings.metrics.worker_host,
+                         port=settings.metrics.worker_port)
         self.worker = worker
 
-    def rejected(self, source: Source, rejection: Rejection) -> None:
-        if rejection.dead_letter:
-            self.worker.dead_lettered(f"{rejection.code}: {rejection.message}")
-
     def settled(self, delivery: Delivery, failures: int) -> None:
-        if failures:
-            self.worker.publish_failed("reply")
-        if delivery.request_id:
-            self.worker.settled(delivery.request_id, failures)
+        super().settled(delivery, failures)
+        self.worker.settled(delivery.request_id)
 
     def handed_back(self, delivery: Delivery) -> None:
-        if delivery.request_id:
-            self.worker.handed_back(delivery.request_id, "handed back (rebalance or drain)")
+        super().handed_back(delivery)
+        self.worker.settled(delivery.request_id)
 
 
 class CompletionsLog:
@@ -63,7 +62,8 @@ class CompletionsLog:
         record = completion_record(delivery.payload, final, worker_id=self.worker_id,  # type: ignore[arg-type]
                                    fingerprint=self.fingerprint, served_model=served_model)
         try:
-            await delivery.outlet.publish(self.topic, None, kafka_io.request_key(record.request_id), record)
+            await delivery.outlet.publish(self.topic, None, kafka_io.request_key(record.request_id), record,
+                                          origin=delivery)
         except Exception as error:  # noqa: BLE001 - the client has its answer; only the log misses it
             log.error("could not record %s in %s: %s", record.request_id, self.topic, error)
 

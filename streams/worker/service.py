@@ -91,7 +91,6 @@ class EngineWorker:
         self._tasks: set[asyncio.Task[Any]] = set()
         # None when tracing and metrics are both off: then no telemetry call is made at all.
         self.telemetry = telemetry or WorkerTelemetry.from_settings(settings, group_id=self.group_id)
-        self._lag_sampler: asyncio.Task[None] | None = None
         self.completions = CompletionsLog(catalog.completions.name, worker_id=self.worker_id,
                                           fingerprint=config_fingerprint(settings.engine),
                                           enabled=settings.eval.log_completions)
@@ -103,7 +102,8 @@ class EngineWorker:
             listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel)],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,
-        ), telemetry=ServiceTelemetry(self.telemetry) if self.telemetry is not None else None)
+        ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
+            if self.telemetry is not None else None)
         self.broker = self.service.broker
 
     # --- lifecycle --------------------------------------------------------------------------------------------------
@@ -115,11 +115,6 @@ class EngineWorker:
         self.served_models = sorted({self.engine.model_name, self.settings.engine.model})
         if self.telemetry is not None:
             self.telemetry.watch_engine(self.engine)
-            metrics = self.settings.telemetry.metrics
-            url = self.telemetry.serve_metrics(metrics.worker_host, metrics.worker_port)
-            if url is not None:
-                self.service.announcer.metrics_url = url
-                log.info("worker %s metrics on %s", self.worker_id, url)
         self._driver = EngineDriver(
             self.engine, asyncio.get_running_loop(), self._on_outputs, self._on_engine_failure,
             name=f"engine-{self.worker_id}",
@@ -127,22 +122,15 @@ class EngineWorker:
         self._driver.start()
 
     async def _started(self) -> None:
-        consumer = self.service.subscriber.consumer
-        if self.telemetry is not None and consumer is not None:
-            self._lag_sampler = asyncio.create_task(self.telemetry.sample_lag(consumer), name="worker-lag-sampler")
         log.info(
             "worker %s ready: model %s, group %s, requests from %s",
             self.worker_id, self.engine.model_name if self.engine else "?", self.group_id, self.catalog.requests.name,
         )
 
     async def _stop_engine(self) -> None:
-        if self._lag_sampler is not None:
-            self._lag_sampler.cancel()
         if self._driver is not None:
             await asyncio.to_thread(self._driver.stop)
             self._driver = None
-        if self.telemetry is not None:
-            self.telemetry.shutdown()
 
     async def start(self) -> None:
         await self.service.start()
@@ -187,8 +175,7 @@ class EngineWorker:
 
     def _start(self, request: GenerateRequest, delivery: Delivery) -> None:
         if self.telemetry is not None:
-            source = delivery.source
-            self.telemetry.received(request, None, source.topic, source.partition, delivery.received_at)
+            self.telemetry.received(request, delivery)
         bind_request(request.request_id, self._trace_id(request))
         if request.request_id in self._cancelled:  # the cancel arrived while it waited for a slot
             delivery.fail("cancelled", "cancelled before it started")
@@ -259,7 +246,7 @@ class EngineWorker:
         if output.finished:
             completion = generation.completion(output, finish_reason or "stop", self._model_name())
             if self.telemetry is not None:
-                self.telemetry.engine_done(generation.request_id, output.stats, completion, time.time())
+                self.telemetry.engine_done(generation.request_id, output.stats, completion)
             delivery.reply(completion)
             self._generations.pop(generation.request_id, None)
             self._spawn(self.completions.finish(delivery, self._model_name()))

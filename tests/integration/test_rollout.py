@@ -9,8 +9,10 @@ are counted on its own request topic. Stopping the rollout process (SIGTERM) rol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -28,8 +30,9 @@ from streams import kafka_io
 from streams.ops.rollout_router import bucket, candidate_prefix
 from streams.ops.rollout_store import read_states
 from streams.testing.reliability import PROMPTS, WORKER_ENV
-from streams.testing.stack import DEFAULT_MODEL, Process, Stack, running_stack, spawn_process
+from streams.testing.stack import DEFAULT_MODEL, REPO, Process, Stack, running_stack, spawn_process
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
+from tests.telemetry_support import Prometheus, prometheus_server
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
@@ -77,11 +80,11 @@ def stack(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
         yield s
 
 
-def _rollout(stack: Stack, tmp: Path, candidate: dict, *flags: str) -> Process:
+def _rollout(stack: Stack, tmp: Path, candidate: dict, *flags: str, env: dict[str, str] | None = None) -> Process:
     config = tmp / "candidate.yaml"
     config.write_text(yaml.safe_dump(candidate))
     process = spawn_process("rollout", ["rollout", "start", "--candidate", str(config), "--log-dir", str(tmp),
-                                        "--interval", "0.5", *flags], stack.env, tmp)
+                                        "--interval", "0.5", *flags], {**stack.env, **(env or {})}, tmp)
     stack.processes.insert(0, process)
     return process
 
@@ -168,6 +171,41 @@ def test_a_candidate_that_answers_errors_is_rolled_back_naming_the_gate(stack: S
     assert late and all(status == 200 for _, status, _ in late), late
 
 
+@contextlib.contextmanager
+def _scraped_pools(stack: Stack, tmp: Path) -> Iterator[Prometheus]:
+    """Debian's Prometheus with infra/prometheus's rules, scraping the edge and every worker of both pools, found
+    through their announcements by `python -m streams.telemetry.targets` (which labels each target's pool)."""
+    targets = tmp / "targets.json"
+    targets.write_text("[]")
+    discovery = subprocess.Popen([sys.executable, "-m", "streams.telemetry.targets", "--out", str(targets), "--every",
+                                  "1"], cwd=REPO, env=stack.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        with prometheus_server(f"127.0.0.1:{stack.port}", targets) as prometheus:
+            yield prometheus
+    finally:
+        discovery.terminate()
+        discovery.wait(30)
+
+
+def test_with_prometheus_the_gates_read_each_pools_recorded_figures_and_roll_back_an_erring_candidate(
+        stack: Stack, tmp_path: Path) -> None:
+    erring = {**CANDIDATE, "engine": {**CANDIDATE["engine"], "max_model_len": 24}}
+    with _scraped_pools(stack, tmp_path) as prometheus, Traffic(stack):
+        process = _rollout(stack, tmp_path, erring, "--steps", "50,100", "--hold", "90s",
+                           env={"SPECSTREAM_OPS__ROLLOUT__PROMETHEUS_URL": prometheus.base_url})
+        code, log = _finish(process, 300)
+        # The pools' recorded figures over the rollout (the candidate's targets are gone once it drained).
+        candidate_errors = prometheus.value('max_over_time(pool:specstream_worker_errors:increase5m{pool="candidate"}[5m])')
+        stable_answered = prometheus.value('max_over_time(pool:specstream_worker_answered:increase5m{pool="stable"}[5m])')
+    assert code == 1, log
+    state = _state(stack)
+    assert (state.state, state.percent) == ("rolled_back", 0.0)
+    # The figures came from the recording rules (which have no error codes), not from the reply topics.
+    assert state.reason.startswith("error rate: candidate") and state.reason.endswith("(from prometheus)"), state.reason
+    assert "the gates read the bus" not in log
+    assert candidate_errors is not None and candidate_errors >= 2 and stable_answered is not None and stable_answered > 0
+
+
 def test_an_abort_mid_step_puts_all_traffic_on_stable_within_seconds(stack: Stack, tmp_path: Path) -> None:
     process = _rollout_at_50_percent(stack, tmp_path)
     subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "operator said so"], env=stack.env, check=True)
@@ -188,8 +226,6 @@ def test_an_abort_mid_step_puts_all_traffic_on_stable_within_seconds(stack: Stac
 
 
 def _cli(stack: Stack) -> list[str]:
-    import sys
-
     del stack  # the environment carries its settings
     return [sys.executable, "-m", "streams.cli"]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from streams.telemetry.metrics import TTFT_BUCKETS
 from streams.testing.stack import REPO, Stack, running_stack
@@ -75,6 +76,18 @@ def _chat(stack: Stack, prompt: str, *, headers: dict[str, str] | None = None, s
     return SERVED[-1]
 
 
+def _ws_chat(stack: Stack, prompt: str, model: str | None = None) -> dict[str, Any]:
+    """One request on the websocket: its done frame (counted in SERVED, like an HTTP answer), or its error frame."""
+    with ws_connect(stack.ws_url, additional_headers=stack.headers) as ws:
+        ws.send(json.dumps({"id": 1, "model": model or stack.model, "max_tokens": 24,
+                            "messages": [{"role": "user", "content": prompt}]}))
+        while (frame := json.loads(ws.recv(timeout=180)))["type"] == "chunk":
+            pass
+    if frame["type"] == "done":
+        SERVED.append({"id": frame["request_id"], "specstream": {"spec": frame["spec"], "timings": frame["timings"]}})
+    return frame
+
+
 def _worker_targets(stack: Stack, out: Path) -> list[dict[str, Any]]:
     """The workers' file_sd, as `python -m streams.telemetry.targets` writes it from the services topic."""
     deadline = time.monotonic() + 60
@@ -90,19 +103,18 @@ def _worker_targets(stack: Stack, out: Path) -> list[dict[str, Any]]:
 def test_a_request_is_exported_as_one_trace_from_both_processes(stack: Stack, receiver: OtlpReceiver) -> None:
     trace_id = uuid.uuid4().hex
     _chat(stack, PROMPTS[0], headers={"traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"})
-    requests_topic = f"{stack.topic_prefix}.requests"
+    requests_topic, reply_topic = f"{stack.topic_prefix}.requests", f"{stack.topic_prefix}.replies.{stack.edge_id}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         names = {(s.service, s.name): s for s in receiver.trace(trace_id)}
-        if ("specstream-worker", "publish reply") in names and ("specstream-edge", "POST /v1/chat/completions") in names:
+        if ("specstream-worker", f"publish {reply_topic}") in names and ("specstream-edge", "POST /v1/chat/completions") in names:
             break
         time.sleep(0.3)
     spans = {(s.service, s.name): s for s in receiver.trace(trace_id)}
     expected = {("specstream-edge", "POST /v1/chat/completions"), ("specstream-edge", f"publish {requests_topic}"),
                 ("specstream-worker", f"process {requests_topic}"), ("specstream-worker", "engine queue"),
                 ("specstream-worker", "engine prefill"), ("specstream-worker", "engine decode"),
-                ("specstream-worker", "publish reply"),
-                ("specstream-edge", f"receive {stack.topic_prefix}.replies.{stack.edge_id}")}
+                ("specstream-worker", f"publish {reply_topic}"), ("specstream-edge", f"receive {reply_topic}")}
     assert expected <= set(spans), sorted(spans)
     # Across the process boundary, through Kafka: the worker's consumer span is the edge's producer span's child.
     publish, process = spans[("specstream-edge", f"publish {requests_topic}")], spans[("specstream-worker", f"process {requests_topic}")]
@@ -120,6 +132,10 @@ def scraped(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         # Series born before the measured requests are in Prometheus first, so rate() sees all of those requests.
         _wait_until_counted(prometheus)
         measured = [_chat(stack, prompt, stream=i % 2 == 1) for i, prompt in enumerate(PROMPTS)]
+        done = _ws_chat(stack, "on the websocket: " + PROMPTS[2])
+        assert done["type"] == "done", done
+        measured.append(SERVED[-1])
+        assert _ws_chat(stack, PROMPTS[3], model="no-such-model")["status"] == 404
         _wait_until_counted(prometheus)
         yield prometheus, measured
 
@@ -171,7 +187,11 @@ def test_prometheus_sees_the_edge_its_ready_worker_and_the_request_partitions_la
     served = len(SERVED)
     assert prometheus.value('count(up == 1)') == 2
     assert prometheus.value("specstream:ready_workers") == 1
-    assert prometheus.value('sum(specstream:edge_requests_total{route="/v1/chat/completions",status="200"})') == served
+    assert prometheus.value('sum(specstream:edge_requests_total{route="/v1/chat/completions",status="200"})') == served - 1
+    # A websocket carries many requests: each is counted, answered or refused, with its latencies.
+    assert prometheus.value('sum(specstream:edge_requests_total{route="/v1/ws",status="200"})') == 1
+    assert prometheus.value('sum(specstream:edge_requests_total{route="/v1/ws",status="404"})') == 1
+    assert prometheus.value('sum(specstream:time_to_first_token_seconds_count{measured_at="edge",route="/v1/ws"})') == 1
     # The client-side histograms are kept apart from the workers' by their label.
     assert prometheus.value('sum(specstream:time_to_first_token_seconds_count{measured_at="edge"})') == served
     assert prometheus.value('sum(specstream:time_to_first_token_seconds_count{measured_at="worker"})') == served

@@ -89,7 +89,8 @@ async def test_a_traced_request_is_one_trace_from_the_client_through_edge_kafka_
     publish = _one(spans, f"publish {prefix}.requests")
     process = _one(spans, f"process {prefix}.requests")
     queue, prefill, decode = (_one(spans, f"engine {stage}") for stage in ("queue", "prefill", "decode"))
-    reply = _one(spans, "publish reply")
+    reply = _one(spans, f"publish {options.reply_topic}")
+    record = _one(spans, f"publish {prefix}.completions")
     relay = _one(spans, f"receive {options.reply_topic}")
 
     # The tree: client -> edge server span -> producer -> (Kafka) -> worker consumer -> engine stages and the reply.
@@ -97,8 +98,10 @@ async def test_a_traced_request_is_one_trace_from_the_client_through_edge_kafka_
     assert _parent_of(publish) == server.context.span_id and publish.kind is SpanKind.PRODUCER
     assert _parent_of(process) == publish.context.span_id and process.kind is SpanKind.CONSUMER
     assert [link.context.span_id for link in process.links] == [publish.context.span_id]
-    assert {_parent_of(s) for s in (queue, prefill, decode, reply)} == {process.context.span_id}
-    assert reply.kind is SpanKind.PRODUCER
+    assert {_parent_of(s) for s in (queue, prefill, decode, reply, record)} == {process.context.span_id}
+    assert reply.kind is SpanKind.PRODUCER and record.kind is SpanKind.PRODUCER
+    # One producer span for all of the request's replies (a chunk per token, then the Completion).
+    assert reply.attributes["messaging.batch.message_count"] == answer["specstream"]["num_chunks"] + 1
     assert _parent_of(relay) == server.context.span_id
     assert server.resource.attributes["service.name"] == "specstream-edge"
     assert process.resource.attributes["service.name"] == "specstream-worker"
@@ -106,8 +109,8 @@ async def test_a_traced_request_is_one_trace_from_the_client_through_edge_kafka_
     # The stages follow each other in time.
     assert publish.start_time <= process.start_time
     assert process.start_time == queue.start_time <= queue.end_time == prefill.start_time
-    assert prefill.end_time == decode.start_time <= decode.end_time <= reply.start_time
-    assert reply.end_time <= process.end_time
+    assert prefill.end_time == decode.start_time <= decode.end_time
+    assert decode.start_time <= reply.start_time and reply.end_time <= process.end_time
 
     # One event per engine step that produced output, together accounting for the whole answer.
     steps = [e for e in decode.events if e.name == "engine step"]

@@ -152,6 +152,15 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     assert settings.kafka.managed_port is None  # not a local address
 
 
+def test_the_rollouts_prometheus_url_must_be_an_http_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSTREAM_OPS__ROLLOUT__PROMETHEUS_URL", "prometheus:9090")
+    with pytest.raises(ConfigError) as error:
+        load_settings()
+    assert str(error.value).startswith("ops.rollout.prometheus_url: expected an http(s) URL")
+    monkeypatch.setenv("SPECSTREAM_OPS__ROLLOUT__PROMETHEUS_URL", "http://127.0.0.1:9090/")
+    assert load_settings().ops.rollout.prometheus_url == "http://127.0.0.1:9090"
+
+
 def test_bad_environment_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECSTREAM_EDGE__PORT", "eighty")
     with pytest.raises(ConfigError) as error:

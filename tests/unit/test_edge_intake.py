@@ -11,7 +11,7 @@ from schemas.events import Completion, ErrorEvent, TokenChunk, Timings, TraceCon
 from streams.config import EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
 from streams.edge import errors
 from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
-from streams.edge.admission.build import build_request, trace_context
+from streams.edge.admission.build import build_request, conversation_of, trace_context
 from streams.edge.admission.parse import decode_json, parse_body
 from streams.edge.admission.validate import check_model
 from streams.edge.replies import ReplyRouter, ReplyTimeout
@@ -69,6 +69,19 @@ def test_the_tenant_and_trace_context_go_into_the_request():
     assert request.tenant == "alice" and request.trace == trace
     assert trace_context({"tracestate": "k=v"}) is None
     assert isinstance(trace, TraceContext) and trace.tracestate == "k=v"
+
+
+def test_the_conversation_comes_from_the_header_or_prompt_cache_key_and_the_header_wins():
+    assert build_request(chat(), OPTS).conversation_id is None
+    assert build_request(chat(prompt_cache_key="conv-1"), OPTS).conversation_id == "conv-1"
+    header = conversation_of({"x-conversation-id": "conv-h"})
+    assert build_request(chat(prompt_cache_key="conv-1"), OPTS, conversation_id=header).conversation_id == "conv-h"
+    assert conversation_of({"x-conversation-id": ""}) is None
+    ws = parse_body(WsRequestBody, {"model": MODEL, "prompt": "x", "prompt_cache_key": "conv-ws"})
+    assert build_request(ws, OPTS).conversation_id == "conv-ws"
+    with pytest.raises(errors.EdgeError) as refused:
+        build_request(chat(), OPTS, conversation_id="c" * 129)
+    assert refused.value.status == 400 and refused.value.param == "conversation_id"
 
 
 def test_completion_and_websocket_bodies_become_requests_and_prompt_with_messages_is_refused():

@@ -56,9 +56,9 @@ def test_file_sd_lists_live_services_with_their_announced_metrics_address() -> N
         _announcement("w5", state="draining", url="http://[::1]:9100/m"),
     ], now=100.0, max_age_s=15.0)
     assert entries == [
-        {"targets": ["10.0.0.1:9001"], "labels": {"kind": "engine-worker", "service_id": "w1",
+        {"targets": ["10.0.0.1:9001"], "labels": {"kind": "engine-worker", "service_id": "w1", "pool": "stable",
                                                   "__metrics_path__": "/metrics", "__scheme__": "http"}},
-        {"targets": ["[::1]:9100"], "labels": {"kind": "engine-worker", "service_id": "w5",
+        {"targets": ["[::1]:9100"], "labels": {"kind": "engine-worker", "service_id": "w5", "pool": "stable",
                                                "__metrics_path__": "/m", "__scheme__": "http"}},
     ]
 

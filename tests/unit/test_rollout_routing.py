@@ -8,7 +8,7 @@ import pytest
 from schemas.events import Completion, ErrorEvent, RolloutState, SpecStats, Timings, Usage
 from schemas.topics import TopicCatalog
 from streams.commands.rollout import duration_s, steps_of
-from streams.ops.rollout_gates import Gates, PoolStats, failed_gate
+from streams.ops.rollout_gates import Gates, PoolFigures, PoolStats, failed_gate
 from streams.ops.rollout_router import RolloutRouter, bucket, candidate_prefix, to_candidate
 
 IDS = [f"chatcmpl-{i:05d}" for i in range(4000)]
@@ -29,6 +29,34 @@ def test_raising_the_share_only_moves_requests_to_the_candidate_never_back() -> 
     for low, high in [(1, 5), (5, 20), (20, 50), (50, 100)]:
         assert all(to_candidate(state(high), i) for i in IDS if to_candidate(state(low), i))
     assert all(to_candidate(state(100), i) for i in IDS)
+
+
+CONVERSATIONS = [f"conv-{i:05d}" for i in range(4000)]
+
+
+@pytest.mark.parametrize("percent", [1, 5, 20, 50])
+def test_the_candidate_gets_its_share_of_conversations(percent: float) -> None:
+    share = sum(to_candidate(state(percent), "any", c) for c in CONVERSATIONS) / len(CONVERSATIONS)
+    assert abs(share - percent / 100) < 0.02
+
+
+def test_every_request_of_a_conversation_lands_in_one_pool_while_the_share_holds() -> None:
+    router = RolloutRouter("127.0.0.1:9", TopicCatalog("specstream"), log_changes=False)
+    for conversation in CONVERSATIONS[:500]:
+        pools = set()
+        # Turns of one conversation (new request ids) across states that keep the share: running, paused, resumed.
+        for turn, status in enumerate(["running", "paused", "running", "completed"]):
+            router.states["m"] = state(20, status)
+            pools.add(router.request_topic("m", f"chatcmpl-{conversation}-{turn}", conversation))
+        assert len(pools) == 1, conversation
+    # Without a conversation, the request id decides, so the turns of one client spread over both pools.
+    router.states["m"] = state(50)
+    assert len({router.request_topic("m", f"chatcmpl-{turn}") for turn in range(50)}) == 2
+
+
+def test_raising_the_share_moves_whole_conversations_to_the_candidate_never_back() -> None:
+    for low, high in [(1, 5), (5, 20), (20, 50)]:
+        assert all(to_candidate(state(high), "r", c) for c in CONVERSATIONS if to_candidate(state(low), "r", c))
 
 
 def test_a_request_id_always_lands_in_the_same_bucket_on_every_edge() -> None:
@@ -57,11 +85,11 @@ def completion(ttft: float, total: float, tokens: int = 11, drafted: int = 0, ac
                       spec=SpecStats(drafted=drafted, accepted=accepted))
 
 
-def pool(*events: Completion | ErrorEvent) -> PoolStats:
+def pool(*events: Completion | ErrorEvent) -> PoolFigures:
     stats = PoolStats()
     for event in events:
         stats.add(event)
-    return stats
+    return stats.figures()
 
 
 HEALTHY = pool(*[completion(0.2, 1.2, drafted=50, accepted=30) for _ in range(10)])
@@ -106,3 +134,10 @@ def test_durations_read_as_people_write_them(text: str, seconds: float) -> None:
 def test_steps_must_rise_within_0_and_100(text: str) -> None:
     with pytest.raises(ValueError, match="--steps"):
         steps_of(text)
+
+
+async def test_an_unreachable_prometheus_is_a_prometheus_error_naming_it() -> None:
+    from streams.ops.rollout_prometheus import PrometheusError, PrometheusGates
+
+    with pytest.raises(PrometheusError, match=r"^http://127.0.0.1:9: ConnectError"):
+        await PrometheusGates("http://127.0.0.1:9/", timeout_s=2.0).figures()

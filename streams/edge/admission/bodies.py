@@ -168,6 +168,10 @@ class Body(_Strict):
         """The functions the model is offered (rendered into its prompt); None: no tools."""
         return None
 
+    def conversation_key(self) -> str | None:
+        """The conversation the body names (canary routing sticks to it); None: none named."""
+        return None
+
     def constraint(self) -> OutputConstraint | None:
         """What constrained decoding must make the output match; None: free text."""
         return None
@@ -197,6 +201,10 @@ class _Chat(Body):
     """The chat fields other than ``messages``, shared by the chat API and the websocket."""
 
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=32768, description="Alias of max_tokens.")
+    prompt_cache_key: str | None = Field(
+        default=None, min_length=1, max_length=128,
+        description="OpenAI's cache/routing hint, which agents set per conversation: during a canary rollout every "
+        "request with the same key goes to the same pool (as X-Conversation-Id does, which wins).")
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS,
                                      description=f"Functions the model may call (at most {MAX_TOOLS}).")
     tool_choice: ToolChoice | None = Field(
@@ -210,6 +218,9 @@ class _Chat(Body):
 
     def wire_tools(self) -> list[ToolSpec] | None:
         return wire_tools(self.tools, self.tool_choice)
+
+    def conversation_key(self) -> str | None:
+        return self.prompt_cache_key
 
     def constraint(self) -> OutputConstraint | None:
         return output_constraint(self.wire_tools(), self.tool_choice, self.parallel_tool_calls, self.response_format)

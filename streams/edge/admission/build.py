@@ -35,6 +35,15 @@ def new_request_id(kind: str = "chatcmpl") -> str:
     return f"{kind}-{uuid.uuid4().hex}"
 
 
+# The conversation a request belongs to, for tools that can add a header but not a body field (a canary rollout
+# routes a conversation's requests to one pool). The body's prompt_cache_key says the same; the header wins.
+CONVERSATION_HEADER = "x-conversation-id"
+
+
+def conversation_of(headers: Mapping[str, str]) -> str | None:
+    return headers.get(CONVERSATION_HEADER) or None
+
+
 def trace_context(headers: Mapping[str, str]) -> TraceContext | None:
     """The W3C trace context of an HTTP request (``traceparent``, ``tracestate``), if it has one."""
     traceparent = headers.get("traceparent")
@@ -61,6 +70,7 @@ def build_request(
     tenant: str = "default",
     log_prompt: bool = True,
     trace: TraceContext | None = None,
+    conversation_id: str | None = None,
     request_id: str | None = None,
     now: float | None = None,
 ) -> GenerateRequest:
@@ -81,6 +91,7 @@ def build_request(
             tenant=tenant,
             log_prompt=log_prompt,
             trace=trace,
+            conversation_id=conversation_id or body.conversation_key(),
             tools=body.wire_tools(),
             constraint=body.constraint(),
             created_at=now,

@@ -32,7 +32,7 @@ from schemas.events import GenerateRequest, TraceContext
 from streams.edge import access, errors
 from streams.edge.admission.admit import Ticket, admit
 from streams.edge.admission.bodies import Body
-from streams.edge.admission.build import build_request, trace_context
+from streams.edge.admission.build import build_request, conversation_of, trace_context
 from streams.edge.admission.parse import decode_json, parse_body
 from streams.edge.admission.read import read_body
 from streams.edge.admission.validate import validate
@@ -81,16 +81,18 @@ class Pipeline:
         except errors.EdgeError as exc:
             access.refused(exc, api=body_type.api, principal=caller, body_bytes=size)
             raise
-        return await self.admit(caller, body_type, data, body_bytes=size, trace=trace_context(request.headers))
+        return await self.admit(caller, body_type, data, body_bytes=size, trace=trace_context(request.headers),
+                                conversation_id=conversation_of(request.headers))
 
     async def admit(self, caller: Principal, body_type: type[Body], data: dict[str, Any], *,
-                    body_bytes: int | None = None, trace: TraceContext | None = None) -> Ticket:
+                    body_bytes: int | None = None, trace: TraceContext | None = None,
+                    conversation_id: str | None = None) -> Ticket:
         """Parse, build, validate and admit a decoded JSON object (a websocket frame's, or an HTTP body's)."""
         request: GenerateRequest | None = None
         try:
             body = parse_body(body_type, data)
             request = build_request(body, self.options, tenant=caller.tenant, log_prompt=caller.log_prompts,
-                                    trace=trace)
+                                    trace=trace, conversation_id=conversation_id)
             validated = await validate(request, self.options.models, self.tokenizers, input_param=body.input_param,
                                        max_tokens_given=body.max_new_tokens() is not None)
             request = validated.request

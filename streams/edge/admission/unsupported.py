@@ -40,7 +40,6 @@ _UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "verbosity": ("verbosity control", lambda v: v is None),
     "moderation": ("moderation", lambda v: v is None),
     "safety_identifier": ("end-user identification", _any),
-    "prompt_cache_key": ("prompt caching hints", _any),
     "prompt_cache_retention": ("prompt caching hints", _any),
     "prompt_cache_options": ("prompt caching hints", _any),
     "best_of": ("best-of sampling", lambda v: v in (None, 1)),
