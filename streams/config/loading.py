@@ -24,6 +24,7 @@ from streams.config.base import (
     ENV_PREFIX,
     ConfigError,
 )
+from streams.config.batch import BatchSettings
 from streams.config.engine import EngineSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.services import (
@@ -49,6 +50,7 @@ class Settings(BaseSettings):
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
