@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Sequence
 
 from faststream import FastStream
 
@@ -24,20 +25,22 @@ log = logging.getLogger("specstream.service")
 CLIENT_STOP_GRACE_S = 10.0
 
 
-def create_app(service: ConsumerService) -> FastStream:
+def create_app(service: ConsumerService, *, companions: Sequence[ConsumerService] = ()) -> FastStream:
+    """``companions``: more consumers of the same process that need the main one running (the engine worker's
+    batch lane needs its engine): started after it, stopped (drained) before it."""
     return FastStream(
         service.broker,
         logger=faststream_log,
         on_startup=[service.prepare],
-        after_startup=[service.started],
-        on_shutdown=[service.drain],
+        after_startup=[service.started, *(c.start for c in companions)],
+        on_shutdown=[*(c.stop for c in companions), service.drain],
         after_shutdown=[service.close],
     )
 
 
-async def serve(service: ConsumerService) -> None:
+async def serve(service: ConsumerService, *, companions: Sequence[ConsumerService] = ()) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop (exit 0, also when the broker is gone)."""
-    app = create_app(service)
+    app = create_app(service, companions=companions)
     watchdog = threading.Timer(CLIENT_STOP_GRACE_S, _exit_stuck_clients)
     watchdog.daemon = True
 
