@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.batch import BatchLineReply, BatchState, parse_line_request_id
+from schemas.documents import FileObject
 from schemas.events import GenerateRequest
 from streams import kafka_io
 from streams.batch.book import TERMINAL, BatchBook
-from streams.batch.files import BatchFileMissing, BatchFiles
+from streams.batch.files import BatchFileMissing, BatchFiles, StoreFiles, journal_dir, store_of
 from streams.batch.journal import Journal
 from streams.batch.lines import line_request
 from streams.batch.outputs import outcome_of
@@ -31,6 +32,7 @@ from streams.batch.validation import InvalidBatchFile, parse_batch_file
 from streams.config import Settings
 from streams.edge.settings import EdgeOptions
 from streams.service import Consumer, Delivery, Output, ServiceOptions
+from streams.service.app import serve
 from streams.service.runner import ConsumerService
 
 log = logging.getLogger("specstream.batch.assembler")
@@ -51,21 +53,25 @@ class _Batch:
 
 
 class BatchAssembler:
-    def __init__(self, settings: Settings, files: BatchFiles, *, journal_dir: Path) -> None:
+    """``files``/``journals``: by default its own files store (``files.dir``) and journals beside its blobs."""
+
+    def __init__(self, settings: Settings, files: BatchFiles | None = None, *, journals: Path | None = None) -> None:
         self.settings = settings
         self.catalog = catalog = settings.catalog
-        self.files = files
-        self.journal_dir = journal_dir
+        section = settings.batch.assembler
+        self._store = store_of(settings, f"specstream-{ASSEMBLER_KIND}-{section.resolved_id()}") \
+            if files is None else None
+        self.files: BatchFiles = files if files is not None else StoreFiles(self._store)
+        self.journal_dir = journals if journals is not None else journal_dir(self._store)
         self.options = EdgeOptions.from_settings(settings)
         self.book = BatchBook(settings.kafka, catalog.batches)
         self._batches: dict[str, _Batch] = {}
         self._finalizing: set[str] = set()
-        section = settings.batch.assembler
         self.service = ConsumerService(ServiceOptions.from_settings(settings, section), Consumer(
             kind=ASSEMBLER_KIND, topic=catalog.batch_results, input_model=BatchLineReply, handle=self._on_answer,
-            outputs=[Output(catalog.batches, BatchState)], group_id=section.resolved_group_id(catalog.prefix),
+            outputs=[Output(catalog.batches, BatchState), Output(catalog.files, FileObject)], group_id=section.resolved_group_id(catalog.prefix),
             key_of=lambda reply: reply.request_id, route_of=lambda reply: None,
-            prepare=self._prepare, started=self._sweep, close=self.book.stop,
+            prepare=self._prepare, started=self._sweep, close=self._close,
         ))
 
     @property
@@ -73,8 +79,22 @@ class BatchAssembler:
         return sum(b.journal.duplicates for b in self._batches.values())
 
     async def _prepare(self) -> None:
+        if self._store is not None:
+            await self._store.start()
         await self.book.start()
         await self.book.caught_up.wait()
+
+    async def _close(self) -> None:
+        await self.book.stop()
+        if self._store is not None:
+            await self._store.stop()
+
+    async def __aenter__(self) -> BatchAssembler:
+        await self.service.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.service.stop()
 
     async def _sweep(self) -> None:
         for state in list(self.book.batches.values()):
@@ -163,3 +183,8 @@ class BatchAssembler:
         for outcome in batch.journal.in_order():
             (output if outcome.to_output_file else errors).append(outcome.dumps() + "\n")
         return "".join(output).encode(), "".join(errors).encode()
+
+
+async def run_assembler(settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM, then drain and stop (exit 0)."""
+    await serve(BatchAssembler(settings).service)

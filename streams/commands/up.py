@@ -116,6 +116,8 @@ def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Su
         say(f"edge: already running on {base}")
     else:
         supervisor.start("edge", service_argv(args.config, "edge"))
+        # Beside the edge: it writes batches' output files into the same files store (files.dir).
+        supervisor.start("batch-assembler", [*service_argv(args.config, "batch"), "assembler"])
     _wait_ready(base, supervisor)
     _print_urls(settings, base, curl_auth(key_file))
 
