@@ -1,7 +1,7 @@
 """OpenAI's Batch API on the edge: ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``GET /v1/batches`` and
 ``POST /v1/batches/{id}/cancel``, every input error a precise 4xx in OpenAI's shape.
 
-The work is done by :class:`~streams.batch.desk.BatchDesk` (``app.state.batches``); the output and error files
+The work is done by :class:`~streams.batch.desk.BatchDesk` (the edge's ``batches``); the output and error files
 are ordinary files, downloaded with ``GET /v1/files/{id}/content``.
 """
 from __future__ import annotations
@@ -33,8 +33,9 @@ class CreateBatchBody(BaseModel):
 
 
 def _desk(request: Request) -> BatchDesk:
-    desk: BatchDesk | None = getattr(request.app.state, "batches", None)
-    if desk is None or not request.app.state.edge.connected.is_set():
+    edge = request.app.state.edge
+    desk: BatchDesk | None = getattr(edge, "batches", None)
+    if desk is None or not edge.connected.is_set():
         raise errors.not_ready("the batch API is not connected to Kafka yet")
     return desk
 

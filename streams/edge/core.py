@@ -19,6 +19,8 @@ from schemas.events import EDGE_KIND, EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
 from streams.kafka_io import encode
 from streams.kafka_permissions import prepare_service
+from streams.batch.desk import BatchDesk
+from streams.batch.files import StoreFiles
 from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
@@ -53,6 +55,8 @@ class Edge:
         # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
         self.router.on_abandon = self.publisher.cancel_soon
         self.readiness = Readiness(settings)
+        # Batch jobs (streams/batch): their lines are read from the files store, their state is on the bus.
+        self.batches = BatchDesk(settings, StoreFiles(self.files), lambda: self.publisher.producer)
         self.connected = asyncio.Event()
         self.last_error: str = "not connected yet"
         self._connect_task: asyncio.Task | None = None
@@ -110,6 +114,7 @@ class Edge:
         await self.publisher.start()
         await self.router.start()
         await self.readiness.start()
+        await self.batches.start()
 
     async def _announce_forever(self) -> None:
         announcement = EdgeAnnouncement(edge_id=self.edge_id, reply_topic=self.reply_topic, at=0.0)
@@ -128,7 +133,7 @@ class Edge:
         await self.publisher.producer.send_and_wait(topic, value, key=key)
 
     async def _stop_parts(self) -> None:
-        for part in (self.readiness, self.router, self.publisher):
+        for part in (self.batches, self.readiness, self.router, self.publisher):
             try:
                 await part.stop()
             except Exception:
