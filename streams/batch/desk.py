@@ -20,7 +20,7 @@ from streams import kafka_io
 from streams.batch.book import TERMINAL, BatchBook
 from streams.batch.files import BatchFileMissing, BatchFiles
 from streams.batch.lines import line_request
-from streams.batch.validation import InvalidBatchFile, LineProblem, parse_batch_file
+from streams.batch.validation import InvalidBatchFile, parse_batch_file
 from streams.edge.errors import EdgeError
 from streams.edge.settings import EdgeOptions
 
@@ -73,7 +73,7 @@ class BatchDesk:
     async def create(self, tenant: str, *, input_file_id: str, endpoint: str, metadata: dict[str, str] | None,
                      log_prompt: bool = True) -> BatchState:
         await self._caught_up()
-        lines = await self._lines(tenant, input_file_id, endpoint)
+        lines = await self._lines(tenant, input_file_id)
         now = time.time()
         state = BatchState(
             id=f"batch_{uuid.uuid4().hex}", tenant=tenant, endpoint=endpoint,  # type: ignore[arg-type]
@@ -98,7 +98,7 @@ class BatchDesk:
         return await self._publish(state.model_copy(update={"status": "in_progress", "in_progress_at": int(time.time()),
                                                             "at": time.time()}))
 
-    async def _lines(self, tenant: str, input_file_id: str, endpoint: str) -> list[Any]:
+    async def _lines(self, tenant: str, input_file_id: str) -> list[Any]:
         try:
             purpose, data = await self.files.read(input_file_id, tenant)
         except BatchFileMissing:
@@ -107,11 +107,8 @@ class BatchDesk:
             raise EdgeError(400, f"File {input_file_id} has purpose '{purpose}'; a batch needs a file uploaded "
                             "with purpose 'batch'.", param="input_file_id", code="invalid_value")
         try:
+            # Each line calls its own url (chat and completions may share a batch); `endpoint` is the batch's label.
             lines = parse_batch_file(data, self.options.settings.batch)
-            wrong = [LineProblem(ln.number, f"url {ln.url!r} differs from the batch's endpoint {endpoint!r}", "url")
-                     for ln in lines if ln.url != endpoint]
-            if wrong:
-                raise InvalidBatchFile(wrong)
         except InvalidBatchFile as invalid:
             error = invalid.edge_error()
             error.param = "input_file_id"

@@ -9,7 +9,9 @@ Every problem names its line (1-based), so a client can fix the file in one go.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from streams.config.batch import BatchSettings
@@ -33,11 +35,13 @@ class BatchLine:
 
 @dataclass(frozen=True)
 class LineProblem:
-    line: int
+    line: int  # 0: the file as a whole
     message: str
     param: str | None = None
 
     def __str__(self) -> str:
+        if self.line == 0:
+            return self.message
         where = f" ({self.param})" if self.param else ""
         return f"line {self.line}{where}: {self.message}"
 
@@ -48,7 +52,9 @@ class InvalidBatchFile(Exception):
         self.code = code
         listed = "; ".join(str(p) for p in problems[:_MAX_LISTED])
         more = f" (and {len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else ""
-        super().__init__(f"The batch input file has {len(problems)} invalid line(s): {listed}{more}.")
+        whole = len(problems) == 1 and problems[0].line == 0
+        super().__init__(f"The batch input file is refused: {listed}." if whole else
+                         f"The batch input file has {len(problems)} invalid line(s): {listed}{more}.")
 
     def edge_error(self) -> errors.EdgeError:
         first = self.problems[0] if self.problems else None
@@ -131,12 +137,18 @@ def _body(body_type: type[Body], data: Any, fail: Any) -> Body:
     return body
 
 
-def check_upload(data: bytes, limits: BatchSettings) -> None:
-    """The files store's hook for ``purpose="batch"``: raises the 400 naming the bad lines."""
-    try:
-        parse_batch_file(data, limits)
-    except InvalidBatchFile as invalid:
-        raise invalid.edge_error() from None
+def upload_validator(limits: BatchSettings) -> Callable[[Path, str], None]:
+    """The files store's check of a ``purpose="batch"`` upload (:mod:`streams.files.purposes`): its
+    ``InvalidFile`` (a 400) names the bad lines."""
+    def check(path: Path, filename: str) -> None:
+        from streams.files.purposes import InvalidFile
+
+        try:
+            parse_batch_file(path.read_bytes(), limits)
+        except InvalidBatchFile as invalid:
+            raise InvalidFile(str(invalid), param="file") from None
+
+    return check
 
 
 def dumps_line(custom_id: str, url: str, body: dict[str, Any]) -> str:

@@ -21,6 +21,8 @@ from streams.kafka_io import encode
 from streams.kafka_permissions import prepare_service
 from streams.batch.desk import BatchDesk
 from streams.batch.files import StoreFiles
+from streams.batch.validation import upload_validator
+from streams.files.purposes import register_validator
 from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
@@ -57,6 +59,7 @@ class Edge:
         self.readiness = Readiness(settings)
         # Batch jobs (streams/batch): their lines are read from the files store, their state is on the bus.
         self.batches = BatchDesk(settings, StoreFiles(self.files), lambda: self.publisher.producer)
+        register_validator("batch", upload_validator(settings.settings.batch))
         self.connected = asyncio.Event()
         self.last_error: str = "not connected yet"
         self._connect_task: asyncio.Task | None = None
