@@ -28,7 +28,13 @@ class Journal:
             self._load()
 
     def _load(self) -> None:
-        for raw in self.path.read_text(encoding="utf-8").splitlines():
+        text = self.path.read_text(encoding="utf-8")
+        if text and not text.endswith("\n"):
+            # Killed mid-write: cut the torn tail, so the next line starts on a line of its own.
+            text = text[:text.rfind("\n") + 1]
+            with self.path.open("r+", encoding="utf-8") as out:
+                out.truncate(len(text.encode("utf-8")))
+        for raw in text.splitlines():
             try:
                 item = json.loads(raw)
                 outcome = LineOutcome(int(item["line"]), item["record"]["custom_id"], item["outcome"], item["record"])
