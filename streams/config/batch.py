@@ -24,6 +24,18 @@ class BatchAssemblerSettings(WorkerSettings):
         "<topic_prefix>.batch-assemblers.",
     )
     max_inflight: int = Field(default=256, ge=1, description="Most line answers held before they are written.")
+    max_message_bytes: ByteSize = Field(
+        default=MIB, ge=1024, description="Larger answer messages are rejected (message_too_large) and dead-lettered.",
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="On shutdown, seconds to finish writing held answers; the rest are redelivered.",
+    )
+    session_timeout_ms: int = Field(
+        default=6000, ge=1000, le=300_000,
+        description="Consumer-group session timeout: an assembler killed without warning loses its partitions of "
+        "batch-results to another after this long.",
+    )
+    heartbeat_interval_ms: int = Field(default=1000, ge=100, description="Consumer-group heartbeats.")
     progress_interval_s: float = Field(
         default=1.0, gt=0, description="Seconds between request_counts updates of a running batch on the batches topic.",
     )
