@@ -123,7 +123,6 @@ class LLMEngine:
             max_running_requests=config.max_running_requests,
             max_batched_tokens=config.max_batched_tokens,
             max_draft_tokens=self.max_draft_tokens,
-            batch_priority=config.batch_priority,
             batch_max_share=config.batch_max_share,
         )
         self.runner = ModelRunner(self.model, self.kv_cache)

@@ -1,13 +1,9 @@
 """The ``batch:`` section: offline batch jobs (OpenAI's Batch API), their input limits and their assembler."""
 from __future__ import annotations
 
-import os
-import re
-import socket
-
 from pydantic import Field
 
-from streams.config.base import _TOPIC_SAFE, MIB, ByteSize, Section
+from streams.config.base import _TOPIC_SAFE, MIB, ByteSize, Section, host_pid_id
 from streams.config.services import WorkerSettings
 
 
@@ -41,10 +37,7 @@ class BatchAssemblerSettings(WorkerSettings):
     )
 
     def resolved_id(self) -> str:
-        if self.id:
-            return self.id
-        host = re.sub(r"[^a-zA-Z0-9._-]+", "-", socket.gethostname()).strip("-.") or "host"
-        return f"assembler-{host}-{os.getpid()}"
+        return self.id or f"assembler-{host_pid_id('host')}"
 
     def resolved_group_id(self, topic_prefix: str) -> str:
         return self.group_id or f"{topic_prefix}.batch-assemblers"

@@ -26,6 +26,7 @@ from streams.config.base import (
 )
 from streams.config.batch import BatchSettings
 from streams.config.engine import EngineSettings
+from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.services import (
     EdgeSettings,
@@ -52,6 +53,8 @@ class Settings(BaseSettings):
     eval: EvalSettings = Field(default_factory=EvalSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    files: FilesSettings = Field(default_factory=FilesSettings)
+    parser: ParserSettings = Field(default_factory=ParserSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, with request_id and trace_id on every line."

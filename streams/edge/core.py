@@ -27,6 +27,8 @@ from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
+from streams.files.blobs import BlobStore
+from streams.files.store import FileStore
 from streams.kafka_acls import edge_grants
 from streams.service.announcer import Announcer
 from streams.telemetry.logs import bind_request, trace_id_of
@@ -57,6 +59,9 @@ class Edge:
         # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
         self.router.on_abandon = self.publisher.cancel_soon
         self.readiness = Readiness(settings)
+        files = settings.settings.files
+        self.files = FileStore(settings.kafka, settings.catalog, BlobStore(files.dir), max_bytes=files.max_bytes,
+                               client_id=f"{settings.client_id}-{settings.edge_id}-files")
         # Batch jobs (streams/batch): their lines are read from the files store, their state is on the bus.
         self.batches = BatchDesk(settings, StoreFiles(self.files), lambda: self.publisher.producer)
         register_validator("batch", upload_validator(settings.settings.batch))
@@ -117,6 +122,7 @@ class Edge:
         await self.publisher.start()
         await self.router.start()
         await self.readiness.start()
+        await self.files.start()
         await self.batches.start()
 
     async def _announce_forever(self) -> None:
@@ -136,7 +142,7 @@ class Edge:
         await self.publisher.producer.send_and_wait(topic, value, key=key)
 
     async def _stop_parts(self) -> None:
-        for part in (self.batches, self.readiness, self.router, self.publisher):
+        for part in (self.batches, self.files, self.readiness, self.router, self.publisher):
             try:
                 await part.stop()
             except Exception:
