@@ -158,7 +158,8 @@ def _kill(process: Process) -> None:
 def test_worker_and_assembler_killed_mid_batch_still_answer_every_line_once(client: OpenAI, stack: Stack) -> None:
     lines = [(f"k-{i}", COMPLETIONS, completion(f"Line {i} of a poem:", max_tokens=8)) for i in range(30)]
     batch_id = submit(client, lines)
-    wait_for(client, batch_id, lambda b: b.request_counts.completed >= 3, stack)
+    before = wait_for(client, batch_id, lambda b: b.request_counts.completed >= 3, stack)
+    assert before.status == "in_progress" and before.request_counts.completed < 30  # really mid-batch
     by_name = {p.name: p for p in stack.processes}
     for name in ("worker", "assembler"):
         _kill(by_name[name])
