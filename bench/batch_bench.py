@@ -135,11 +135,13 @@ def mean_completion_tokens(client: httpx.Client, batch: dict[str, Any] | None) -
 def report(args: argparse.Namespace, capacity: dict[str, Any], alone: dict[str, Any], mixed: dict[str, Any],
            watch: BatchWatch, timing: tuple[float, float, float | None], total_s: float, work: Path) -> dict[str, Any]:
     started, window, tokens_per_line = timing
+    end = watch.samples[-1][0] if watch.final else None
+    if end is not None and end < started + window:
+        window = end - started  # the batch ended first: its rate is over the time it ran, not the whole window
     lines_in_window = watch.done_between(started, started + window)
     batch_tok_s = lines_in_window * (tokens_per_line or args.output_len) / window
     idle_tok_s = max(1e-9, capacity["output_throughput"] - alone["output_throughput"])
     p99_ratio = mixed["ttft_ms"]["p99"] / alone["ttft_ms"]["p99"] if alone["ttft_ms"]["p99"] else None
-    end = watch.samples[-1][0] if watch.final else None
     return {
         "config": vars(args) | {"out": str(args.out)}, "work_dir": str(work), "wall_s": total_s,
         "capacity": {"lines_per_min": capacity["request_throughput"] * 60, "tok_s": capacity["output_throughput"]},
