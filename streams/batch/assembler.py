@@ -24,7 +24,13 @@ from schemas.documents import FileObject
 from schemas.events import GenerateRequest
 from streams import kafka_io
 from streams.batch.book import TERMINAL, BatchBook
-from streams.batch.files import BatchFileMissing, BatchFiles, StoreFiles, journal_dir, store_of
+from streams.batch.files import (
+    BatchFileMissing,
+    BatchFiles,
+    StoreFiles,
+    journal_dir,
+    store_of,
+)
 from streams.batch.journal import Journal
 from streams.batch.lines import line_request
 from streams.batch.outputs import outcome_of
@@ -88,13 +94,6 @@ class BatchAssembler:
         await self.book.stop()
         if self._store is not None:
             await self._store.stop()
-
-    async def __aenter__(self) -> BatchAssembler:
-        await self.service.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.service.stop()
 
     async def _sweep(self) -> None:
         for state in list(self.book.batches.values()):

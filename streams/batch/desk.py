@@ -90,7 +90,7 @@ class BatchDesk:
                                               log_prompt=log_prompt, now=state.created_at) for ln in lines)]
         try:
             await asyncio.gather(*sends)
-        except Exception as error:  # noqa: BLE001 - the batch fails as a whole; its published lines are dropped
+        except Exception as error:
             await self._publish(state.model_copy(update={"status": "failed", "failed_at": int(time.time()),
                                                          "at": time.time()}))
             raise EdgeError(503, f"could not publish the batch's lines: {error!r}", type="server_error",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
 
 from schemas.batch import BATCH_PRIORITY, line_request_id
 from schemas.events import GenerateRequest, ReplyRoute
@@ -40,6 +39,3 @@ def line_request(line: BatchLine, *, batch_id: str, tenant: str, results_topic: 
         "sampling": sampling,
     })
 
-
-def line_requests(lines: Iterable[BatchLine], **fields: object) -> list[GenerateRequest]:
-    return [line_request(line, **fields) for line in lines]  # type: ignore[arg-type]

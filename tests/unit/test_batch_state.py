@@ -4,8 +4,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from schemas.batch import BatchRequestCounts, BatchState, line_request_id, parse_line_request_id
-from schemas.events import Completion, ErrorEvent, GenerateRequest, ReplyRoute, Timings, Usage
+from schemas.batch import (
+    BatchRequestCounts,
+    BatchState,
+    line_request_id,
+    parse_line_request_id,
+)
+from schemas.events import (
+    Completion,
+    ErrorEvent,
+    GenerateRequest,
+    ReplyRoute,
+    Timings,
+    Usage,
+)
 from streams.batch.book import merge
 from streams.batch.journal import Journal
 from streams.batch.outputs import outcome_of

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from engine.kv_cache import KVCache
+from engine.request import EngineRequest, SamplingOptions
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
-from engine.request import EngineRequest, SamplingOptions
 
 BATCH = 10
 
