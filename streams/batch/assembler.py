@@ -43,6 +43,7 @@ from streams.service.runner import ConsumerService
 
 log = logging.getLogger("specstream.batch.assembler")
 ASSEMBLER_KIND = "batch-assembler"
+RETRY_S = 5.0
 
 
 @dataclass
@@ -73,6 +74,7 @@ class BatchAssembler:
         self.book = BatchBook(settings.kafka, catalog.batches)
         self._batches: dict[str, _Batch] = {}
         self._finalizing: set[str] = set()
+        self._retries: set[asyncio.Task[None]] = set()
         self.service = ConsumerService(ServiceOptions.from_settings(settings, section), Consumer(
             kind=ASSEMBLER_KIND, topic=catalog.batch_results, input_model=BatchLineReply, handle=self._on_answer,
             outputs=[Output(catalog.batches, BatchState), Output(catalog.files, FileObject)], group_id=section.resolved_group_id(catalog.prefix),
@@ -91,6 +93,8 @@ class BatchAssembler:
         await self.book.caught_up.wait()
 
     async def _close(self) -> None:
+        for task in self._retries:
+            task.cancel()  # the next start's sweep finalizes what is left
         await self.book.stop()
         if self._store is not None:
             await self._store.stop()
@@ -100,7 +104,7 @@ class BatchAssembler:
             if state.status not in TERMINAL:
                 batch = await self._batch(state)
                 if batch is not None and len(batch.journal.outcomes) >= state.request_counts.total:
-                    await self._finalize(state, batch)
+                    await self._finalize_until_done(state, batch)
 
     # --- one answer -------------------------------------------------------------------------------------------------
 
@@ -117,9 +121,10 @@ class BatchAssembler:
         if batch is None or line is None:
             log.warning("answer %s: no such line in batch %s", reply.request_id, state.id)
             return
-        batch.journal.add(outcome_of(line.request, line.custom_id, ids[1], reply.root))
+        # Synced to disk before this answer's offset is committed (answers are handled one at a time).
+        await asyncio.to_thread(batch.journal.add, outcome_of(line.request, line.custom_id, ids[1], reply.root))
         if len(batch.journal.outcomes) >= state.request_counts.total:
-            await self._finalize(state, batch)
+            await self._finalize_until_done(state, batch)
         elif time.monotonic() - batch.published_at >= self.settings.batch.assembler.progress_interval_s:
             batch.published_at = time.monotonic()
             self._publish(self._progress(state, batch))
@@ -153,6 +158,26 @@ class BatchAssembler:
 
     def _publish(self, state: BatchState) -> asyncio.Future[object]:
         return self.service.publish(self.catalog.batches.name, None, kafka_io.request_key(state.id), state)
+
+    async def _finalize_until_done(self, state: BatchState, batch: _Batch) -> None:
+        """Finalize now; if the files store or Kafka fails, keep trying in the background (the journal already
+        holds every answer, so the answers' offsets may be committed meanwhile)."""
+        try:
+            await self._finalize(state, batch)
+        except Exception as error:  # noqa: BLE001 - retried below; the batch is not lost
+            log.warning("batch %s: could not finalize (%s); retrying", state.id, error)
+            task = asyncio.create_task(self._retry_finalize(state, batch), name=f"finalize-{state.id}")
+            self._retries.add(task)
+            task.add_done_callback(self._retries.discard)
+
+    async def _retry_finalize(self, state: BatchState, batch: _Batch) -> None:
+        while True:
+            await asyncio.sleep(RETRY_S)
+            try:
+                await self._finalize(state, batch)
+                return
+            except Exception as error:  # noqa: BLE001 - keep trying until it is written
+                log.warning("batch %s: could not finalize (%s); retrying in %.0f s", state.id, error, RETRY_S)
 
     async def _finalize(self, state: BatchState, batch: _Batch) -> None:
         if state.id in self._finalizing:
