@@ -37,6 +37,7 @@ from streams.batch.outputs import outcome_of
 from streams.batch.validation import InvalidBatchFile, parse_batch_file
 from streams.config import Settings
 from streams.edge.settings import EdgeOptions
+from streams.kafka_acls import assembler_grants
 from streams.service import Consumer, Delivery, Output, ServiceOptions
 from streams.service.app import serve
 from streams.service.runner import ConsumerService
@@ -78,7 +79,7 @@ class BatchAssembler:
         self.service = ConsumerService(ServiceOptions.from_settings(settings, section), Consumer(
             kind=ASSEMBLER_KIND, topic=catalog.batch_results, input_model=BatchLineReply, handle=self._on_answer,
             outputs=[Output(catalog.batches, BatchState), Output(catalog.files, FileObject)], group_id=section.resolved_group_id(catalog.prefix),
-            key_of=lambda reply: reply.request_id, route_of=lambda reply: None,
+            key_of=lambda reply: reply.request_id, route_of=lambda reply: None, grants=assembler_grants,
             prepare=self._prepare, started=self._sweep, close=self._close,
         ))
 

@@ -19,6 +19,7 @@ from schemas.batch import parse_line_request_id
 from schemas.events import Completion, CompletionRecord, ErrorEvent, GenerateRequest
 from streams.batch.book import BatchBook
 from streams.config import Settings
+from streams.kafka_acls import worker_grants
 from streams.service import Consumer, Delivery, Output, Rejection, ServiceOptions
 from streams.service.runner import ConsumerService
 
@@ -40,7 +41,7 @@ class BatchLane:
         self.service = ConsumerService(options, Consumer(
             kind=BATCH_WORKER_KIND, topic=catalog.batch_lines, input_model=GenerateRequest, handle=handle,
             outputs=[Output(catalog.batch_results, Completion | ErrorEvent), Output(catalog.completions, CompletionRecord)],
-            group_id=f"{settings.kafka.topic_prefix}.batch-workers", check=self._check,
+            group_id=f"{settings.kafka.topic_prefix}.batch-workers", check=self._check, grants=worker_grants,
             prepare=self._prepare, close=self.book.stop, models=models,
         ))
 
