@@ -1,5 +1,5 @@
-"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, the edge);
-Ctrl-C stops all.
+"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, the edge and
+the batch assembler beside it); Ctrl-C stops all.
 
 The worker and the edge it starts are supervised (:mod:`streams.supervisor`):
 one that dies is restarted with backoff; one that crash-loops makes ``up`` say
