@@ -84,11 +84,13 @@ class BatchDesk:
         await self._publish(state)
         producer: AIOKafkaProducer = self._producer()
         topic = self.catalog.batch_lines.name
-        sends = [await producer.send(topic, kafka_io.encode(request), key=kafka_io.request_key(request.request_id))
-                 for request in (line_request(ln, batch_id=state.id, tenant=tenant, expires_at=state.expires_at,
-                                              results_topic=self.catalog.batch_results.name, options=self.options,
-                                              log_prompt=log_prompt, now=state.created_at) for ln in lines)]
+        requests = [line_request(ln, batch_id=state.id, tenant=tenant, expires_at=state.expires_at,
+                                 results_topic=self.catalog.batch_results.name, options=self.options,
+                                 log_prompt=log_prompt, now=state.created_at) for ln in lines]
         try:
+            # Every line in the producer's buffer first (batched sends), then every acknowledgement.
+            sends = [await producer.send(topic, kafka_io.encode(r), key=kafka_io.request_key(r.request_id))
+                     for r in requests]
             await asyncio.gather(*sends)
         except Exception as error:
             await self._publish(state.model_copy(update={"status": "failed", "failed_at": int(time.time()),
