@@ -28,6 +28,9 @@ class EngineConfig:
     kv_cache_fraction: float = 0.3
     max_running_requests: int = 64
     max_batched_tokens: int = 512
+    # Batch work (requests at the lowest priority, 10: offline batch jobs) holds at most this share of the
+    # running slots, so the rest stay free for interactive arrivals (engine.scheduler).
+    batch_max_share: float = 0.5
     # CPU only: keep a oneDNN-prepacked copy of the weights for steps of 4..48 rows
     # (speculative verification, small batches), which MKL handles poorly; one more
     # copy of the weights in memory (engine.packed_linear).

@@ -123,6 +123,7 @@ class LLMEngine:
             max_running_requests=config.max_running_requests,
             max_batched_tokens=config.max_batched_tokens,
             max_draft_tokens=self.max_draft_tokens,
+            batch_max_share=config.batch_max_share,
         )
         self.runner = ModelRunner(self.model, self.kv_cache)
         self.matchers = Matchers(loaded.tokenizer, self.vocab_size, self.eos_token_ids)

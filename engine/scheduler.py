@@ -11,6 +11,12 @@ leave between any two steps. Order of business in `schedule()`:
    already part-way through their prompt, then new admissions from the
    waiting queue, in (priority, arrival) order.
 
+Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
+after every interactive request and holds at most ``batch_max_share`` of the
+running slots: the rest stay free for interactive arrivals, which are
+admitted at the next step without preempting anything. Batch work only ever
+yields at admission.
+
 Admission reserves a KV region for the sequence's whole life (prompt +
 max_tokens + draft slack), so a running sequence never runs out of memory and
 nothing is ever preempted: a request that does not fit right now waits; one
@@ -108,14 +114,21 @@ class Scheduler:
         max_running_requests: int,
         max_batched_tokens: int,
         max_draft_tokens: int = 0,
+        batch_priority: int = 10,
+        batch_max_share: float = 1.0,
     ) -> None:
         if max_running_requests < 1 or max_batched_tokens < 1:
             raise ValueError("max_running_requests and max_batched_tokens must be at least 1")
+        if not 0.0 < batch_max_share <= 1.0:
+            raise ValueError(f"batch_max_share must be in (0, 1], got {batch_max_share}")
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
         self.max_running_requests = max_running_requests
         self.max_batched_tokens = max_batched_tokens
         self.max_draft_tokens = max_draft_tokens
+        self.batch_priority = batch_priority
+        # At least one slot, or a batch could never run on a small engine.
+        self.batch_slots = max(1, int(batch_max_share * max_running_requests))
         # (priority, arrival, tiebreak, seq); aborted entries are removed lazily.
         self._waiting: list[tuple[int, float, int, Sequence]] = []
         self._tiebreak = itertools.count()
@@ -131,6 +144,13 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def is_batch(self, seq: Sequence) -> bool:
+        return seq.request.priority >= self.batch_priority
+
+    @property
+    def num_running_batch(self) -> int:
+        return sum(1 for s in self.running if self.is_batch(s))
 
     def has_unfinished(self) -> bool:
         return bool(self._live)
@@ -258,6 +278,9 @@ class Scheduler:
             if not self._waiting:
                 break
             seq = self._waiting[0][3]
+            if self.is_batch(seq) and self.num_running_batch >= self.batch_slots:
+                # Batch work holds its share; all behind it is batch work too (the queue is priority-ordered).
+                break
             slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
             if slot is None:
                 break  # waits until a running sequence frees its region

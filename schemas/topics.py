@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from schemas.batch import BatchState
 from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
 from schemas.events import (
     CancelRequest,
@@ -187,11 +188,40 @@ class TopicCatalog:
             "last_error) and the job that makes it; what an index rebuild replays. A tombstone removes it.",
         )
 
+    @property
+    def batch_lines(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.batch-lines", partitions=self.request_partitions, key="<batch id>.<line>",
+            retention_ms=48 * HOUR_MS, carries=_describe(GenerateRequest),
+            purpose="The lines of offline batch jobs, one request each at the lowest priority. Apart from the "
+            "request topic so a batch's backlog waits here, never ahead of interactive requests; engine workers "
+            "read it as their own group, holding at most batch.worker_slots lines each. Retention: twice the "
+            "completion window.",
+        )
+
+    @property
+    def batch_results(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.batch-results", partitions=self.request_partitions, key="<batch id>.<line>",
+            retention_ms=48 * HOUR_MS, carries="Completion | ErrorEvent",
+            purpose="The answers to batch lines (the lines' reply route); the batch assembler writes them into "
+            "the output and error files, each custom_id once.",
+        )
+
+    @property
+    def batches(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.batches", partitions=1, key="batch_id",
+            retention_ms=30 * 24 * HOUR_MS, carries=_describe(BatchState), compacted=True,
+            purpose="Each batch's newest state (status, request counts, output files); every edge, the "
+            "assembler and the workers follow it, so a restarted one knows every batch.",
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
                 self.completions, self.eval_samples, self.files, self.ingest_jobs, self.document_chunks,
-                self.documents]
+                self.documents, self.batch_lines, self.batch_results, self.batches]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 from faststream.specification import AsyncAPI
 
+from schemas.batch import BatchState
 from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
-from schemas.events import EdgeAnnouncement, EvalSample, RolloutState
+from schemas.events import Completion, EdgeAnnouncement, ErrorEvent, EvalSample, GenerateRequest, RolloutState
 from streams.config import Settings
 from streams.service import Output
 from streams.service.wiring import declare_output
@@ -45,6 +46,11 @@ def document(settings: Settings) -> Any:
     catalog = settings.catalog
     for topic, events in ((catalog.files, FileObject), (catalog.ingest_jobs, IngestJob),
                           (catalog.document_chunks, DocumentChunks), (catalog.documents, DocumentState)):
+        declare_output(worker.broker, Output(topic, events))
+    # Batch jobs (streams/batch): the edge publishes the lines and each batch's state, workers (their batch lane,
+    # a second consumer with its own broker) answer the lines, the assembler writes progress and the end.
+    for topic, events in ((catalog.batch_lines, GenerateRequest), (catalog.batch_results, Completion | ErrorEvent),
+                          (catalog.batches, BatchState)):
         declare_output(worker.broker, Output(topic, events))
     return AsyncAPI(
         worker.broker, title="specstream", version="1",

@@ -29,7 +29,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from streams.commands import autoscale, k8s, kafka, plan, rollout, run, send, setup, status, topics, up
+from streams.commands import autoscale, batch, k8s, kafka, plan, rollout, run, send, setup, status, topics, up
 from streams.commands.common import EXIT_CONFIG, say
 from streams.config import ConfigError, Settings, load_settings
 
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     k8s.add_commands(commands)
     rollout.add_commands(commands)
     run.add_commands(commands)
+    batch.add_commands(commands)
     kafka.add_commands(commands)
     # Listed for --help only: main() hands `bench` to streams.bench.cli before argparse runs.
     commands.add_parser("bench", help="load-test a running stack (see streams.bench.cli)")

@@ -75,6 +75,9 @@ def edge_grants(catalog: TopicCatalog, edge_id: str | None = None) -> list[Grant
         _topic("READ", catalog.rollouts),  # canary routing
         _topic("READ", catalog.files),  # /v1/files: every file's metadata
         _topic("WRITE", catalog.files),
+        _topic("WRITE", catalog.batch_lines),  # /v1/batches: a batch's lines
+        _topic("READ", catalog.batches),  # /v1/batches: every batch's state
+        _topic("WRITE", catalog.batches),
         Grant("WRITE", "TOPIC", f"{catalog.prefix}-candidate.", prefixed=True),  # a candidate pool's requests
         *own,
     ]
@@ -89,6 +92,29 @@ def worker_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:
         _topic("WRITE", catalog.dead_letters),
         _topic("WRITE", catalog.completions),  # one record per finished request (streams.eval)
         *[_topic("WRITE", t) for t in announcement_topics(catalog)],
+        *batch_lane_grants(catalog),
+    ]
+
+
+def batch_lane_grants(catalog: TopicCatalog) -> list[Grant]:
+    """A worker's batch lane (streams/worker/batch_lane.py): batch lines in as its own group, answers out, and
+    every batch's state (to skip the lines of a cancelled one)."""
+    return [
+        _topic("READ", catalog.batch_lines),
+        Grant("READ", "GROUP", f"{catalog.prefix}.batch-workers"),
+        _topic("WRITE", catalog.batch_results),
+        _topic("READ", catalog.batches),
+    ]
+
+
+def assembler_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:
+    """The batch assembler: answers in as its group, every batch's state and file in and out."""
+    return [
+        _topic("READ", catalog.batch_results),
+        Grant("READ", "GROUP", group_id),
+        *[_topic(op, t) for t in (catalog.batches, catalog.files) for op in ("READ", "WRITE")],  # type: ignore[arg-type]
+        _topic("WRITE", catalog.dead_letters),
+        *[_topic("WRITE", t) for t in announcement_topics(catalog)],
     ]
 
 
@@ -101,6 +127,8 @@ class Service:
 SERVICES: dict[str, Service] = {
     "edge": Service("User:specstream-edge", lambda catalog, group_id, edge_id: edge_grants(catalog, edge_id)),
     "worker": Service("User:specstream-worker", lambda catalog, group_id, edge_id: worker_grants(catalog, group_id)),
+    "batch-assembler": Service("User:specstream-batch-assembler", lambda catalog, group_id, edge_id: assembler_grants(
+        catalog, f"{catalog.prefix}.batch-assemblers")),
 }
 
 

@@ -1,5 +1,5 @@
-"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, the edge);
-Ctrl-C stops all.
+"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, the edge and
+the batch assembler beside it); Ctrl-C stops all.
 
 The worker and the edge it starts are supervised (:mod:`streams.supervisor`):
 one that dies is restarted with backoff; one that crash-loops makes ``up`` say
@@ -120,6 +120,8 @@ def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Su
         say(f"edge: already running on {base}")
     else:
         supervisor.start("edge", service_argv(args.config, "edge"))
+        # Beside the edge: it writes batches' output files into the same files store (files.dir).
+        supervisor.start("batch-assembler", [*service_argv(args.config, "batch"), "assembler"])
     _wait_ready(base, supervisor)
     _print_urls(settings, base, curl_auth(key_file))
 

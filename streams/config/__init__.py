@@ -23,6 +23,7 @@ from streams.config.base import (
     Section,
     parse_byte_size,
 )
+from streams.config.batch import BatchAssemblerSettings, BatchSettings
 from streams.config.docs import example_yaml, reference_markdown
 from streams.config.engine import EngineSettings, SpeculationSettings
 from streams.config.files import FilesSettings, ParserSettings
@@ -48,10 +49,40 @@ from streams.config.services import (
 )
 
 __all__ = [
-    "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_MODEL", "ENV_NESTED_DELIMITER", "ENV_PREFIX", "MIB",
-    "ByteSize", "CandidateSampling", "ConfigError", "DeliverySettings", "EdgeAuthSettings", "EdgeLimitSettings",
-    "EdgeSettings", "EngineSettings", "EvalSettings", "FilesSettings", "KafkaSettings", "MetricsSettings",
-    "OpsSettings", "ParserSettings", "RolloutSettings", "Section", "Settings", "SpeculationSettings",
-    "TelemetrySettings", "TracingSettings", "WorkerSettings", "parse_byte_size", "config_path", "describe_errors",
-    "example_yaml", "load_settings", "read_yaml", "reference_markdown",
+    "BatchAssemblerSettings",
+    "BatchSettings",
+    "ByteSize",
+    "CONFIG_FILE_ENV",
+    "CandidateSampling",
+    "ConfigError",
+    "DEFAULT_CONFIG_FILE",
+    "DEFAULT_MODEL",
+    "DeliverySettings",
+    "ENV_NESTED_DELIMITER",
+    "ENV_PREFIX",
+    "EdgeAuthSettings",
+    "EdgeLimitSettings",
+    "EdgeSettings",
+    "EngineSettings",
+    "EvalSettings",
+    "FilesSettings",
+    "KafkaSettings",
+    "MIB",
+    "MetricsSettings",
+    "OpsSettings",
+    "ParserSettings",
+    "RolloutSettings",
+    "Section",
+    "Settings",
+    "SpeculationSettings",
+    "TelemetrySettings",
+    "TracingSettings",
+    "WorkerSettings",
+    "config_path",
+    "describe_errors",
+    "example_yaml",
+    "load_settings",
+    "parse_byte_size",
+    "read_yaml",
+    "reference_markdown",
 ]

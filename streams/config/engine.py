@@ -67,6 +67,11 @@ class EngineSettings(Section):
     )
     max_running_requests: int = Field(default=64, ge=1, description="Most requests decoded together in one batch.")
     max_batched_tokens: int = Field(default=512, ge=16, description="Most tokens (prefill + decode) in one engine step.")
+    batch_max_share: float = Field(
+        default=0.5, gt=0.0, le=1.0,
+        description="Share of max_running_requests that batch-job lines (the lowest priority) may hold; the rest stay "
+        "free for interactive requests, admitted at the next step without preempting anything.",
+    )
     prepack_weights: bool = Field(
         default=True,
         description="CPU: keep a oneDNN-prepacked copy of the weights for steps of 4-48 rows "
@@ -95,6 +100,7 @@ class EngineSettings(Section):
             kv_cache_fraction=self.kv_cache_fraction,
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
+            batch_max_share=self.batch_max_share,
             prepack_weights=self.prepack_weights,
             weights=self.weights,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.

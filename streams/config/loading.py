@@ -24,6 +24,7 @@ from streams.config.base import (
     ENV_PREFIX,
     ConfigError,
 )
+from streams.config.batch import BatchSettings
 from streams.config.engine import EngineSettings
 from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
@@ -51,6 +52,7 @@ class Settings(BaseSettings):
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     files: FilesSettings = Field(default_factory=FilesSettings)
     parser: ParserSettings = Field(default_factory=ParserSettings)

@@ -34,6 +34,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from streams.batch import api as batch_api
 from streams.config import Settings
 from streams.edge import errors, files_api, openai_api, openapi, ws
 from streams.edge.admission.pipeline import Pipeline
@@ -112,6 +113,7 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(openai_api.router)
     app.include_router(files_api.router)
+    app.include_router(batch_api.router)
     app.include_router(ws.router)
     return app
 

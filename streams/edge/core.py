@@ -19,6 +19,10 @@ from schemas.events import EDGE_KIND, EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
 from streams.kafka_io import encode
 from streams.kafka_permissions import prepare_service
+from streams.batch.desk import BatchDesk
+from streams.batch.files import StoreFiles
+from streams.batch.validation import upload_validator
+from streams.files.purposes import register_validator
 from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
@@ -58,6 +62,9 @@ class Edge:
         files = settings.settings.files
         self.files = FileStore(settings.kafka, settings.catalog, BlobStore(files.dir), max_bytes=files.max_bytes,
                                client_id=f"{settings.client_id}-{settings.edge_id}-files")
+        # Batch jobs (streams/batch): their lines are read from the files store, their state is on the bus.
+        self.batches = BatchDesk(settings, StoreFiles(self.files), lambda: self.publisher.producer)
+        register_validator("batch", upload_validator(settings.settings.batch))
         self.connected = asyncio.Event()
         self.last_error: str = "not connected yet"
         self._connect_task: asyncio.Task | None = None
@@ -116,6 +123,7 @@ class Edge:
         await self.router.start()
         await self.readiness.start()
         await self.files.start()
+        await self.batches.start()
 
     async def _announce_forever(self) -> None:
         announcement = EdgeAnnouncement(edge_id=self.edge_id, reply_topic=self.reply_topic, at=0.0)
@@ -134,7 +142,7 @@ class Edge:
         await self.publisher.producer.send_and_wait(topic, value, key=key)
 
     async def _stop_parts(self) -> None:
-        for part in (self.files, self.readiness, self.router, self.publisher):
+        for part in (self.batches, self.files, self.readiness, self.router, self.publisher):
             try:
                 await part.stop()
             except Exception:

@@ -193,6 +193,11 @@ async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
 
 
 def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge) -> dict[str, Any]:
+    return {**completion_body(gen, final, chat=chat), "specstream": _extras(final, edge)}
+
+
+def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool) -> dict[str, Any]:
+    """OpenAI's chat.completion / text_completion object of a finished request (batch output lines reuse it)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
     if chat and calls_tools(gen):
         content, calls = parse_message(final.text)
@@ -210,7 +215,6 @@ def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge:
         "choices": [choice],
         "usage": final.usage.model_dump(),
         "system_fingerprint": None,
-        "specstream": _extras(final, edge),
     }
 
 

@@ -9,9 +9,11 @@ the process once the clients had ``CLIENT_STOP_GRACE_S`` to stop.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
+from collections.abc import Sequence
 
 from faststream import FastStream
 
@@ -24,20 +26,27 @@ log = logging.getLogger("specstream.service")
 CLIENT_STOP_GRACE_S = 10.0
 
 
-def create_app(service: ConsumerService) -> FastStream:
+def create_app(service: ConsumerService, *, companions: Sequence[ConsumerService] = ()) -> FastStream:
+    """``companions``: more consumers of the same process that need the main one running (the engine worker's
+    batch lane needs its engine): started after it, drained and stopped with it (at once, so the drain takes
+    one drain_timeout_s, not two), before it closes."""
+
+    async def drain() -> None:
+        await asyncio.gather(service.drain(), *(c.stop() for c in companions))
+
     return FastStream(
         service.broker,
         logger=faststream_log,
         on_startup=[service.prepare],
-        after_startup=[service.started],
-        on_shutdown=[service.drain],
+        after_startup=[service.started, *(c.start for c in companions)],
+        on_shutdown=[drain],
         after_shutdown=[service.close],
     )
 
 
-async def serve(service: ConsumerService) -> None:
+async def serve(service: ConsumerService, *, companions: Sequence[ConsumerService] = ()) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop (exit 0, also when the broker is gone)."""
-    app = create_app(service)
+    app = create_app(service, companions=companions)
     watchdog = threading.Timer(CLIENT_STOP_GRACE_S, _exit_stuck_clients)
     watchdog.daemon = True
 

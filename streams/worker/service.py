@@ -47,6 +47,7 @@ from streams.service.app import serve
 from streams.service.runner import ConsumerService
 from streams.telemetry.logs import bind_request, request_scope, trace_id_of
 from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.batch_lane import BatchLane
 from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import to_engine_request
 from streams.worker.observers import CompletionsLog, ServiceTelemetry
@@ -105,6 +106,8 @@ class EngineWorker:
         ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
             if self.telemetry is not None else None)
         self.broker = self.service.broker
+        self.batch_lane = BatchLane(settings, self.worker_id, handle=self._on_request, precheck=self._precheck,
+                                    models=lambda: self.served_models)
 
     # --- lifecycle --------------------------------------------------------------------------------------------------
 
@@ -134,9 +137,13 @@ class EngineWorker:
 
     async def start(self) -> None:
         await self.service.start()
+        await self.batch_lane.start()
 
     async def stop(self) -> None:
-        await self.service.stop()
+        try:
+            await self.batch_lane.stop()
+        finally:
+            await self.service.stop()
 
     async def __aenter__(self) -> EngineWorker:
         await self.start()
@@ -242,7 +249,9 @@ class EngineWorker:
     def _emit(self, generation: Generation, output: RequestOutput) -> None:
         finish_reason = (output.finish_reason or "stop") if output.finished else None
         delivery = generation.delivery
-        delivery.reply(generation.chunk(output, finish_reason))
+        chunk = generation.chunk(output, finish_reason)
+        if not self.batch_lane.is_batch_line(generation.request):  # a batch line's answer is written whole
+            delivery.reply(chunk)
         if output.finished:
             completion = generation.completion(output, finish_reason or "stop", self._model_name())
             if self.telemetry is not None:
@@ -315,9 +324,10 @@ def create_app(settings: Settings, *, engine_factory: EngineFactory = load_engin
                telemetry: WorkerTelemetry | None = None) -> tuple[FastStream, EngineWorker]:
     """The worker as a FastStream application: hooks load the engine before consuming and drain on shutdown."""
     worker = EngineWorker(settings, engine_factory=engine_factory, progress=progress, telemetry=telemetry)
-    return create_service_app(worker.service), worker
+    return create_service_app(worker.service, companions=[worker.batch_lane.service]), worker
 
 
 async def run_worker(settings: Settings, *, progress: Progress | None = None) -> None:
     """Serve until SIGINT/SIGTERM, then drain and stop (exit 0, also when the broker is gone)."""
-    await serve(EngineWorker(settings, progress=progress).service)
+    worker = EngineWorker(settings, progress=progress)
+    await serve(worker.service, companions=[worker.batch_lane.service])

@@ -120,9 +120,13 @@ def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completio
     grants = {(g.operation, g.resource) for g in worker_grants(catalog, "p.engine-workers")}
     assert grants == {("READ", "topic p.requests"), ("READ", "group p.engine-workers"), ("READ", "topic p.cancellations"),
                       ("WRITE", "topic p.replies.*"), ("WRITE", "topic p.dead-letters"), ("WRITE", "topic p.services"),
-                      ("WRITE", "topic p.completions")}
+                      ("WRITE", "topic p.completions"),
+                      # its batch lane: batch lines as their own group, answers out, batches' state
+                      ("READ", "topic p.batch-lines"), ("READ", "group p.batch-workers"),
+                      ("WRITE", "topic p.batch-results"), ("READ", "topic p.batches")}
     assert [t.name for t in topics_of(worker_grants(catalog, "g"))] == [
-        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.services"]
+        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.services", "p.batch-lines",
+        "p.batch-results", "p.batches"]
 
 
 def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topic() -> None:
@@ -132,7 +136,8 @@ def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topi
                       ("WRITE", "topic p.services"), ("READ", "topic p.services"),
                       ("READ", "topic p.replies.*"), ("CREATE", "topic p.replies.*"),
                       ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*"),  # canary routing
-                      ("READ", "topic p.files"), ("WRITE", "topic p.files")}  # /v1/files
+                      ("READ", "topic p.files"), ("WRITE", "topic p.files"),  # /v1/files
+                      ("WRITE", "topic p.batch-lines"), ("READ", "topic p.batches"), ("WRITE", "topic p.batches")}
     own = [g for g in edge_grants(catalog, "e1") if g.name.startswith("p.replies")]
     assert own == [Grant("READ", "TOPIC", "p.replies.e1"), Grant("CREATE", "TOPIC", "p.replies.e1")]
 
@@ -142,7 +147,8 @@ def test_acls_print_writes_kafka_acls_commands_for_each_service(
     monkeypatch.setenv("SPECSTREAM_KAFKA__TOPIC_PREFIX", "acme")
     assert kafka_acls_cli.main("/dev/null", ["--print", "--principal", "worker=User:gpu"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("# edge (User:specstream-edge): WRITE topic acme.requests")
+    assert out.startswith("# batch-assembler (User:specstream-batch-assembler): READ topic acme.batch-results")
+    assert "\n# edge (User:specstream-edge): WRITE topic acme.requests" in out
     assert ("--add --allow-principal User:gpu --operation WRITE --topic acme.replies. --resource-pattern-type prefixed"
             in out)
     assert "--allow-principal User:gpu --operation READ --group acme.engine-workers" in out

@@ -1,0 +1,190 @@
+"""Batch jobs beside interactive traffic: does a batch fill idle capacity without hurting interactive latency?
+
+One run, on a stack it starts itself (edge, engine worker, batch assembler as processes, on a topic prefix of its
+own, on the Kafka at --bootstrap-servers):
+
+1. **capacity**: the batch's lines fed through ``specstream bench`` at full concurrency (closed loop,
+   ``--concurrency`` = engine.max_running_requests): the most lines/min and tokens/s the stack does;
+2. **interactive alone**: a steady open-loop interactive load (``specstream bench --request-rate R``) for
+   ``--duration`` seconds: TTFT p50/p99 and tokens/s;
+3. **interactive + batch**: the same load while a batch of the same lines runs (``POST /v1/batches``): the
+   interactive figures again, and the batch's lines/min and tokens/s over the window.
+
+Targets (issue 18): interactive p99 TTFT with the batch at most 1.2x without; the batch uses at least 70 % of the
+capacity the interactive load leaves idle, i.e. batch tok/s >= 0.7 x (capacity tok/s - interactive tok/s).
+Results: a JSON file (--out) and a table on stdout. docs/benchmarks.md has the command and a run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from streams.batch.validation import dumps_line
+from streams.testing.stack import Stack, running_stack, spawn_process
+
+REPO = Path(__file__).resolve().parent.parent
+_TOPICS = ("Kafka", "speculative decoding", "continuous batching", "a bus", "consumer groups", "log compaction",
+           "back-pressure", "idempotence", "retention", "partitions")
+
+
+def batch_prompts(n: int) -> list[str]:
+    return [f"Write one sentence about {_TOPICS[i % len(_TOPICS)]} (note {i})." for i in range(n)]
+
+
+def bench_command(stack: Stack, out: Path, *load: str, dataset: Path | None, output_len: int) -> list[str]:
+    command = [sys.executable, "-m", "streams.cli", "bench", "--base-url", stack.base_url, "--api-key", stack.api_key,
+               "--model", stack.model, "--output-len", str(output_len), "--out", str(out), "--plot", "none",
+               "--no-progress", "--warmup", "2", *load]
+    return command + (["--dataset", str(dataset), "--no-shuffle"] if dataset is not None else ["--workload", "chat"])
+
+
+def run_bench(command: list[str], env: dict[str, str]) -> dict[str, Any]:
+    subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+    out = Path(command[command.index("--out") + 1])
+    return json.loads(out.read_text())["runs"][0]
+
+
+def submit_batch(client: httpx.Client, prompts: list[str], output_len: int, model: str) -> str:
+    lines = [dumps_line(f"line-{i}", "/v1/completions", {"model": model, "prompt": p, "max_tokens": output_len})
+             for i, p in enumerate(prompts)]
+    uploaded = client.post("/v1/files", files={"file": ("bench.jsonl", "\n".join(lines).encode())},
+                           data={"purpose": "batch"})
+    uploaded.raise_for_status()
+    created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "endpoint": "/v1/completions",
+                                                "completion_window": "24h"})
+    created.raise_for_status()
+    return str(created.json()["id"])
+
+
+class BatchWatch(threading.Thread):
+    """Polls the batch; records (time, lines done) so lines/min over any window can be read off."""
+
+    def __init__(self, client: httpx.Client, batch_id: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.batch_id = client, batch_id
+        self.samples: list[tuple[float, int]] = []
+        self.final: dict[str, Any] | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            batch = self.client.get(f"/v1/batches/{self.batch_id}").json()
+            counts = batch["request_counts"]
+            self.samples.append((time.monotonic(), counts["completed"] + counts["failed"]))
+            if batch["status"] in ("completed", "failed", "expired", "cancelled"):
+                self.final = batch
+                return
+            time.sleep(0.5)
+
+    def done_between(self, start: float, end: float) -> int:
+        def at(t: float) -> int:
+            return max([n for s, n in self.samples if s <= t], default=0)
+        return at(end) - at(start)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    env = {"SPECSTREAM_ENGINE__MAX_RUNNING_REQUESTS": str(args.max_running),
+           "SPECSTREAM_ENGINE__BATCH_MAX_SHARE": str(args.batch_share),
+           "SPECSTREAM_BATCH__WORKER_SLOTS": str(args.worker_slots)}
+    work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
+    env["SPECSTREAM_FILES__DIR"] = str(work / "files")
+    prompts = batch_prompts(args.lines)
+    dataset = work / "lines.jsonl"
+    dataset.write_text("\n".join(json.dumps({"prompt": p}) for p in prompts) + "\n")
+    with running_stack(args.bootstrap_servers, env=env, log_dir=work) as stack:
+        stack.processes.append(spawn_process("assembler", ["batch", "assembler"], stack.env, work))
+        benv = {**stack.env, "SPECSTREAM_CONFIG": "/dev/null"}
+        interactive = ["--request-rate", str(args.rate), "--duration", str(args.duration), "--seed", "1"]
+        t0 = time.monotonic()
+        capacity = run_bench(bench_command(stack, work / "capacity.json", "--concurrency", str(args.max_running),
+                                           "--num-requests", str(args.lines), dataset=dataset,
+                                           output_len=args.output_len), benv)
+        alone = run_bench(bench_command(stack, work / "alone.json", *interactive, dataset=None,
+                                        output_len=args.output_len), benv)
+        with httpx.Client(base_url=stack.base_url, headers=stack.headers, timeout=60) as client:
+            watch = BatchWatch(client, submit_batch(client, prompts, args.output_len, stack.model))
+            watch.start()
+            started = time.monotonic()
+            mixed = run_bench(bench_command(stack, work / "mixed.json", *interactive, dataset=None,
+                                            output_len=args.output_len), benv)
+            window = time.monotonic() - started
+            watch.join(timeout=args.batch_timeout)
+            tokens_per_line = mean_completion_tokens(client, watch.final)
+        return report(args, capacity, alone, mixed, watch, (started, window, tokens_per_line), time.monotonic() - t0,
+                      work)
+
+
+def mean_completion_tokens(client: httpx.Client, batch: dict[str, Any] | None) -> float | None:
+    """Tokens a batch line generated on average (lines may stop at EOS before max_tokens)."""
+    if not batch or not batch.get("output_file_id"):
+        return None
+    text = client.get(f"/v1/files/{batch['output_file_id']}/content").text
+    tokens = [json.loads(line)["response"]["body"]["usage"]["completion_tokens"] for line in text.splitlines()]
+    return sum(tokens) / len(tokens) if tokens else None
+
+
+def report(args: argparse.Namespace, capacity: dict[str, Any], alone: dict[str, Any], mixed: dict[str, Any],
+           watch: BatchWatch, timing: tuple[float, float, float | None], total_s: float, work: Path) -> dict[str, Any]:
+    started, window, tokens_per_line = timing
+    end = watch.samples[-1][0] if watch.final else None
+    # When the batch ends inside the window, the interactive figures "with batch" are partly without it: the
+    # result says so (outlasted_window false); a longer batch or a shorter --duration fixes it.
+    outlasted = end is None or end >= started + window
+    if not outlasted:
+        window = end - started  # the batch ended first: its rate is over the time it ran, not the whole window
+    lines_in_window = watch.done_between(started, started + window)
+    batch_tok_s = lines_in_window * (tokens_per_line or args.output_len) / window
+    idle_tok_s = max(1e-9, capacity["output_throughput"] - alone["output_throughput"])
+    p99_ratio = mixed["ttft_ms"]["p99"] / alone["ttft_ms"]["p99"] if alone["ttft_ms"]["p99"] else None
+    return {
+        "config": vars(args) | {"out": str(args.out)}, "work_dir": str(work), "wall_s": total_s,
+        "capacity": {"lines_per_min": capacity["request_throughput"] * 60, "tok_s": capacity["output_throughput"]},
+        "interactive_alone": _interactive(alone), "interactive_with_batch": _interactive(mixed),
+        "batch": {"lines_in_window": lines_in_window, "window_s": window, "lines_per_min_in_window":
+                  lines_in_window / window * 60, "tok_s_in_window": batch_tok_s,
+                  "status": watch.final["status"] if watch.final else "unfinished", "tokens_per_line": tokens_per_line,
+                  "outlasted_window": outlasted,
+                  "lines_per_min_whole_batch": args.lines / (end - started) * 60 if end else None},
+        "targets": {"p99_ttft_ratio": p99_ratio, "p99_ttft_ratio<=1.2": p99_ratio is not None and p99_ratio <= 1.2,
+                    "share_of_idle_capacity": batch_tok_s / idle_tok_s,
+                    "share_of_idle_capacity>=0.7": batch_tok_s / idle_tok_s >= 0.7},
+    }
+
+
+def _interactive(run: dict[str, Any]) -> dict[str, Any]:
+    return {"ttft_p50_ms": run["ttft_ms"]["p50"], "ttft_p99_ms": run["ttft_ms"]["p99"],
+            "tok_s": run["output_throughput"], "completed": run["requests"]["completed"],
+            "failed": run["requests"]["failed"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--bootstrap-servers", default="127.0.0.1:9092")
+    p.add_argument("--lines", type=int, default=500, help="lines of the batch")
+    p.add_argument("--output-len", type=int, default=32, help="max_tokens of every request and line")
+    p.add_argument("--rate", type=float, default=1.0, help="interactive requests per second (open loop)")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of each interactive phase")
+    p.add_argument("--max-running", type=int, default=16, help="engine.max_running_requests")
+    p.add_argument("--batch-share", type=float, default=0.5, help="engine.batch_max_share")
+    p.add_argument("--worker-slots", type=int, default=8, help="batch.worker_slots")
+    p.add_argument("--batch-timeout", type=float, default=3600.0, help="seconds to wait for the batch to end")
+    p.add_argument("--out", type=Path, default=Path("batch_bench.json"))
+    args = p.parse_args(argv)
+    result = measure(args)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("capacity", "interactive_alone", "interactive_with_batch", "batch",
+                                             "targets")}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Offline batch jobs (OpenAI's Batch API), checked with the official `openai` client against a real stack:
+edge, engine worker and batch assembler as processes, the real model and Kafka.
+
+A 40-line batch (chat and completions, seeded, greedy, two lines failing at run time) completes with one output
+line per successful custom_id, equal to the same request sent interactively; a worker and the assembler killed
+(-9) mid-batch still answer every line once; a cancelled batch stops and keeps what finished; an upload with bad
+lines is refused naming them; unknown ids are 404. Answers are a few tokens long.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import OpenAI
+
+from streams.batch.validation import dumps_line
+from streams.testing.stack import DEFAULT_MODEL as MODEL
+from streams.testing.stack import Process, Stack, running_stack, spawn_process
+from tests.edge_support import WORKER_ENV
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:  # noqa: F811
+    logs = tmp_path_factory.mktemp("batch-stack")
+    env = {**WORKER_ENV, "SPECSTREAM_FILES__DIR": str(logs / "files"), "SPECSTREAM_BATCH__ASSEMBLER__ID": "asm-1",
+           "SPECSTREAM_BATCH__ASSEMBLER__PROGRESS_INTERVAL_S": "0.2"}
+    with running_stack(kafka_bootstrap, env=env, log_dir=logs) as running:
+        running.processes.append(spawn_process("assembler", ["batch", "assembler"], running.env, logs))
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url + "/v1", api_key=stack.api_key, max_retries=0, timeout=120)
+
+
+def chat(text: str, **sampling: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4, **sampling}
+
+
+def completion(text: str, **sampling: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": text, "max_tokens": 4, **sampling}
+
+
+def forty_lines() -> list[tuple[str, str, dict[str, Any]]]:
+    lines: list[tuple[str, str, dict[str, Any]]] = []
+    for i in range(19):
+        sampling = {"seed": 100 + i, "temperature": 0.8} if i % 2 else {}
+        lines.append((f"chat-{i}", CHAT, chat(f"Name a color number {i}.", **sampling)))
+        lines.append((f"text-{i}", COMPLETIONS, completion(f"Fact {i}: the sky is", **sampling)))
+    lines.append(("unknown-model", CHAT, {**chat("hi"), "model": "gpt-9"}))
+    lines.append(("too-long", COMPLETIONS, completion("hello", max_tokens=4000)))
+    return lines
+
+
+def submit(client: OpenAI, lines: list[tuple[str, str, dict[str, Any]]]) -> str:
+    data = "\n".join(dumps_line(cid, url, body) for cid, url, body in lines).encode()
+    uploaded = client.files.create(file=("batch.jsonl", data), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=CHAT, completion_window="24h",
+                                  metadata={"test": "yes"})
+    assert batch.status == "in_progress" and batch.request_counts.total == len(lines)
+    return batch.id
+
+
+def wait_for(client: OpenAI, batch_id: str, done: Any, stack: Stack, timeout_s: float = 600) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if done(batch):
+            return batch
+        stack.check_alive()
+        time.sleep(0.5)
+    raise AssertionError(f"batch {batch_id} not there after {timeout_s}s: {batch}\n{stack.logs()}")
+
+
+def finished(batch: Any) -> bool:
+    return batch.status in ("completed", "failed", "expired", "cancelled")
+
+
+def file_lines(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()] if file_id else []
+
+
+def test_a_forty_line_batch_answers_each_line_once_like_interactive_requests(client: OpenAI, stack: Stack) -> None:
+    lines = forty_lines()
+    batch = wait_for(client, submit(client, lines), finished, stack)
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (40, 38, 2)
+    output, errors = file_lines(client, batch.output_file_id), file_lines(client, batch.error_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(cid for cid, *_ in lines[:38])
+    assert {e["custom_id"]: e["response"]["status_code"] for e in errors} == {"unknown-model": 404, "too-long": 400}
+    assert errors[0]["response"]["body"]["error"]["code"] in ("model_not_found", "context_length_exceeded")
+    answers = {o["custom_id"]: o["response"]["body"] for o in output}
+    for cid, url, body in lines[:8]:  # greedy and seeded, chat and completions: the same text interactively
+        if url == CHAT:
+            interactive = client.chat.completions.create(**body).choices[0].message.content
+            assert answers[cid]["choices"][0]["message"]["content"] == interactive, cid
+        else:
+            interactive = client.completions.create(**body).choices[0].text
+            assert answers[cid]["choices"][0]["text"] == interactive, cid
+    assert batch.id in [b.id for b in client.batches.list(limit=100).data]
+
+
+def test_cancel_mid_batch_stops_taking_lines_and_keeps_what_finished(client: OpenAI, stack: Stack) -> None:
+    lines = [(f"c-{i}", CHAT, chat(f"Tell a story about {i}.", max_tokens=12)) for i in range(40)]
+    batch_id = submit(client, lines)
+    wait_for(client, batch_id, lambda b: b.request_counts.completed >= 2, stack)
+    cancelling = client.batches.cancel(batch_id)
+    assert cancelling.status in ("cancelling", "cancelled")
+    asked = time.monotonic()
+    batch = wait_for(client, batch_id, finished, stack, timeout_s=120)
+    assert batch.status == "cancelled" and time.monotonic() - asked < 60
+    output, errors = file_lines(client, batch.output_file_id), file_lines(client, batch.error_file_id)
+    assert len(output) == batch.request_counts.completed >= 2
+    assert batch.request_counts.completed < 40
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert sorted(o["custom_id"] for o in output + errors) == sorted(cid for cid, *_ in lines)
+
+
+def test_upload_of_bad_lines_is_refused_naming_them(client: OpenAI) -> None:
+    good = dumps_line("a", CHAT, chat("hi"))
+    data = "\n".join([good, "{oops", dumps_line("a", CHAT, chat("hi")), dumps_line("b", "/v1/embeddings", {})])
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.files.create(file=("bad.jsonl", data.encode()), purpose="batch")
+    message = caught.value.message
+    assert "line 2" in message and "line 3 (custom_id)" in message and "line 4 (url)" in message
+
+
+def test_unknown_batch_and_file_ids_are_404_in_openai_shape(client: OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.batches.retrieve("batch_nope")
+    assert caught.value.code == "batch_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.batches.cancel("batch_nope")
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(input_file_id="file-nope", endpoint=CHAT, completion_window="24h")
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.batches.create(input_file_id="file-x", endpoint=CHAT, completion_window="1h")  # type: ignore[arg-type]
+    assert bad.value.param == "completion_window"
+
+
+def _kill(process: Process) -> None:
+    os.killpg(process.popen.pid, signal.SIGKILL)
+    process.popen.wait(10)
+
+
+def test_worker_and_assembler_killed_mid_batch_still_answer_every_line_once(client: OpenAI, stack: Stack) -> None:
+    lines = [(f"k-{i}", COMPLETIONS, completion(f"Line {i} of a poem:", max_tokens=8)) for i in range(30)]
+    batch_id = submit(client, lines)
+    before = wait_for(client, batch_id, lambda b: b.request_counts.completed >= 3, stack)
+    assert before.status == "in_progress" and before.request_counts.completed < 30  # really mid-batch
+    by_name = {p.name: p for p in stack.processes}
+    for name in ("worker", "assembler"):
+        _kill(by_name[name])
+        stack.processes.remove(by_name[name])
+    logs = Path(by_name["worker"].log).parent
+    stack.processes.append(spawn_process("worker-2", ["worker"], stack.env, logs))
+    stack.processes.append(spawn_process("assembler-2", ["batch", "assembler"], stack.env, logs))
+    batch = wait_for(client, batch_id, finished, stack)
+    assert batch.status == "completed" and batch.request_counts.completed == 30, batch
+    output = file_lines(client, batch.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(cid for cid, *_ in lines)  # each exactly once

@@ -1,0 +1,100 @@
+"""Batch work (the lowest priority) holds at most its share of the running slots and yields at admission only."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.kv_cache import KVCache
+from engine.request import EngineRequest, SamplingOptions
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence
+
+BATCH = 10
+
+
+def make_scheduler(max_running: int = 8, share: float = 0.5) -> Scheduler:
+    cache = KVCache(1, 1, 2, 4000, torch.float32, "cpu")
+    return Scheduler(cache, 256, max_running, 512, 0, batch_priority=BATCH, batch_max_share=share)
+
+
+def make_seq(rid: str, priority: int = 0, max_tokens: int = 10) -> Sequence:
+    return Sequence(request=EngineRequest(rid, [1, 2, 3, 4], SamplingOptions(max_tokens=max_tokens), priority=priority))
+
+
+def step(sch: Scheduler) -> SchedulerOutput:
+    out = sch.schedule()
+    sch.update_from_step(out, {})
+    for s in out.scheduled:
+        if s.needs_logits:
+            s.seq.output_ids.append(7)
+    return out
+
+
+def running_ids(sch: Scheduler) -> set[str]:
+    return {s.request_id for s in sch.running}
+
+
+def test_batch_work_holds_at_most_its_share_of_running_slots() -> None:
+    sch = make_scheduler(max_running=8, share=0.5)
+    for i in range(20):
+        sch.add(make_seq(f"b{i}", BATCH))
+    step(sch)
+    assert sch.num_running_batch == 4
+    assert sch.num_waiting == 16
+
+
+def test_interactive_arrival_is_admitted_next_step_while_batch_runs() -> None:
+    sch = make_scheduler(max_running=8, share=0.5)
+    for i in range(20):
+        sch.add(make_seq(f"b{i}", BATCH))
+    step(sch)
+    for i in range(4):
+        sch.add(make_seq(f"i{i}", 0))
+    step(sch)
+    assert {f"i{i}" for i in range(4)} <= running_ids(sch)
+    assert sch.num_running == 8 and sch.num_running_batch == 4
+
+
+def test_batch_is_never_preempted_when_interactive_work_waits() -> None:
+    sch = make_scheduler(max_running=4, share=0.5)
+    sch.add(make_seq("b0", BATCH))
+    sch.add(make_seq("b1", BATCH))
+    step(sch)
+    for i in range(5):
+        sch.add(make_seq(f"i{i}", 0))
+    step(sch)
+    # The two batch lines keep running; the interactive ones take the free slots and the rest wait for them.
+    assert {"b0", "b1", "i0", "i1"} == running_ids(sch)
+    assert sch.num_waiting == 3
+
+
+def test_interactive_requests_queue_ahead_of_earlier_batch_lines() -> None:
+    sch = make_scheduler(max_running=2, share=1.0)
+    sch.add(make_seq("b0", BATCH))
+    sch.add(make_seq("i0", 0))
+    step(sch)
+    assert [s.request_id for s in sch.running] == ["i0", "b0"]
+
+
+def test_batch_takes_the_freed_slot_when_a_batch_line_finishes() -> None:
+    sch = make_scheduler(max_running=4, share=0.5)
+    for i in range(4):
+        sch.add(make_seq(f"b{i}", BATCH, max_tokens=1))
+    step(sch)  # prefill: b0 and b1 run and sample their only token
+    assert running_ids(sch) == {"b0", "b1"}
+    sch.finish(sch.get("b0"), "length")
+    step(sch)
+    assert running_ids(sch) == {"b1", "b2"}
+
+
+def test_a_small_engine_still_runs_one_batch_line() -> None:
+    sch = make_scheduler(max_running=1, share=0.5)
+    sch.add(make_seq("b0", BATCH))
+    step(sch)
+    assert running_ids(sch) == {"b0"}
+
+
+@pytest.mark.parametrize("share", [0.0, 1.5])
+def test_share_outside_zero_to_one_is_refused(share: float) -> None:
+    with pytest.raises(ValueError, match="batch_max_share"):
+        make_scheduler(share=share)
