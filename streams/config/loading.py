@@ -32,6 +32,7 @@ from streams.config.services import (
     TelemetrySettings,
     WorkerSettings,
 )
+from streams.config.tools import ToolsSettings
 
 
 class Settings(BaseSettings):
@@ -50,6 +51,7 @@ class Settings(BaseSettings):
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, with request_id and trace_id on every line."
@@ -70,7 +72,8 @@ class Settings(BaseSettings):
     @property
     def catalog(self) -> TopicCatalog:
         return TopicCatalog(prefix=self.kafka.topic_prefix, request_partitions=self.kafka.request_partitions,
-                            completions_retention_ms=int(self.eval.completions_retention_h * 3_600_000))
+                            completions_retention_ms=int(self.eval.completions_retention_h * 3_600_000),
+                            tools_retention_ms=int(self.tools.retention_h * 3_600_000))
 
 
 # The file's contents for the Settings() call in progress. A context variable
