@@ -86,6 +86,18 @@ def worker_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:
         Grant("WRITE", "TOPIC", catalog.replies("").name, prefixed=True),
         _topic("WRITE", catalog.dead_letters),
         _topic("WRITE", catalog.completions),  # one record per finished request (streams.eval)
+        _topic("WRITE", catalog.tool_intents),  # server-side tool calls (streams.worker.tool_rounds)
+        _topic("READ", catalog.tool_results),
+        *[_topic("WRITE", t) for t in announcement_topics(catalog)],
+    ]
+
+
+def tool_runner_grants(catalog: TopicCatalog, group_id: str | None = None) -> list[Grant]:
+    return [
+        _topic("READ", catalog.tool_intents),
+        Grant("READ", "GROUP", group_id or f"{catalog.prefix}.tool-runners"),
+        _topic("WRITE", catalog.tool_results),
+        _topic("WRITE", catalog.dead_letters),
         *[_topic("WRITE", t) for t in announcement_topics(catalog)],
     ]
 
@@ -99,6 +111,8 @@ class Service:
 SERVICES: dict[str, Service] = {
     "edge": Service("User:specstream-edge", lambda catalog, group_id, edge_id: edge_grants(catalog, edge_id)),
     "worker": Service("User:specstream-worker", lambda catalog, group_id, edge_id: worker_grants(catalog, group_id)),
+    "tool-runner": Service("User:specstream-tool-runner",
+                           lambda catalog, group_id, edge_id: tool_runner_grants(catalog)),
 }
 
 

@@ -83,6 +83,16 @@ class SandboxSettings(Section):
 
 
 class ToolRunnerSettings(WorkerSettings):
+    id: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9._-]+$",
+        description="Tool runner id in announcements, results and dead letters; null: <hostname>-<pid>.",
+    )
+    group_id: str | None = Field(
+        default=None, min_length=1, description="Consumer group of the tool-intents topic; null: <topic_prefix>.tool-runners."
+    )
+    max_message_bytes: ByteSize = Field(
+        default=MIB, ge=1024, description="Larger intent messages are rejected (message_too_large) and dead-lettered."
+    )
     max_inflight: int = Field(default=4, ge=1, le=256, description="Tool calls a runner executes at once.")
     drain_timeout_s: float = Field(default=10.0, ge=0, description="On shutdown, seconds to finish running calls.")
 

@@ -19,6 +19,7 @@ from faststream import FastStream
 
 from schemas.tools import ToolError, ToolIntent, ToolResult
 from streams.config import Settings
+from streams.kafka_acls import tool_runner_grants
 from streams.service import Consumer, Delivery, Output, ServiceOptions
 from streams.service.app import create_app as create_service_app
 from streams.service.app import serve
@@ -48,7 +49,7 @@ class ToolRunner:
             kind=TOOL_RUNNER_KIND, topic=catalog.tool_intents, input_model=ToolIntent, handle=self._on_intent,
             outputs=[Output(catalog.tool_results, ToolResult)],
             group_id=tools.runner.resolved_group_id(settings.kafka.topic_prefix),
-            key_of=lambda intent: intent.call_id, prepare=self._check_sandbox,
+            key_of=lambda intent: intent.call_id, prepare=self._check_sandbox, grants=tool_runner_grants,
         ))
 
     async def _check_sandbox(self) -> None:
