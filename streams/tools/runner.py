@@ -69,6 +69,7 @@ class ToolRunner:
             log.info("call %s was answered here already; not run again", intent.call_id)
             return
         started = time.monotonic()
+        log.info("running call %s (%s, tenant %s)", intent.call_id, intent.tool, intent.tenant)
         outcome = await self.outcome(intent)
         result = ToolResult(request_id=intent.request_id, call_id=intent.call_id, tool=intent.tool,
                             output=outcome.output, error=outcome.error, truncated=outcome.truncated,

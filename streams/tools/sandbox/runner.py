@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from streams.config.tools import SandboxSettings, ToolSettings
@@ -45,19 +46,20 @@ class RunOutcome:
 class _Output:
     """stdout and stderr of one call, bounded together."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, on_limit: Callable[[], None]) -> None:
         self.left = limit
         self.truncated = False
         self.buffers = {"stdout": bytearray(), "stderr": bytearray()}
+        self._on_limit = on_limit
 
-    def add(self, name: str, data: bytes) -> bool:
-        """Keep what fits; False once the limit is passed."""
+    def add(self, name: str, data: bytes) -> None:
+        """Keep what fits; past the limit, stop the call (once) rather than at its timeout."""
         keep = data[: self.left]
         self.buffers[name] += keep
         self.left -= len(keep)
-        if len(keep) < len(data):
+        if len(keep) < len(data) and not self.truncated:
             self.truncated = True
-        return not self.truncated
+            self._on_limit()
 
     def text(self, name: str) -> str:
         return self.buffers[name].decode("utf-8", errors="replace")
@@ -121,15 +123,21 @@ class Sandbox:
         finally:
             if read_fd is not None:
                 os.close(read_fd)
-        output = _Output(limits.max_output_bytes)
+        output = _Output(limits.max_output_bytes, on_limit=lambda: _kill_group(process.pid))
+        # The pipes are read to their end even past the limit (what comes after is dropped): asyncio reports the
+        # exit only once both pipes closed, and a reader that stopped would leave a full pipe open.
+        readers = asyncio.gather(*(_pump(stream, name, output) for stream, name in
+                                   ((process.stdout, "stdout"), (process.stderr, "stderr"))))
         timed_out = False
         try:
-            await asyncio.wait_for(_communicate(process, stdin, output), timeout=limits.timeout_s)
+            await _feed(process, stdin)
+            await asyncio.wait_for(asyncio.shield(readers), timeout=limits.timeout_s)
         except TimeoutError:
             timed_out = True
         finally:
-            _kill_group(process.pid)
-            status = await process.wait()
+            _kill_group(process.pid)  # whatever is left of the call: its pid namespace goes with bwrap
+        await readers
+        status = await process.wait()
         return RunOutcome(output.text("stdout"), output.text("stderr"), status, timed_out, output.truncated,
                           time.monotonic() - started)
 
@@ -140,29 +148,18 @@ def _prlimit(limits: ToolSettings) -> list[str]:
             f"--nproc={limits.max_processes}", f"--fsize={limits.max_file_bytes}", "--nofile=256", "--core=0", "--"]
 
 
-async def _communicate(process: asyncio.subprocess.Process, stdin: bytes, output: _Output) -> None:
-    """Feed stdin, read both pipes up to the output limit; return when both close (or the limit is passed)."""
-    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+async def _feed(process: asyncio.subprocess.Process, stdin: bytes) -> None:
+    assert process.stdin is not None
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         process.stdin.write(stdin)
         await process.stdin.drain()
         process.stdin.close()
-    readers = [asyncio.ensure_future(_pump(stream, name, output))
-               for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))]
-    try:
-        for finished in asyncio.as_completed(readers):
-            if not await finished:  # over the limit: stop the call now rather than at its timeout
-                return
-    finally:
-        for reader in readers:
-            reader.cancel()
 
 
-async def _pump(stream: asyncio.StreamReader, name: str, output: _Output) -> bool:
+async def _pump(stream: asyncio.StreamReader | None, name: str, output: _Output) -> None:
+    assert stream is not None
     while data := await stream.read(_READ_CHUNK):
-        if not output.add(name, data):
-            return False
-    return True
+        output.add(name, data)
 
 
 def _kill_group(pgid: int) -> None:
