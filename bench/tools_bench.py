@@ -30,7 +30,7 @@ from streams.tools.sandbox.view import bwrap_argv
 
 def _percentiles(samples_s: list[float]) -> str:
     ms = sorted(s * 1000 for s in samples_s)
-    p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]
+    p99 = ms[min(len(ms) - 1, round(0.99 * (len(ms) - 1)))]
     return f"p50 {statistics.median(ms):8.2f} ms   p99 {p99:8.2f} ms   (n={len(ms)})"
 
 

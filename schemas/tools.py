@@ -8,6 +8,7 @@ and a regenerated answer (after a redelivery) names its calls as before.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,8 +76,6 @@ class ToolResult(Event):
 
     def content(self) -> str:
         """The result as the `tool` message the model reads next (JSON)."""
-        import json
-
         body: dict[str, Any] = {"output": self.output}
         if self.error is not None:
             body["error"] = self.error.model_dump()

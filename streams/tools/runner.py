@@ -31,9 +31,10 @@ from streams.tools.sandbox import Sandbox
 log = logging.getLogger("specstream.tools")
 
 TOOL_RUNNER_KIND = "tool-runner"
-# Call ids answered here lately: a copy redelivered after its result was published (a rebalance before the
-# commit) is not run twice by the same runner.
-_REMEMBERED_CALLS = 10_000
+# Results of the calls answered here lately: an intent published again for a call this runner answered (a copy
+# redelivered after its result was published, or a regenerated request's worker asking again) gets the same
+# result published again, without running the call twice. Bounded: a result holds up to a tool's output limit.
+_REMEMBERED_CALLS = 1_000
 
 
 class ToolRunner:
@@ -42,7 +43,7 @@ class ToolRunner:
         tools = settings.tools
         self.runner_id = tools.runner.resolved_id()
         self.sandbox = Sandbox(tools.sandbox, slots=tools.runner.max_inflight)
-        self._answered: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._answered: collections.OrderedDict[str, ToolResult] = collections.OrderedDict()
         catalog = settings.catalog
         self.results_topic = catalog.tool_results.name
         self.service = ConsumerService(ServiceOptions.from_settings(settings, tools.runner), Consumer(
@@ -65,8 +66,10 @@ class ToolRunner:
                  ", ".join(sorted(self.settings.tools.registry)) or "none", self.settings.catalog.tool_intents.name)
 
     async def _on_intent(self, intent: ToolIntent, delivery: Delivery) -> None:
-        if intent.call_id in self._answered:
-            log.info("call %s was answered here already; not run again", intent.call_id)
+        answered = self._answered.get(intent.call_id)
+        if answered is not None:
+            log.info("call %s was answered here already; its result is published again", intent.call_id)
+            delivery.publish(self.results_topic, intent.call_id.encode(), answered)
             return
         started = time.monotonic()
         log.info("running call %s (%s, tenant %s)", intent.call_id, intent.tool, intent.tenant)
@@ -77,7 +80,7 @@ class ToolRunner:
         log.info("call %s (%s, tenant %s): %s in %.3f s", intent.call_id, intent.tool, intent.tenant,
                  outcome.error.code if outcome.error else "ok", result.duration_s)
         delivery.publish(self.results_topic, intent.call_id.encode(), result)
-        self._answered[intent.call_id] = None
+        self._answered[intent.call_id] = result
         while len(self._answered) > _REMEMBERED_CALLS:
             self._answered.popitem(last=False)
 

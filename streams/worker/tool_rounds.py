@@ -18,6 +18,7 @@ tool (or any mix) ends the answer as before: its calls go to the client as ordin
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -25,7 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.outputs import RequestOutput
-from schemas.events import ChatMessage, Completion, GenerateRequest, OutputConstraint, TokenChunk, ToolCall, Usage
+from schemas.events import (
+    ChatMessage,
+    Completion,
+    GenerateRequest,
+    OutputConstraint,
+    TokenChunk,
+    ToolCall,
+    Usage,
+)
 from schemas.tools import ToolError, ToolIntent, ToolResult, call_id
 from streams.config.tools import ToolsSettings
 from streams.edge.tool_calls import calls_tools, parse_message
@@ -158,12 +167,11 @@ def _parallel(request: GenerateRequest) -> bool:
 
 
 def _arguments(text: str) -> dict[str, Any]:
-    import json
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
         raise ValueError(f"the call's arguments are not JSON: {error.msg}") from None
     if not isinstance(value, dict):
-        raise ValueError(f"the call's arguments are a JSON {type(value).__name__}, not an object")
+        # Answered as a rejected call, like arguments that are not JSON.
+        raise ValueError(f"the call's arguments are a JSON {type(value).__name__}, not an object")  # noqa: TRY004
     return value

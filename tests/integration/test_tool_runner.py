@@ -137,7 +137,7 @@ async def test_the_keys_file_and_the_project_are_not_in_the_sandbox(call: Call, 
     create_key(keys_file, "secret-tenant")
     home_keys = Path.home() / ".config" / "specstream" / "keys.json"
     paths = [str(keys_file), str(home_keys), str(REPO / "pyproject.toml"), "/etc/passwd", "/proc/1/environ"]
-    code = ("import os\nfor p in %r:\n    print(p, os.path.exists(p))\nprint(open(%r).read())" % (paths, str(keys_file)))
+    code = f"import os\nfor p in {paths!r}:\n    print(p, os.path.exists(p))\nprint(open({str(keys_file)!r}).read())"
     result = await call("python", {"code": code})
     assert result.error is not None and result.error.code == "nonzero_exit"
     assert "FileNotFoundError" in result.error.message and "secret-tenant" not in result.output["stdout"]
