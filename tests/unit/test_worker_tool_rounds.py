@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from engine.outputs import RequestOutput, RequestStats
-from schemas.events import GenerateRequest, OutputConstraint, ReplyRoute, TokenChunk, ToolSpec
+from schemas.events import (
+    GenerateRequest,
+    OutputConstraint,
+    ReplyRoute,
+    TokenChunk,
+    ToolSpec,
+)
 from schemas.tools import ToolIntent, ToolResult, call_id
 from streams.config.tools import ToolsSettings
 from streams.worker.replies import Generation

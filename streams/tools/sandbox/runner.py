@@ -123,19 +123,25 @@ class Sandbox:
         finally:
             if read_fd is not None:
                 os.close(read_fd)
-        output = _Output(limits.max_output_bytes, on_limit=lambda: _kill_group(process.pid))
+        output = _Output(limits.max_output_bytes,
+                         on_limit=lambda: _kill_group(process.pid) if process.returncode is None else None)
         # The pipes are read to their end even past the limit (what comes after is dropped): asyncio reports the
         # exit only once both pipes closed, and a reader that stopped would leave a full pipe open.
         readers = asyncio.gather(*(_pump(stream, name, output) for stream, name in
                                    ((process.stdout, "stdout"), (process.stderr, "stderr"))))
         timed_out = False
-        try:
+
+        async def feed_and_read() -> None:
             await _feed(process, stdin)
-            await asyncio.wait_for(asyncio.shield(readers), timeout=limits.timeout_s)
+            await asyncio.shield(readers)
+
+        try:
+            await asyncio.wait_for(feed_and_read(), timeout=limits.timeout_s)
         except TimeoutError:
             timed_out = True
         finally:
-            _kill_group(process.pid)  # whatever is left of the call: its pid namespace goes with bwrap
+            if process.returncode is None:  # once reaped, its pid (the group's id) may belong to someone else
+                _kill_group(process.pid)  # whatever is left of the call: its pid namespace goes with bwrap
         await readers
         status = await process.wait()
         return RunOutcome(output.text("stdout"), output.text("stderr"), status, timed_out, output.truncated,
