@@ -12,6 +12,7 @@ A runner refuses to start, in one line, when the sandbox cannot be built here.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import time
 
@@ -43,7 +44,9 @@ class ToolRunner:
         tools = settings.tools
         self.runner_id = tools.runner.resolved_id()
         self.sandbox = Sandbox(tools.sandbox, slots=tools.runner.max_inflight)
-        self._answered: collections.OrderedDict[str, ToolResult] = collections.OrderedDict()
+        # call id -> (what was asked, its result)
+        self._answered: collections.OrderedDict[str, tuple[tuple[str, str, str], ToolResult]] = \
+            collections.OrderedDict()
         catalog = settings.catalog
         self.results_topic = catalog.tool_results.name
         self.service = ConsumerService(ServiceOptions.from_settings(settings, tools.runner), Consumer(
@@ -67,9 +70,9 @@ class ToolRunner:
 
     async def _on_intent(self, intent: ToolIntent, delivery: Delivery) -> None:
         answered = self._answered.get(intent.call_id)
-        if answered is not None:
+        if answered is not None and answered[0] == _asked(intent):  # not for another tenant or other arguments
             log.info("call %s was answered here already; its result is published again", intent.call_id)
-            delivery.publish(self.results_topic, intent.call_id.encode(), answered)
+            delivery.publish(self.results_topic, intent.call_id.encode(), answered[1])
             return
         started = time.monotonic()
         log.info("running call %s (%s, tenant %s)", intent.call_id, intent.tool, intent.tenant)
@@ -80,7 +83,7 @@ class ToolRunner:
         log.info("call %s (%s, tenant %s): %s in %.3f s", intent.call_id, intent.tool, intent.tenant,
                  outcome.error.code if outcome.error else "ok", result.duration_s)
         delivery.publish(self.results_topic, intent.call_id.encode(), result)
-        self._answered[intent.call_id] = result
+        self._answered[intent.call_id] = (_asked(intent), result)
         while len(self._answered) > _REMEMBERED_CALLS:
             self._answered.popitem(last=False)
 
@@ -107,6 +110,10 @@ class ToolRunner:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def _asked(intent: ToolIntent) -> tuple[str, str, str]:
+    return intent.tool, intent.tenant, json.dumps(intent.arguments, sort_keys=True)
 
 
 def create_app(settings: Settings) -> tuple[FastStream, ToolRunner]:

@@ -226,3 +226,21 @@ async def _wait_for_line(log: Path, text: str, process: asyncio.subprocess.Proce
         assert process.returncode is None, log.read_text(errors="replace")
         await asyncio.sleep(0.1)
     raise AssertionError(f"{text!r} not in the runner's log:\n{log.read_text(errors='replace')}")
+
+
+async def test_a_call_asked_again_gets_its_result_again_without_running_twice(
+        client: ToolClient, runner: ToolRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[Any] = []
+    original = runner.sandbox.run
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        ran.append(args)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(runner.sandbox, "run", counting)
+    intent = client.intent("python", {"code": "import random; print(random.random())"})
+    first = await client.call(intent, timeout_s=60)
+    again = await client.call(intent, timeout_s=60)  # e.g. a regenerated request's worker asking again
+    assert again.output == first.output and len(ran) == 1
+    other_tenant = await client.call(intent.model_copy(update={"tenant": "mallory"}), timeout_s=60)
+    assert other_tenant.output != first.output and len(ran) == 2
