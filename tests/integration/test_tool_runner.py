@@ -65,6 +65,20 @@ Call = Callable[..., Awaitable[ToolResult]]
 
 
 @pytest.fixture
+def ran(runner: ToolRunner, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every command the runner's sandbox runs during the test."""
+    commands: list[Any] = []
+    original = runner.sandbox.run
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        commands.append(args)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(runner.sandbox, "run", counting)
+    return commands
+
+
+@pytest.fixture
 def call(client: ToolClient) -> Call:
     async def run(tool: str, arguments: dict[str, Any], tenant: str = "default") -> ToolResult:
         return await client.call(client.intent(tool, arguments, tenant=tenant), timeout_s=60)
@@ -80,16 +94,7 @@ async def test_calculator_computes_and_refuses_what_is_not_arithmetic(call: Call
     assert huge.error is not None and "exponent" in huge.error.message
 
 
-async def test_schema_failing_arguments_never_reach_the_tool(call: Call, runner: ToolRunner,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    ran: list[Any] = []
-    original = runner.sandbox.run
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        ran.append(args)
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(runner.sandbox, "run", counting)
+async def test_schema_failing_arguments_never_reach_the_tool(call: Call, ran: list[Any]) -> None:
     wrong_type = await call("python", {"code": 42})
     assert wrong_type.error is not None and wrong_type.error.code == "rejected"
     assert "at code: 42 is not of type 'string'" in wrong_type.error.message
@@ -228,16 +233,8 @@ async def _wait_for_line(log: Path, text: str, process: asyncio.subprocess.Proce
     raise AssertionError(f"{text!r} not in the runner's log:\n{log.read_text(errors='replace')}")
 
 
-async def test_a_call_asked_again_gets_its_result_again_without_running_twice(
-        client: ToolClient, runner: ToolRunner, monkeypatch: pytest.MonkeyPatch) -> None:
-    ran: list[Any] = []
-    original = runner.sandbox.run
-
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        ran.append(args)
-        return await original(*args, **kwargs)
-
-    monkeypatch.setattr(runner.sandbox, "run", counting)
+async def test_a_call_asked_again_gets_its_result_again_without_running_twice(client: ToolClient,
+                                                                            ran: list[Any]) -> None:
     intent = client.intent("python", {"code": "import random; print(random.random())"})
     first = await client.call(intent, timeout_s=60)
     again = await client.call(intent, timeout_s=60)  # e.g. a regenerated request's worker asking again
