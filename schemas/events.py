@@ -11,15 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SCHEMA_VERSION = 1
-
-
-class Event(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    schema_version: Literal[1] = Field(
-        default=SCHEMA_VERSION, description="Version of this event's schema; consumers reject versions they do not know."
-    )
+from schemas.base import SCHEMA_VERSION, Event
+from schemas.tools import ToolResult
 
 
 class ToolCall(BaseModel):
@@ -200,6 +193,11 @@ class TokenChunk(Event):
     token_offset: int | None = Field(
         default=None, ge=0, description="Generated tokens before this chunk's `token_ids`; None: not reported.",
     )
+    tool_result: ToolResult | None = Field(
+        default=None,
+        description="A server-side tool call's result (the chunk has no text): the worker ran the call the answer "
+        "made, and generation continues with it as a `tool` message; the edge shows it as a `specstream` event.",
+    )
 
 
 class Usage(BaseModel):
@@ -250,6 +248,9 @@ class Completion(Event):
     timings: Timings
     spec: SpecStats = Field(default_factory=SpecStats)
     model: str | None = None
+    tool_results: list[ToolResult] = Field(
+        default_factory=list, description="Results of the server-side tool calls the answer made, in call order.",
+    )
 
 
 ErrorCode = Literal[

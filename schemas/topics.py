@@ -21,6 +21,7 @@ from schemas.events import (
     RolloutState,
     ServiceAnnouncement,
 )
+from schemas.tools import ToolIntent, ToolResult
 
 HOUR_MS = 3_600_000
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
@@ -65,6 +66,7 @@ class TopicCatalog:
     prefix: str = "specstream"
     request_partitions: int = 6
     completions_retention_ms: int = 7 * 24 * HOUR_MS
+    tools_retention_ms: int = 7 * 24 * HOUR_MS
 
     @property
     def requests(self) -> Topic:
@@ -217,11 +219,31 @@ class TopicCatalog:
             "assembler and the workers follow it, so a restarted one knows every batch.",
         )
 
+    @property
+    def tool_intents(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.tool-intents", partitions=3, key="call_id",
+            retention_ms=self.tools_retention_ms, carries=_describe(ToolIntent),
+            purpose="Server-side tool calls (request, call id, tool, validated arguments, tenant, deadline) that "
+            "workers and `specstream tools call` publish; tool runners execute them as one consumer group. Kept as "
+            "the audit log (retention: tools.retention_h).",
+        )
+
+    @property
+    def tool_results(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.tool-results", partitions=1, key="call_id",
+            retention_ms=self.tools_retention_ms, carries=_describe(ToolResult),
+            purpose="The outcome of each tool call (output or error, duration, truncated flag); every worker reads "
+            "all of it and takes the first result of each call it waits for. Kept as the audit log.",
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
                 self.completions, self.eval_samples, self.files, self.ingest_jobs, self.document_chunks,
-                self.documents, self.batch_lines, self.batch_results, self.batches]
+                self.documents, self.batch_lines, self.batch_results, self.batches, self.tool_intents,
+                self.tool_results]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

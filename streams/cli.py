@@ -10,6 +10,8 @@
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
     specstream eval replay|run         compare a candidate with recorded completions; score eval samples (streams.eval)
     specstream send "prompt"           one request straight onto the request topic, streamed back
+    specstream tool-runner             one tool runner: executes server-side tool calls in the sandbox
+    specstream tools list | call NAME 'JSON-ARGS' [--tenant T]   the tool registry; one call through the bus
     specstream bench ...               load-test a running stack (streams.bench)
     specstream prepare                 fetch the Kafka jars and convert the model (what `up` would do first)
     specstream config check [FILE]
@@ -29,7 +31,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from streams.commands import autoscale, batch, k8s, kafka, plan, rollout, run, send, setup, status, topics, up
+from streams.commands import autoscale, batch, k8s, kafka, plan, rollout, run, send, setup, status, tools, topics, up
 from streams.commands.common import EXIT_CONFIG, say
 from streams.config import ConfigError, Settings, load_settings
 
@@ -105,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_commands(commands)
     send.add_commands(commands)
     setup.add_commands(commands)
+    tools.add_commands(commands)
 
     from streams.edge.keys_cli import add_keys_commands
 

@@ -91,8 +91,20 @@ def worker_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:
         Grant("WRITE", "TOPIC", catalog.replies("").name, prefixed=True),
         _topic("WRITE", catalog.dead_letters),
         _topic("WRITE", catalog.completions),  # one record per finished request (streams.eval)
+        _topic("WRITE", catalog.tool_intents),  # server-side tool calls (streams.worker.tool_rounds)
+        _topic("READ", catalog.tool_results),
         *[_topic("WRITE", t) for t in announcement_topics(catalog)],
         *batch_lane_grants(catalog),
+    ]
+
+
+def tool_runner_grants(catalog: TopicCatalog, group_id: str | None = None) -> list[Grant]:
+    return [
+        _topic("READ", catalog.tool_intents),
+        Grant("READ", "GROUP", group_id or f"{catalog.prefix}.tool-runners"),
+        _topic("WRITE", catalog.tool_results),
+        _topic("WRITE", catalog.dead_letters),
+        *[_topic("WRITE", t) for t in announcement_topics(catalog)],
     ]
 
 
@@ -129,6 +141,8 @@ SERVICES: dict[str, Service] = {
     "worker": Service("User:specstream-worker", lambda catalog, group_id, edge_id: worker_grants(catalog, group_id)),
     "batch-assembler": Service("User:specstream-batch-assembler", lambda catalog, group_id, edge_id: assembler_grants(
         catalog, f"{catalog.prefix}.batch-assemblers")),
+    "tool-runner": Service("User:specstream-tool-runner",
+                           lambda catalog, group_id, edge_id: tool_runner_grants(catalog)),
 }
 
 

@@ -9,6 +9,7 @@ CLI's subparsers with a ``handler(args, settings) -> exit status``:
 * :mod:`.kafka`: ``kafka ...`` (handed to infra.kafka's own parser) and the local broker ``up`` manages
 * :mod:`.topics`: ``topics create|list|markdown|gc``
 * :mod:`.send`: ``send`` (one request straight onto the request topic)
+* :mod:`.tools`: ``tools list|call`` (the server-side tool registry) and ``tool-runner``
 * :mod:`.setup`: ``prepare`` and ``config check|example|reference``
 * :mod:`.plan`: ``plan`` (capacity: memory, KV cache, throughput, settings)
 * :mod:`.autoscale`: ``autoscale`` (local workers by consumer lag; ``--render-keda``)

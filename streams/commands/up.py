@@ -1,5 +1,5 @@
-"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, the edge and
-the batch assembler beside it); Ctrl-C stops all.
+"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, a tool
+runner, the edge and the batch assembler beside it); Ctrl-C stops all.
 
 The worker and the edge it starts are supervised (:mod:`streams.supervisor`):
 one that dies is restarted with backoff; one that crash-loops makes ``up`` say
@@ -30,6 +30,7 @@ def add_commands(commands: Any) -> None:
     up.add_argument("--no-edge", action="store_true", help="do not start an edge")
     up.add_argument("--no-worker", action="store_true", help="do not start an engine worker")
     up.add_argument("--no-parser", action="store_true", help="do not start a document parser")
+    up.add_argument("--no-tool-runner", action="store_true", help="do not start a tool runner (server-side tools)")
     up.set_defaults(handler=cmd_up)
 
 
@@ -112,6 +113,7 @@ def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Su
         supervisor.start("worker", service_argv(args.config, "worker"))
     if not args.no_parser:
         supervisor.start("parser", service_argv(args.config, "parser"))
+    _start_tool_runner(args, settings, supervisor)
     if args.no_edge:
         say("edge: not started (--no-edge)")
         say("running; Ctrl-C stops")
@@ -124,6 +126,19 @@ def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Su
         supervisor.start("batch-assembler", [*service_argv(args.config, "batch"), "assembler"])
     _wait_ready(base, supervisor)
     _print_urls(settings, base, curl_auth(key_file))
+
+
+def _start_tool_runner(args: argparse.Namespace, settings: Settings, supervisor: Supervisor) -> None:
+    """Server-side tools (docs/tools.md) run in a tool runner; it needs bubblewrap for its sandbox."""
+    import shutil
+
+    if args.no_tool_runner or not settings.tools.registry:
+        say("tool-runner: not started" + (" (--no-tool-runner)" if args.no_tool_runner else " (tools.registry is empty)"))
+    elif shutil.which(settings.tools.sandbox.bwrap) is None:
+        say(f"tool-runner: not started: {settings.tools.sandbox.bwrap} not found (apt-get install bubblewrap); "
+            "server-side tool calls answer no_result")
+    else:
+        supervisor.start("tool-runner", service_argv(args.config, "tool-runner"))
 
 
 def _wait_ready(base: str, supervisor: Supervisor) -> None:

@@ -23,7 +23,10 @@ def _fields(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> list[tuple[
 
 
 def _default(info: FieldInfo) -> Any:
-    return info.get_default(call_default_factory=True)
+    from pydantic_core import to_jsonable_python
+
+    # A mapping of sections (tools.registry) is one setting: written as its JSON.
+    return to_jsonable_python(info.get_default(call_default_factory=True))
 
 
 def _yaml_scalar(value: Any) -> str:

@@ -35,6 +35,7 @@ from streams.config.services import (
     TelemetrySettings,
     WorkerSettings,
 )
+from streams.config.tools import ToolsSettings
 
 
 class Settings(BaseSettings):
@@ -57,6 +58,7 @@ class Settings(BaseSettings):
     files: FilesSettings = Field(default_factory=FilesSettings)
     parser: ParserSettings = Field(default_factory=ParserSettings)
     ops: OpsSettings = Field(default_factory=OpsSettings)
+    tools: ToolsSettings = Field(default_factory=ToolsSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, with request_id and trace_id on every line."
@@ -77,7 +79,8 @@ class Settings(BaseSettings):
     @property
     def catalog(self) -> TopicCatalog:
         return TopicCatalog(prefix=self.kafka.topic_prefix, request_partitions=self.kafka.request_partitions,
-                            completions_retention_ms=int(self.eval.completions_retention_h * 3_600_000))
+                            completions_retention_ms=int(self.eval.completions_retention_h * 3_600_000),
+                            tools_retention_ms=int(self.tools.retention_h * 3_600_000))
 
 
 # The file's contents for the Settings() call in progress. A context variable

@@ -26,7 +26,8 @@ a missing tail is forwarded as one last chunk before it, and its
 ``num_chunks`` becomes the number of chunks the client received.
 
 Chunks without offsets (workers older than the offsets) fall back to
-index-based deduplication.
+index-based deduplication. A chunk that carries a server-side tool call's result
+(and no text) is forwarded once per call id.
 """
 from __future__ import annotations
 
@@ -59,9 +60,12 @@ class Forwarded:
         self.duplicates = 0  # chunks (or parts of chunks) dropped as already forwarded
         self.gaps = 0  # chunks held back because they started beyond what was forwarded
         self._legacy_next = 0  # next worker index, for chunks without offsets
+        self.tool_results: set[str] = set()  # call ids whose result was forwarded
 
     def chunk(self, chunk: TokenChunk) -> TokenChunk | None:
         """The part of ``chunk`` to forward (renumbered), or None when it holds nothing new. Raises Diverged."""
+        if chunk.tool_result is not None:
+            return self._tool_result(chunk)
         if chunk.text_offset is None:
             return self._legacy(chunk)
         start, sent = chunk.text_offset, len(self.text)
@@ -109,6 +113,16 @@ class Forwarded:
         return tail, final.model_copy(update={"num_chunks": self.chunks})
 
     # --- helpers ---------------------------------------------------------------------------------------------------
+
+    def _tool_result(self, chunk: TokenChunk) -> TokenChunk | None:
+        assert chunk.tool_result is not None
+        if chunk.tool_result.call_id in self.tool_results:
+            self.duplicates += 1
+            return None
+        self.tool_results.add(chunk.tool_result.call_id)
+        self.chunks += 1
+        return chunk.model_copy(update={"index": self.chunks - 1, "text_offset": len(self.text),
+                                        "token_offset": len(self.tokens)})
 
     def _legacy(self, chunk: TokenChunk) -> TokenChunk | None:
         if chunk.index < self._legacy_next:

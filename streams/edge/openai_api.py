@@ -42,7 +42,7 @@ from streams.edge.auth import key_from_headers
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
-from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message
+from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -200,9 +200,9 @@ def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool) -> d
     """OpenAI's chat.completion / text_completion object of a finished request (batch output lines reuse it)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
     if chat and calls_tools(gen):
-        content, calls = parse_message(final.text)
+        content, calls = parse_message(final.text, gen.request_id)
         choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        choice["finish_reason"] = finish_reason(final.finish_reason, calls)
+        choice["finish_reason"] = finish_reason(final.finish_reason, calls, _answered(final))
     elif chat:
         choice["message"] = {"role": "assistant", "content": final.text}
     else:
@@ -219,8 +219,15 @@ def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool) -> d
 
 
 def _extras(final: Completion, edge: Edge) -> dict[str, Any]:
-    return {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
-            "num_chunks": final.num_chunks}
+    extras = {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
+              "num_chunks": final.num_chunks}
+    if final.tool_results:  # the server-side calls the answer made, answered (see docs/tools.md)
+        extras["tool_results"] = [result_view(r) for r in final.tool_results]
+    return extras
+
+
+def _answered(final: Completion) -> set[str]:
+    return {r.call_id for r in final.tool_results}
 
 
 def _data(obj: Any) -> str:
@@ -235,7 +242,7 @@ async def _sse(
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     # A tool-calling answer's text becomes content and tool_calls deltas as it arrives.
-    parser = ToolCallParser() if chat and calls_tools(gen) else None
+    parser = ToolCallParser(gen.request_id) if chat and calls_tools(gen) else None
 
     def chunk(text: str | None, reason: str | None, *, role: bool = False, extra: dict | None = None,
               fields: dict | None = None) -> dict:
@@ -270,6 +277,10 @@ async def _sse(
         async for event in all_events():
             if isinstance(event, TokenChunk):
                 ticket.saw(event)
+                if event.tool_result is not None:
+                    # A server-side call's result: an event of its own, with an empty delta, between the call's
+                    # tool_calls deltas and the next round's.
+                    pending.append(_data(chunk(None, None, extra={"tool_result": result_view(event.tool_result)})))
                 if event.text:
                     extra = {"index": event.index, "spec": event.spec.model_dump()}
                     if parser is None:
@@ -285,7 +296,7 @@ async def _sse(
                 reason: str = event.finish_reason
                 if parser is not None:
                     pending.extend(_data(chunk(None, None, fields=f)) for f in parser.finish())
-                    reason = finish_reason(reason, parser.calls)
+                    reason = finish_reason(reason, parser.calls, _answered(event))
                 pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge))))
                 if include_usage:
                     usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,

@@ -8,17 +8,22 @@ so a stream can be cut into OpenAI's deltas as it arrives: text outside the tags
 call's first delta carries its `index`, `id`, `type` and `name` (with empty `arguments`), the next
 ones fragments of `arguments`, as OpenAI streams them. The text that might be the start of a tag is
 held back until it is known not to be.
+
+A call's id is derived from the request id and the call's position (:func:`schemas.tools.call_id`), so
+the worker that runs a server-side call names it as the client saw it; a call the worker answered
+(its result is in the stream) is not one the client must answer (:func:`finish_reason`).
 """
 from __future__ import annotations
 
 import json
 import re
-import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.grammar.constraint import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from schemas.events import GenerateRequest
+from schemas.tools import ToolResult, call_id
 
 _HEAD = re.compile(r'\s*\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
 _END = "}\n" + TOOL_CALL_CLOSE  # the arguments' JSON never holds a raw newline, so this ends them
@@ -41,6 +46,7 @@ def _held_back(text: str, tag: str) -> int:
 class ToolCallParser:
     """Feed it the answer's text as it comes; it returns OpenAI delta fields (content or tool_calls)."""
 
+    request_id: str = ""  # names the calls (call_id(request_id, index))
     calls: list[dict[str, Any]] = field(default_factory=list)  # the whole calls so far, OpenAI's message form
     content: str = ""  # the whole content so far
     _buf: str = ""
@@ -85,7 +91,7 @@ class ToolCallParser:
             if m is None:
                 return None
             self._buf, self._state = self._buf[m.end():], "args"
-            call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            call = {"id": call_id(self.request_id, len(self.calls)), "type": "function",
                     "function": {"name": json.loads(m.group(1)), "arguments": ""}}
             self.calls.append(call)
             return {"tool_calls": [{"index": len(self.calls) - 1, **call,
@@ -109,14 +115,22 @@ class ToolCallParser:
         return {"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": fragment}}]}
 
 
-def parse_message(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_message(text: str, request_id: str = "") -> tuple[str | None, list[dict[str, Any]]]:
     """A whole answer: its content (None when it is only calls) and its tool calls."""
-    parser = ToolCallParser()
+    parser = ToolCallParser(request_id)
     parser.feed(text)
     parser.finish()
     return parser.message_content(), parser.calls
 
 
-def finish_reason(reason: str, calls: list[dict[str, Any]]) -> str:
-    """OpenAI's finish_reason: "tool_calls" when the answer ended after calls."""
-    return "tool_calls" if reason == "stop" and calls else reason
+def finish_reason(reason: str, calls: list[dict[str, Any]], answered: Collection[str] = ()) -> str:
+    """OpenAI's finish_reason: "tool_calls" when the answer ended after calls the client must answer (not those
+    the server ran: their results are in the stream)."""
+    return "tool_calls" if reason == "stop" and any(c["id"] not in answered for c in calls) else reason
+
+
+def result_view(result: ToolResult) -> dict[str, Any]:
+    """A server-side call's result as the client sees it (the `specstream.tool_result` of a stream's event)."""
+    return {"tool_call_id": result.call_id, "name": result.tool, "output": result.output,
+            "error": result.error.model_dump() if result.error is not None else None,
+            "truncated": result.truncated, "duration_s": result.duration_s}

@@ -16,7 +16,10 @@ Edge -> client:
 * with ``tools``: chunk frames also carry ``deltas``, the chat API's delta fields
   (``content`` or ``tool_calls`` fragments, as OpenAI streams them), and the done
   frame the last ``deltas``, ``content`` and ``tool_calls`` (OpenAI's message form), with
-  ``finish_reason: "tool_calls"`` when the answer ended after calls;
+  ``finish_reason: "tool_calls"`` when the answer ended after calls the client must answer;
+* a server-side tool call's result (docs/tools.md) is a chunk frame with empty ``text``
+  and a ``tool_result`` (tool_call_id, name, output, error, truncated, duration_s); the done
+  frame lists them all in ``tool_results``;
 * ``{"type": "error", "id", "code", "message", "param", "status"}`` for a request
   that failed (``id`` null when the frame could not be read, or a request
   without an ``id`` was refused before admission). A malformed frame
@@ -61,7 +64,7 @@ from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
-from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason
+from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, result_view
 from streams.telemetry.edge import EdgeTelemetry
 
 log = logging.getLogger(__name__)
@@ -221,7 +224,7 @@ class WsSession:
         first_chunk: float | None = None
         stream: ReplyStream | None = None
         status, final, code = 499, None, "client_gone"
-        parser = ToolCallParser() if calls_tools(request) else None
+        parser = ToolCallParser(request.request_id) if calls_tools(request) else None
         try:
             stream = await self.edge.submit(request)
             async for event in stream:
@@ -238,6 +241,8 @@ class WsSession:
                     }
                     if parser is not None:
                         frame["deltas"] = parser.feed(event.text)
+                    if event.tool_result is not None:
+                        frame["tool_result"] = result_view(event.tool_result)
                     await self._send(frame)
                     first_chunk = first_chunk or time.monotonic()
                 elif isinstance(event, Completion):
@@ -250,7 +255,9 @@ class WsSession:
                     }
                     if parser is not None:
                         done.update(deltas=parser.finish(), content=parser.message_content(), tool_calls=parser.calls,
-                                    finish_reason=finish_reason(event.finish_reason, parser.calls))
+                                    finish_reason=finish_reason(event.finish_reason, parser.calls,
+                                                                {r.call_id for r in event.tool_results}),
+                                    tool_results=[result_view(r) for r in event.tool_results])
                     await self._send(done)
                 elif isinstance(event, ErrorEvent):
                     error = errors.from_worker_error(event, input_param=ticket.input_param)

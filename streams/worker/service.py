@@ -38,6 +38,7 @@ from schemas.events import (
     GenerateRequest,
     TokenChunk,
 )
+from schemas.tools import ToolIntent, ToolResult
 from streams.config import Settings
 from streams.eval.completions_log import config_fingerprint
 from streams.kafka_acls import worker_grants
@@ -52,6 +53,7 @@ from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import to_engine_request
 from streams.worker.observers import CompletionsLog, ServiceTelemetry
 from streams.worker.replies import Generation
+from streams.worker.tool_rounds import ToolRounds
 
 log = logging.getLogger("specstream.worker")
 
@@ -95,12 +97,16 @@ class EngineWorker:
         self.completions = CompletionsLog(catalog.completions.name, worker_id=self.worker_id,
                                           fingerprint=config_fingerprint(settings.engine),
                                           enabled=settings.eval.log_completions)
+        # Server-side tool calls: intents out, results in (streams.worker.tool_rounds).
+        self.tool_rounds = ToolRounds(settings.tools, catalog.tool_intents.name, proceed=self._continue,
+                                      spawn=self._spawn)
         self.service = ConsumerService(ServiceOptions.from_settings(settings, settings.worker), Consumer(
             kind=ENGINE_WORKER_KIND, topic=catalog.requests, input_model=GenerateRequest, handle=self._on_request,
             outputs=[Output(catalog.replies("<edge-id>"), TokenChunk | Completion | ErrorEvent),
-                     Output(catalog.completions, CompletionRecord)],
+                     Output(catalog.completions, CompletionRecord), Output(catalog.tool_intents, ToolIntent)],
             group_id=self.group_id, check=self._precheck, grants=worker_grants,
-            listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel)],
+            listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel),
+                       Listener(catalog.tool_results, ToolResult, self.tool_rounds.on_result)],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,
         ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
@@ -204,6 +210,17 @@ class EngineWorker:
         # meanwhile is what lets requests arriving together share a batch.
         self._spawn(self._await_admission(generation, added))
 
+    def _continue(self, generation: Generation, request: GenerateRequest) -> None:
+        """The next round of a generation, after its server-side tool calls (same request id, same stream)."""
+        if self._driver is None or generation.delivery.done:
+            return
+        try:
+            added = self._driver.add(lambda engine: to_engine_request(request, engine.tokenizer, arrival_time=time.time()))
+        except RuntimeError:  # driver stopped: shutting down, leave it uncommitted for redelivery
+            generation.delivery.hand_back()
+            return
+        self._spawn(self._await_admission(generation, added))
+
     async def _await_admission(self, generation: Generation, added: Any) -> None:
         try:
             generation.engine_request = await added
@@ -220,12 +237,14 @@ class EngineWorker:
     def _abort(self, request_id: str) -> None:
         """The foundation handed the request back (rebalance, drain timeout): stop generating it."""
         self._generations.pop(request_id, None)
+        self.tool_rounds.forget(request_id)
         if self._driver is not None:
             # The inbox is FIFO: a request still being added is aborted right after its add.
             self._driver.abort(request_id)
 
     def _fail(self, generation: Generation, code: Any, message: str) -> None:
         self._generations.pop(generation.request_id, None)
+        self.tool_rounds.forget(generation.request_id)
         if self.telemetry is not None:
             self.telemetry.failed(generation.request_id, code, message)
         delivery = generation.delivery
@@ -247,13 +266,16 @@ class EngineWorker:
             self._emit(generation, output)
 
     def _emit(self, generation: Generation, output: RequestOutput) -> None:
+        if output.finished and self.tool_rounds.takes_over(generation, output):
+            return  # its calls run on the bus; the generation goes on with their results
         finish_reason = (output.finish_reason or "stop") if output.finished else None
         delivery = generation.delivery
         chunk = generation.chunk(output, finish_reason)
         if not self.batch_lane.is_batch_line(generation.request):  # a batch line's answer is written whole
             delivery.reply(chunk)
         if output.finished:
-            completion = generation.completion(output, finish_reason or "stop", self._model_name())
+            completion = self.tool_rounds.finish(
+                generation, generation.completion(output, finish_reason or "stop", self._model_name()))
             if self.telemetry is not None:
                 self.telemetry.engine_done(generation.request_id, output.stats, completion)
             delivery.reply(completion)

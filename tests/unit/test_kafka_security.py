@@ -120,13 +120,14 @@ def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completio
     grants = {(g.operation, g.resource) for g in worker_grants(catalog, "p.engine-workers")}
     assert grants == {("READ", "topic p.requests"), ("READ", "group p.engine-workers"), ("READ", "topic p.cancellations"),
                       ("WRITE", "topic p.replies.*"), ("WRITE", "topic p.dead-letters"), ("WRITE", "topic p.services"),
-                      ("WRITE", "topic p.completions"),
+                      ("WRITE", "topic p.completions"), ("WRITE", "topic p.tool-intents"),
+                      ("READ", "topic p.tool-results"),
                       # its batch lane: batch lines as their own group, answers out, batches' state
                       ("READ", "topic p.batch-lines"), ("READ", "group p.batch-workers"),
                       ("WRITE", "topic p.batch-results"), ("READ", "topic p.batches")}
     assert [t.name for t in topics_of(worker_grants(catalog, "g"))] == [
-        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.services", "p.batch-lines",
-        "p.batch-results", "p.batches"]
+        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.tool-intents", "p.tool-results",
+        "p.services", "p.batch-lines", "p.batch-results", "p.batches"]
 
 
 def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topic() -> None:
