@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from schemas.adapters import AdapterCommand
 from schemas.events import (
     CancelRequest,
     CompletionRecord,
@@ -149,10 +150,19 @@ class TopicCatalog:
             "outcome and why); every edge follows it, so a restarted or second edge routes alike.",
         )
 
+    @property
+    def adapters(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.adapters", partitions=1, key="lora_name",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(AdapterCommand), compacted=True,
+            purpose="LoRA adapters: each adapter's newest load or unload; every engine worker reads it from the "
+            "beginning, so one started later serves the same adapters.",
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
-                self.completions, self.eval_samples]
+                self.completions, self.eval_samples, self.adapters]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

@@ -119,10 +119,11 @@ def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completio
     catalog = TopicCatalog(prefix="p")
     grants = {(g.operation, g.resource) for g in worker_grants(catalog, "p.engine-workers")}
     assert grants == {("READ", "topic p.requests"), ("READ", "group p.engine-workers"), ("READ", "topic p.cancellations"),
+                      ("READ", "topic p.adapters"),  # the LoRA adapter registry
                       ("WRITE", "topic p.replies.*"), ("WRITE", "topic p.dead-letters"), ("WRITE", "topic p.services"),
                       ("WRITE", "topic p.completions")}
     assert [t.name for t in topics_of(worker_grants(catalog, "g"))] == [
-        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.services"]
+        "p.requests", "p.cancellations", "p.adapters", "p.dead-letters", "p.completions", "p.services"]
 
 
 def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topic() -> None:
@@ -131,7 +132,8 @@ def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topi
     assert grants == {("WRITE", "topic p.requests"), ("WRITE", "topic p.cancellations"), ("WRITE", "topic p.edges"),
                       ("WRITE", "topic p.services"), ("READ", "topic p.services"),
                       ("READ", "topic p.replies.*"), ("CREATE", "topic p.replies.*"),
-                      ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*")}  # canary routing
+                      ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*"),  # canary routing
+                      ("WRITE", "topic p.adapters")}  # POST /v1/load_lora_adapter
     own = [g for g in edge_grants(catalog, "e1") if g.name.startswith("p.replies")]
     assert own == [Grant("READ", "TOPIC", "p.replies.e1"), Grant("CREATE", "TOPIC", "p.replies.e1")]
 
