@@ -29,7 +29,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from streams.commands import autoscale, k8s, kafka, plan, rollout, run, send, setup, status, topics, up
+from streams.commands import adapters, autoscale, k8s, kafka, plan, rollout, run, send, setup, status, topics, up
 from streams.commands.common import EXIT_CONFIG, say
 from streams.config import ConfigError, Settings, load_settings
 
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     autoscale.add_commands(commands)
     k8s.add_commands(commands)
     rollout.add_commands(commands)
+    adapters.add_commands(commands)
     run.add_commands(commands)
     kafka.add_commands(commands)
     # Listed for --help only: main() hands `bench` to streams.bench.cli before argparse runs.
