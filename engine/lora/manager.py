@@ -18,6 +18,7 @@ at once.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -97,11 +98,10 @@ class LoRAManager:
     def loading(self) -> bool:
         return bool(self._loading or self._ready)
 
-    def wait(self, timeout_s: float | None = None) -> None:
-        """Block until one load under way finishes (the engine's generate() with nothing else to do)."""
-        for future in list(self._loading.values()):
-            future.exception(timeout_s)
-            return
+    def wait(self, timeout_s: float) -> None:
+        """Block until a load under way finishes or timeout_s passes (an engine with nothing else to do)."""
+        if self._loading:
+            concurrent.futures.wait(list(self._loading.values()), timeout_s, concurrent.futures.FIRST_COMPLETED)
 
     def poll(self) -> list[LoadResult]:
         """Engine thread, between steps: take finished reads and put what fits into slots."""

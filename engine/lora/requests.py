@@ -75,7 +75,8 @@ class LoRARequests:
     def wait_if_idle(self, scheduler_busy: bool) -> None:
         """With only parked requests, block until a load finishes (instead of spinning)."""
         if self.parked and not scheduler_busy and self.manager.loading():
-            self.manager.wait(timeout_s=1.0)
+            # Short: the worker's engine thread applies new commands (adds, aborts) between steps.
+            self.manager.wait(timeout_s=0.05)
 
     def abort(self, request_id: str) -> Sequence | None:
         for i, seq in enumerate(self.parked):
