@@ -22,15 +22,15 @@ def peft_model(hf: Any, *, r: int = 4, alpha: float = 8.0, targets: list[str] | 
     return get_peft_model(hf, config)
 
 
-def save_random_adapter(hf: Any, folder: Path, **kw: Any) -> Path:
-    """A random adapter for hf saved as PEFT files in folder; hf itself is left unadapted."""
+def save_random_adapter(hf: Any, folder: Path, std: float = 0.3, **kw: Any) -> Path:
+    """A random adapter for hf (A and B ~ N(0, std)) saved as PEFT files in folder; hf itself is left unadapted."""
     import copy
 
     model = peft_model(copy.deepcopy(hf), **kw)
     with torch.no_grad():  # random A and B large enough to move tiny models' greedy choices
         for name, p in model.named_parameters():
             if "lora_" in name:
-                p.normal_(0.0, 0.3)
+                p.normal_(0.0, std)
     model.save_pretrained(folder)
     return folder
 
@@ -43,7 +43,7 @@ def train_adapter(hf: Any, tokenizer: Any, folder: Path, sentence: str, *, steps
     model = peft_model(copy.deepcopy(hf), r=r, alpha=2.0 * r, targets=targets, seed=seed, random_b=False)
     model.train()
     ids = torch.tensor([tokenizer(sentence)["input_ids"]])
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     for _ in range(steps):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -63,13 +63,14 @@ def edit_config(folder: Path, **changes: Any) -> Path:
 
 
 @torch.inference_mode()
-def peft_greedy(folder: Path, hf: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """HF + PEFT's greedy continuation of prompt with the adapter in folder."""
+def peft_greedy(folder: Path, hf: Any, prompt: list[int], max_new_tokens: int,
+                eos_token_id: list[int] | None = None) -> list[int]:
+    """HF + PEFT's greedy continuation of prompt with the adapter in folder (up to an EOS when given)."""
     import copy
 
     from peft import PeftModel
 
     model = PeftModel.from_pretrained(copy.deepcopy(hf), str(folder)).eval()
     out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+                         eos_token_id=eos_token_id, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     return out[0, len(prompt):].tolist()
