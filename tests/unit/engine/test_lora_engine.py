@@ -53,13 +53,16 @@ def test_greedy_output_with_an_adapter_equals_hf_peft(hf: Any, adapters: dict[st
     assert base != engine.generate([_req("a", PROMPTS[0], "all")])["a"].token_ids  # the adapter changes the text
 
 
-def test_mixed_batch_with_speculation_gives_each_request_its_output_alone(hf: Any, adapters: dict[str, Path]) -> None:
-    plain = _engine(hf, adapters)
+@pytest.mark.parametrize("weights", ["fp32", "int8"])  # the delta is added to prepacked and quantized linears alike
+def test_mixed_batch_with_speculation_gives_each_request_its_output_alone(
+    hf: Any, adapters: dict[str, Path], weights: str
+) -> None:
+    plain = _engine(hf, adapters, weights=weights)
     names = [None, "all", "attn", "rs"]
     jobs = [(f"r{i}", PROMPTS[i % 4], names[i % 4], {"temperature": 0.8, "seed": i} if i % 3 == 0 else {})
             for i in range(8)]
     alone = {rid: plain.generate([_req(rid, p, n, **s)])[rid].token_ids for rid, p, n, s in jobs}
-    mixed = _engine(hf, adapters, speculation=NGRAM).generate([_req(rid, p, n, **s) for rid, p, n, s in jobs])
+    mixed = _engine(hf, adapters, weights=weights, speculation=NGRAM).generate([_req(rid, p, n, **s) for rid, p, n, s in jobs])
     assert {rid: out.token_ids for rid, out in mixed.items()} == alone
     assert sum(out.stats.spec.drafted for out in mixed.values() if out.stats) > 0  # speculation did run
 
