@@ -33,7 +33,9 @@ from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
 
-router = APIRouter()
+# Out of the OpenAPI document (docs/lora.md describes them): they are operator routes with side effects on every
+# worker, which the document's consumers (SDK generators, the fuzz test) should not call.
+router = APIRouter(include_in_schema=False)
 # Reading an adapter takes well under a second for small ranks; a large one on a busy worker, a few.
 ANSWER_WAIT_S = 30.0
 _POLL_S = 0.1
