@@ -19,15 +19,16 @@ import asyncio
 import re
 import time
 import uuid
-from typing import Any
+from typing import TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ValidationError
 
 from schemas.adapters import ADAPTER_NAME_PATTERN, AdapterCommand, LoadLoRAAdapterBody, UnloadLoRAAdapterBody
 from streams import kafka_io
 from streams.edge import errors
-from streams.edge.admission.parse import decode_json, parse_body
+from streams.edge.admission.parse import decode_json
 from streams.edge.admission.read import read_body
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
@@ -36,6 +37,7 @@ from streams.edge.openai_api import principal
 # Out of the OpenAPI document (docs/lora.md describes them): they are operator routes with side effects on every
 # worker, which the document's consumers (SDK generators, the fuzz test) should not call.
 router = APIRouter(include_in_schema=False)
+BodyT = TypeVar("BodyT", bound=BaseModel)
 # Reading an adapter takes well under a second for small ranks; a large one on a busy worker, a few.
 ANSWER_WAIT_S = 30.0
 _POLL_S = 0.1
@@ -45,9 +47,13 @@ def _edge(request: Request) -> Edge:
     return request.app.state.edge
 
 
-async def _body(request: Request, body_type: type[Any]) -> Any:
-    edge = _edge(request)
-    return parse_body(body_type, decode_json(await read_body(request, edge.settings.edge.max_body_bytes)))
+async def _body(request: Request, body_type: type[BodyT]) -> BodyT:
+    """The JSON body as body_type: 400 naming the field that is missing, unknown or of the wrong type."""
+    data = decode_json(await read_body(request, _edge(request).settings.edge.max_body_bytes))
+    try:
+        return body_type.model_validate(data)
+    except ValidationError as exc:
+        raise errors.from_validation_error(exc) from None
 
 
 def _check_name(edge: Edge, name: str) -> None:
