@@ -6,19 +6,23 @@ output columns), the adapters' weights stacked by slot:
 
     a [n_slots, in, max_rank]     b [n_slots, max_rank, part_out]     slot 0 = zeros (the base model)
 
-A step's rows carry slot ids (`StepRows`). The delta takes the slots active in
-the step (S of them, usually a handful) and computes, for all T rows at once,
+A step's rows carry slot ids (`StepRows`). The delta takes the S slots active
+in the step (usually a handful) and r, their largest rank, and for all T rows
+at once computes
 
-    shrink = einsum(x [T, in], a[active] [S, in, r]) * onehot [T, S, 1]   # [T, S, r]
-    delta  = einsum(shrink, b[active] [S, r, out])                          # [T, out]
+    shrink = x [T, in] @ A [in, P*S*r]          one GEMM for every part and active adapter
+    shrink *= onehot [T, 1, S, 1]               row t keeps only its own adapter's columns
+    y[:, part] += shrink[:, p] [T, S*r] @ B_p [S*r, part_out]     one addmm per part
 
-i.e. SGMV with the segments expressed as a one-hot mask: two GEMMs whose
-inner size is S * r (tens of columns), so prefill chunks and decode rows take
-the same path. Why not gather a [T, in, r] copy of the weights per row (BGMV)
-and bmm: on CPU that copies T times the adapter's weights every step, while
-the masked GEMM reads each active adapter once; the masked-out columns are
-exact zeros, so each row's result is its own adapter's (tests compare it to
-a per-row loop). A step with no adapter rows skips the delta entirely.
+i.e. SGMV with the segments expressed as a one-hot mask. A and B_p (the
+active slots' weights, gathered and laid out for these GEMMs) are rebuilt only
+when the active set or a slot's contents change, not every step. Why not a
+per-row gather of the weights ([T, in, r] copies) and bmm (BGMV): on CPU that
+copies T times the adapter's weights every step, while the masked GEMM reads
+each active adapter once and costs 2 + P ops per linear. The masked-out
+columns are exact zeros, so each row's result is its own adapter's (tests
+compare it to a per-row loop). Prefill chunks, decodes and verification rows
+take the same path; a step with no adapter rows skips the delta entirely.
 
 The delta is added to whatever the wrapped module returns (plain, prepacked
 or quantized linear), so every weight format serves adapters.
@@ -54,9 +58,11 @@ class StepRows:
 
     def __init__(self) -> None:
         self.active: torch.Tensor | None = None  # [S] int64: slots with rows this step (0 excluded)
-        self.onehot: torch.Tensor | None = None  # [T, S, 1]: 1 where row t belongs to active slot s
+        self.onehot: torch.Tensor | None = None  # [T, 1, S, 1]: 1 where row t belongs to active slot s
         self.rank = 0  # the largest rank among the active slots (columns past it are zeros)
         self.num_rows = 0
+        self.version = 0  # bumped whenever a slot's weights change (the wrappers' gathered copies go stale)
+        self.key: tuple[object, ...] = ()  # (active slots, rank, version): what the gathered copies were built for
 
     def set(self, row_slots: list[int], ranks: dict[int, int], device: torch.device, dtype: torch.dtype) -> None:
         """row_slots: one slot per row of the flat batch (0 = base model)."""
@@ -68,8 +74,9 @@ class StepRows:
         slots = torch.tensor(row_slots, dtype=torch.long)
         active = torch.tensor(used, dtype=torch.long)
         self.active = active.to(device)
-        self.onehot = (slots[:, None] == active[None, :]).to(device=device, dtype=dtype)[:, :, None]  # [T, S, 1]
+        self.onehot = (slots[:, None] == active[None, :]).to(device=device, dtype=dtype)[:, None, :, None]
         self.rank = max(ranks[s] for s in used)
+        self.key = (tuple(used), self.rank, self.version)
 
     def clear(self) -> None:
         self.active, self.onehot, self.rank = None, None, 0
@@ -87,6 +94,10 @@ class LoRALinear(nn.Module):
         # Per part: a [n_slots, in, max_rank], b [n_slots, max_rank, size]; allocated on the first adapter.
         self.a: list[torch.Tensor] = []
         self.b: list[torch.Tensor] = []
+        # The active slots' weights laid out for the step's GEMMs, and the StepRows.key they were built for.
+        self._a_act = torch.empty(0)  # [in, P * S * r]
+        self._b_act: list[torch.Tensor] = []  # per part [S * r, size]
+        self._key: tuple[object, ...] = ()
 
     def allocate(self, n_slots: int, max_rank: int, device: torch.device, dtype: torch.dtype) -> None:
         self.a = [torch.zeros(n_slots, self.in_features, max_rank, device=device, dtype=dtype) for _ in self.parts]
@@ -104,19 +115,28 @@ class LoRALinear(nn.Module):
                 a[slot, :, :r] = a_t
                 b[slot, :r] = b_t
 
+    def _gather(self, active: torch.Tensor, r: int) -> None:
+        a_act = torch.stack([a[active, :, :r].permute(1, 0, 2) for a in self.a], dim=1)  # [in, P, S, r]
+        self._a_act = a_act.reshape(self.in_features, -1).contiguous()  # [in, P * S * r]
+        self._b_act = [b[active, :r].reshape(-1, b.shape[-1]).contiguous() for b in self.b]  # [S * r, size]
+        self._key = self.rows.key
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # [T, out]
         rows = self.rows
         if rows.active is None or rows.onehot is None:
             return y
-        if rows.num_rows != x.shape[0]:
-            raise RuntimeError(f"LoRA rows were set for {rows.num_rows} rows, the forward has {x.shape[0]}")
-        r = rows.rank
-        xa = x.to(self.a[0].dtype)
-        for part, a, b in zip(self.parts, self.a, self.b):
-            shrink = torch.einsum("ti,sir->tsr", xa, a[rows.active, :, :r]) * rows.onehot  # [T, S, r]
-            delta = torch.einsum("tsr,sro->to", shrink, b[rows.active, :r])  # [T, size]
-            y[:, part.offset : part.offset + part.size] += delta.to(y.dtype)
+        T = x.shape[0]
+        if rows.num_rows != T:
+            raise RuntimeError(f"LoRA rows were set for {rows.num_rows} rows, the forward has {T}")
+        if self._key != rows.key:
+            self._gather(rows.active, rows.rank)
+        S, r = rows.active.shape[0], rows.rank
+        shrink = (x.to(self._a_act.dtype) @ self._a_act).view(T, len(self.parts), S, r)  # [T, P, S, r]
+        shrink.mul_(rows.onehot)  # each row keeps its own adapter's columns
+        for p, (part, b_act) in enumerate(zip(self.parts, self._b_act)):
+            # [T, S * r] @ [S * r, size], added in place to the part's columns.
+            y[:, part.offset : part.offset + part.size].addmm_(shrink[:, p].reshape(T, S * r), b_act.to(y.dtype))
         return y
 
 

@@ -143,6 +143,7 @@ class LoRAManager:
             self._allocated = True
         for layer, linear in self._linears:
             linear.write(slot, layer, adapter)
+        self.rows.version += 1
         self.slots[adapter.name] = slot
         self.slots.move_to_end(adapter.name)
         self.ranks[slot] = adapter.rank
@@ -162,6 +163,7 @@ class LoRAManager:
         slot = self.slots.pop(name)
         for layer, linear in self._linears:
             linear.write(slot, layer, None)
+        self.rows.version += 1
         self.ranks.pop(slot, None)
         self._free.append(slot)
 
