@@ -2,6 +2,7 @@
 
     python -m bench.lora_bench                 # 16 concurrent, 64 new tokens, 4 adapters of rank 16
     python -m bench.lora_bench --quick         # 16 concurrent, 16 new tokens, no HF row: a smoke run
+    python -m bench.lora_bench --quick --rounds 1   # the smallest smoke run
 
 Rows (greedy, speculation on with the n-gram proposer, fp32, the default model):
 * base: 16 concurrent requests, all on the base model;
@@ -101,6 +102,17 @@ def _run_ours(engine: Any, prompts: list[list[int]], loras: list[str | None], ma
     return Row(row, len(reqs), sum(len(o.token_ids) for o in out.values()), seconds)
 
 
+def _best_of(rounds: int, engine: Any, prompts: list[list[int]], mixed: list[str | None], max_new: int) -> list[Row]:
+    """base and mixed alternated `rounds` times, the fastest of each (a busy machine slows rows, never speeds them)."""
+    best: dict[str, Row] = {}
+    for _ in range(rounds):
+        for name, loras in (("base", [None] * len(prompts)), ("mixed", mixed)):
+            row = _run_ours(engine, prompts, loras, max_new, name)
+            if name not in best or row.seconds < best[name].seconds:
+                best[name] = row
+    return [best["base"], best["mixed"]]
+
+
 def _run_hf_peft(paths: dict[str, str], prompts: list[list[int]], loras: list[str | None], max_new: int) -> Row:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -135,6 +147,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-new", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="base and mixed alternated this often; best of each")
     parser.add_argument("--adapters-dir", type=Path, help="where the random adapters are kept (default: a temp dir)")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     args = parser.parse_args()
@@ -146,8 +159,7 @@ def main() -> None:
         mixed = [None if i % 5 == 0 else ADAPTERS[i % 5 - 1] for i in range(args.concurrency)]
         extra = _loads(engine, paths)
         _run_ours(engine, prompts[:2], [None, ADAPTERS[0]], 4, "warmup")
-        rows = [_run_ours(engine, prompts, [None] * len(prompts), max_new, "base"),
-                _run_ours(engine, prompts, mixed, max_new, "mixed")]
+        rows = _best_of(args.rounds, engine, prompts, mixed, max_new)
         if not args.quick:
             rows.append(_run_hf_peft(paths, prompts, mixed, max_new))
     base = rows[0].tokens_per_s
