@@ -33,7 +33,7 @@ class AdapterCommand(Event):
     at: float = Field(description="Unix time of the command.")
 
     @model_validator(mode="after")
-    def _path_for_load(self) -> "AdapterCommand":
+    def _path_for_load(self) -> AdapterCommand:
         if self.action == "load" and self.lora_path is None:
             raise ValueError("a load command needs lora_path")
         return self

@@ -101,7 +101,7 @@ def _load_tensors(folder: Path) -> dict[str, torch.Tensor]:
 
     try:
         return load_file(str(path))
-    except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds for a broken file
+    except Exception as exc:  # safetensors raises several kinds for a broken file
         raise AdapterError(f"{path}: unreadable safetensors file ({exc})") from exc
 
 

@@ -23,7 +23,6 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-
 from engine.lora.adapter import AdapterError, LoRAAdapter, read_adapter
 from engine.lora.config import LoRAConfig
 from engine.lora.layers import LoRALinear, StepRows, install_lora_linears

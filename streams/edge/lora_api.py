@@ -25,7 +25,12 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ValidationError
 
-from schemas.adapters import ADAPTER_NAME_PATTERN, AdapterCommand, LoadLoRAAdapterBody, UnloadLoRAAdapterBody
+from schemas.adapters import (
+    ADAPTER_NAME_PATTERN,
+    AdapterCommand,
+    LoadLoRAAdapterBody,
+    UnloadLoRAAdapterBody,
+)
 from streams import kafka_io
 from streams.edge import errors
 from streams.edge.admission.parse import decode_json

@@ -35,7 +35,7 @@ def test_weights_are_transposed_and_scaled_as_peft_scales_them(hf: Any, cfg: Dec
         a_t, b_t = adapter.weights[(1, "down_proj")]
         assert torch.equal(a_t, raw[key + "A.weight"].t())
         torch.testing.assert_close(b_t, raw[key + "B.weight"].t() * scaling)
-        assert adapter.rank == 4 and set(p for _, p in adapter.weights) == {"q_proj", "down_proj"}
+        assert adapter.rank == 4 and {p for _, p in adapter.weights} == {"q_proj", "down_proj"}
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from _engine_factories import make_engine, random_prompts, single_thread, tiny_hf_model  # noqa: F401
 
 from engine.config import LoRAConfig, SpeculationConfig
@@ -46,9 +45,9 @@ def _req(rid: str, prompt: list[int], lora: str | None, n: int = 12, **sampling:
 
 def test_greedy_output_with_an_adapter_equals_hf_peft(hf: Any, adapters: dict[str, Path]) -> None:
     engine = _engine(hf, adapters)
-    for name in adapters:
+    for name, folder in adapters.items():
         got = engine.generate([_req("r", PROMPTS[0], name)])["r"].token_ids
-        assert got == peft_greedy(adapters[name], hf, PROMPTS[0], 12), name
+        assert got == peft_greedy(folder, hf, PROMPTS[0], 12), name
     base = engine.generate([_req("b", PROMPTS[0], None)])["b"].token_ids
     assert base != engine.generate([_req("a", PROMPTS[0], "all")])["a"].token_ids  # the adapter changes the text
 
