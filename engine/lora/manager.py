@@ -55,14 +55,20 @@ class LoRAManager:
         self._pins: collections.Counter[str] = collections.Counter()
         self._loading: dict[str, Future[LoRAAdapter]] = {}
         self._ready: dict[str, LoRAAdapter] = {}  # read, waiting for a free slot
+        self._stale: set[str] = set()  # resident from a path since replaced; evicted when its requests end
         self._pool: ThreadPoolExecutor | None = None
 
     # --- names -------------------------------------------------------------------------------------------------------
 
     def register(self, name: str, path: str) -> None:
-        """Serve `name` from `path`; a resident adapter of that name from another path is read again."""
-        if self.paths.get(name) not in (None, path) and name in self.slots and not self._pins[name]:
-            self._evict(name)
+        """Serve `name` from `path`; a resident adapter of that name from another path is read again (once its
+        requests in flight have finished: they keep the weights they started with)."""
+        if self.paths.get(name) not in (None, path) and name in self.slots:
+            if self._pins[name]:
+                self._stale.add(name)
+            else:
+                self._evict(name)
+        self._ready.pop(name, None)
         self.paths[name] = path
 
     def unregister(self, name: str) -> bool:
@@ -78,7 +84,7 @@ class LoRAManager:
         return sorted(self.paths)
 
     def is_resident(self, name: str) -> bool:
-        return name in self.slots
+        return name in self.slots and name not in self._stale
 
     # --- loading -----------------------------------------------------------------------------------------------------
 
@@ -88,7 +94,7 @@ class LoRAManager:
 
     def request_load(self, name: str) -> None:
         """Start reading a served, non-resident adapter on the loader thread (no-op when under way)."""
-        if name in self.slots or name in self._loading or name in self._ready:
+        if self.is_resident(name) or name in self._loading or name in self._ready:
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lora-load")
@@ -121,16 +127,18 @@ class LoRAManager:
                 results.append(LoadResult(name, None))
         return results
 
-    def install(self, adapter: LoRAAdapter) -> None:
-        """Engine thread: put an already read adapter into a slot now (AdapterError when every slot is busy)."""
-        self._ready.pop(adapter.name, None)
-        if not self._place(adapter):
-            raise AdapterError(
-                f"all {self.config.max_loaded} LoRA slots hold adapters with requests in flight "
-                f"({', '.join(self.slots)}); raise engine.lora.max_loaded"
-            )
+    def install(self, adapter: LoRAAdapter) -> bool:
+        """Engine thread: put an already read adapter into a slot now; False when no slot is free (every one holds
+        an adapter with requests in flight): then `poll()` places it once one is."""
+        if self._place(adapter):
+            self._ready.pop(adapter.name, None)
+            return True
+        self._ready[adapter.name] = adapter
+        return False
 
     def _place(self, adapter: LoRAAdapter) -> bool:
+        if adapter.name in self._stale:  # its old weights serve requests in flight until they end
+            return False
         slot = self.slots.get(adapter.name)
         if slot is None:
             slot = self._free_slot()
@@ -159,6 +167,7 @@ class LoRAManager:
         return self._free.pop()
 
     def _evict(self, name: str) -> None:
+        self._stale.discard(name)
         slot = self.slots.pop(name)
         for layer, linear in self._linears:
             linear.write(slot, layer, None)
@@ -177,7 +186,7 @@ class LoRAManager:
         self._pins[name] -= 1
         if self._pins[name] <= 0:
             del self._pins[name]
-            if name in self.slots and name not in self.paths:  # unloaded while it ran
+            if name in self.slots and (name not in self.paths or name in self._stale):  # unloaded or replaced
                 self._evict(name)
 
     def begin_step(self, row_slots: list[int]) -> None:

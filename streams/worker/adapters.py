@@ -70,15 +70,13 @@ class WorkerAdapters:
             self._fail(command, str(error) if isinstance(error, ValueError) else repr(error))
             return
 
-        def swap_in(engine: Any) -> None:
+        def swap_in(engine: Any) -> bool:
             manager = engine.lora.manager
             manager.register(name, path)
-            try:
-                manager.install(adapter)
-            except ValueError as busy:  # every slot pinned: it loads on its first request instead
-                log.info("adapter %s registered, not resident yet: %s", name, busy)
+            return bool(manager.install(adapter))
 
-        await self._call(swap_in)
+        if not await self._call(swap_in):  # every slot busy with requests in flight: swapped in when one frees
+            log.info("adapter %s registered; it takes a slot when one frees", name)
         self.held[name] = path
         log.info("LoRA adapter %s loaded from %s (%d KiB)", name, path, adapter.nbytes() // 1024)
 

@@ -118,3 +118,20 @@ def test_a_failed_reload_fails_the_waiting_request_and_keeps_serving(
     assert failed.finished and failed.error is not None and failed.error[0] == "internal_error"
     assert "is not a directory" in failed.error[1]
     assert sum(len(o.token_ids) for o in outs["ok"]) == 4
+
+
+def test_replacing_an_adapter_keeps_requests_in_flight_on_the_weights_they_started_with(
+    hf: Any, adapters: dict[str, Path]
+) -> None:
+    engine = _engine(hf, {"x": adapters["all"]}, max_loaded=2)
+    want = {"old": peft_greedy(adapters["all"], hf, PROMPTS[1], 8), "new": peft_greedy(adapters["rs"], hf, PROMPTS[1], 8)}
+    engine.add_request(_req("old", PROMPTS[1], "x", 8))
+    got: dict[str, list[int]] = {"old": [], "new": []}
+    for out in engine.step():
+        got[out.request_id] += out.token_ids
+    engine.lora.manager.register("x", str(adapters["rs"]))  # a load in place from another folder
+    engine.add_request(_req("new", PROMPTS[1], "x", 8))
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] += out.token_ids
+    assert got == want
