@@ -106,11 +106,13 @@ def test_loading_while_a_request_streams_then_a_mixed_batch_matches_each_request
 ) -> None:
     async def scenario() -> None:
         async with httpx.AsyncClient() as client:
-            streaming = asyncio.create_task(acomplete(client, stack, DEFAULT_MODEL, "Tell me a story.", max_tokens=48))
+            story = ("Once upon a time, in a village by the sea,", {"max_tokens": 48})
+            streaming = asyncio.create_task(acomplete(client, stack, DEFAULT_MODEL, story[0], **story[1]))
             await asyncio.sleep(0.5)
             loaded = await asyncio.to_thread(lora, stack, "load", lora_name="poet", lora_path=str(adapters["poet"]))
             assert loaded.status_code == 200 and loaded.text == "Success: LoRA adapter 'poet' added successfully."
-            assert len(await streaming) > 0
+            # The request that ran across the load got what it gets alone (greedy).
+            assert await streaming == await acomplete(client, stack, DEFAULT_MODEL, story[0], **story[1])
             names = [DEFAULT_MODEL, "pirate", "poet"]
             jobs = [(names[i % 3], ["Roses are", "Arr matey,", "The ocean is", "Once upon a"][i % 4],
                      {"temperature": 0.8, "seed": i} if i % 4 == 3 else {}) for i in range(8)]
