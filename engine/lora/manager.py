@@ -22,6 +22,7 @@ import concurrent.futures
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.lora.adapter import AdapterError, LoRAAdapter, read_adapter
 from engine.lora.config import LoRAConfig
@@ -119,7 +120,7 @@ class LoRAManager:
             if error is not None:
                 log.warning("loading LoRA adapter %r failed: %s", name, error)
                 results.append(LoadResult(name, str(error) if isinstance(error, AdapterError) else repr(error)))
-            elif name in self.paths:  # not unloaded meanwhile
+            elif future.result().path == str(Path(self.paths.get(name, "")).expanduser()):  # not unloaded or moved
                 self._ready[name] = future.result()
         for name, adapter in list(self._ready.items()):
             if self._place(adapter):
