@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.lora.config import LoRAConfig
 from engine.spec.config import SpeculationConfig
 
-__all__ = ["DEFAULT_MODEL", "EngineConfig", "SpeculationConfig"]
+__all__ = ["DEFAULT_MODEL", "EngineConfig", "LoRAConfig", "SpeculationConfig"]
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
@@ -40,3 +41,5 @@ class EngineConfig:
     # the default until the quiet-machine benchmark confirms auto (int4 on AVX-512 + BF16 CPUs).
     weights: str = "fp32"
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    # LoRA adapters (engine.lora); None: the base model only, no adapter can be loaded.
+    lora: LoRAConfig | None = None

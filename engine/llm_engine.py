@@ -30,11 +30,13 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.grammar.matchers import ConstrainedRows, Matchers
 from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
+from engine.lora.manager import LoRAManager
+from engine.lora.requests import LoRARequests
 from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecCounters
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
 from engine.sampler import RequestRng
-from engine.scheduler import ScheduledSequence, Scheduler, draft_cap
+from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput, draft_cap
 from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
 from engine.spec.proposer import DraftProposal, ProposalInput, Proposer
@@ -126,6 +128,11 @@ class LLMEngine:
             batch_max_share=config.batch_max_share,
         )
         self.runner = ModelRunner(self.model, self.kv_cache)
+        # After the weight format: the LoRA delta wraps whatever linear the format installed.
+        self.lora: LoRARequests | None = None
+        if config.lora is not None:
+            self.lora = LoRARequests(LoRAManager(self.model, config.lora), self.scheduler.add, self.model_name)
+            self._load_configured_adapters(say)
         self.matchers = Matchers(loaded.tokenizer, self.vocab_size, self.eos_token_ids)
         self.num_forwards = 0
 
@@ -133,6 +140,15 @@ class LLMEngine:
     def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
         loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
         return cls(loaded, cfg, progress=progress)
+
+    def _load_configured_adapters(self, say: Progress) -> None:
+        assert self.lora is not None and self.config.lora is not None
+        manager = self.lora.manager
+        for name, path in self.config.lora.adapters.items():
+            manager.register(name, path)
+            if len(manager.slots) < manager.config.max_loaded:  # the rest load on their first request
+                manager.install(manager.read(name, path))
+                say(f"LoRA adapter {name} loaded from {path}")
 
     def _build_kv_cache(self, loaded: LoadedModel) -> KVCache:
         cfg, config = self.model.cfg, self.config
@@ -178,31 +194,39 @@ class LLMEngine:
             seq.matcher = self.matchers.new(req.constraint)
         if self.controller is not None and speculate:
             seq.spec_state = self.controller.new_state(req.request_id, req.speculation)
-        self.scheduler.add(seq)
+        if self.lora is not None:
+            self.lora.admit(seq)
+        elif req.lora is not None:
+            raise RequestRejected("unknown_model", f"model '{req.lora}' is not served; available: {self.model_name}")
+        else:
+            self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Cancel a waiting or running request; its KV region is free when this returns."""
         seq = self.scheduler.abort(request_id)
+        if seq is None and self.lora is not None:
+            seq = self.lora.abort(request_id)
         if seq is None:
             return None
         self._release(seq)
         return self._final_output(seq, [], "", SpecCounters())
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or (self.lora is not None and bool(self.lora.parked))
 
     def cache_usage(self) -> CacheUsage:
         return self.kv_cache.usage()
 
     def step(self) -> list[RequestOutput]:
         """One iteration; outputs of the requests that progressed or finished."""
+        outputs = self._admit_adapter_requests()
         batch = self.scheduler.schedule(time.time(), self._plan_drafts())
-        outputs = [self._expired_output(seq) for seq in batch.finished]
+        outputs += [self._expired_output(seq) for seq in batch.finished]
         if batch.is_empty:
             return outputs
 
         draft_s = self._propose(batch.scheduled)
-        result = self.runner.execute(batch)
+        result = self._execute(batch)
         self.num_forwards += 1
         t0 = time.perf_counter()
         with_logits = [s for s in batch.scheduled if s.needs_logits]
@@ -233,6 +257,30 @@ class LLMEngine:
             for out in self.step():
                 acc[out.request_id].add(out)
         return acc
+
+    # ------------------------------------------------------------ LoRA
+
+    def _admit_adapter_requests(self) -> list[RequestOutput]:
+        """Between steps: swap in loaded adapters, let their parked requests in, fail those that cannot run."""
+        if self.lora is None:
+            return []
+        self.lora.wait_if_idle(self.scheduler.has_unfinished())
+        failed: list[RequestOutput] = []
+        for f in self.lora.poll():
+            out = self._final_output(f.seq, [], "", SpecCounters())
+            out.error = (f.code, f.message)
+            failed.append(out)
+        return failed
+
+    def _execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        """The target forward, each row with its request's adapter (a draft model's forwards never are)."""
+        if self.lora is None:
+            return self.runner.execute(batch)
+        self.lora.begin_step(batch.scheduled)
+        try:
+            return self.runner.execute(batch)
+        finally:
+            self.lora.manager.end_step()
 
     # ------------------------------------------------------------ speculation
 
@@ -329,6 +377,8 @@ class LLMEngine:
         return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec)
 
     def _release(self, seq: Sequence) -> None:
+        if self.lora is not None:
+            self.lora.release(seq)
         if self.proposer is not None and seq.speculate:
             self.proposer.release(seq.request_id)
 

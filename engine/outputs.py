@@ -80,6 +80,9 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     spec: SpecCounters = field(default_factory=SpecCounters)
     stats: RequestStats | None = None  # set on the finishing output
+    # (code, message) when the engine could not run the request after accepting it (a LoRA adapter
+    # that failed to load again); the worker answers it with an ErrorEvent.
+    error: tuple[str, str] | None = None
 
 
 @dataclass

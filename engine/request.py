@@ -43,6 +43,8 @@ class EngineRequest:
     speculation: bool | None = None
     # The grammar the output must match (JSON schema, tool calls); None: free text.
     constraint: Constraint | None = None
+    # The LoRA adapter (its served name) the request runs with; None: the base model.
+    lora: str | None = None
     arrival_time: float = field(default_factory=time.time)
 
 

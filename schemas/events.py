@@ -251,6 +251,8 @@ class Completion(Event):
     tool_results: list[ToolResult] = Field(
         default_factory=list, description="Results of the server-side tool calls the answer made, in call order.",
     )
+    adapter: str | None = Field(
+        default=None, description="The LoRA adapter the request ran with (its served name); null: the base model.")
 
 
 ErrorCode = Literal[
@@ -312,6 +314,10 @@ class ServiceAnnouncement(Event):
     started_at: float = Field(description="Unix time the service started.")
     in_flight: int = Field(default=0, ge=0, description="Messages (requests) held and not yet answered.")
     models: list[str] = Field(default_factory=list, description="Models served (engine workers).")
+    adapters: dict[str, str] = Field(
+        default_factory=dict, description="LoRA adapters served (each also in models): name -> its base model.")
+    adapter_errors: dict[str, str] = Field(
+        default_factory=dict, description="Recent failed adapter loads here: the load command's id -> why.")
     metrics_url: str | None = Field(default=None, description="Where the service's Prometheus metrics are served.")
     at: float = Field(description="Unix time of this announcement.")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from schemas.adapters import AdapterCommand
 from schemas.batch import BatchState
 from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
 from schemas.events import (
@@ -154,6 +155,15 @@ class TopicCatalog:
         )
 
     @property
+    def adapters(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.adapters", partitions=1, key="lora_name",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(AdapterCommand), compacted=True,
+            purpose="LoRA adapters: each adapter's newest load or unload; every engine worker reads it from the "
+            "beginning, so one started later serves the same adapters.",
+        )
+
+    @property
     def files(self) -> Topic:
         return Topic(
             name=f"{self.prefix}.files", partitions=1, key="file id",
@@ -241,9 +251,9 @@ class TopicCatalog:
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
-                self.completions, self.eval_samples, self.files, self.ingest_jobs, self.document_chunks,
-                self.documents, self.batch_lines, self.batch_results, self.batches, self.tool_intents,
-                self.tool_results]
+                self.completions, self.eval_samples, self.adapters, self.files, self.ingest_jobs,
+                self.document_chunks, self.documents, self.batch_lines, self.batch_results, self.batches,
+                self.tool_intents, self.tool_results]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

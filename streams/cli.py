@@ -31,7 +31,22 @@ import logging
 import sys
 from collections.abc import Callable
 
-from streams.commands import autoscale, batch, k8s, kafka, plan, rollout, run, send, setup, status, tools, topics, up
+from streams.commands import (
+    adapters,
+    autoscale,
+    batch,
+    k8s,
+    kafka,
+    plan,
+    rollout,
+    run,
+    send,
+    setup,
+    status,
+    tools,
+    topics,
+    up,
+)
 from streams.commands.common import EXIT_CONFIG, say
 from streams.config import ConfigError, Settings, load_settings
 
@@ -92,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     autoscale.add_commands(commands)
     k8s.add_commands(commands)
     rollout.add_commands(commands)
+    adapters.add_commands(commands)
     run.add_commands(commands)
     batch.add_commands(commands)
     kafka.add_commands(commands)

@@ -78,6 +78,7 @@ def edge_grants(catalog: TopicCatalog, edge_id: str | None = None) -> list[Grant
         _topic("WRITE", catalog.batch_lines),  # /v1/batches: a batch's lines
         _topic("READ", catalog.batches),  # /v1/batches: every batch's state
         _topic("WRITE", catalog.batches),
+        _topic("WRITE", catalog.adapters),  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
         Grant("WRITE", "TOPIC", f"{catalog.prefix}-candidate.", prefixed=True),  # a candidate pool's requests
         *own,
     ]
@@ -88,6 +89,7 @@ def worker_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:
         _topic("READ", catalog.requests),
         Grant("READ", "GROUP", group_id),
         _topic("READ", catalog.cancellations),
+        _topic("READ", catalog.adapters),  # the LoRA adapter registry, read whole at start
         Grant("WRITE", "TOPIC", catalog.replies("").name, prefixed=True),
         _topic("WRITE", catalog.dead_letters),
         _topic("WRITE", catalog.completions),  # one record per finished request (streams.eval)

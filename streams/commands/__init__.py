@@ -13,6 +13,7 @@ CLI's subparsers with a ``handler(args, settings) -> exit status``:
 * :mod:`.setup`: ``prepare`` and ``config check|example|reference``
 * :mod:`.plan`: ``plan`` (capacity: memory, KV cache, throughput, settings)
 * :mod:`.autoscale`: ``autoscale`` (local workers by consumer lag; ``--render-keda``)
+* :mod:`.adapters`: ``adapters load|unload|list`` (the LoRA adapter registry on the bus)
 * :mod:`.rollout`: ``rollout start|status|pause|resume|abort`` (canary with automatic rollback)
 * :mod:`.k8s`: ``k8s generate|build|validate`` (the manifests of infra/k8s)
 """

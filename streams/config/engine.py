@@ -45,6 +45,36 @@ class SpeculationSettings(Section):
         return self
 
 
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
+
+
+class LoRASettings(Section):
+    adapters: dict[str, str] = Field(
+        default_factory=dict,
+        description="LoRA adapters served from the start, name: local PEFT folder (adapter_config.json + "
+        "adapter_model.safetensors); each is a model of its own name (its parent is engine.model).",
+    )
+    max_loaded: int = Field(
+        default=4, ge=0, le=64,
+        description="LoRA adapters in memory at once (least recently used evicted, read again on demand); "
+        "0 turns LoRA off (no adapter can be loaded).",
+    )
+    max_rank: int = Field(default=16, ge=1, le=256, description="Largest LoRA rank accepted; larger is refused at load.")
+
+    @model_validator(mode="after")
+    def _names(self) -> "LoRASettings":
+        import re
+
+        for name, path in self.adapters.items():
+            if not re.match(ADAPTER_NAME, name):
+                raise ValueError(f"adapters: name {name!r} must match {ADAPTER_NAME}")
+            if not path.strip():
+                raise ValueError(f"adapters.{name}: the path is empty")
+        if self.adapters and self.max_loaded == 0:
+            raise ValueError("adapters are listed but max_loaded is 0 (LoRA off)")
+        return self
+
+
 class EngineSettings(Section):
     model: str = Field(
         default=DEFAULT_MODEL, min_length=1,
@@ -84,11 +114,18 @@ class EngineSettings(Section):
         "fp32, or auto (int4 where the CPU has AVX-512 and BF16); a CPU lacking them falls back to fp32, saying why.",
     )
     speculation: SpeculationSettings = Field(default_factory=SpeculationSettings)
+    lora: LoRASettings = Field(default_factory=LoRASettings)
+
+    @model_validator(mode="after")
+    def _adapters_are_not_the_base(self) -> "EngineSettings":
+        if self.model in self.lora.adapters:
+            raise ValueError(f"lora.adapters: {self.model!r} is the base model's name")
+        return self
 
     def to_engine_config(self) -> EngineConfig:
         """The engine's own (plain dataclass) configuration."""
         # Imported here: reading or checking a config must not import torch.
-        from engine.config import EngineConfig, SpeculationConfig
+        from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
 
         spec = self.speculation
         return EngineConfig(
@@ -105,4 +142,6 @@ class EngineSettings(Section):
             weights=self.weights,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
             speculation=SpeculationConfig(**spec.model_dump()),
+            lora=LoRAConfig(dict(self.lora.adapters), self.lora.max_loaded, self.lora.max_rank)
+            if self.lora.max_loaded else None,
         )

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from streams.batch import api as batch_api
 from streams.config import Settings
-from streams.edge import errors, files_api, openai_api, openapi, ws
+from streams.edge import errors, files_api, lora_api, openai_api, openapi, ws
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.settings import EdgeOptions
@@ -64,6 +64,7 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         edge = Edge(edge_settings, tracer=telemetry.tracer)
         app.state.edge = edge
+        pipeline.served_adapters = edge.readiness.adapters
         if telemetry.metrics is not None:
             telemetry.metrics.watch_ready_workers(lambda: len(edge.readiness.live_workers()))
         await pipeline.start()
@@ -114,6 +115,7 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
     app.include_router(openai_api.router)
     app.include_router(files_api.router)
     app.include_router(batch_api.router)
+    app.include_router(lora_api.router)
     app.include_router(ws.router)
     return app
 

@@ -83,7 +83,9 @@ async def principal(request: Request, credentials: HTTPAuthorizationCredentials 
 async def list_models(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
     """The served models."""
     edge = _edge(request)
-    return {"object": "list", "data": [_model_card(m, edge) for m in edge.settings.models]}
+    adapters = edge.readiness.adapters()
+    served = (*edge.settings.models, *adapters)
+    return {"object": "list", "data": [_model_card(m, edge, adapters.get(m)) for m in served]}
 
 
 @router.get("/v1/models/{model:path}", response_model=openapi.ModelCard,
@@ -92,13 +94,16 @@ async def list_models(request: Request, caller: Principal = Depends(principal)) 
 async def get_model(model: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
     """One served model."""
     edge = _edge(request)
-    if model not in edge.settings.models:
-        raise errors.model_not_found(model, edge.settings.models)
-    return _model_card(model, edge)
+    adapters = edge.readiness.adapters()
+    if model not in edge.settings.models and model not in adapters:
+        raise errors.model_not_found(model, (*edge.settings.models, *adapters))
+    return _model_card(model, edge, adapters.get(model))
 
 
-def _model_card(model: str, edge: Edge) -> dict[str, Any]:
-    return {"id": model, "object": "model", "created": int(edge.started_at), "owned_by": "specstream"}
+def _model_card(model: str, edge: Edge, parent: str | None = None) -> dict[str, Any]:
+    """vLLM's card: a LoRA adapter names its base model in `parent` (null for a base model)."""
+    return {"id": model, "object": "model", "created": int(edge.started_at), "owned_by": "specstream",
+            "root": model, "parent": parent}
 
 
 @router.post("/v1/chat/completions", response_model=None, openapi_extra=openapi.request_body("ChatCompletionBody"),

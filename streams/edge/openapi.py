@@ -48,6 +48,8 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    root: str | None = Field(default=None, description="The model this card serves (its own id here).")
+    parent: str | None = Field(default=None, description="A LoRA adapter's base model; null for a base model.")
 
 
 class ModelList(BaseModel):

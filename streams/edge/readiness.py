@@ -127,6 +127,18 @@ class Readiness:
             if w.state == "ready" and now - w.at <= self.max_age_s and models.intersection(w.models)
         ]
 
+    def adapters(self) -> dict[str, str]:
+        """LoRA adapters live workers serve on this edge's models: name -> base model."""
+        models = set(self.settings.models)
+        return {name: parent for w in self.live_workers() for name, parent in w.adapters.items() if parent in models}
+
+    def adapter_error(self, command_id: str) -> str | None:
+        """Why a worker failed the adapter load command `command_id` (None: no worker reported a failure)."""
+        for w in self.workers():
+            if command_id in w.adapter_errors:
+                return f"{w.service_id}: {w.adapter_errors[command_id]}"
+        return None
+
     async def kafka_reachable(self) -> tuple[bool, str]:
         """A metadata round trip to the cluster, at most once a second."""
         async with self._probe_lock:

@@ -46,6 +46,8 @@ class Announcer:
         self._models = models
         self._in_flight = in_flight
         self.metrics_url = metrics_url  # set once the service's metrics server is up
+        # More fields of the announcement, set by the service (an engine worker's LoRA adapters).
+        self.extra: Callable[[], dict[str, Any]] = dict
         self.started_at = time.time()
         self.state: State = "starting"
         self._heartbeat: asyncio.Task[None] | None = None
@@ -54,7 +56,7 @@ class Announcer:
         return ServiceAnnouncement(
             kind=self.kind, service_id=self.service_id, state=self.state, host=socket.gethostname(), pid=os.getpid(),
             started_at=self.started_at, in_flight=self._in_flight(), models=self._models(),
-            metrics_url=self.metrics_url, at=time.time(),
+            metrics_url=self.metrics_url, at=time.time(), **self.extra(),
         )
 
     async def announce(self, state: State | None = None) -> None:

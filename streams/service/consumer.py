@@ -60,6 +60,8 @@ class Listener(Generic[InputT]):
     topic: Topic
     input_model: type[InputT]
     handle: Callable[[InputT], Awaitable[None]]
+    # True: read the topic from its beginning at every start (a compacted registry, e.g. LoRA adapters).
+    from_beginning: bool = False
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,10 @@ def wire(options: ServiceOptions, consumer: Consumer[Any], group_id: str,
     )
     subscriber(typed_handler(consumer.input_model, hooks.admit, f"{consumer.kind}-{consumer.topic.name}"))
     for listener in consumer.listeners:
-        # No group: every instance sees every message, and only new ones.
+        # No group: every instance sees every message, and only new ones (or all: a compacted registry).
         broker.subscriber(
-            FastStreamTopic(listener.topic.name, declare=False), auto_offset_reset="latest", no_reply=True,
+            FastStreamTopic(listener.topic.name, declare=False),
+            auto_offset_reset="earliest" if listener.from_beginning else "latest", no_reply=True,
             decoder=_decoder(listener.input_model, max_bytes), title=listener.topic.name,
             description=channel_description(listener.topic),
         )(typed_handler(listener.input_model, listener.handle, f"{consumer.kind}-{listener.topic.name}"))

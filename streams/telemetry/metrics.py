@@ -11,7 +11,8 @@ reports) and by the edge (``measured_at="edge"``: from the HTTP request's arriva
 and the last byte its client receives). Alert on the edge's; the worker's explain it.
 
 Label values that come from clients are bounded: :class:`BoundedLabel` keeps the first
-``telemetry.metrics.max_tenants`` tenants and counts the rest as ``other``.
+``telemetry.metrics.max_tenants`` tenants (and the first 64 model names: LoRA adapters are models of
+their own) and counts the rest as ``other``.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 HANDLING_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                     600.0)
 OTHER = "other"
+# Distinct model_name values a worker labels (the base model and the LoRA adapters it served); the rest are "other".
+MAX_MODELS = 64
 # The *_created series double every counter and histogram and no dashboard or rule of ours reads them.
 disable_created_metrics()
 
@@ -60,6 +63,8 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry, *, max_tenants: int = 50) -> None:
         self.registry = registry
         self.tenant = BoundedLabel(max_tenants)
+        # model_name is a LoRA adapter's name for its requests (per-adapter series); adapters come and go, so bounded.
+        self.model = BoundedLabel(MAX_MODELS)
         by_request = ["measured_at", "model_name", "tenant"]
         self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "Time to first token: publication to the "
                               "first token (worker) or request arrival to the first byte sent (edge).",

@@ -68,14 +68,15 @@ class WorkerTelemetry:
     def step(self, outputs: Sequence[RequestOutput], now: float) -> None:
         """One engine step's outputs, on the event loop."""
         batch = len(outputs)
-        itl = self.metrics.itl if self.metrics is not None else None
+        metrics = self.metrics
+        itl = metrics.itl if metrics is not None else None
         for output in outputs:
             request_id = output.request_id
             previous = self._last_output.get(request_id)
             self._last_output[request_id] = now
             request = self._requests.get(request_id)
-            if itl is not None and previous is not None and request is not None:
-                itl.labels(request.model).observe(now - previous)
+            if metrics is not None and itl is not None and previous is not None and request is not None:
+                itl.labels(metrics.model(request.model)).observe(now - previous)
             held = self._traces.get(request_id)
             if held is not None:
                 held.step(now, batch, len(output.token_ids), output.spec.drafted, output.spec.accepted)
@@ -117,7 +118,7 @@ class WorkerTelemetry:
 
     def _count(self, metrics: WorkerMetrics, request: GenerateRequest, stats: RequestStats | None,
                final: Completion) -> None:
-        model, tenant = request.model, metrics.tenant(request.tenant)
+        model, tenant = metrics.model(request.model), metrics.tenant(request.tenant)
         timings = final.timings
         metrics.ttft.labels("worker", model, tenant).observe(timings.ttft_s)
         metrics.e2e.labels("worker", model, tenant).observe(timings.total_s)

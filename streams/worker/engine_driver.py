@@ -61,6 +61,13 @@ class _Abort:
     done: asyncio.Future[RequestOutput | None]
 
 
+@dataclass
+class _Call:
+    # Anything else done to the engine between steps (e.g. swapping in a LoRA adapter read off-thread).
+    fn: Callable[[Engine], Any]
+    done: asyncio.Future[Any]
+
+
 class EngineDriver:
     """Owns the engine thread.
 
@@ -83,7 +90,7 @@ class EngineDriver:
         self._on_outputs = on_outputs
         self._on_failure = on_failure
         self._cond = threading.Condition()
-        self._inbox: list[_Add | _Abort] = []
+        self._inbox: list[_Add | _Abort | _Call] = []
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -105,6 +112,12 @@ class EngineDriver:
         self._send(_Abort(request_id, done))
         return done
 
+    async def call(self, fn: Callable[[Engine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between two steps; returns or raises what it did."""
+        done: asyncio.Future[Any] = self._loop.create_future()
+        self._send(_Call(fn, done))
+        return await done
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop after the current step; blocks up to ``timeout_s`` for the thread to end."""
         with self._cond:
@@ -117,7 +130,7 @@ class EngineDriver:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def _send(self, command: _Add | _Abort) -> None:
+    def _send(self, command: _Add | _Abort | _Call) -> None:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("engine driver is stopped")
@@ -149,8 +162,15 @@ class EngineDriver:
             if outputs:
                 self._post(self._on_outputs, outputs)
 
-    def _apply(self, command: _Add | _Abort) -> None:
-        if isinstance(command, _Add):
+    def _apply(self, command: _Add | _Abort | _Call) -> None:
+        if isinstance(command, _Call):
+            try:
+                result = command.fn(self.engine)
+            except BaseException as error:  # noqa: BLE001 - handed to the awaiting coroutine
+                self._resolve(command.done, error=error)
+            else:
+                self._resolve(command.done, result=result)
+        elif isinstance(command, _Add):
             try:
                 request = command.prepare(self.engine)
                 self.engine.add_request(request)
@@ -184,6 +204,6 @@ class EngineDriver:
         except RuntimeError:  # the loop is closed: the process is exiting and nobody awaits this any more
             log.debug("event loop closed; dropped %s", getattr(callback, "__name__", callback))
 
-    def _cancel_commands(self, commands: list[_Add | _Abort]) -> None:
+    def _cancel_commands(self, commands: list[_Add | _Abort | _Call]) -> None:
         for command in commands:
             self._resolve(command.done, error=RuntimeError("engine driver stopped"))

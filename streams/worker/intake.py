@@ -26,7 +26,8 @@ def prompt_token_ids(request: GenerateRequest, tokenizer: Any) -> list[int]:
     return list(ids)
 
 
-def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time: float) -> EngineRequest:
+def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time: float,
+                      lora: str | None = None) -> EngineRequest:
     sampling = request.sampling
     return EngineRequest(
         request_id=request.request_id,
@@ -44,4 +45,5 @@ def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time:
         speculation=sampling.speculation,
         constraint=engine_constraint(request),
         arrival_time=arrival_time,
+        lora=lora,
     )

@@ -58,7 +58,8 @@ class Generation:
         self.tokens += len(output.token_ids)
         return chunk
 
-    def completion(self, output: RequestOutput, finish_reason: Any, model: str | None) -> Completion:
+    def completion(self, output: RequestOutput, finish_reason: Any, model: str | None,
+                   adapter: str | None = None) -> Completion:
         stats = output.stats
         if stats is not None:
             usage = Usage(
@@ -92,4 +93,5 @@ class Generation:
             timings=timings,
             spec=spec,
             model=model,
+            adapter=adapter,
         )

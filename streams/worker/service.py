@@ -29,6 +29,7 @@ from faststream import FastStream
 
 from engine.outputs import RequestOutput
 from engine.request import RequestRejected
+from schemas.adapters import AdapterCommand
 from schemas.events import (
     ENGINE_WORKER_KIND,
     CancelRequest,
@@ -48,6 +49,7 @@ from streams.service.app import serve
 from streams.service.runner import ConsumerService
 from streams.telemetry.logs import bind_request, request_scope, trace_id_of
 from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.adapters import WorkerAdapters
 from streams.worker.batch_lane import BatchLane
 from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import to_engine_request
@@ -86,7 +88,8 @@ class EngineWorker:
         self._engine_factory = engine_factory
         self._progress = progress
         self.engine: Engine | None = None
-        self.served_models: list[str] = []
+        self._base_models: list[str] = []
+        self.adapters = WorkerAdapters(settings.engine.model, dict(settings.engine.lora.adapters), self._announce)
         self._driver: EngineDriver | None = None
         # Generations running in the engine, by request id (the foundation holds their deliveries).
         self._generations: dict[str, Generation] = {}
@@ -106,7 +109,8 @@ class EngineWorker:
                      Output(catalog.completions, CompletionRecord), Output(catalog.tool_intents, ToolIntent)],
             group_id=self.group_id, check=self._precheck, grants=worker_grants,
             listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel),
-                       Listener(catalog.tool_results, ToolResult, self.tool_rounds.on_result)],
+                       Listener(catalog.tool_results, ToolResult, self.tool_rounds.on_result),
+                       Listener(catalog.adapters, AdapterCommand, self.adapters.on_command, from_beginning=True)],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,
         ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
@@ -114,6 +118,15 @@ class EngineWorker:
         self.broker = self.service.broker
         self.batch_lane = BatchLane(settings, self.worker_id, handle=self._on_request, precheck=self._precheck,
                                     models=lambda: self.served_models)
+        self.service.announcer.extra = self.adapters.announcement
+
+    @property
+    def served_models(self) -> list[str]:
+        """The base model (by its configured and resolved names) and the LoRA adapters held."""
+        return [*self._base_models, *sorted(self.adapters.held)]
+
+    async def _announce(self) -> None:
+        await self.service.announcer.announce()
 
     # --- lifecycle --------------------------------------------------------------------------------------------------
 
@@ -121,7 +134,7 @@ class EngineWorker:
         config = self.settings.engine.to_engine_config()
         # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
         self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
-        self.served_models = sorted({self.engine.model_name, self.settings.engine.model})
+        self._base_models = sorted({self.engine.model_name, self.settings.engine.model})
         if self.telemetry is not None:
             self.telemetry.watch_engine(self.engine)
         self._driver = EngineDriver(
@@ -129,6 +142,7 @@ class EngineWorker:
             name=f"engine-{self.worker_id}",
         )
         self._driver.start()
+        self.adapters.attach(self.engine, self._driver.call)
 
     async def _started(self) -> None:
         log.info(
@@ -198,7 +212,8 @@ class EngineWorker:
         assert self._driver is not None
         try:
             added = self._driver.add(
-                lambda engine: to_engine_request(request, engine.tokenizer, arrival_time=delivery.received_at)
+                lambda engine: to_engine_request(request, engine.tokenizer, arrival_time=delivery.received_at,
+                                                 lora=self._adapter_of(request))
             )
         except RuntimeError:  # driver stopped: shutting down, leave it uncommitted for redelivery
             delivery.hand_back()
@@ -215,11 +230,15 @@ class EngineWorker:
         if self._driver is None or generation.delivery.done:
             return
         try:
-            added = self._driver.add(lambda engine: to_engine_request(request, engine.tokenizer, arrival_time=time.time()))
+            added = self._driver.add(lambda engine: to_engine_request(
+                request, engine.tokenizer, arrival_time=time.time(), lora=self._adapter_of(request)))
         except RuntimeError:  # driver stopped: shutting down, leave it uncommitted for redelivery
             generation.delivery.hand_back()
             return
         self._spawn(self._await_admission(generation, added))
+
+    def _adapter_of(self, request: GenerateRequest) -> str | None:
+        return None if request.model in self._base_models else request.model
 
     async def _await_admission(self, generation: Generation, added: Any) -> None:
         try:
@@ -263,6 +282,9 @@ class EngineWorker:
             generation = self._generations.get(output.request_id)
             if generation is None or generation.delivery.done:
                 continue  # handed back, or failed
+            if output.error is not None:  # e.g. its LoRA adapter could not be read again after an eviction
+                self._fail(generation, output.error[0], output.error[1])
+                continue
             self._emit(generation, output)
 
     def _emit(self, generation: Generation, output: RequestOutput) -> None:
@@ -274,8 +296,9 @@ class EngineWorker:
         if not self.batch_lane.is_batch_line(generation.request):  # a batch line's answer is written whole
             delivery.reply(chunk)
         if output.finished:
-            completion = self.tool_rounds.finish(
-                generation, generation.completion(output, finish_reason or "stop", self._model_name()))
+            adapter = self._adapter_of(generation.request)
+            completion = self.tool_rounds.finish(generation, generation.completion(
+                output, finish_reason or "stop", adapter or self._model_name(), adapter=adapter))
             if self.telemetry is not None:
                 self.telemetry.engine_done(generation.request_id, output.stats, completion)
             delivery.reply(completion)

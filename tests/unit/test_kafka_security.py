@@ -119,6 +119,7 @@ def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completio
     catalog = TopicCatalog(prefix="p")
     grants = {(g.operation, g.resource) for g in worker_grants(catalog, "p.engine-workers")}
     assert grants == {("READ", "topic p.requests"), ("READ", "group p.engine-workers"), ("READ", "topic p.cancellations"),
+                      ("READ", "topic p.adapters"),  # the LoRA adapter registry
                       ("WRITE", "topic p.replies.*"), ("WRITE", "topic p.dead-letters"), ("WRITE", "topic p.services"),
                       ("WRITE", "topic p.completions"), ("WRITE", "topic p.tool-intents"),
                       ("READ", "topic p.tool-results"),
@@ -126,8 +127,8 @@ def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completio
                       ("READ", "topic p.batch-lines"), ("READ", "group p.batch-workers"),
                       ("WRITE", "topic p.batch-results"), ("READ", "topic p.batches")}
     assert [t.name for t in topics_of(worker_grants(catalog, "g"))] == [
-        "p.requests", "p.cancellations", "p.dead-letters", "p.completions", "p.tool-intents", "p.tool-results",
-        "p.services", "p.batch-lines", "p.batch-results", "p.batches"]
+        "p.requests", "p.cancellations", "p.adapters", "p.dead-letters", "p.completions", "p.tool-intents",
+        "p.tool-results", "p.services", "p.batch-lines", "p.batch-results", "p.batches"]
 
 
 def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topic() -> None:
@@ -138,7 +139,8 @@ def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topi
                       ("READ", "topic p.replies.*"), ("CREATE", "topic p.replies.*"),
                       ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*"),  # canary routing
                       ("READ", "topic p.files"), ("WRITE", "topic p.files"),  # /v1/files
-                      ("WRITE", "topic p.batch-lines"), ("READ", "topic p.batches"), ("WRITE", "topic p.batches")}
+                      ("WRITE", "topic p.batch-lines"), ("READ", "topic p.batches"), ("WRITE", "topic p.batches"),
+                      ("WRITE", "topic p.adapters")}  # POST /v1/load_lora_adapter
     own = [g for g in edge_grants(catalog, "e1") if g.name.startswith("p.replies")]
     assert own == [Grant("READ", "TOPIC", "p.replies.e1"), Grant("CREATE", "TOPIC", "p.replies.e1")]
 

@@ -24,6 +24,7 @@ once it is otherwise valid, and a refused request is never charged.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -51,6 +52,8 @@ class Pipeline:
         self.auth = Authenticator(enabled=auth.enabled, keys_file=auth.keys_file, key_hashes=tuple(auth.key_hashes),
                                   defaults=TenantLimits(limits.rpm, limits.tpm, limits.concurrency))
         self.tokenizers = Tokenizers(options.models, options.max_model_len)
+        # LoRA adapters served now, name -> base model (the edge sets it to what live workers announce).
+        self.served_adapters: Callable[[], dict[str, str]] = dict
         self.limiter: Limiter = make_limiter(options.edge.redis_url)
         # A lease outlives its request's deadline a little, so that a crashed edge's leases expire (Redis).
         self.lease_ttl_s = (options.edge.request_timeout_s or 3600.0) + options.edge.deadline_grace_s + 30.0
@@ -93,7 +96,9 @@ class Pipeline:
             body = parse_body(body_type, data)
             request = build_request(body, self.options, tenant=caller.tenant, log_prompt=caller.log_prompts,
                                     trace=trace, conversation_id=conversation_id)
-            validated = await validate(request, self.options.models, self.tokenizers, input_param=body.input_param,
+            adapters = self.served_adapters()
+            validated = await validate(request, (*self.options.models, *adapters), self.tokenizers,
+                                       base=adapters.get(request.model), input_param=body.input_param,
                                        max_tokens_given=body.max_new_tokens() is not None)
             request = validated.request
             return await admit(self.limiter, caller, body, validated, lease_ttl_s=self.lease_ttl_s,

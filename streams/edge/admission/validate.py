@@ -39,15 +39,17 @@ def check_model(request: GenerateRequest, served: tuple[str, ...]) -> None:
 
 
 async def validate(request: GenerateRequest, served: tuple[str, ...], tokenizers: Tokenizers, *, input_param: str,
-                   max_tokens_given: bool) -> Validated:
-    """The served model, then the context; ``input_param``: the prompt's field in the client's API."""
+                   max_tokens_given: bool, base: str | None = None) -> Validated:
+    """The served model, then the context; ``input_param``: the prompt's field in the client's API;
+    ``base``: the base model of a LoRA adapter (its tokenizer and context are the base's)."""
     check_model(request, served)
-    return await fit_context(request, tokenizers, input_param=input_param, max_tokens_given=max_tokens_given)
+    return await fit_context(request, tokenizers, input_param=input_param, max_tokens_given=max_tokens_given,
+                             base=base)
 
 
 async def fit_context(request: GenerateRequest, tokenizers: Tokenizers, *, input_param: str,
-                      max_tokens_given: bool) -> Validated:
-    entry = await tokenizers.get(request.model)
+                      max_tokens_given: bool, base: str | None = None) -> Validated:
+    entry = await tokenizers.get(base or request.model)
     if entry is None:
         return Validated(request, None)
     n = await _prompt_tokens(request, entry.tokenizer, input_param)

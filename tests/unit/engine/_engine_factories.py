@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
 from engine.kv_cache import kv_bytes_per_token
 from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel
@@ -100,6 +100,7 @@ def make_engine(
     controller: Any = None,
     weights: str = "fp32",
     prepack_weights: bool = True,
+    lora: LoRAConfig | None = None,
 ) -> LLMEngine:
     cfg = EngineConfig(
         model="tiny",
@@ -110,6 +111,7 @@ def make_engine(
         speculation=speculation or SpeculationConfig(enabled=False),
         weights=weights,
         prepack_weights=prepack_weights,
+        lora=lora,
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller)
 
