@@ -60,6 +60,12 @@ class LoRASettings(Section):
         "0 turns LoRA off (no adapter can be loaded).",
     )
     max_rank: int = Field(default=16, ge=1, le=256, description="Largest LoRA rank accepted; larger is refused at load.")
+    runtime_updates: bool = Field(
+        default=False,
+        description="Allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING): any API key may then make every worker read a folder it can reach. "
+        "Off: those routes answer 403; `specstream adapters` (Kafka access) still works.",
+    )
 
     @model_validator(mode="after")
     def _names(self) -> "LoRASettings":

@@ -61,6 +61,15 @@ async def _body(request: Request, body_type: type[BodyT]) -> BodyT:
         raise errors.from_validation_error(exc) from None
 
 
+def _check_allowed(edge: Edge) -> None:
+    # Loading reads a folder on every worker's machine: an operator opts in, as vLLM asks for
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING.
+    if not edge.settings.settings.engine.lora.runtime_updates:
+        raise errors.EdgeError(403, "runtime LoRA updates are off: set engine.lora.runtime_updates: true "
+                               "(SPECSTREAM_ENGINE__LORA__RUNTIME_UPDATES) to allow them, or use `specstream adapters`",
+                               code="lora_updates_disabled", type="permission_error")
+
+
 def _check_name(edge: Edge, name: str) -> None:
     if not re.match(ADAPTER_NAME_PATTERN, name):
         raise errors.EdgeError(400, f"lora_name {name!r} must match {ADAPTER_NAME_PATTERN}", param="lora_name",
@@ -88,6 +97,7 @@ def _command(edge: Edge, action: str, name: str, path: str | None = None) -> Ada
 async def load_lora_adapter(request: Request, caller: Principal = Depends(principal)) -> PlainTextResponse:
     """Serve a LoRA adapter under `lora_name` on every worker (vLLM's route and body)."""
     edge = _edge(request)
+    _check_allowed(edge)
     body: LoadLoRAAdapterBody = await _body(request, LoadLoRAAdapterBody)
     name = body.lora_name
     _check_name(edge, name)
@@ -122,6 +132,7 @@ def _newer_than(edge: Edge, name: str, at: float) -> bool:
 async def unload_lora_adapter(request: Request, caller: Principal = Depends(principal)) -> PlainTextResponse:
     """Stop serving a LoRA adapter (vLLM's route and body); requests in flight on it finish."""
     edge = _edge(request)
+    _check_allowed(edge)
     body: UnloadLoRAAdapterBody = await _body(request, UnloadLoRAAdapterBody)
     name = body.lora_name
     if name not in edge.readiness.adapters():

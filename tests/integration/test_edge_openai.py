@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from openai import OpenAI
@@ -173,3 +174,14 @@ def test_the_openai_client_raises_typed_errors_naming_the_code_and_param(setup: 
     with pytest.raises(openai.RateLimitError) as caught:
         limited.completions.create(model=MODEL, prompt="hi", max_tokens=1)
     assert caught.value.code == "rate_limit_exceeded" and int(caught.value.response.headers["retry-after"]) >= 1
+
+
+def test_runtime_lora_updates_are_refused_unless_the_operator_allows_them(setup: dict) -> None:
+    # Default off, as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING: a key alone must not make workers read a folder.
+    for route in ("load", "unload"):
+        response = httpx.post(f"{setup['edge'].base_url}/v1/{route}_lora_adapter",
+                              json={"lora_name": "x", "lora_path": "/etc"},
+                              headers={"Authorization": f"Bearer {setup['key']}"}, timeout=30)
+        assert response.status_code == 403, response.text
+        error = response.json()["error"]
+        assert error["code"] == "lora_updates_disabled" and "engine.lora.runtime_updates" in error["message"]
