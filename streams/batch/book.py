@@ -43,6 +43,7 @@ def merge(old: BatchState | None, new: BatchState) -> BatchState:
     )
     update: dict[str, object] = {
         "status": status, "request_counts": counts, "answered": max(old.answered, new.answered),
+        "estimated_tokens": max(old.estimated_tokens, new.estimated_tokens),
         "errors": old.errors or new.errors, "at": max(old.at, new.at),
     }
     for name in _ONCE:

@@ -49,7 +49,7 @@ class Pipeline:
         self.options = options
         auth, limits = options.edge.auth, options.edge.limits
         self.auth = Authenticator(enabled=auth.enabled, keys_file=auth.keys_file, key_hashes=tuple(auth.key_hashes),
-                                  defaults=TenantLimits(limits.rpm, limits.tpm, limits.concurrency))
+                                  defaults=TenantLimits(**limits.model_dump()))
         self.tokenizers = Tokenizers(options.models, options.max_model_len)
         self.limiter: Limiter = make_limiter(options.edge.redis_url)
         # A lease outlives its request's deadline a little, so that a crashed edge's leases expire (Redis).
