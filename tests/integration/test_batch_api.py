@@ -129,6 +129,21 @@ def test_cancel_mid_batch_stops_taking_lines_and_keeps_what_finished(client: Ope
     assert sorted(o["custom_id"] for o in output + errors) == sorted(cid for cid, *_ in lines)
 
 
+def test_cancel_aborts_the_lines_already_generating_within_seconds(client: OpenAI, stack: Stack) -> None:
+    lines = [(f"long-{i}", COMPLETIONS, completion(f"Chapter {i}. It was a dark night and", max_tokens=400,
+                                                     temperature=1.0, seed=i)) for i in range(16)]
+    batch_id = submit(client, lines)
+    time.sleep(4)  # the worker has taken its slots' worth of lines; 400 tokens each take far longer than this
+    client.batches.cancel(batch_id)
+    asked = time.monotonic()
+    batch = wait_for(client, batch_id, finished, stack, timeout_s=60)
+    assert batch.status == "cancelled" and time.monotonic() - asked < 10, batch
+    errors = file_lines(client, batch.error_file_id)
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert any("while this line ran" in e["error"]["message"] for e in errors)  # aborted, not left to finish
+    assert len(errors) + batch.request_counts.completed == 16
+
+
 def test_upload_of_bad_lines_is_refused_naming_them(client: OpenAI) -> None:
     good = dumps_line("a", CHAT, chat("hi"))
     data = "\n".join([good, "{oops", dumps_line("a", CHAT, chat("hi")), dumps_line("b", "/v1/embeddings", {})])
