@@ -64,6 +64,8 @@ class BatchState(Event):
     cancelling_at: int | None = Field(default=None, description="When a cancel was asked.")
     cancelled_at: int | None = Field(default=None, description="When a cancelled batch's files were written.")
     request_counts: BatchRequestCounts = Field(default_factory=BatchRequestCounts, description="Progress.")
+    estimated_tokens: int = Field(default=0, ge=0, description="Prompt + max_tokens of every line, counted when "
+                                  "the batch was created: what it spends of its tenant's batch_tokens_per_day.")
     answered: int = Field(default=0, ge=0, description="Lines with an outcome, not run ones (cancelled, expired) "
                           "included; the batch finalizes when it reaches request_counts.total.")
     output_file_id: str | None = Field(default=None, description="JSONL of the responses.")

@@ -58,7 +58,8 @@ async def create_batch(request: Request, caller: Principal = Depends(principal))
     except ValidationError as exc:
         raise errors.from_validation_error(exc) from None
     state = await desk.create(caller.tenant, input_file_id=body.input_file_id, endpoint=body.endpoint,
-                              metadata=_metadata(body.metadata), log_prompt=caller.log_prompts)
+                              metadata=_metadata(body.metadata), limits=caller.limits,
+                              tokenizers=request.app.state.pipeline.tokenizers, log_prompt=caller.log_prompts)
     return batch_object(state)
 
 

@@ -9,7 +9,8 @@ line has an outcome the batch is finalized: its files are written to the files s
 published (completed, expired when some lines expired, cancelled when it was being cancelled).
 
 At start, after reading the batches topic, it finalizes any batch whose journal is already complete (killed
-between its last answer and its final state).
+between its last answer and its final state); the files' ids are derived from the batch's
+(:func:`~streams.batch.files.batch_file_id`), so files written before the kill are found and reused, not copied.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from streams.batch.files import (
     BatchFileMissing,
     BatchFiles,
     StoreFiles,
+    batch_file_id,
     journal_dir,
     store_of,
 )
@@ -190,8 +192,8 @@ class BatchAssembler:
             if not cancelling:
                 await self._publish(self._progress(state, batch, status="finalizing", finalizing_at=now))
             output, errors = self._files_of(batch)
-            output_id = await self.files.write(state.tenant, f"{state.id}_output.jsonl", output) if output else None
-            error_id = await self.files.write(state.tenant, f"{state.id}_error.jsonl", errors) if errors else None
+            output_id = await self._write(state, "output", output)
+            error_id = await self._write(state, "error", errors)
             status, stamp = ("cancelled", "cancelled_at") if cancelling else (
                 ("expired", "expired_at") if batch.journal.count("expired") else ("completed", "completed_at"))
             final = self._progress(state, batch, status=status, output_file_id=output_id, error_file_id=error_id,
@@ -201,6 +203,12 @@ class BatchAssembler:
                      final.request_counts.completed, final.request_counts.failed, batch.journal.duplicates)
         finally:
             self._finalizing.discard(state.id)
+
+    async def _write(self, state: BatchState, kind: str, data: bytes) -> str | None:
+        if not data:
+            return None
+        return await self.files.write(state.tenant, f"{state.id}_{kind}.jsonl", data,
+                                      file_id=batch_file_id(state.id, kind))
 
     @staticmethod
     def _files_of(batch: _Batch) -> tuple[bytes, bytes]:

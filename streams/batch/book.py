@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -43,6 +44,7 @@ def merge(old: BatchState | None, new: BatchState) -> BatchState:
     )
     update: dict[str, object] = {
         "status": status, "request_counts": counts, "answered": max(old.answered, new.answered),
+        "estimated_tokens": max(old.estimated_tokens, new.estimated_tokens),
         "errors": old.errors or new.errors, "at": max(old.at, new.at),
     }
     for name in _ONCE:
@@ -51,9 +53,11 @@ def merge(old: BatchState | None, new: BatchState) -> BatchState:
 
 
 class BatchBook:
-    def __init__(self, kafka: Connectable, topic: Topic) -> None:
+    def __init__(self, kafka: Connectable, topic: Topic,
+                 on_change: Callable[[BatchState], None] | None = None) -> None:
         self.kafka = kafka
         self.topic = topic
+        self.on_change = on_change  # called with each merged state read from the topic
         self.batches: dict[str, BatchState] = {}
         self.caught_up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -109,6 +113,9 @@ class BatchBook:
         if value is None:
             return
         try:
-            self.apply(kafka_io.decode(value, BatchState))
+            state = self.apply(kafka_io.decode(value, BatchState))
         except (ValidationError, ValueError) as error:
             log.warning("batches: skipping a record on %s: %s", self.topic.name, error)
+            return
+        if self.on_change is not None:
+            self.on_change(state)

@@ -1,6 +1,7 @@
 """The edge's side of batch jobs: create one (its lines onto the bus), read, list and cancel them.
 
-Creating a batch reads its input file, checks every line's url is the batch's endpoint, publishes the state
+Creating a batch reads its input file, fits each line to the context as an interactive request is
+(:mod:`streams.batch.sizing`), checks the tenant's batch budget (:mod:`streams.batch.quota`), publishes the state
 ``validating``, every line as a request on ``<prefix>.batch-lines`` (acknowledged by Kafka), then
 ``in_progress``. Cancelling publishes ``cancelling``: workers then answer the lines not started yet
 ``cancelled`` at once, and the assembler ends the batch ``cancelled`` with what finished. The batches topic is
@@ -9,6 +10,7 @@ the only state: every edge follows it (:class:`~streams.batch.book.BatchBook`), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -16,13 +18,18 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from schemas.batch import BatchRequestCounts, BatchState
+from schemas.events import GenerateRequest
 from streams import kafka_io
 from streams.batch.book import TERMINAL, BatchBook
 from streams.batch.files import BatchFileMissing, BatchFiles
 from streams.batch.lines import line_request
+from streams.batch.quota import BatchCost, check_batch_quota
+from streams.batch.sizing import fit_lines
 from streams.batch.validation import InvalidBatchFile, parse_batch_file
 from streams.edge.errors import EdgeError
+from streams.edge.keys import TenantLimits
 from streams.edge.settings import EdgeOptions
+from streams.edge.tokenizers import Tokenizers
 
 COMPLETION_WINDOWS_S = {"24h": 24 * 3600}
 CATCH_UP_S = 10.0
@@ -71,34 +78,44 @@ class BatchDesk:
         return mine[:limit], len(mine) > limit
 
     async def create(self, tenant: str, *, input_file_id: str, endpoint: str, metadata: dict[str, str] | None,
-                     log_prompt: bool = True) -> BatchState:
+                     limits: TenantLimits, tokenizers: Tokenizers, log_prompt: bool = True) -> BatchState:
+        """Check the batch against its tenant's batch budget (:mod:`streams.batch.quota`), then put it on the bus."""
         await self._caught_up()
         lines = await self._lines(tenant, input_file_id)
         now = time.time()
+        batch_id = f"batch_{uuid.uuid4().hex}"
+        built = [line_request(ln, batch_id=batch_id, tenant=tenant, expires_at=int(now) + COMPLETION_WINDOWS_S["24h"],
+                              results_topic=self.catalog.batch_results.name, options=self.options,
+                              log_prompt=log_prompt, now=int(now)) for ln in lines]
+        requests, tokens = await fit_lines(built, [ln.body.max_new_tokens() is not None for ln in lines], tokenizers)
+        check_batch_quota(self.book.batches.values(), tenant, limits, BatchCost(len(lines), tokens), now)
         state = BatchState(
-            id=f"batch_{uuid.uuid4().hex}", tenant=tenant, endpoint=endpoint,  # type: ignore[arg-type]
-            input_file_id=input_file_id, status="validating", created_at=int(now),
-            expires_at=int(now) + COMPLETION_WINDOWS_S["24h"], metadata=metadata,
-            request_counts=BatchRequestCounts(total=len(lines)), at=now,
+            id=batch_id, tenant=tenant, endpoint=endpoint, input_file_id=input_file_id,  # type: ignore[arg-type]
+            status="validating", created_at=int(now), expires_at=int(now) + COMPLETION_WINDOWS_S["24h"],
+            metadata=metadata, request_counts=BatchRequestCounts(total=len(lines)), estimated_tokens=tokens, at=now,
         )
-        await self._publish(state)
-        producer: AIOKafkaProducer = self._producer()
-        topic = self.catalog.batch_lines.name
-        requests = [line_request(ln, batch_id=state.id, tenant=tenant, expires_at=state.expires_at,
-                                 results_topic=self.catalog.batch_results.name, options=self.options,
-                                 log_prompt=log_prompt, now=state.created_at) for ln in lines]
+        # In the book before the next await: a second create of the tenant on this edge counts this one.
+        self.book.apply(state)
         try:
-            # Every line in the producer's buffer first (batched sends), then every acknowledgement.
-            sends = [await producer.send(topic, kafka_io.encode(r), key=kafka_io.request_key(r.request_id))
-                     for r in requests]
-            await asyncio.gather(*sends)
+            await self._publish(state)
+            await self._send_lines(requests)
         except Exception as error:
-            await self._publish(state.model_copy(update={"status": "failed", "failed_at": int(time.time()),
-                                                         "at": time.time()}))
+            self.book.apply(state.model_copy(update={"status": "failed", "failed_at": int(time.time()),
+                                                     "at": time.time()}))
+            with contextlib.suppress(Exception):
+                await self._publish(self.book.batches[state.id])
             raise EdgeError(503, f"could not publish the batch's lines: {error!r}", type="server_error",
                             code="kafka_unavailable") from error
         return await self._publish(state.model_copy(update={"status": "in_progress", "in_progress_at": int(time.time()),
                                                             "at": time.time()}))
+
+    async def _send_lines(self, requests: list[GenerateRequest]) -> None:
+        producer: AIOKafkaProducer = self._producer()
+        topic = self.catalog.batch_lines.name
+        # Every line in the producer's buffer first (batched sends), then every acknowledgement.
+        sends = [await producer.send(topic, kafka_io.encode(r), key=kafka_io.request_key(r.request_id))
+                 for r in requests]
+        await asyncio.gather(*sends)
 
     async def _lines(self, tenant: str, input_file_id: str) -> list[Any]:
         try:
@@ -136,6 +153,7 @@ class BatchDesk:
 
 def batch_object(state: BatchState) -> dict[str, Any]:
     """OpenAI's Batch object."""
-    fields = state.model_dump(exclude={"schema_version", "type", "tenant", "answered", "errors", "at"})
+    fields = state.model_dump(exclude={"schema_version", "type", "tenant", "answered", "estimated_tokens", "errors",
+                                       "at"})
     errors = {"object": "list", "data": [e.model_dump() for e in state.errors]} if state.errors else None
     return {**fields, "object": "batch", "errors": errors, "model": None, "usage": None}

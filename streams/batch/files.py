@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,9 +16,15 @@ class BatchFiles(Protocol):
         """(purpose, bytes) of a tenant's file; :class:`BatchFileMissing` when it has none of that id."""
         ...
 
-    async def write(self, tenant: str, filename: str, data: bytes) -> str:
-        """Store a ``batch_output`` file of the tenant; its id."""
+    async def write(self, tenant: str, filename: str, data: bytes, *, file_id: str) -> str:
+        """Store a ``batch_output`` file of the tenant as ``file_id``, unless it has one of that id already; the id."""
         ...
+
+
+def batch_file_id(batch_id: str, kind: str) -> str:
+    """The id of a batch's ``output`` or ``error`` file, derived from the batch's: an assembler that dies after
+    writing the file and before publishing the batch's end writes it again under the same id, not a second copy."""
+    return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
 
 
 class StoreFiles:
@@ -36,8 +43,16 @@ class StoreFiles:
             raise BatchFileMissing(file_id) from None
         return file.purpose, await asyncio.to_thread(path.read_bytes)
 
-    async def write(self, tenant: str, filename: str, data: bytes) -> str:
-        file = await self.store.create(tenant=tenant, filename=filename, purpose="batch_output", source=[data])
+    async def write(self, tenant: str, filename: str, data: bytes, *, file_id: str) -> str:
+        from streams.files.store import NoSuchFile
+
+        try:
+            # Written before a restart: the journal it came from is final, so its bytes are these.
+            return str((await self.store.get(tenant, file_id)).id)
+        except NoSuchFile:
+            pass
+        file = await self.store.create(tenant=tenant, filename=filename, purpose="batch_output", source=[data],
+                                       file_id=file_id)
         return str(file.id)
 
 

@@ -74,6 +74,15 @@ class EdgeLimitSettings(Section):
     concurrency: int | None = Field(
         default=32, ge=1, description="Requests in flight at once for a tenant that sets none; null: no limit."
     )
+    # Batch jobs have budgets of their own: a batch spends none of rpm/tpm/concurrency, a request none of these.
+    batch_tokens_per_day: int | None = Field(
+        default=20_000_000, ge=1, description="Tokens (prompt + max_tokens of every line, counted when the batch is "
+        "created) of the batches a tenant that sets none may create in 24 h; null: no limit.",
+    )
+    batch_queued_lines: int | None = Field(
+        default=100_000, ge=1, description="Lines of its batches not answered yet a tenant that sets none may have "
+        "at once; a batch that would pass it is refused when created; null: no limit.",
+    )
 
 
 class EdgeSettings(Section):

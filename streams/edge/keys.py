@@ -94,16 +94,18 @@ def check_tenant(name: str) -> str:
 
 @dataclass(frozen=True)
 class TenantLimits:
-    """Per-tenant limits; None: no limit."""
+    """Per-tenant limits; None: no limit. The batch_ ones bound batch jobs only (streams/batch/quota.py), the others
+    interactive requests only: neither kind of work spends the other's budget."""
 
     rpm: int | None = None
     tpm: int | None = None
     concurrency: int | None = None
+    batch_tokens_per_day: int | None = None
+    batch_queued_lines: int | None = None
 
     def describe(self) -> str:
-        def one(v: int | None) -> str:
-            return "unlimited" if v is None else str(v)
-        return f"rpm={one(self.rpm)} tpm={one(self.tpm)} concurrency={one(self.concurrency)}"
+        return " ".join(f"{name}={'unlimited' if getattr(self, name) is None else getattr(self, name)}"
+                        for name in _LIMIT_NAMES)
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ class KeyRecord:
                 "revoked_at": self.revoked_at, "label": self.label}
 
 
-_LIMIT_NAMES = ("rpm", "tpm", "concurrency")
+_LIMIT_NAMES = ("rpm", "tpm", "concurrency", "batch_tokens_per_day", "batch_queued_lines")
 _LOG_PROMPTS = "log_prompts"
 
 
@@ -185,7 +187,7 @@ class KeyFile:
                     continue
                 if limit_name not in _LIMIT_NAMES:
                     raise KeyStoreError(f"{where}: tenants.{name}.{limit_name}: unknown setting "
-                                        "(use rpm, tpm, concurrency, log_prompts)")
+                                        f"(use {', '.join(_LIMIT_NAMES)}, log_prompts)")
                 if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                     raise KeyStoreError(f"{where}: tenants.{name}.{limit_name} must be a positive integer or null")
                 clean[limit_name] = value
@@ -252,8 +254,8 @@ def write_private(path: Path, text: str) -> None:
 
 
 def create_key(path: Path, tenant: str, *, rpm: int | None = None, tpm: int | None = None,
-               concurrency: int | None = None, label: str | None = None,
-               log_prompts: bool | None = None) -> tuple[str, KeyRecord]:
+               concurrency: int | None = None, label: str | None = None, log_prompts: bool | None = None,
+               batch_tokens_per_day: int | None = None, batch_queued_lines: int | None = None) -> tuple[str, KeyRecord]:
     """Add a key for ``tenant``; a limit given here (0: no limit) is set on the tenant. Returns (key, record)."""
     check_tenant(tenant)
     with locked(path):
@@ -263,12 +265,13 @@ def create_key(path: Path, tenant: str, *, rpm: int | None = None, tpm: int | No
             key_id, key = new_key()
         record = KeyRecord(id=key_id, sha256=hash_key(key), tenant=tenant, created_at=time.time(), label=label)
         data.keys.append(record)
-        given = {"rpm": rpm, "tpm": tpm, "concurrency": concurrency}
+        given = {"rpm": rpm, "tpm": tpm, "concurrency": concurrency, "batch_tokens_per_day": batch_tokens_per_day,
+                 "batch_queued_lines": batch_queued_lines}
         for name, value in given.items():
             if value is None:
                 continue
             if value < 0:
-                raise KeyStoreError(f"--{name} must be 0 (no limit) or more")
+                raise KeyStoreError(f"--{name.replace('_', '-')} must be 0 (no limit) or more")
             data.tenants.setdefault(tenant, {})[name] = value or None
         if log_prompts is not None:
             data.tenants.setdefault(tenant, {})[_LOG_PROMPTS] = log_prompts

@@ -1,6 +1,7 @@
 """``specstream keys create|list|revoke|hash|path``: the edge's API keys from the terminal.
 
     specstream keys create --tenant alice [--rpm 60] [--tpm 100000] [--concurrency 4] [--label NOTE]
+                           [--batch-tokens-per-day 5000000] [--batch-queued-lines 20000]
     specstream keys list [--all] [--json]
     specstream keys revoke KEY_ID | --tenant NAME
     specstream keys hash [--tenant NAME] KEY|-      (the digest for edge.auth.key_hashes)
@@ -53,6 +54,10 @@ def _add_actions(keys: argparse.ArgumentParser) -> None:
     create.add_argument("--rpm", type=int, help="the tenant's requests per minute (0: no limit)")
     create.add_argument("--tpm", type=int, help="the tenant's tokens per minute, prompt + max_tokens (0: no limit)")
     create.add_argument("--concurrency", type=int, help="the tenant's requests in flight at once (0: no limit)")
+    create.add_argument("--batch-tokens-per-day", type=int,
+                        help="tokens of the batches the tenant may create in 24 h, prompt + max_tokens (0: no limit)")
+    create.add_argument("--batch-queued-lines", type=int,
+                        help="lines of the tenant's batches not answered yet, at most (0: no limit)")
     create.add_argument("--label", help="a note shown by `keys list`")
     create.add_argument("--no-log-prompts", dest="log_prompts", action="store_false", default=None,
                         help="keep the tenant's prompts out of the completions log (no replay by `specstream eval`)")
@@ -87,14 +92,16 @@ def _defaults(settings: Any) -> TenantLimits:
     if settings is None:
         return TenantLimits()
     limits = settings.edge.limits
-    return TenantLimits(limits.rpm, limits.tpm, limits.concurrency)
+    return TenantLimits(**limits.model_dump())
 
 
 def cmd_create(args: argparse.Namespace, settings: Any) -> int:
     path = _keys_file(args, settings)
     try:
         key, record = create_key(path, args.tenant, rpm=args.rpm, tpm=args.tpm, concurrency=args.concurrency,
-                                 label=args.label, log_prompts=args.log_prompts)
+                                 label=args.label, log_prompts=args.log_prompts,
+                                 batch_tokens_per_day=args.batch_tokens_per_day,
+                                 batch_queued_lines=args.batch_queued_lines)
         limits = read_key_file(path).limits_for(args.tenant, _defaults(settings))
     except KeyStoreError as error:
         _say(f"keys: error: {error}")

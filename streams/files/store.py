@@ -76,10 +76,11 @@ class FileStore:
     # --- writing -----------------------------------------------------------------------------------------------
 
     async def create(self, *, tenant: str, filename: str, purpose: str, source: BinaryIO | Iterable[bytes],
-                     expires_after_s: int | None = None) -> FileObject:
+                     expires_after_s: int | None = None, file_id: str | None = None) -> FileObject:
         """Store, check and publish a new file. Raises TooLarge (past max_bytes), InvalidFile (its purpose's
-        validator refused it) or FilesUnavailable; none of them leaves anything behind."""
-        file_id = new_file_id()
+        validator refused it) or FilesUnavailable; none of them leaves anything behind. ``file_id``: an id the
+        caller derived (a batch's output file), null: a new random one."""
+        file_id = file_id or new_file_id()
         ref = await asyncio.to_thread(self._put, file_id, source)
         try:
             validator = validator_for(purpose)

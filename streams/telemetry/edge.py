@@ -38,6 +38,8 @@ WS_ROUTE = "/v1/ws"
 GENERATION_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", WS_ROUTE})
 # Probes and scrapes: counted, never traced (they would drown the traces that matter).
 _UNTRACED = ("/metrics", "/healthz", "/readyz", "/static", "/favicon.ico")
+# The limits a 429 names in X-RateLimit-Limited (a bounded label); anything else counts as "other".
+_LIMITS = frozenset({"rpm", "tpm", "concurrency", "batch_tokens_per_day", "batch_queued_lines"})
 
 
 class EdgeTelemetry:
@@ -146,7 +148,7 @@ def _observe(metrics: EdgeMetrics, route: str, status: int, started: float, firs
     """Count one answered request; for a generation answered whole, the latencies its client saw."""
     metrics.requests.labels(route, str(status)).inc()
     if limited is not None:
-        metrics.rate_limited.labels(limited if limited in ("rpm", "tpm", "concurrency") else "other").inc()
+        metrics.rate_limited.labels(limited if limited in _LIMITS else "other").inc()
     if route in GENERATION_ROUTES and status == 200:
         end = time.monotonic()
         metrics.ttft.labels("edge", route).observe((first_byte or end) - started)

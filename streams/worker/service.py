@@ -117,7 +117,7 @@ class EngineWorker:
             if self.telemetry is not None else None)
         self.broker = self.service.broker
         self.batch_lane = BatchLane(settings, self.worker_id, handle=self._on_request, precheck=self._precheck,
-                                    models=lambda: self.served_models)
+                                    models=lambda: self.served_models, stop_lines=self._stop_batch)
         self.service.announcer.extra = self.adapters.announcement
 
     @property
@@ -342,6 +342,16 @@ class EngineWorker:
             if not final.finished:
                 final.finished, final.finish_reason = True, "abort"
             self._emit(generation, final)
+
+    def _stop_batch(self, batch_id: str) -> None:
+        """A batch is being cancelled: its lines in the engine stop now, answered ``cancelled`` (its error file)."""
+        running = [g for rid, g in self._generations.items() if rid.startswith(f"{batch_id}.")]
+        for generation in running:
+            if self._driver is not None:
+                self._driver.abort(generation.request_id)  # FIFO inbox: after its add, if that is still queued
+            self._fail(generation, "cancelled", f"batch {batch_id} was cancelled while this line ran")
+        if running:
+            log.info("batch %s cancelled: %d line(s) aborted here", batch_id, len(running))
 
     def _cache_in_use(self) -> str:
         """'<used> of <total> tokens', read right after an abort (the engine frees a request's KV region in abort)."""

@@ -23,7 +23,8 @@ from openai import OpenAI
 from streams.batch.validation import dumps_line
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Process, Stack, running_stack, spawn_process
-from tests.edge_support import WORKER_ENV
+from streams.edge.keys import create_key
+from tests.edge_support import MAX_MODEL_LEN, WORKER_ENV
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
@@ -128,6 +129,21 @@ def test_cancel_mid_batch_stops_taking_lines_and_keeps_what_finished(client: Ope
     assert sorted(o["custom_id"] for o in output + errors) == sorted(cid for cid, *_ in lines)
 
 
+def test_cancel_aborts_the_lines_already_generating_within_seconds(client: OpenAI, stack: Stack) -> None:
+    lines = [(f"long-{i}", COMPLETIONS, completion(f"Chapter {i}. It was a dark night and", max_tokens=400,
+                                                     temperature=1.0, seed=i)) for i in range(16)]
+    batch_id = submit(client, lines)
+    time.sleep(4)  # the worker has taken its slots' worth of lines; 400 tokens each take far longer than this
+    client.batches.cancel(batch_id)
+    asked = time.monotonic()
+    batch = wait_for(client, batch_id, finished, stack, timeout_s=60)
+    assert batch.status == "cancelled" and time.monotonic() - asked < 10, batch
+    errors = file_lines(client, batch.error_file_id)
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert any("while this line ran" in e["error"]["message"] for e in errors)  # aborted, not left to finish
+    assert len(errors) + batch.request_counts.completed == 16
+
+
 def test_upload_of_bad_lines_is_refused_naming_them(client: OpenAI) -> None:
     good = dumps_line("a", CHAT, chat("hi"))
     data = "\n".join([good, "{oops", dumps_line("a", CHAT, chat("hi")), dumps_line("b", "/v1/embeddings", {})])
@@ -148,6 +164,37 @@ def test_unknown_batch_and_file_ids_are_404_in_openai_shape(client: OpenAI) -> N
     with pytest.raises(openai.BadRequestError) as bad:
         client.batches.create(input_file_id="file-x", endpoint=CHAT, completion_window="1h")  # type: ignore[arg-type]
     assert bad.value.param == "completion_window"
+
+
+def test_a_tenants_batch_spends_its_batch_budget_not_its_interactive_limits(stack: Stack) -> None:
+    assert stack.keys_file is not None
+    key, _ = create_key(stack.keys_file, "batcher", rpm=0, tpm=300, concurrency=0, batch_tokens_per_day=2000,
+                        batch_queued_lines=1000)
+    limited = OpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0, timeout=120)
+    time.sleep(1.5)  # the edge re-reads the keys file at most once a second
+    lines = [(f"q-{i}", COMPLETIONS, completion(f"Count to {i}:", max_tokens=60)) for i in range(20)]  # > 1200 tokens
+    batch_id = submit(limited, lines)
+    try:
+        # Right after a batch of four times its tpm, an interactive request is admitted: the batch spent none of it.
+        assert limited.completions.create(**completion("Hello")).choices[0].text is not None
+        with pytest.raises(openai.RateLimitError) as caught:  # the same batch again: past 2000 tokens a day
+            submit(limited, lines)
+        assert "batch_tokens_per_day" in caught.value.message
+    finally:
+        limited.batches.cancel(batch_id)
+
+
+def test_a_line_without_max_tokens_gets_the_default_capped_to_the_context_left(client: OpenAI, stack: Stack) -> None:
+    long_prompt = " ".join(["apple"] * (MAX_MODEL_LEN - 100))  # fits, but not with the default max_tokens
+    lines = [("capped", COMPLETIONS, {"model": MODEL, "prompt": long_prompt, "temperature": 0}),
+             ("given", COMPLETIONS, {"model": MODEL, "prompt": long_prompt, "max_tokens": 200})]
+    batch = wait_for(client, submit(client, lines), finished, stack)
+    output, errors = file_lines(client, batch.output_file_id), file_lines(client, batch.error_file_id)
+    assert [o["custom_id"] for o in output] == ["capped"]  # like an interactive request without max_tokens
+    usage = output[0]["response"]["body"]["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] <= MAX_MODEL_LEN
+    assert [(e["custom_id"], e["response"]["body"]["error"]["code"]) for e in errors] == [
+        ("given", "context_length_exceeded")]  # a max_tokens the client gave is not changed
 
 
 def _kill(process: Process) -> None:

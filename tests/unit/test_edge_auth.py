@@ -132,7 +132,8 @@ def test_keys_cli_prints_a_key_only_when_creating_it_and_lists_hashes_and_revoke
     assert "erin" in out and "rpm=5 tpm=unlimited concurrency=32" in out and key not in out
     assert keys_main([*base, "list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert listed[0]["tenant"] == "erin" and listed[0]["limits"] == {"rpm": 5, "tpm": None, "concurrency": 32}
+    assert listed[0]["tenant"] == "erin" and listed[0]["limits"] == {
+        "rpm": 5, "tpm": None, "concurrency": 32, "batch_tokens_per_day": 20_000_000, "batch_queued_lines": 100_000}
     assert keys_main([*base, "hash", "--tenant", "erin", key]) == 0
     assert capsys.readouterr().out.strip() == f"erin:{hash_key(key)}"
     assert keys_main([*base, "revoke", listed[0]["id"]]) == 0

@@ -50,7 +50,7 @@ class Pipeline:
         self.options = options
         auth, limits = options.edge.auth, options.edge.limits
         self.auth = Authenticator(enabled=auth.enabled, keys_file=auth.keys_file, key_hashes=tuple(auth.key_hashes),
-                                  defaults=TenantLimits(limits.rpm, limits.tpm, limits.concurrency))
+                                  defaults=TenantLimits(**limits.model_dump()))
         self.tokenizers = Tokenizers(options.models, options.max_model_len)
         # LoRA adapters served now, name -> base model (the edge sets it to what live workers announce).
         self.served_adapters: Callable[[], dict[str, str]] = dict

@@ -53,28 +53,37 @@ async def fit_context(request: GenerateRequest, tokenizers: Tokenizers, *, input
     if entry is None:
         return Validated(request, None)
     n = await _prompt_tokens(request, entry.tokenizer, input_param)
+    return fitted(request, n, entry.context, input_param=input_param, max_tokens_given=max_tokens_given)
+
+
+def fitted(request: GenerateRequest, n: int, context: int, *, input_param: str, max_tokens_given: bool) -> Validated:
+    """The request with ``n`` prompt tokens in a ``context``: as it is, its default max_tokens capped, or a 400."""
     m = request.sampling.max_tokens
-    if n + m <= entry.context:
+    if n + m <= context:
         return Validated(request, n)
-    if n < entry.context and not max_tokens_given:
-        sampling = request.sampling.model_copy(update={"max_tokens": entry.context - n})
+    if n < context and not max_tokens_given:
+        sampling = request.sampling.model_copy(update={"max_tokens": context - n})
         return Validated(request.model_copy(update={"sampling": sampling}), n)
     raise errors.EdgeError(
-        400, f"This model's maximum context length is {entry.context} tokens. However, you requested {n + m} tokens "
+        400, f"This model's maximum context length is {context} tokens. However, you requested {n + m} tokens "
         f"({n} in the {input_param}, {m} in the completion). Please reduce the length of the {input_param} or "
         "max_tokens.",
-        param=input_param if n >= entry.context else "max_tokens", code="context_length_exceeded",
+        param=input_param if n >= context else "max_tokens", code="context_length_exceeded",
     )
 
 
 async def _prompt_tokens(request: GenerateRequest, tokenizer: object, input_param: str) -> int:
+    if prompt_chars(request) > _THREAD_TOKENIZE_CHARS:
+        return await asyncio.to_thread(prompt_tokens, request, tokenizer, input_param)
+    return prompt_tokens(request, tokenizer, input_param)
+
+
+def prompt_tokens(request: GenerateRequest, tokenizer: object, input_param: str) -> int:
+    """The prompt's tokens as the worker renders them; a 400 naming ``input_param`` when it cannot be, or is empty."""
     from streams.worker.intake import prompt_token_ids  # the worker's own rendering: same template, same count
 
     try:
-        if prompt_chars(request) > _THREAD_TOKENIZE_CHARS:
-            ids = await asyncio.to_thread(prompt_token_ids, request, tokenizer)
-        else:
-            ids = prompt_token_ids(request, tokenizer)
+        ids = prompt_token_ids(request, tokenizer)
     except Exception as error:  # noqa: BLE001 - e.g. a chat template that refuses this sequence of roles
         raise errors.EdgeError(400, f"The {input_param} cannot be rendered for this model: {type(error).__name__}: "
                                f"{str(error)[:200]}", param=input_param, code="invalid_value") from None
