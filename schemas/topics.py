@@ -149,10 +149,30 @@ class TopicCatalog:
             "outcome and why); every edge follows it, so a restarted or second edge routes alike.",
         )
 
+    @property
+    def vector_stores(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.vector-stores", partitions=1, key="vector_store_id",
+            retention_ms=7 * 24 * HOUR_MS, carries="VectorStoreRecord", compacted=True,
+            purpose="Vector stores (`/v1/vector_stores`): each store's record (name, tenant, chunking, the index "
+            "version answering queries); a tombstone deletes it. Every edge and the rag service read it whole.",
+        )
+
+    @property
+    def retrieval(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.retrieval", partitions=3, key="request_id",
+            retention_ms=1 * HOUR_MS, carries="RetrievalRequest",
+            purpose="Searches, chat requests with the file_search tool, and index operations for the rag service "
+            "(the one process that opens the index); it answers on the caller's reply topic and sends grounded "
+            "chat requests on to the request topic.",
+            segment_ms=1 * HOUR_MS,
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
-                self.completions, self.eval_samples]
+                self.completions, self.eval_samples, self.vector_stores, self.retrieval]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

@@ -26,6 +26,7 @@ from streams.config.base import (
 )
 from streams.config.engine import EngineSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
+from streams.config.rag import RagSettings
 from streams.config.services import (
     EdgeSettings,
     EvalSettings,
@@ -50,6 +51,7 @@ class Settings(BaseSettings):
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    rag: RagSettings = Field(default_factory=RagSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, with request_id and trace_id on every line."
