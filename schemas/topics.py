@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
 from schemas.events import (
     CancelRequest,
     CompletionRecord,
@@ -150,6 +151,43 @@ class TopicCatalog:
         )
 
     @property
+    def files(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.files", partitions=1, key="file id",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(FileObject), compacted=True,
+            purpose="Uploaded files (`/v1/files`): each file's metadata and blob reference (its bytes stay in the "
+            "blob store, `files.dir`); a tombstone deletes it. Every edge reads it whole, so a restarted or second "
+            "edge sees the same files.",
+        )
+
+    @property
+    def ingest_jobs(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.ingest-jobs", partitions=3, key="<vector_store_id>/<file_id>",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(IngestJob),
+            purpose="Files to parse into a vector store's index (blob reference, checksum, chunking, index "
+            "version); document parsers consume them as one consumer group.",
+        )
+
+    @property
+    def document_chunks(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.document-chunks", partitions=3, key="<vector_store_id>/<file_id>",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(DocumentChunks),
+            purpose="A parsed document's chunks (text, character span, page, tokens), in size-bounded parts with the "
+            "total chunk count; the indexer embeds them. A redelivered job republishes identical chunks.",
+        )
+
+    @property
+    def documents(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.documents", partitions=1, key="<vector_store_id>/<file_id>",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(DocumentState), compacted=True,
+            purpose="Each document's current state in a vector store (in_progress, completed, failed with "
+            "last_error) and the job that makes it; what an index rebuild replays. A tombstone removes it.",
+        )
+
+    @property
     def vector_stores(self) -> Topic:
         return Topic(
             name=f"{self.prefix}.vector-stores", partitions=1, key="vector_store_id",
@@ -172,7 +210,8 @@ class TopicCatalog:
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
-                self.completions, self.eval_samples, self.vector_stores, self.retrieval]
+                self.completions, self.eval_samples, self.files, self.ingest_jobs, self.document_chunks,
+                self.documents, self.vector_stores, self.retrieval]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

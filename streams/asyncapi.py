@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from faststream.specification import AsyncAPI
 
+from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
 from schemas.events import EdgeAnnouncement, EvalSample, RolloutState
 from streams.config import Settings
 from streams.service import Output
@@ -39,6 +40,12 @@ def document(settings: Settings) -> Any:
     declare_output(worker.broker, Output(settings.catalog.rollouts, RolloutState))
     # `specstream eval run` publishes evaluation samples (the worker's own completions record is declared by it).
     declare_output(worker.broker, Output(settings.catalog.eval_samples, EvalSample))
+    # Documents and retrieval (docs/retrieval.md): the edge publishes files, the vector store API ingest jobs, the
+    # parser chunks and document states.
+    catalog = settings.catalog
+    for topic, events in ((catalog.files, FileObject), (catalog.ingest_jobs, IngestJob),
+                          (catalog.document_chunks, DocumentChunks), (catalog.documents, DocumentState)):
+        declare_output(worker.broker, Output(topic, events))
     return AsyncAPI(
         worker.broker, title="specstream", version="1",
         description="LLM generation as an event-driven pipeline on Kafka: the topics, their keys and their events. "
