@@ -35,6 +35,10 @@ class RagSettings(WorkerSettings):
     default_max_num_results: int = Field(
         default=4, ge=1, le=50, description="Passages a file_search tool or search gets when it sets no max_num_results."
     )
+    max_prompt_chars: int = Field(
+        default=6000, ge=200, description="Most characters of passages put into a grounded prompt (the first "
+        "passage always goes in, cut if it must be); keep it within the model's context."
+    )
     search_timeout_s: float = Field(
         default=30.0, gt=0, description="How long the edge waits for the retriever's answer to a search."
     )

@@ -57,6 +57,14 @@ class Hit:
     page: int | None
     attributes: dict[str, Any]
 
+    @classmethod
+    def of(cls, score: float, payload: dict[str, Any]) -> Hit:
+        return cls(score=float(score), file_id=str(payload.get("file_id", "")),
+                   filename=str(payload.get("filename", "")), index=int(payload.get("chunk_index", 0)),
+                   text=str(payload.get("text", "")), char_start=int(payload.get("char_start", 0)),
+                   char_end=int(payload.get("char_end", 0)), page=payload.get("page"),
+                   attributes=dict(payload.get("attributes") or {}))
+
 
 def point_id(file_id: str, version: int, index: int) -> str:
     return str(uuid.uuid5(POINT_NAMESPACE, f"{file_id}/{version}/{index}"))
@@ -82,13 +90,13 @@ class VectorIndex:
     def __init__(self, client: QdrantClient, *, server: bool = False) -> None:
         self.client = client
         self.server = server  # payload indexes only do something on a server
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
 
     # --- versions and the alias -----------------------------------------------------------------------------------
 
     def version(self, store: str) -> int | None:
         """The version the alias points at; None: the store has no index yet."""
-        with self._lock:
+        with self.lock:
             for alias in self.client.get_aliases().aliases:
                 if alias.alias_name == store:
                     match = _VERSIONED.match(alias.collection_name)
@@ -96,26 +104,36 @@ class VectorIndex:
         return None
 
     def versions(self, store: str) -> list[int]:
-        with self._lock:
+        with self.lock:
             names = [c.name for c in self.client.get_collections().collections]
         return sorted(int(m["version"]) for n in names if (m := _VERSIONED.match(n)) and m["store"] == store)
 
     def ensure(self, store: str) -> int:
         """The store's current version, creating v1 and its alias on first use."""
-        with self._lock:
+        with self.lock:
             current = self.version(store)
             if current is not None:
                 return current
-            self.create_version(store, 1)
-            self.client.update_collection_aliases(change_aliases_operations=[
-                qm.CreateAliasOperation(create_alias=qm.CreateAlias(collection_name=collection_name(store, 1),
-                                                                    alias_name=store)),
-            ])
+            self.ensure_version(store, 1)
             return 1
+
+    def ensure_version(self, store: str, version: int) -> None:
+        """The collection of `version` exists (the indexer writes a rebuild's version before it answers queries);
+        the alias is created when the store has none."""
+        with self.lock:
+            if not self.client.collection_exists(collection_name(store, version)):
+                self.create_version(store, version)
+            if self.version(store) is None:
+                self.client.update_collection_aliases(change_aliases_operations=[self._alias(store, version)])
+
+    @staticmethod
+    def _alias(store: str, version: int) -> qm.CreateAliasOperation:
+        return qm.CreateAliasOperation(create_alias=qm.CreateAlias(collection_name=collection_name(store, version),
+                                                                   alias_name=store))
 
     def create_version(self, store: str, version: int) -> None:
         name = collection_name(store, version)
-        with self._lock:
+        with self.lock:
             if self.client.collection_exists(name):
                 self.client.delete_collection(name)  # a rebuild that died half-way: start it over
             self.client.create_collection(name, vectors_config=qm.VectorParams(size=DIMENSION,
@@ -125,20 +143,19 @@ class VectorIndex:
 
     def swap(self, store: str, version: int) -> None:
         """Point the alias at `version` in one operation, then drop the other versions."""
-        with self._lock:
+        with self.lock:
             self.client.update_collection_aliases(change_aliases_operations=[
-                qm.DeleteAliasOperation(delete_alias=qm.DeleteAlias(alias_name=store)),
-                qm.CreateAliasOperation(create_alias=qm.CreateAlias(collection_name=collection_name(store, version),
-                                                                    alias_name=store)),
+                qm.DeleteAliasOperation(delete_alias=qm.DeleteAlias(alias_name=store)), self._alias(store, version),
             ])
             for old in self.versions(store):
                 if old != version:
                     self.client.delete_collection(collection_name(store, old))
 
     def drop(self, store: str) -> None:
-        with self._lock:
-            self.client.update_collection_aliases(change_aliases_operations=[
-                qm.DeleteAliasOperation(delete_alias=qm.DeleteAlias(alias_name=store))])
+        with self.lock:
+            if self.version(store) is not None:
+                self.client.update_collection_aliases(change_aliases_operations=[
+                    qm.DeleteAliasOperation(delete_alias=qm.DeleteAlias(alias_name=store))])
             for version in self.versions(store):
                 self.client.delete_collection(collection_name(store, version))
 
@@ -146,7 +163,7 @@ class VectorIndex:
 
     def upsert(self, store: str, chunks: Sequence[ChunkPoint], *, version: int | None = None) -> int:
         """Idempotent: the same chunks again overwrite the same points. Returns the version written."""
-        with self._lock:
+        with self.lock:
             version = version if version is not None else self.ensure(store)
             points = [qm.PointStruct(id=point_id(c.file_id, version, c.index), vector=c.vector, payload={
                 "file_id": c.file_id, "filename": c.filename, "chunk_index": c.index, "text": c.text,
@@ -157,7 +174,7 @@ class VectorIndex:
             return version
 
     def delete_file(self, store: str, file_id: str, *, version: int | None = None) -> None:
-        with self._lock:
+        with self.lock:
             version = version if version is not None else self.version(store)
             if version is None:
                 return
@@ -165,7 +182,7 @@ class VectorIndex:
                                points_selector=qm.FilterSelector(filter=_file_filter(file_id)))
 
     def count(self, store: str, *, file_id: str | None = None, version: int | None = None) -> int:
-        with self._lock:
+        with self.lock:
             version = version if version is not None else self.version(store)
             if version is None:
                 return 0
@@ -175,40 +192,19 @@ class VectorIndex:
 
     def search(self, store: str, vector: list[float], limit: int, *, where: qm.Filter | None = None,
                version: int | None = None) -> list[Hit]:
-        with self._lock:
+        with self.lock:
             version = version if version is not None else self.version(store)
             if version is None:
                 return []
             found = self.client.query_points(collection_name(store, version), query=vector, limit=limit,
                                              query_filter=where, with_payload=True)
-        return [_hit(p.score, p.payload or {}) for p in found.points]
-
-    def texts(self, store: str, *, version: int | None = None, where: qm.Filter | None = None) -> list[Hit]:
-        """Every chunk of a store (for BM25 over its texts), scored 0."""
-        with self._lock:
-            version = version if version is not None else self.version(store)
-            if version is None:
-                return []
-            hits: list[Hit] = []
-            offset: Any = None
-            while True:
-                points, offset = self.client.scroll(collection_name(store, version), scroll_filter=where, limit=512,
-                                                    offset=offset, with_payload=True, with_vectors=False)
-                hits.extend(_hit(0.0, p.payload or {}) for p in points)
-                if offset is None:
-                    return hits
+        return [Hit.of(p.score, p.payload or {}) for p in found.points]
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             self.client.close()
 
 
 def _file_filter(file_id: str) -> qm.Filter:
     return qm.Filter(must=[qm.FieldCondition(key="file_id", match=qm.MatchValue(value=file_id))])
 
-
-def _hit(score: float, payload: dict[str, Any]) -> Hit:
-    return Hit(score=float(score), file_id=str(payload.get("file_id", "")), filename=str(payload.get("filename", "")),
-               index=int(payload.get("chunk_index", 0)), text=str(payload.get("text", "")),
-               char_start=int(payload.get("char_start", 0)), char_end=int(payload.get("char_end", 0)),
-               page=payload.get("page"), attributes=dict(payload.get("attributes") or {}))

@@ -60,16 +60,19 @@ class CompactedTable(Generic[RecordT]):
         assert self._consumer is not None, "start() first"
         ends = await self._consumer.end_offsets(self._partitions)
         deadline = time.monotonic() + timeout_s
-        while any(await self._position(tp) < end for tp, end in ends.items()):
+        while await self._behind(ends):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.topic.name}: not caught up within {timeout_s:.0f} s")
             if self._task is not None and self._task.done():
                 self._task.result()  # the reader died: raise its error here
             await asyncio.sleep(0.02)
 
-    async def _position(self, tp: TopicPartition) -> int:
+    async def _behind(self, ends: dict[TopicPartition, int]) -> bool:
         assert self._consumer is not None
-        return await self._consumer.position(tp)
+        for tp, end in ends.items():
+            if await self._consumer.position(tp) < end:
+                return True
+        return False
 
     def get(self, key: str) -> RecordT | None:
         return self.rows.get(key)
