@@ -1,4 +1,4 @@
-"""``specstream worker`` and ``specstream edge``: one service in the foreground (``up`` starts them as children)."""
+"""``specstream worker``, ``specstream edge`` and ``specstream rag``: one service in the foreground (``up`` starts them as children)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +12,8 @@ from streams.config import Settings
 def add_commands(commands: Any) -> None:
     commands.add_parser("worker", help="run one engine worker").set_defaults(handler=cmd_worker)
     commands.add_parser("edge", help="run the HTTP/websocket edge").set_defaults(handler=cmd_edge)
+    commands.add_parser("rag", help="run the indexer and retriever (the process that opens the vector index)"
+                        ).set_defaults(handler=cmd_rag)
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -38,5 +40,18 @@ def cmd_edge(args: argparse.Namespace, settings: Settings) -> int:
         run_edge(settings)
     except KafkaAccessError as error:
         say(f"edge: error: {describe(error)}")
+        return 1
+    return 0
+
+
+def cmd_rag(args: argparse.Namespace, settings: Settings) -> int:
+    from aiokafka.errors import KafkaError
+
+    from streams.rag.service import run_rag
+
+    try:
+        asyncio.run(run_rag(settings))
+    except (KafkaError, OSError, ValueError) as error:
+        say(f"rag: error: {describe(error)}")
         return 1
     return 0

@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, TokenChunk
+from schemas.retrieval import Retrieved
 from streams.edge import errors, openapi
 from streams.edge.admission.admit import Ticket
 from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
@@ -42,6 +43,7 @@ from streams.edge.auth import key_from_headers
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.rag.grounding import citations
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message
 
 log = logging.getLogger(__name__)
@@ -118,7 +120,7 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
     ticket = await _pipeline(request).admit_http(caller, body_type, request)
     gen, body, chat = ticket.request, ticket.body, body_type is ChatCompletionBody
     try:
-        stream = await edge.submit(gen)
+        stream = await _submit(request, edge, gen, body)
     except BaseException as exc:
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 499, code="not_published")
         raise
@@ -133,7 +135,7 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
             if isinstance(final, ErrorEvent):
                 raise errors.from_worker_error(final, input_param=input_param)
             ticket.finish(200, final)
-            return JSONResponse(_full_response(gen, final, chat=chat, edge=edge))
+            return JSONResponse(_full_response(gen, final, chat=chat, edge=edge, retrieved=stream.retrieved))
 
         events = stream.events()
         try:
@@ -156,6 +158,18 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
                input_param=input_param, ticket=ticket)
     return StreamingResponse(sse, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
+
+
+async def _submit(request: Request, edge: Edge, gen: GenerateRequest, body: Body) -> ReplyStream:
+    """To the engine, or with a file_search tool through the retriever, which grounds it first."""
+    tool = body.file_search()
+    if tool is None:
+        return await edge.submit(gen)
+    rag = getattr(request.app.state, "rag", None)
+    if rag is None:
+        raise errors.not_ready("file_search is not available at this edge (vector stores unavailable)")
+    search = await rag.grounding(tool, gen.tenant, edge.settings.settings.rag.default_max_num_results)
+    return await rag.submit_grounded(gen, search)
 
 
 async def _final_event(stream: ReplyStream, ticket: Ticket) -> Completion | ErrorEvent:
@@ -190,7 +204,8 @@ async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
     raise ClientGone()
 
 
-def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge) -> dict[str, Any]:
+def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge,
+                   retrieved: Retrieved | None = None) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
     if chat and calls_tools(gen):
         content, calls = parse_message(final.text)
@@ -198,6 +213,8 @@ def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge:
         choice["finish_reason"] = finish_reason(final.finish_reason, calls)
     elif chat:
         choice["message"] = {"role": "assistant", "content": final.text}
+        if retrieved is not None:
+            choice["message"]["annotations"] = citations(final.text, retrieved.passages)
     else:
         choice["text"] = final.text
     return {
@@ -208,13 +225,16 @@ def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge:
         "choices": [choice],
         "usage": final.usage.model_dump(),
         "system_fingerprint": None,
-        "specstream": _extras(final, edge),
+        "specstream": _extras(final, edge, retrieved),
     }
 
 
-def _extras(final: Completion, edge: Edge) -> dict[str, Any]:
-    return {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
-            "num_chunks": final.num_chunks}
+def _extras(final: Completion, edge: Edge, retrieved: Retrieved | None = None) -> dict[str, Any]:
+    extras = {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
+              "num_chunks": final.num_chunks}
+    if retrieved is not None:  # which version of each store's index grounded the answer
+        extras["index_versions"] = retrieved.index_versions
+    return extras
 
 
 def _data(obj: Any) -> str:
@@ -280,7 +300,10 @@ async def _sse(
                 if parser is not None:
                     pending.extend(_data(chunk(None, None, fields=f)) for f in parser.finish())
                     reason = finish_reason(reason, parser.calls)
-                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge))))
+                cited = ({"annotations": citations(event.text, stream.retrieved.passages)}
+                         if chat and stream.retrieved is not None else None)
+                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge, stream.retrieved),
+                                           fields=cited)))
                 if include_usage:
                     usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,
                              "choices": [], "usage": event.usage.model_dump()}
