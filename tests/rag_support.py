@@ -7,15 +7,20 @@ import hashlib
 import time
 import uuid
 from pathlib import Path
+from typing import TypeVar
+
+from aiokafka import TopicPartition
 
 from pydantic import BaseModel
 
 from schemas.documents import Chunk, DocumentChunks, DocumentState, IngestJob, document_key
 from schemas.retrieval import VectorStoreRecord
+from schemas.topics import Topic
 from streams import kafka_io
 from streams.config import Settings
 from streams.rag.embedding import Embedder
 
+EventT = TypeVar("EventT", bound=BaseModel)
 _EMBEDDER: Embedder | None = None
 
 
@@ -57,6 +62,7 @@ def chunks_of(ingest: IngestJob, texts: list[str], *, parts: int = 1) -> list[Do
     per = -(-len(chunks) // parts)
     return [DocumentChunks(job_id=ingest.job_id, vector_store_id=ingest.vector_store_id, file_id=ingest.file_id,
                            tenant=ingest.tenant, filename=ingest.filename, index_version=ingest.index_version,
+                           attributes=dict(ingest.attributes),
                            part=p, parts=parts, total_chunks=len(chunks), chunks=chunks[p * per:(p + 1) * per])
             for p in range(parts)]
 
@@ -80,3 +86,22 @@ async def wait_status(bootstrap: str, topic: str, store: str, file_id: str, stat
                 return state
         await asyncio.sleep(0.3)
     raise AssertionError(f"{key} never reached {status} within {timeout_s:.0f} s")
+
+
+async def read_topic(bootstrap: str, topic: Topic, model: type[EventT]) -> list[EventT]:
+    """Every record of every partition of the topic, up to its end when called."""
+    consumer = kafka_io.make_consumer(bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic.name, p) for p in range(topic.partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[EventT] = []
+        for tp in tps:
+            while await consumer.position(tp) < ends[tp]:
+                for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
+                    if record.value:
+                        out.append(kafka_io.decode(record.value, model))
+        return out
+    finally:
+        await consumer.stop()
