@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.events import Event
 
+# The document parser's kind in service announcements.
+PARSER_KIND = "parser"
+
 FILE_ID_PATTERN = r"^file-[A-Za-z0-9_-]{1,64}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
 

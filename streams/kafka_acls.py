@@ -73,6 +73,8 @@ def edge_grants(catalog: TopicCatalog, edge_id: str | None = None) -> list[Grant
         _topic("WRITE", catalog.services),
         *[_topic("READ", t) for t in announcement_topics(catalog)],  # /readyz
         _topic("READ", catalog.rollouts),  # canary routing
+        _topic("READ", catalog.files),  # /v1/files: every file's metadata
+        _topic("WRITE", catalog.files),
         Grant("WRITE", "TOPIC", f"{catalog.prefix}-candidate.", prefixed=True),  # a candidate pool's requests
         *own,
         *_vector_store_grants(catalog),

@@ -26,7 +26,15 @@ from typing import Any
 
 import httpx
 
-from streams.config import EdgeAuthSettings, EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
+from streams.config import (
+    EdgeAuthSettings,
+    EdgeSettings,
+    EngineSettings,
+    FilesSettings,
+    KafkaSettings,
+    Settings,
+    WorkerSettings,
+)
 from streams.edge.settings import EdgeOptions
 from streams.testing.stack import Stack, free_port, running_stack
 
@@ -100,7 +108,10 @@ def shared_worker(bootstrap_servers: str) -> Iterator[Stack]:
 def edge_options(bootstrap_servers: str, prefix: str, edge_id: str, keys_file: Path | None,
                  **edge: Any) -> EdgeOptions:
     auth = EdgeAuthSettings(enabled=True, keys_file=str(keys_file) if keys_file else None)
+    # Uploaded files next to the test's keys file (a temporary folder), never in the user's state folder.
+    files = FilesSettings(dir=str(keys_file.parent / "files")) if keys_file else FilesSettings()
     return EdgeOptions(Settings(
+        files=files,
         kafka=KafkaSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix),
         edge=EdgeSettings(**{"edge_id": edge_id, "request_timeout_s": 120.0, "auth": auth, **edge}),
         engine=EngineSettings(max_model_len=MAX_MODEL_LEN),

@@ -1,4 +1,5 @@
-"""``specstream worker``, ``specstream edge`` and ``specstream rag``: one service in the foreground (``up`` starts them as children)."""
+"""``specstream worker``, ``edge``, ``parser`` and ``rag``: one service in the foreground (``up`` starts them
+as children)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,8 @@ from streams.config import Settings
 def add_commands(commands: Any) -> None:
     commands.add_parser("worker", help="run one engine worker").set_defaults(handler=cmd_worker)
     commands.add_parser("edge", help="run the HTTP/websocket edge").set_defaults(handler=cmd_edge)
+    commands.add_parser("parser", help="run one document parser (ingest jobs -> chunks)").set_defaults(
+        handler=cmd_parser)
     commands.add_parser("rag", help="run the indexer and retriever (the process that opens the vector index)"
                         ).set_defaults(handler=cmd_rag)
 
@@ -40,6 +43,20 @@ def cmd_edge(args: argparse.Namespace, settings: Settings) -> int:
         run_edge(settings)
     except KafkaAccessError as error:
         say(f"edge: error: {describe(error)}")
+        return 1
+    return 0
+
+
+def cmd_parser(args: argparse.Namespace, settings: Settings) -> int:
+    from aiokafka.errors import KafkaError
+
+    from streams.kafka_connection import KafkaAccessError
+    from streams.rag.parser import run_parser
+
+    try:
+        run_parser(settings)
+    except (KafkaError, KafkaAccessError, OSError, RuntimeError) as error:
+        say(f"parser: error: {describe(error)}")
         return 1
     return 0
 

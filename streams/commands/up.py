@@ -1,4 +1,5 @@
-"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, the edge); Ctrl-C stops all.
+"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, the edge);
+Ctrl-C stops all.
 
 The worker and the edge it starts are supervised (:mod:`streams.supervisor`):
 one that dies is restarted with backoff; one that crash-loops makes ``up`` say
@@ -25,9 +26,10 @@ READY_TIMEOUT_S = 900.0  # first start converts the model; later starts take sec
 
 
 def add_commands(commands: Any) -> None:
-    up = commands.add_parser("up", help="start what is missing: Kafka, topics, engine worker, edge")
+    up = commands.add_parser("up", help="start what is missing: Kafka, topics, engine worker, parser, edge")
     up.add_argument("--no-edge", action="store_true", help="do not start an edge")
     up.add_argument("--no-worker", action="store_true", help="do not start an engine worker")
+    up.add_argument("--no-parser", action="store_true", help="do not start a document parser")
     up.set_defaults(handler=cmd_up)
 
 
@@ -108,6 +110,8 @@ def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Su
         say("worker: not started (--no-worker)")
     else:
         supervisor.start("worker", service_argv(args.config, "worker"))
+    if not args.no_parser:
+        supervisor.start("parser", service_argv(args.config, "parser"))
     if args.no_edge:
         say("edge: not started (--no-edge)")
         say("running; Ctrl-C stops")

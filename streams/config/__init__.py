@@ -25,6 +25,7 @@ from streams.config.base import (
 )
 from streams.config.docs import example_yaml, reference_markdown
 from streams.config.engine import EngineSettings, SpeculationSettings
+from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.loading import (
     Settings,
@@ -48,7 +49,7 @@ from streams.config.services import (
 __all__ = [
     "CONFIG_FILE_ENV", "DEFAULT_CONFIG_FILE", "DEFAULT_MODEL", "ENV_NESTED_DELIMITER", "ENV_PREFIX", "MIB",
     "ByteSize", "CandidateSampling", "ConfigError", "DeliverySettings", "EdgeAuthSettings", "EdgeLimitSettings",
-    "EdgeSettings", "EngineSettings", "EvalSettings", "KafkaSettings", "MetricsSettings", "Section", "Settings",
+    "EdgeSettings", "EngineSettings", "EvalSettings", "FilesSettings", "ParserSettings", "KafkaSettings", "MetricsSettings", "Section", "Settings",
     "SpeculationSettings", "TelemetrySettings", "TracingSettings", "WorkerSettings", "parse_byte_size", "config_path",
     "describe_errors", "example_yaml", "load_settings", "read_yaml", "reference_markdown",
 ]

@@ -1,7 +1,9 @@
 """What every configuration section shares: the error type, byte sizes, and the frozen, strict base model."""
 from __future__ import annotations
 
+import os
 import re
+import socket
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,3 +42,9 @@ ByteSize = Annotated[int, BeforeValidator(parse_byte_size)]
 class Section(BaseModel):
     # Frozen: settings are read by several threads (engine driver, event loop).
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def host_pid_id(fallback: str) -> str:
+    """``<hostname>-<pid>``, usable in a topic name: the default id of a service instance."""
+    host = re.sub(r"[^a-zA-Z0-9._-]+", "-", socket.gethostname()).strip("-.") or fallback
+    return f"{host}-{os.getpid()}"

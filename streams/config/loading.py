@@ -25,6 +25,7 @@ from streams.config.base import (
     ConfigError,
 )
 from streams.config.engine import EngineSettings
+from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.rag import RagSettings
 from streams.config.services import (
@@ -51,6 +52,8 @@ class Settings(BaseSettings):
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
+    files: FilesSettings = Field(default_factory=FilesSettings)
+    parser: ParserSettings = Field(default_factory=ParserSettings)
     rag: RagSettings = Field(default_factory=RagSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(

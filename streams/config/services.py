@@ -1,14 +1,11 @@
 """The sections of the services on the bus: engine workers, the edge, evaluation and telemetry."""
 from __future__ import annotations
 
-import os
-import re
-import socket
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from streams.config.base import _TOPIC_SAFE, MIB, ByteSize, Section
+from streams.config.base import _TOPIC_SAFE, MIB, ByteSize, Section, host_pid_id
 
 
 class WorkerSettings(Section):
@@ -39,10 +36,7 @@ class WorkerSettings(Section):
     )
 
     def resolved_id(self) -> str:
-        if self.id:
-            return self.id
-        host = re.sub(r"[^a-zA-Z0-9._-]+", "-", socket.gethostname()).strip("-.") or "worker"
-        return f"{host}-{os.getpid()}"
+        return self.id or host_pid_id("worker")
 
     def resolved_group_id(self, topic_prefix: str) -> str:
         return self.group_id or f"{topic_prefix}.engine-workers"

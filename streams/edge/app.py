@@ -7,7 +7,7 @@ topic (see :mod:`streams.edge.replies` for the routing design).
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models`` (:mod:`streams.edge.openai_api`), websocket ``/v1/ws``
-(:mod:`streams.edge.ws`), ``GET /healthz`` (the process is alive) and
+(:mod:`streams.edge.ws`), ``/v1/files`` (:mod:`streams.edge.files_api`), ``GET /healthz`` (the process is alive) and
 ``GET /readyz`` (200 when Kafka is reachable and a worker announced ready
 recently, else 503 with the reason; :mod:`streams.edge.readiness`), ``GET /``
 (the browser chat page, ``streams/edge/static``) and ``GET /openapi.json``
@@ -35,7 +35,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from streams.config import Settings
-from streams.edge import errors, openai_api, openapi, vector_stores, ws
+from streams.edge import errors, files_api, openai_api, openapi, vector_stores, ws
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.rag_client import RagEdge
@@ -115,6 +115,7 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(openai_api.router)
+    app.include_router(files_api.router)
     app.include_router(vector_stores.router)
     app.include_router(ws.router)
     return app

@@ -23,6 +23,8 @@ from streams.edge.publisher import Publisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
+from streams.files.blobs import BlobStore
+from streams.files.store import FileStore
 from streams.kafka_acls import edge_grants
 from streams.service.announcer import Announcer
 from streams.telemetry.logs import bind_request, trace_id_of
@@ -53,6 +55,9 @@ class Edge:
         # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
         self.router.on_abandon = self.publisher.cancel_soon
         self.readiness = Readiness(settings)
+        files = settings.settings.files
+        self.files = FileStore(settings.kafka, settings.catalog, BlobStore(files.dir), max_bytes=files.max_bytes,
+                               client_id=f"{settings.client_id}-{settings.edge_id}-files")
         self.connected = asyncio.Event()
         self.last_error: str = "not connected yet"
         self._connect_task: asyncio.Task | None = None
@@ -110,6 +115,7 @@ class Edge:
         await self.publisher.start()
         await self.router.start()
         await self.readiness.start()
+        await self.files.start()
 
     async def _announce_forever(self) -> None:
         announcement = EdgeAnnouncement(edge_id=self.edge_id, reply_topic=self.reply_topic, at=0.0)
@@ -128,7 +134,7 @@ class Edge:
         await self.publisher.producer.send_and_wait(topic, value, key=key)
 
     async def _stop_parts(self) -> None:
-        for part in (self.readiness, self.router, self.publisher):
+        for part in (self.files, self.readiness, self.router, self.publisher):
             try:
                 await part.stop()
             except Exception:

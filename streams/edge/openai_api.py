@@ -70,6 +70,8 @@ bearer = HTTPBearer(
 
 
 def _api_of(path: str) -> str:
+    if path.startswith("/v1/files"):
+        return "files"
     return {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, "models")
 
 

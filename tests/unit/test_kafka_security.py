@@ -131,7 +131,8 @@ def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topi
     assert grants == {("WRITE", "topic p.requests"), ("WRITE", "topic p.cancellations"), ("WRITE", "topic p.edges"),
                       ("WRITE", "topic p.services"), ("READ", "topic p.services"),
                       ("READ", "topic p.replies.*"), ("CREATE", "topic p.replies.*"),
-                      ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*")}  # canary routing
+                      ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*"),  # canary routing
+                      ("READ", "topic p.files"), ("WRITE", "topic p.files")}  # /v1/files
     own = [g for g in edge_grants(catalog, "e1") if g.name.startswith("p.replies")]
     assert own == [Grant("READ", "TOPIC", "p.replies.e1"), Grant("CREATE", "TOPIC", "p.replies.e1")]
 
