@@ -12,10 +12,11 @@ class RagSettings(WorkerSettings):
     """The rag service is a consumer on the foundation like a worker: the worker's consumer keys apply to it
     (id, group_id, max_message_bytes, heartbeat_s, max_inflight, drain_timeout_s, session and heartbeat)."""
 
-    state_dir: str = Field(
-        default="~/.local/state/specstream/rag",
-        description="Where the rag service keeps its local Qdrant index (<state_dir>/qdrant); only that one "
-        "process opens it, every other service asks it over the bus.",
+    state_dir: str | None = Field(
+        default=None,
+        description="Where the rag service keeps its local Qdrant index (<state_dir>/qdrant); null: <state root>/rag "
+        "($SPECSTREAM_STATE_DIR or ~/.local/state/specstream). Only that one process opens it; every other service "
+        "asks it over the bus.",
     )
     qdrant_url: str | None = Field(
         default=None, description="A Qdrant server (e.g. http://qdrant:6333) instead of the local on-disk index; "
@@ -44,7 +45,9 @@ class RagSettings(WorkerSettings):
     )
 
     def qdrant_path(self) -> Path:
-        return Path(self.state_dir).expanduser() / "qdrant"
+        from infra.kafka.paths import state_root
+
+        return (Path(self.state_dir).expanduser() if self.state_dir else state_root() / "rag") / "qdrant"
 
     def resolved_group_id(self, topic_prefix: str) -> str:
         return self.group_id or f"{topic_prefix}.rag"

@@ -1,6 +1,6 @@
 """The edge's side of documents and retrieval on the bus.
 
-It follows three compacted topics as tables (files, vector stores, documents), so what the vector store API
+It follows two compacted topics as tables (vector stores, documents; the files are the edge's FileStore), so what the vector store API
 answers is the bus's state and a restarted or second edge answers the same; it publishes store records,
 document states and ingest jobs; and it asks the rag service (the only process that opens the index) to search
 or to ground a chat request, through this edge's reply topic like any generation request.
@@ -22,6 +22,7 @@ from streams.edge import errors
 from streams.edge.admission.structured import FileSearchTool
 from streams.edge.core import Edge
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.files.store import FilesUnavailable, NoSuchFile
 from streams.rag.table import CompactedTable
 
 log = logging.getLogger(__name__)
@@ -38,18 +39,17 @@ class RagEdge:
         catalog = settings.catalog
         self.catalog = catalog
         self.search_timeout_s = search_timeout_s
-        self.files = CompactedTable(settings.kafka, catalog.files, FileObject)
         self.stores = CompactedTable(settings.kafka, catalog.vector_stores, VectorStoreRecord)
         self.documents = CompactedTable(settings.kafka, catalog.documents, DocumentState)
         self.started = False
 
     async def start(self) -> None:
-        for table in (self.files, self.stores, self.documents):
+        for table in (self.stores, self.documents):
             await table.start()
         self.started = True
 
     async def stop(self) -> None:
-        for table in (self.files, self.stores, self.documents):
+        for table in (self.stores, self.documents):
             await table.stop()
         self.started = False
 
@@ -57,7 +57,7 @@ class RagEdge:
         """Read-your-writes: every table holds what was published before this call."""
         if not self.started:
             raise errors.not_ready("the edge is not following the vector store topics yet")
-        for table in (self.files, self.stores, self.documents):
+        for table in (self.stores, self.documents):
             await table.caught_up()
 
     # --- what the tables hold, for one tenant ------------------------------------------------------------------
@@ -69,11 +69,14 @@ class RagEdge:
                                    code="not_found")
         return record
 
-    def file(self, file_id: str, tenant: str) -> FileObject:
-        found = self.files.get(file_id)
-        if found is None or found.tenant != tenant:
-            raise errors.EdgeError(404, f"No file found with id '{file_id}'.", param="file_id", code="not_found")
-        return found
+    async def file(self, file_id: str, tenant: str) -> FileObject:
+        try:
+            return await self.edge.files.get(tenant, file_id)
+        except NoSuchFile:
+            raise errors.EdgeError(404, f"No file found with id '{file_id}'.", param="file_id",
+                                   code="not_found") from None
+        except FilesUnavailable as error:
+            raise errors.not_ready(str(error)) from None
 
     def documents_of(self, store_id: str) -> list[DocumentState]:
         return [d for d in self.documents.values() if d.vector_store_id == store_id]

@@ -71,7 +71,7 @@ def _invalid(message: str, param: str) -> errors.EdgeError:
 async def create_store(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
     body = await _body(request, CreateStore)
     rag = await _rag(request)
-    files = [rag.file(f, caller.tenant) for f in body.file_ids]  # all known, or nothing is created
+    files = [await rag.file(f, caller.tenant) for f in body.file_ids]  # all known, or nothing is created
     now = time.time()
     record = VectorStoreRecord(id=new_id("vs_"), name=body.name, tenant=caller.tenant, created_at=int(now),
                                metadata=body.metadata or {}, updated_at=now,
@@ -110,7 +110,7 @@ async def add_file(store_id: str, request: Request, caller: Principal = Depends(
     body = await _body(request, AddFile)
     rag = await _rag(request)
     record = rag.store(store_id, caller.tenant)
-    document = await rag.add_file(record, rag.file(body.file_id, caller.tenant),
+    document = await rag.add_file(record, await rag.file(body.file_id, caller.tenant),
                                   chunking=chunking_of(body.chunking_strategy), attributes=body.attributes or {})
     return file_object(document)
 
@@ -153,7 +153,7 @@ async def add_batch(store_id: str, request: Request, caller: Principal = Depends
     body = await _body(request, AddBatch)
     rag = await _rag(request)
     record = rag.store(store_id, caller.tenant)
-    entries = [(entry, rag.file(entry.file_id, caller.tenant)) for entry in body.entries()]
+    entries = [(entry, await rag.file(entry.file_id, caller.tenant)) for entry in body.entries()]
     for entry, file in entries:
         await rag.add_file(record, file, chunking=chunking_of(entry.chunking_strategy),
                            attributes=entry.attributes or {})
