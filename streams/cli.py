@@ -32,7 +32,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from streams.commands import autoscale, k8s, kafka, plan, rollout, run, send, setup, status, topics, up
+from streams.commands import autoscale, docs, k8s, kafka, plan, rollout, run, send, setup, status, topics, up
 from streams.commands.common import EXIT_CONFIG, say
 from streams.config import ConfigError, Settings, load_settings
 
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_commands(commands)
     send.add_commands(commands)
+    docs.add_commands(commands)
     setup.add_commands(commands)
 
     from streams.edge.keys_cli import add_keys_commands

@@ -8,13 +8,12 @@ or to ground a chat request, through this edge's reply topic like any generation
 from __future__ import annotations
 
 import logging
-import secrets
 import time
 import uuid
 
 from pydantic import BaseModel
 
-from schemas.documents import DocumentState, FileObject, IngestJob, StaticChunking, document_key
+from schemas.documents import DocumentState, FileObject, StaticChunking, document_key
 from schemas.events import GenerateRequest, ReplyRoute
 from schemas.retrieval import FileSearch, RetrievalRequest, VectorStoreRecord
 from streams import kafka_io
@@ -23,13 +22,10 @@ from streams.edge.admission.structured import FileSearchTool
 from streams.edge.core import Edge
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.files.store import FilesUnavailable, NoSuchFile
+from streams.rag.jobs import attach
 from streams.rag.table import CompactedTable
 
 log = logging.getLogger(__name__)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{secrets.token_urlsafe(18).replace('-', 'A').replace('_', 'B')}"
 
 
 class RagEdge:
@@ -105,12 +101,7 @@ class RagEdge:
     async def add_file(self, record: VectorStoreRecord, file: FileObject, *, chunking: StaticChunking | None,
                        attributes: dict[str, str | float | bool]) -> DocumentState:
         """The document's queued state, then its ingest job (the parser takes it from there)."""
-        job = IngestJob(job_id=new_id("job_"), vector_store_id=record.id, file_id=file.id, tenant=record.tenant,
-                        filename=file.filename, blob_key=file.blob_key, sha256=file.sha256, bytes=file.bytes,
-                        chunking=chunking or record.chunking, attributes=attributes,
-                        index_version=record.index_version, created_at=time.time())
-        state = DocumentState(vector_store_id=record.id, file_id=file.id, tenant=record.tenant, status="in_progress",
-                              job=job, stage="queued", usage_bytes=file.bytes, updated_at=time.time())
+        state, job = attach(record, file, chunking=chunking, attributes=attributes)
         await self.publish(self.catalog.documents.name, job.document_key, state)
         await self.publish(self.catalog.ingest_jobs.name, job.document_key, job)
         return state

@@ -18,11 +18,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ValidationError
 
 from schemas.events import ErrorEvent
-from schemas.retrieval import FileSearch, SearchResults, VectorStoreRecord
+from schemas.retrieval import FileSearch, SearchResults
 from streams.edge import errors
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
-from streams.edge.rag_client import RagEdge, new_id
+from streams.edge.rag_client import RagEdge
+from streams.rag.jobs import new_id, new_store
 from streams.edge.vector_store_bodies import (
     AddBatch, AddFile, CreateStore, Search, chunking_of, file_object, page, search_result, store_object,
 )
@@ -72,10 +73,7 @@ async def create_store(request: Request, caller: Principal = Depends(principal))
     body = await _body(request, CreateStore)
     rag = await _rag(request)
     files = [await rag.file(f, caller.tenant) for f in body.file_ids]  # all known, or nothing is created
-    now = time.time()
-    record = VectorStoreRecord(id=new_id("vs_"), name=body.name, tenant=caller.tenant, created_at=int(now),
-                               metadata=body.metadata or {}, updated_at=now,
-                               **({"chunking": c} if (c := chunking_of(body.chunking_strategy)) else {}))
+    record = new_store(body.name, caller.tenant, chunking=chunking_of(body.chunking_strategy), metadata=body.metadata)
     await rag.put_store(record)
     documents = [await rag.add_file(record, f, chunking=None, attributes={}) for f in files]
     return store_object(record, documents)

@@ -7,7 +7,8 @@
   acknowledgement first keeps the order on the edge's reply topic: the passages arrive before the engine's events;
 * swap / count: a rebuild's steps on the index (only this process opens it), answered with ``IndexState``.
 
-A store that does not exist or belongs to another tenant is an ``invalid_request`` naming it.
+A store that does not exist is an ``invalid_request`` naming it, as is a chat request for another tenant's store (the
+edge checks tenants first; the operator's CLI searches any store).
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Retriever:
         await self.stores.caught_up()
         for store in request.search.vector_store_ids:
             record = self.stores.get(store)
-            if record is None or (request.op in ("search", "chat") and record.tenant != request.tenant):
+            if record is None or (request.op == "chat" and record.tenant != request.tenant):
                 return ErrorEvent(request_id=request.request_id, code="invalid_request",
                                   message=f"No vector store found with id '{store}'.", param="vector_store_ids")
         return None
@@ -59,7 +60,7 @@ class Retriever:
         unknown = await self.unknown_store(request)
         if unknown is not None:
             return unknown
-        if request.op in ("swap", "count"):
+        if request.op in ("prepare", "swap", "count"):
             return await asyncio.to_thread(self._index_op, request)
         found = await self._search(request)
         if request.op == "search":
@@ -78,13 +79,16 @@ class Retriever:
             assert request.generate is not None
             query = query.model_copy(update={"query": question_of(request.generate)})
         vector = await asyncio.to_thread(self.embedder.embed_one, query.query)
-        return await asyncio.to_thread(self.searcher.search, query, vector)
+        pinned = {query.vector_store_ids[0]: request.version} if request.version is not None else None
+        return await asyncio.to_thread(self.searcher.search, query, vector, pinned)
 
     def _index_op(self, request: RetrievalRequest) -> IndexState:
         store, version, index = request.search.vector_store_ids[0], request.version, self.searcher.index
         assert version is not None
         points = 0
-        if request.op == "swap":
+        if request.op == "prepare":
+            index.create_version(store, version)
+        elif request.op == "swap":
             index.swap(store, version)
         else:
             points = index.count(store, version=version) if version in index.versions(store) else 0

@@ -51,15 +51,16 @@ class Searcher:
         self._corpora: dict[tuple[str, int, int, str], _Corpus] = {}
         self._lock = threading.Lock()
 
-    def search(self, query: FileSearch, vector: list[float]) -> Found:
-        """Best passages over all the query's stores, best first (blocking: run it in a thread)."""
+    def search(self, query: FileSearch, vector: list[float], pinned: dict[str, int] | None = None) -> Found:
+        """Best passages over all the query's stores, best first (blocking: run it in a thread). ``pinned``: the
+        version to search of some stores (a rebuild's canary), instead of the one answering queries."""
         where = to_qdrant(query.filters)
         hybrid = self.hybrid if query.hybrid is None else query.hybrid
         passages: list[Passage] = []
         versions: dict[str, int] = {}
         for store in query.vector_store_ids:
-            version = self.index.version(store)
-            if version is None:
+            version = (pinned or {}).get(store) or self.index.version(store)
+            if version is None or version not in self.index.versions(store):
                 continue  # a store with no file indexed yet: nothing to find
             versions[store] = version
             hits = (self._hybrid(store, version, query, vector, where) if hybrid
