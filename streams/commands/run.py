@@ -68,7 +68,7 @@ def cmd_rag(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         asyncio.run(run_rag(settings))
-    except (KafkaError, OSError, ValueError) as error:
+    except (KafkaError, OSError, ValueError, RuntimeError) as error:  # RuntimeError: the index folder is taken
         say(f"rag: error: {describe(error)}")
         return 1
     return 0

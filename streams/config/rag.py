@@ -14,9 +14,9 @@ class RagSettings(WorkerSettings):
 
     state_dir: str | None = Field(
         default=None,
-        description="Where the rag service keeps its local Qdrant index (<state_dir>/qdrant); null: <state root>/rag "
-        "($SPECSTREAM_STATE_DIR or ~/.local/state/specstream). Only that one process opens it; every other service "
-        "asks it over the bus.",
+        description="Where the rag service keeps its local Qdrant index (<state_dir>/<topic prefix>/qdrant); null: "
+        "<state root>/rag ($SPECSTREAM_STATE_DIR or ~/.local/state/specstream). Only that one process opens it; "
+        "every other service asks it over the bus.",
     )
     qdrant_url: str | None = Field(
         default=None, description="A Qdrant server (e.g. http://qdrant:6333) instead of the local on-disk index; "
@@ -44,10 +44,12 @@ class RagSettings(WorkerSettings):
         default=30.0, gt=0, description="How long the edge waits for the retriever's answer to a search."
     )
 
-    def qdrant_path(self) -> Path:
+    def qdrant_path(self, topic_prefix: str) -> Path:
+        """One index per deployment (topic prefix): two deployments on one host never share a folder."""
         from infra.kafka.paths import state_root
 
-        return (Path(self.state_dir).expanduser() if self.state_dir else state_root() / "rag") / "qdrant"
+        root = Path(self.state_dir).expanduser() if self.state_dir else state_root() / "rag"
+        return root / topic_prefix / "qdrant"
 
     def resolved_group_id(self, topic_prefix: str) -> str:
         return self.group_id or f"{topic_prefix}.rag"

@@ -43,6 +43,7 @@ from streams.edge.auth import key_from_headers
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.edge.rag_client import submit
 from streams.rag.grounding import citations
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message
 
@@ -122,7 +123,7 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
     ticket = await _pipeline(request).admit_http(caller, body_type, request)
     gen, body, chat = ticket.request, ticket.body, body_type is ChatCompletionBody
     try:
-        stream = await _submit(request, edge, gen, body)
+        stream = await submit(getattr(request.app.state, "rag", None), edge, gen, body.file_search())
     except BaseException as exc:
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 499, code="not_published")
         raise
@@ -160,18 +161,6 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
                input_param=input_param, ticket=ticket)
     return StreamingResponse(sse, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
-
-
-async def _submit(request: Request, edge: Edge, gen: GenerateRequest, body: Body) -> ReplyStream:
-    """To the engine, or with a file_search tool through the retriever, which grounds it first."""
-    tool = body.file_search()
-    if tool is None:
-        return await edge.submit(gen)
-    rag = getattr(request.app.state, "rag", None)
-    if rag is None:
-        raise errors.not_ready("file_search is not available at this edge (vector stores unavailable)")
-    search = await rag.grounding(tool, gen.tenant, edge.settings.settings.rag.default_max_num_results)
-    return await rag.submit_grounded(gen, search)
 
 
 async def _final_event(stream: ReplyStream, ticket: Ticket) -> Completion | ErrorEvent:

@@ -151,3 +151,13 @@ class RagEdge:
             stream.close()
             raise
         return stream
+
+
+async def submit(rag: RagEdge | None, edge: Edge, request: GenerateRequest, tool: FileSearchTool | None) -> ReplyStream:
+    """To the engine, or with a file_search tool through the retriever, which grounds it first (HTTP and ws)."""
+    if tool is None:
+        return await edge.submit(request)
+    if rag is None:
+        raise errors.not_ready("file_search is not available at this edge (vector stores unavailable)")
+    search = await rag.grounding(tool, request.tenant, edge.settings.settings.rag.default_max_num_results)
+    return await rag.submit_grounded(request, search)

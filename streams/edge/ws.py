@@ -17,6 +17,8 @@ Edge -> client:
   (``content`` or ``tool_calls`` fragments, as OpenAI streams them), and the done
   frame the last ``deltas``, ``content`` and ``tool_calls`` (OpenAI's message form), with
   ``finish_reason: "tool_calls"`` when the answer ended after calls;
+* with a ``file_search`` tool (``{"type": "file_search", "vector_store_ids": [...]}``): the done frame also carries
+  ``annotations`` (file_citation, as on HTTP) and ``index_versions``;
 * ``{"type": "error", "id", "code", "message", "param", "status"}`` for a request
   that failed (``id`` null when the frame could not be read, or a request
   without an ``id`` was refused before admission). A malformed frame
@@ -60,6 +62,8 @@ from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.replies import ReplyStream, ReplyTimeout
+from streams.edge.rag_client import submit
+from streams.rag.grounding import citations
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason
 
 log = logging.getLogger(__name__)
@@ -209,7 +213,8 @@ class WsSession:
         status, final, code = 499, None, "client_gone"
         parser = ToolCallParser() if calls_tools(request) else None
         try:
-            stream = await self.edge.submit(request)
+            stream = await submit(getattr(self.websocket.app.state, "rag", None), self.edge, request,
+                                  ticket.body.file_search())
             async for event in stream:
                 if isinstance(event, TokenChunk):
                     ticket.saw(event)
@@ -233,6 +238,9 @@ class WsSession:
                         "timings": event.timings.model_dump(), "spec": event.spec.model_dump(),
                         "num_chunks": event.num_chunks, "model": request.model,
                     }
+                    if stream.retrieved is not None:  # a file_search request: what grounded it
+                        done.update(annotations=citations(event.text, stream.retrieved.passages),
+                                    index_versions=stream.retrieved.index_versions)
                     if parser is not None:
                         done.update(deltas=parser.finish(), content=parser.message_content(), tool_calls=parser.calls,
                                     finish_reason=finish_reason(event.finish_reason, parser.calls))

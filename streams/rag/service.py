@@ -33,7 +33,7 @@ def open_index(settings: Settings) -> VectorIndex:
     rag = settings.rag
     if rag.qdrant_url:
         return VectorIndex(open_client(url=rag.qdrant_url, api_key=rag.qdrant_api_key), server=True)
-    return VectorIndex(open_client(path=rag.qdrant_path()))
+    return VectorIndex(open_client(path=rag.qdrant_path(settings.kafka.topic_prefix)))
 
 
 class RagService:

@@ -9,19 +9,24 @@ precise last_error and leave the rest of the store as it was.
 """
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
+from websockets.sync.client import connect as ws_connect
 
 from streams.edge.keys import create_key
 from streams.edge.server import serve_in_thread
 from streams.rag.parsing.extract import extract
 from streams.testing.stack import DEFAULT_MODEL as MODEL
-from streams.testing.stack import Stack, _stop, spawn_process, stack_env
+from streams.testing.stack import REPO, Stack, _stop, spawn_process, stack_env
 from tests import document_files
 from tests.edge_support import edge_options, shared_worker, wait_ready
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
@@ -47,21 +52,31 @@ def edge_worker(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
     yield from shared_worker(kafka_bootstrap)
 
 
+@dataclass
+class Docs:
+    client: OpenAI
+    base_url: str
+    key: str
+    env: dict[str, str]
+
+
 @pytest.fixture(scope="module")
-def client(kafka_bootstrap: str, edge_worker: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAI]:  # noqa: F811
+def docs(kafka_bootstrap: str, edge_worker: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Docs]:  # noqa: F811
     root = tmp_path_factory.mktemp("rag-docs")
     keys_file: Path = root / "keys.json"
     key, _ = create_key(keys_file, "rag-docs")
     prefix = edge_worker.topic_prefix
     files_env = {"SPECSTREAM_FILES__DIR": str(root / "files")}
-    parser = spawn_process("parser", ["parser"], stack_env(kafka_bootstrap, prefix, "unused", 1, files_env), root)
+    env = stack_env(kafka_bootstrap, prefix, "unused", 1, files_env)
+    parser = spawn_process("parser", ["parser"], env, root)
     # The worker's context is 512 tokens: two passages of at most 100 tokens fit with the question and the answer.
     rag_env = {"SPECSTREAM_RAG__MAX_PROMPT_CHARS": "900"}
     try:
         with running_rag(kafka_bootstrap, prefix, root / "state", root, env=rag_env):
             with serve_in_thread(edge_options(kafka_bootstrap, prefix, f"docs-{uuid.uuid4().hex[:6]}", keys_file)) as edge:
                 wait_ready(edge.base_url, edge_worker)
-                yield OpenAI(base_url=edge.base_url + "/v1", api_key=key, max_retries=0, timeout=300)
+                yield Docs(OpenAI(base_url=edge.base_url + "/v1", api_key=key, max_retries=0, timeout=300),
+                           edge.base_url, key, env)
     finally:
         _stop(parser, 20.0)
 
@@ -81,7 +96,8 @@ def upload(client: OpenAI, name: str, data: bytes) -> str:
     return client.files.create(file=(name, data), purpose="assistants").id
 
 
-def test_four_formats_are_indexed_search_finds_the_fact_and_chat_cites_it(client: OpenAI) -> None:
+def test_four_formats_are_indexed_search_finds_the_fact_and_chat_cites_it(docs: Docs) -> None:
+    client = docs.client
     ids = {name: upload(client, name, data) for name, data in DOCUMENTS.items()}
     store = client.vector_stores.create(name="harbour", file_ids=list(ids.values()), chunking_strategy=SMALL_CHUNKS)
     files = settle(client, store.id)
@@ -115,7 +131,8 @@ BAD_FILES = {
 }
 
 
-def test_bad_files_fail_with_a_precise_last_error_and_leave_the_store_untouched(client: OpenAI) -> None:
+def test_bad_files_fail_with_a_precise_last_error_and_leave_the_store_untouched(docs: Docs) -> None:
+    client = docs.client
     good = upload(client, "garden.md", DOCUMENTS["garden.md"])
     store = client.vector_stores.create(name="mixed", file_ids=[good], chunking_strategy=SMALL_CHUNKS)
     assert settle(client, store.id)[good].status == "completed"
@@ -134,3 +151,25 @@ def test_bad_files_fail_with_a_precise_last_error_and_leave_the_store_untouched(
     assert client.vector_stores.file_batches.retrieve(batch.id, vector_store_id=store.id).file_counts.failed == 5
     after = client.vector_stores.search(store.id, query="How much sun do tomatoes need?").data
     assert [(r.file_id, r.content[0].text) for r in after] == [(r.file_id, r.content[0].text) for r in before]
+
+
+def test_the_websocket_and_specstream_send_ground_answers_in_a_store(docs: Docs) -> None:
+    pdf = upload(docs.client, "report.pdf", DOCUMENTS["report.pdf"])
+    store = docs.client.vector_stores.create(name="ws", file_ids=[pdf], chunking_strategy=SMALL_CHUNKS)
+    assert settle(docs.client, store.id)[pdf].status == "completed"
+    tool = {"type": "file_search", "vector_store_ids": [store.id], "max_num_results": 2}
+    url = docs.base_url.replace("http://", "ws://") + "/v1/ws"
+    with ws_connect(url, additional_headers={"Authorization": f"Bearer {docs.key}"}) as ws:
+        ws.send(json.dumps({"id": "q", "model": MODEL, "messages": [{"role": "user", "content": QUESTION}],
+                            "max_tokens": 16, "temperature": 0, "tools": [tool]}))
+        while (frame := json.loads(ws.recv(timeout=300)))["type"] != "done":
+            assert frame["type"] == "chunk", frame
+    assert frame["index_versions"] == {store.id: 1}
+    assert any(a["file_id"] == pdf and "Marmalade" in a["quote"] for a in frame["annotations"]), frame
+
+    # The CLI goes straight onto the bus, as the operator: the store's tenant is named.
+    sent = subprocess.run([sys.executable, "-m", "streams.cli", "send", QUESTION, "--vector-store", store.id,
+                           "--tenant", "rag-docs", "--max-tokens", "16", "--max-results", "2"],
+                          cwd=REPO, env=docs.env, text=True, capture_output=True, timeout=300)
+    assert sent.returncode == 0, sent.stderr
+    assert "grounded on" in sent.stderr and f"report.pdf ({pdf})" in sent.stderr, sent.stderr
