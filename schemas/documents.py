@@ -9,7 +9,7 @@ embeds the chunks and publishes ``completed``. A failure ends the job with ``fai
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,6 +20,15 @@ PARSER_KIND = "parser"
 
 FILE_ID_PATTERN = r"^file-[A-Za-z0-9_-]{1,64}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+# The constrained strings every event of a document repeats (each field adds its own description).
+FileId = Annotated[str, Field(pattern=FILE_ID_PATTERN)]
+VectorStoreId = Annotated[str, Field(min_length=1, max_length=128)]
+Tenant = Annotated[str, Field(min_length=1, max_length=64)]
+FileName = Annotated[str, Field(min_length=1, max_length=512)]
+Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN)]
+BlobKey = Annotated[str, Field(min_length=1, max_length=256)]
+JobId = Annotated[str, Field(min_length=1, max_length=128)]
 
 # OpenAI's file purposes. Clients upload the first six; *_output files are written by the system (batch results).
 FilePurpose = Literal["assistants", "batch", "fine-tune", "vision", "user_data", "evals",
@@ -46,19 +55,19 @@ class FileObject(Event):
     ``openai()`` is OpenAI's file object; ``tenant``, ``blob_key`` and ``sha256`` are ours."""
 
     type: Literal["file"] = "file"
-    id: str = Field(pattern=FILE_ID_PATTERN, description="The file's id, `file-` and a random suffix.")
+    id: FileId = Field(description="The file's id, `file-` and a random suffix.")
     bytes: int = Field(ge=0, description="Size of the file in bytes.")
     created_at: int = Field(ge=0, description="Unix time (seconds) the file was created.")
-    filename: str = Field(min_length=1, max_length=512, description="Name of the file as uploaded.")
+    filename: FileName = Field(description="Name of the file as uploaded.")
     purpose: FilePurpose = Field(description="What the file is for (OpenAI's purposes).")
     status: Literal["uploaded", "processed", "error"] = Field(
         default="processed", description="OpenAI's (deprecated) status: processed once stored."
     )
     status_details: str | None = Field(default=None, description="Why the status is error, when it is.")
     expires_at: int | None = Field(default=None, description="Unix time the file expires; None: never.")
-    tenant: str = Field(min_length=1, max_length=64, description="Tenant that owns the file; only it sees the file.")
-    blob_key: str = Field(min_length=1, max_length=256, description="Where the bytes are in the blob store.")
-    sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 of the bytes, hex; checked on every read.")
+    tenant: Tenant = Field(description="Tenant that owns the file; only it sees the file.")
+    blob_key: BlobKey = Field(description="Where the bytes are in the blob store.")
+    sha256: Sha256 = Field(description="SHA-256 of the bytes, hex; checked on every read.")
 
     def openai(self) -> dict[str, object]:
         """OpenAI's file object, as `GET /v1/files/{id}` returns it."""
@@ -97,13 +106,13 @@ class IngestJob(Event):
     chunks (same indices, same text), so readers may upsert by (store, file, version, chunk index)."""
 
     type: Literal["ingest_job"] = "ingest_job"
-    job_id: str = Field(min_length=1, max_length=128, description="Id of this job (logs, dead letters).")
-    vector_store_id: str = Field(min_length=1, max_length=128, description="The vector store the file is added to.")
-    file_id: str = Field(pattern=FILE_ID_PATTERN, description="The file to parse.")
-    tenant: str = Field(min_length=1, max_length=64, description="Tenant that owns the store and the file.")
-    filename: str = Field(min_length=1, max_length=512, description="The file's name; its extension picks the parser.")
-    blob_key: str = Field(min_length=1, max_length=256, description="Where the bytes are in the blob store.")
-    sha256: str = Field(pattern=SHA256_PATTERN, description="SHA-256 the bytes must have; a mismatch fails the job.")
+    job_id: JobId = Field(description="Id of this job (logs, dead letters).")
+    vector_store_id: VectorStoreId = Field(description="The vector store the file is added to.")
+    file_id: FileId = Field(description="The file to parse.")
+    tenant: Tenant = Field(description="Tenant that owns the store and the file.")
+    filename: FileName = Field(description="The file's name; its extension picks the parser.")
+    blob_key: BlobKey = Field(description="Where the bytes are in the blob store.")
+    sha256: Sha256 = Field(description="SHA-256 the bytes must have; a mismatch fails the job.")
     bytes: int = Field(ge=0, description="Size of the file in bytes.")
     chunking: StaticChunking = Field(default_factory=StaticChunking, description="How to cut the text into chunks.")
     attributes: Attributes = Field(
@@ -139,11 +148,11 @@ class DocumentChunks(Event):
     ``total_chunks`` tells the indexer when it has them all. A redelivered job publishes the same messages again."""
 
     type: Literal["document_chunks"] = "document_chunks"
-    job_id: str = Field(min_length=1, max_length=128, description="The job that produced them.")
-    vector_store_id: str = Field(min_length=1, max_length=128, description="The vector store they belong to.")
-    file_id: str = Field(pattern=FILE_ID_PATTERN, description="The file they were cut from.")
-    tenant: str = Field(min_length=1, max_length=64, description="Tenant that owns the store and the file.")
-    filename: str = Field(min_length=1, max_length=512, description="The file's name (file_search results show it).")
+    job_id: JobId = Field(description="The job that produced them.")
+    vector_store_id: VectorStoreId = Field(description="The vector store they belong to.")
+    file_id: FileId = Field(description="The file they were cut from.")
+    tenant: Tenant = Field(description="Tenant that owns the store and the file.")
+    filename: FileName = Field(description="The file's name (file_search results show it).")
     attributes: Attributes = Field(default_factory=dict, description="The vector store file's attributes.")
     index_version: int = Field(ge=1, description="Version of the store's index they go into.")
     part: int = Field(ge=0, description="Which message of the document's chunks this is: 0, 1, ... parts-1.")
@@ -167,9 +176,9 @@ class DocumentState(Event):
     indexer (``completed``). Readers keep the newest by ``updated_at`` within a key."""
 
     type: Literal["document_state"] = "document_state"
-    vector_store_id: str = Field(min_length=1, max_length=128, description="The vector store.")
-    file_id: str = Field(pattern=FILE_ID_PATTERN, description="The file.")
-    tenant: str = Field(min_length=1, max_length=64, description="Tenant that owns the store and the file.")
+    vector_store_id: VectorStoreId = Field(description="The vector store.")
+    file_id: FileId = Field(description="The file.")
+    tenant: Tenant = Field(description="Tenant that owns the store and the file.")
     status: Literal["in_progress", "completed", "cancelled", "failed"] = Field(
         description="OpenAI's vector store file status."
     )

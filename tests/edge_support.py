@@ -9,8 +9,8 @@
   test process (``streams.edge.server.serve_in_thread``) on that prefix.
 * :func:`edge_options`: EdgeOptions for such an edge (auth on, a keys file of the
   test's own, the worker's context length), with more ``edge`` settings as keywords.
-* :func:`request_topic_messages`: every message on a prefix's request topic, to
-  check that nothing malformed was published.
+* :func:`request_topic_messages` / :func:`topic_records`: every message on a prefix's request topic (or any
+  topic), to check that nothing malformed was published, or what a consumer published.
 """
 from __future__ import annotations
 
@@ -137,11 +137,16 @@ def wait_ready(base_url: str, stack: Stack | None = None, timeout_s: float = 300
 
 async def request_topic_messages(bootstrap_servers: str, prefix: str) -> list[bytes]:
     """Every message on ``<prefix>.requests`` (all partitions, from the start)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     from schemas.topics import TopicCatalog
 
-    topic = TopicCatalog(prefix=prefix).requests.name
+    records = await topic_records(bootstrap_servers, TopicCatalog(prefix=prefix).requests.name)
+    return [r.value for r in records]
+
+
+async def topic_records(bootstrap_servers: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` (all partitions, from the start up to the end it had when called)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers, enable_auto_commit=False,
                                 auto_offset_reset="earliest")
     await consumer.start()
@@ -155,7 +160,7 @@ async def request_topic_messages(bootstrap_servers: str, prefix: str) -> list[by
             return []
         consumer.assign(tps)
         ends = await consumer.end_offsets(tps)
-        out: list[bytes] = []
+        out: list[Any] = []
         await consumer.seek_to_beginning(*tps)
         deadline = asyncio.get_running_loop().time() + 30
         while True:
@@ -166,6 +171,6 @@ async def request_topic_messages(bootstrap_servers: str, prefix: str) -> list[by
                 raise TimeoutError(f"reading {topic} did not reach its end")
             batch = await consumer.getmany(timeout_ms=1000)
             for records in batch.values():
-                out.extend(r.value for r in records)
+                out.extend(records)
     finally:
         await consumer.stop()

@@ -20,7 +20,7 @@ from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
 from streams.files.blobs import BlobError, TooLarge
 from streams.files.purposes import InvalidFile, check_upload_purpose
-from streams.files.store import FilesUnavailable, FileStore, NoSuchFile
+from streams.files.store import FileStore, FilesUnavailable, NoSuchFile
 
 router = APIRouter()
 # Room for the multipart framing and the small fields around the file itself.

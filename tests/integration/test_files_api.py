@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 MAX_BYTES = 64 * 1024
 
 
-def _options(kafka_bootstrap: str, prefix: str, keys_file: Path, blobs: Path) -> EdgeOptions:
-    options = edge_options(kafka_bootstrap, prefix, f"files-{uuid.uuid4().hex[:6]}", keys_file)
+def _options(bootstrap: str, prefix: str, keys_file: Path, blobs: Path) -> EdgeOptions:
+    options = edge_options(bootstrap, prefix, f"files-{uuid.uuid4().hex[:6]}", keys_file)
     files = FilesSettings(dir=str(blobs), max_bytes=MAX_BYTES)
     return EdgeOptions(options.settings.model_copy(update={"files": files}))
 

@@ -101,7 +101,7 @@ def running_up(tmp_path: Path, bootstrap: str, *args: str, engine: dict[str, Any
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(60)
         # The services run in sessions of their own: whatever `up` left behind goes too.
-        for pid in [process.pid, *running.pids("worker"), *running.pids("edge")]:
+        for pid in [process.pid, *running.pids("worker"), *running.pids("parser"), *running.pids("edge")]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         catalog = TopicCatalog(prefix)

@@ -2,6 +2,7 @@
 failures, and chunks whose character spans are exactly their text (all-MiniLM-L6-v2's tokenizer, offline)."""
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -95,7 +96,7 @@ def test_every_chunk_is_exactly_its_span_of_the_text_and_windows_overlap(chunker
         assert text[chunk.char_start:chunk.char_end] == chunk.text
         assert chunk.tokens <= 100 and chunk.page is None
     assert all(c.tokens == 100 for c in chunks[:-1])
-    assert all(b.char_start < a.char_end for a, b in zip(chunks, chunks[1:]))  # consecutive windows share text
+    assert all(b.char_start < a.char_end for a, b in itertools.pairwise(chunks))  # consecutive windows share text
     assert chunks[-1].char_end == len(text.rstrip(".")) + 1
     assert chunker.chunks(Extracted(text), strategy) == chunks  # the same text gives the same chunks
 
