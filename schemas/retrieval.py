@@ -53,9 +53,10 @@ class RetrievalRequest(Event):
     request_id: str = Field(min_length=1, max_length=128, description="Client-unique id; the answer carries it.")
     reply_to: ReplyRoute = Field(description="Where the answer goes.")
     tenant: str = Field(default="default", min_length=1, max_length=64, description="Tenant asking.")
-    op: Literal["search", "chat", "swap", "count"] = Field(
-        description="search: SearchResults; chat: Retrieved, then the grounded request to the engine; swap: point a "
-        "store's alias at `version` and drop the others; count: points in `version` (IndexState)."
+    op: Literal["search", "chat", "prepare", "swap", "count"] = Field(
+        description="search: SearchResults (of `version` when set, else of the version answering queries); chat: "
+        "Retrieved, then the grounded request to the engine; prepare: an empty collection for `version` (a rebuild's "
+        "start); swap: point a store's alias at `version` and drop the others; count: points in `version`."
     )
     search: FileSearch = Field(description="What to search (search, chat), or the store (swap, count: the first id).")
     generate: GenerateRequest | None = Field(default=None, description="op chat: the request to ground.")
@@ -65,7 +66,7 @@ class RetrievalRequest(Event):
     def _fields_of_op(self) -> "RetrievalRequest":
         if (self.op == "chat") != (self.generate is not None):
             raise ValueError("generate is set exactly when op is chat")
-        if self.op in ("swap", "count") and self.version is None:
+        if self.op in ("prepare", "swap", "count") and self.version is None:
             raise ValueError(f"op {self.op} needs version")
         return self
 

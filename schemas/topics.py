@@ -20,6 +20,7 @@ from schemas.events import (
     RolloutState,
     ServiceAnnouncement,
 )
+from schemas.retrieval import RetrievalRequest, VectorStoreRecord
 
 HOUR_MS = 3_600_000
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
@@ -76,7 +77,8 @@ class TopicCatalog:
     def replies(self, edge_id: str) -> Topic:
         return Topic(
             name=f"{self.prefix}.replies.{edge_id}", partitions=1, key="request_id",
-            retention_ms=1 * HOUR_MS, carries="TokenChunk | Completion | ErrorEvent",
+            retention_ms=1 * HOUR_MS,
+            carries="TokenChunk | Completion | ErrorEvent | SearchResults | Retrieved | IndexState",
             purpose="Replies for one edge (or client): each edge owns its reply topic, so it receives only its own "
             "replies; one partition keeps every request's events in order. Short retention bounds what a dead edge "
             "leaves; `specstream topics gc` deletes the topics of edges gone for longer.",
@@ -191,7 +193,7 @@ class TopicCatalog:
     def vector_stores(self) -> Topic:
         return Topic(
             name=f"{self.prefix}.vector-stores", partitions=1, key="vector_store_id",
-            retention_ms=7 * 24 * HOUR_MS, carries="VectorStoreRecord", compacted=True,
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(VectorStoreRecord), compacted=True,
             purpose="Vector stores (`/v1/vector_stores`): each store's record (name, tenant, chunking, the index "
             "version answering queries); a tombstone deletes it. Every edge and the rag service read it whole.",
         )
@@ -200,7 +202,7 @@ class TopicCatalog:
     def retrieval(self) -> Topic:
         return Topic(
             name=f"{self.prefix}.retrieval", partitions=3, key="request_id",
-            retention_ms=1 * HOUR_MS, carries="RetrievalRequest",
+            retention_ms=1 * HOUR_MS, carries=_describe(RetrievalRequest),
             purpose="Searches, chat requests with the file_search tool, and index operations for the rag service "
             "(the one process that opens the index); it answers on the caller's reply topic and sends grounded "
             "chat requests on to the request topic.",
