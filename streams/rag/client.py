@@ -13,8 +13,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from pydantic import BaseModel
 
 from schemas.documents import DocumentState
-from schemas.events import ErrorEvent, ReplyRoute
-from schemas.retrieval import FileSearch, RetrievalRequest, VectorStoreRecord
+from schemas.events import ErrorEvent, ReplyRoute, TokenChunk
+from schemas.retrieval import FileSearch, Retrieved, RetrievalRequest, VectorStoreRecord
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.kafka_connection import Connectable
@@ -76,16 +76,20 @@ class RagClient:
             request_id=f"cli-{uuid.uuid4().hex}", reply_to=ReplyRoute(topic=self.reply_topic), op=op, version=version,
             search=FileSearch(vector_store_ids=store_ids, query=query, max_num_results=max_num_results,
                               filters=filters, hybrid=hybrid))
+        return await self.await_final(self.catalog.retrieval.name, request.request_id, request, timeout_s=timeout_s)
+
+    async def await_final(self, topic: str, request_id: str, message: BaseModel, *, timeout_s: float = 300.0) -> Any:
+        """Publish `message` and wait for its request's final answer (not a chunk, not the passages)."""
         answer: asyncio.Future[BaseModel] = asyncio.get_running_loop().create_future()
-        self._answers[request.request_id] = answer
+        self._answers[request_id] = answer
         try:
-            await self.publish(self.catalog.retrieval.name, request.request_id, request)
+            await self.publish(topic, request_id, message)
             event = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
-            raise RagError(f"the rag service did not answer within {timeout_s:.0f} s (is `specstream rag` "
+            raise RagError(f"no answer to {request_id} within {timeout_s:.0f} s (is `specstream rag` "
                            "running?)") from None
         finally:
-            self._answers.pop(request.request_id, None)
+            self._answers.pop(request_id, None)
         if isinstance(event, ErrorEvent):
             raise RagError(f"{event.code}: {event.message}")
         return event
@@ -96,6 +100,8 @@ class RagClient:
                 for record in records:
                     with contextlib.suppress(Exception):
                         event = kafka_io.decode_reply(record.value)
+                        if isinstance(event, (TokenChunk, Retrieved)):
+                            continue
                         waiting = self._answers.get(getattr(event, "request_id", None) or "")
                         if waiting is not None and not waiting.done():
                             waiting.set_result(event)

@@ -47,8 +47,10 @@ class Retriever:
                                  Output(self.catalog.requests, GenerateRequest)])
 
     async def unknown_store(self, request: RetrievalRequest) -> ErrorEvent | None:
-        # Caught up first: the edge published the store's record before this request.
-        await self.stores.caught_up()
+        # A store not seen yet may have been created a moment ago (the edge published its record before this
+        # request): only then is the table caught up, which costs a round trip to the broker.
+        if any(self.stores.get(store) is None for store in request.search.vector_store_ids):
+            await self.stores.caught_up()
         for store in request.search.vector_store_ids:
             record = self.stores.get(store)
             if record is None or (request.op == "chat" and record.tenant != request.tenant):
