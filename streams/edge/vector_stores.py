@@ -79,12 +79,25 @@ async def create_store(request: Request, caller: Principal = Depends(principal))
     return store_object(record, documents)
 
 
+@dataclass
+class Paging:
+    """OpenAI's list parameters."""
+
+    limit: int = Query(20, ge=1, le=100)
+    order: Order = "desc"
+    after: str | None = None
+    before: str | None = None
+
+    def page(self, data: list[dict[str, Any]]) -> dict[str, Any]:
+        return page(data, limit=self.limit, order=self.order, after=self.after, before=self.before)
+
+
 @router.get("")
-async def list_stores(request: Request, caller: Principal = Depends(principal), limit: int = Query(20, ge=1, le=100),
-                      order: Order = "desc", after: str | None = None, before: str | None = None) -> dict[str, Any]:
+async def list_stores(request: Request, caller: Principal = Depends(principal),
+                      paging: Paging = Depends()) -> dict[str, Any]:
     rag = await _rag(request)
-    stores = [store_object(s, rag.documents_of(s.id)) for s in rag.stores.values() if s.tenant == caller.tenant]
-    return page(stores, limit=limit, order=order, after=after, before=before)
+    return paging.page([store_object(s, rag.documents_of(s.id)) for s in rag.stores.values()
+                        if s.tenant == caller.tenant])
 
 
 @router.get("/{store_id}")
@@ -115,14 +128,12 @@ async def add_file(store_id: str, request: Request, caller: Principal = Depends(
 
 @router.get("/{store_id}/files")
 async def list_files(store_id: str, request: Request, caller: Principal = Depends(principal),
-                     limit: int = Query(20, ge=1, le=100), order: Order = "desc", after: str | None = None,
-                     before: str | None = None,
+                     paging: Paging = Depends(),
                      filter: Literal["in_progress", "completed", "failed", "cancelled"] | None = None,
                      ) -> dict[str, Any]:
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
-    files = [file_object(d) for d in rag.documents_of(store_id) if filter is None or d.status == filter]
-    return page(files, limit=limit, order=order, after=after, before=before)
+    return paging.page([file_object(d) for d in rag.documents_of(store_id) if filter is None or d.status == filter])
 
 
 @router.get("/{store_id}/files/{file_id}")

@@ -30,9 +30,9 @@ POINT_NAMESPACE = uuid.UUID("6b1d6a52-5a3e-4d1c-9a57-2f3c1b9e0c11")
 _VERSIONED = re.compile(r"^(?P<store>.+)_v(?P<version>\d+)$")
 
 
-@dataclass(frozen=True)
-class ChunkPoint:
-    """One chunk as stored: its vector and what a search answers with."""
+@dataclass(frozen=True, kw_only=True)
+class Chunk:
+    """A chunk as the index holds it (its payload): where it is in its file, and its text."""
 
     file_id: str
     filename: str
@@ -40,22 +40,22 @@ class ChunkPoint:
     text: str
     char_start: int
     char_end: int
-    vector: list[float]
     page: int | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Hit:
+@dataclass(frozen=True, kw_only=True)
+class ChunkPoint(Chunk):
+    """A chunk to store, with its vector."""
+
+    vector: list[float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hit(Chunk):
+    """A chunk found, with its score."""
+
     score: float
-    file_id: str
-    filename: str
-    index: int
-    text: str
-    char_start: int
-    char_end: int
-    page: int | None
-    attributes: dict[str, Any]
 
     @classmethod
     def of(cls, score: float, payload: dict[str, Any]) -> Hit:
