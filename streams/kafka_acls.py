@@ -84,7 +84,7 @@ def edge_grants(catalog: TopicCatalog, edge_id: str | None = None) -> list[Grant
 def _vector_store_grants(catalog: TopicCatalog) -> list[Grant]:
     """The vector store API (streams/edge/vector_stores.py): its tables, its writes, the retriever's input."""
     return [*[_topic(op, t) for t in (catalog.vector_stores, catalog.documents) for op in ("READ", "WRITE")],
-            _topic("READ", catalog.files), _topic("WRITE", catalog.ingest_jobs), _topic("WRITE", catalog.retrieval)]
+            _topic("WRITE", catalog.ingest_jobs), _topic("WRITE", catalog.retrieval)]
 
 
 def worker_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:

@@ -157,8 +157,9 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 500,
                       code=exc.code if isinstance(exc, errors.EdgeError) else type(exc).__name__)
         raise
+    # The passages of a grounded request came before its first event: known by now.
     sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=body.include_usage,
-               input_param=input_param, ticket=ticket)
+               input_param=input_param, ticket=ticket, retrieved=stream.retrieved)
     return StreamingResponse(sse, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
 
@@ -235,6 +236,7 @@ def _data(obj: Any) -> str:
 async def _sse(
     edge: Edge, gen: GenerateRequest, stream: ReplyStream, first: TokenChunk | Completion,
     events: AsyncIterator, *, chat: bool, include_usage: bool, input_param: str, ticket: Ticket,
+    retrieved: Retrieved | None = None,
 ) -> AsyncIterator[str]:
     created = int(gen.created_at or time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -291,9 +293,9 @@ async def _sse(
                 if parser is not None:
                     pending.extend(_data(chunk(None, None, fields=f)) for f in parser.finish())
                     reason = finish_reason(reason, parser.calls)
-                cited = ({"annotations": citations(event.text, stream.retrieved.passages)}
-                         if chat and stream.retrieved is not None else None)
-                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge, stream.retrieved),
+                cited = ({"annotations": citations(event.text, retrieved.passages)}
+                         if chat and retrieved is not None else None)
+                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge, retrieved),
                                            fields=cited)))
                 if include_usage:
                     usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,
