@@ -21,6 +21,7 @@ from schemas.events import ErrorEvent
 from schemas.retrieval import FileSearch, SearchResults
 from streams.edge import errors
 from streams.edge.keys import Principal
+from streams.edge.openapi import AUTH_ERRORS, ErrorResponse
 from streams.edge.openai_api import principal
 from streams.edge.rag_client import RagEdge
 from streams.rag.jobs import new_id, new_store
@@ -29,7 +30,17 @@ from streams.edge.vector_store_bodies import (
 )
 from streams.rag.filters import to_qdrant
 
-router = APIRouter(prefix="/v1/vector_stores", tags=["vector stores"])
+# Bodies are read by hand (OpenAI-shaped errors naming the parameter); the errors every route may answer:
+_ERROR = {"model": ErrorResponse}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    400: {**_ERROR, "description": "Invalid input, naming the parameter (invalid_json, unknown_parameter, "
+          "invalid_value, missing_required_parameter)."},
+    404: {**_ERROR, "description": "No such vector store, file or batch for this tenant (not_found)."},
+    503: {**_ERROR, "description": "Kafka or the vector store topics are not available yet."},
+    504: {**_ERROR, "description": "Search: the retriever (`specstream rag`) did not answer in time."},
+}
+router = APIRouter(prefix="/v1/vector_stores", tags=["vector stores"], responses=ERRORS)
 BodyT = TypeVar("BodyT", bound=BaseModel)
 Order = Literal["asc", "desc"]
 
@@ -70,6 +81,7 @@ def _invalid(message: str, param: str) -> errors.EdgeError:
 
 @router.post("")
 async def create_store(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """Create a vector store (OpenAI's `name`, `file_ids`, `chunking_strategy`, `metadata`)."""
     body = await _body(request, CreateStore)
     rag = await _rag(request)
     files = [await rag.file(f, caller.tenant) for f in body.file_ids]  # all known, or nothing is created
@@ -79,22 +91,31 @@ async def create_store(request: Request, caller: Principal = Depends(principal))
     return store_object(record, documents)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Paging:
     """OpenAI's list parameters."""
 
-    limit: int = Query(20, ge=1, le=100)
-    order: Order = "desc"
-    after: str | None = None
-    before: str | None = None
+    limit: int
+    order: Order
+    after: str | None
+    before: str | None
 
     def page(self, data: list[dict[str, Any]]) -> dict[str, Any]:
         return page(data, limit=self.limit, order=self.order, after=self.after, before=self.before)
 
 
+def paging(request: Request, limit: int = Query(20, ge=1, le=100), order: Order = "desc", after: str | None = None,
+           before: str | None = None) -> Paging:
+    for name in request.query_params:
+        if len(request.query_params.getlist(name)) > 1:
+            raise _invalid(f"'{name}' is given more than once.", name)
+    return Paging(limit, order, after, before)
+
+
 @router.get("")
 async def list_stores(request: Request, caller: Principal = Depends(principal),
-                      paging: Paging = Depends()) -> dict[str, Any]:
+                      paging: Paging = Depends(paging)) -> dict[str, Any]:
+    """The caller's vector stores (OpenAI's cursor page)."""
     rag = await _rag(request)
     return paging.page([store_object(s, rag.documents_of(s.id)) for s in rag.stores.values()
                         if s.tenant == caller.tenant])
@@ -102,12 +123,14 @@ async def list_stores(request: Request, caller: Principal = Depends(principal),
 
 @router.get("/{store_id}")
 async def get_store(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """One vector store, with its file counts."""
     rag = await _rag(request)
     return store_object(rag.store(store_id, caller.tenant), rag.documents_of(store_id))
 
 
 @router.delete("/{store_id}")
 async def delete_store(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """Delete a vector store: its files leave it and its index is dropped."""
     rag = await _rag(request)
     await rag.delete_store(rag.store(store_id, caller.tenant))
     return {"id": store_id, "object": "vector_store.deleted", "deleted": True}
@@ -118,6 +141,7 @@ async def delete_store(store_id: str, request: Request, caller: Principal = Depe
 
 @router.post("/{store_id}/files")
 async def add_file(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """Add a file to a vector store; its status goes in_progress -> completed | failed."""
     body = await _body(request, AddFile)
     rag = await _rag(request)
     record = rag.store(store_id, caller.tenant)
@@ -128,9 +152,10 @@ async def add_file(store_id: str, request: Request, caller: Principal = Depends(
 
 @router.get("/{store_id}/files")
 async def list_files(store_id: str, request: Request, caller: Principal = Depends(principal),
-                     paging: Paging = Depends(),
+                     paging: Paging = Depends(paging),
                      filter: Literal["in_progress", "completed", "failed", "cancelled"] | None = None,
                      ) -> dict[str, Any]:
+    """The store's files (`filter` by status; OpenAI's cursor page)."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
     return paging.page([file_object(d) for d in rag.documents_of(store_id) if filter is None or d.status == filter])
@@ -139,6 +164,7 @@ async def list_files(store_id: str, request: Request, caller: Principal = Depend
 @router.get("/{store_id}/files/{file_id}")
 async def get_file(store_id: str, file_id: str, request: Request,
                    caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """One file of the store, with its status and last_error."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
     return file_object(rag.document(store_id, file_id))
@@ -147,6 +173,7 @@ async def get_file(store_id: str, file_id: str, request: Request,
 @router.delete("/{store_id}/files/{file_id}")
 async def remove_file(store_id: str, file_id: str, request: Request,
                       caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """Remove a file from the store; its chunks leave the index."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
     rag.document(store_id, file_id)
@@ -159,6 +186,7 @@ async def remove_file(store_id: str, file_id: str, request: Request,
 
 @router.post("/{store_id}/file_batches")
 async def add_batch(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """Add several files to the store at once (`file_ids` or `files`)."""
     body = await _body(request, AddBatch)
     rag = await _rag(request)
     record = rag.store(store_id, caller.tenant)
@@ -174,6 +202,7 @@ async def add_batch(store_id: str, request: Request, caller: Principal = Depends
 @router.get("/{store_id}/file_batches/{batch_id}")
 async def get_batch(store_id: str, batch_id: str, request: Request,
                     caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """A file batch's status and file counts."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
     batch = _batches(request).get(batch_id)
@@ -203,6 +232,7 @@ def _batch_object(batch: Batch, rag: RagEdge) -> dict[str, Any]:
 
 @router.post("/{store_id}/search")
 async def search(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+    """The store's best chunks for a query (`max_num_results`, attribute `filters`)."""
     body = await _body(request, Search)
     try:
         to_qdrant(body.filters)
