@@ -3,6 +3,7 @@ chunks become points and a completed document; searches over the bus find them; 
 document leaves no points; an unknown store is a precise error."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from streams.rag.service import RagService
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
 from tests.rag_support import (
     chunks_of,
+    document_states,
     job,
     publish,
     queued,
@@ -129,3 +131,24 @@ async def test_a_search_of_an_unknown_store_is_an_error_naming_it(rig: Rig) -> N
     answer = await rig.ask("search", ["vs_nosuch"], "anything")
     assert isinstance(answer, ErrorEvent)
     assert answer.code == "invalid_request" and "vs_nosuch" in answer.message
+
+
+async def test_a_document_deleted_while_it_is_indexed_leaves_no_points(rig: Rig) -> None:
+    await rig.add_store("vs_race")
+    texts = [f"Note {i}: the harbour crane {i % 7} lifts ferry parts onto pier {i % 5}." for i in range(240)]
+    await rig.add_document("vs_race", "file-race", texts, parts=8)
+    await asyncio.sleep(1.0)  # the first parts are being embedded; whatever the timing, nothing may remain
+    await publish(rig.producer, rig.catalog.documents.name, document_key("vs_race", "file-race"), None)
+    indexer = rig.service.services[0]
+    deadline = time.monotonic() + 120
+    while True:
+        counted = await rig.ask("count", ["vs_race"], version=1)
+        settled = indexer.in_flight == 0 and await rig.service.documents.caught_up() is None
+        if settled and counted.points == 0:
+            await asyncio.sleep(3.0)  # parts still arriving are dropped too
+            if indexer.in_flight == 0 and (await rig.ask("count", ["vs_race"], version=1)).points == 0:
+                break
+        assert time.monotonic() < deadline, f"{counted.points} points of a deleted document remain"
+        await asyncio.sleep(0.5)
+    states = await document_states(rig.settings.kafka, rig.catalog.documents.name, "vs_race/file-race")
+    assert all(s.status != "completed" for s in states), "a deleted document was reported completed"
