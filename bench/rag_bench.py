@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from schemas.documents import StaticChunking
-from schemas.events import ChatMessage, Completion, GenerateRequest, ReplyRoute, SamplingParams
+from schemas.events import (
+    ChatMessage,
+    Completion,
+    GenerateRequest,
+    ReplyRoute,
+    SamplingParams,
+)
 from schemas.retrieval import FileSearch, RetrievalRequest, SearchResults
 from streams import kafka_io
 from streams.config import Settings
@@ -43,8 +49,8 @@ from streams.rag.client import RagClient
 from streams.rag.jobs import attach, new_store
 from streams.testing.stack import _stop, spawn_process, stack_env
 
-WORDS = ("amber falcon river granite lantern meadow copper orchid harbor willow cobalt ember thistle quartz maple "
-         "saffron tundra velvet beacon cinder").split()
+WORDS = ["amber", "falcon", "river", "granite", "lantern", "meadow", "copper", "orchid", "harbor", "willow", "cobalt",
+         "ember", "thistle", "quartz", "maple", "saffron", "tundra", "velvet", "beacon", "cinder"]
 TOPICS = ("shipping schedules", "bakery recipes", "garden care", "train timetables", "museum exhibits",
           "tax forms", "bicycle repair", "weather records")
 CHUNKING = StaticChunking(max_chunk_size_tokens=200, chunk_overlap_tokens=40)
@@ -270,10 +276,10 @@ def report(results: dict[str, Any]) -> str:
     i, e, r = results["ingestion"], results["embedder"], results["recall_at_4"]
     lines = [
         "| measure | value |", "|---|---|",
-        f"| ingestion, end to end | {i['pages_per_s']:.2f} pages/s, {i['chunks_per_s']:.2f} chunks/s "
-        f"({i['documents']} PDFs, {i['pages']} pages, {i['chunks']} chunks in {i['seconds']:.1f} s) |",
-        f"| embedder through the bus / plain loop | {e['bus_vectors_per_s']:.1f} / {e['plain_vectors_per_s']:.1f} "
-        f"vectors/s = **{e['ratio']:.2f}x** ({e['vectors']} chunks) |",
+        (f"| ingestion, end to end | {i['pages_per_s']:.2f} pages/s, {i['chunks_per_s']:.2f} chunks/s "
+         f"({i['documents']} PDFs, {i['pages']} pages, {i['chunks']} chunks in {i['seconds']:.1f} s) |"),
+        (f"| embedder through the bus / plain loop | {e['bus_vectors_per_s']:.1f} / {e['plain_vectors_per_s']:.1f} "
+         f"vectors/s = **{e['ratio']:.2f}x** ({e['vectors']} chunks) |"),
         *[f"| search latency, {n} concurrent | p50 {v['p50_ms']:.0f} ms, p99 {v['p99_ms']:.0f} ms |"
           for n, v in results["latency"].items()],
         f"| recall@4 | vector {r['vector']:.2f}, fused with BM25 {r['hybrid_bm25']:.2f} |",

@@ -14,7 +14,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from schemas.documents import Attributes, StaticChunking
-from schemas.events import Completion, ErrorEvent, Event, GenerateRequest, ReplyRoute, TokenChunk
+from schemas.events import (
+    Completion,
+    ErrorEvent,
+    Event,
+    GenerateRequest,
+    ReplyRoute,
+    TokenChunk,
+)
 
 MAX_RESULTS = 50  # OpenAI's bound of max_num_results
 
@@ -63,7 +70,7 @@ class RetrievalRequest(Event):
     version: int | None = Field(default=None, ge=1, description="op swap, count: the index version.")
 
     @model_validator(mode="after")
-    def _fields_of_op(self) -> "RetrievalRequest":
+    def _fields_of_op(self) -> RetrievalRequest:
         if (self.op == "chat") != (self.generate is not None):
             raise ValueError("generate is set exactly when op is chat")
         if self.op in ("prepare", "swap", "count") and self.version is None:

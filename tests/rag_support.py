@@ -10,10 +10,15 @@ from pathlib import Path
 from typing import TypeVar
 
 from aiokafka import TopicPartition
-
 from pydantic import BaseModel
 
-from schemas.documents import Chunk, DocumentChunks, DocumentState, IngestJob, document_key
+from schemas.documents import (
+    Chunk,
+    DocumentChunks,
+    DocumentState,
+    IngestJob,
+    document_key,
+)
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import Topic
 from streams import kafka_io

@@ -72,7 +72,7 @@ class AddBatch(_Strict):
     chunking_strategy: ChunkingStrategy | None = None
 
     @model_validator(mode="after")
-    def _one_of(self) -> "AddBatch":
+    def _one_of(self) -> AddBatch:
         if (self.file_ids is None) == (self.files is None):
             raise ValueError("give exactly one of 'file_ids' and 'files'")
         return self

@@ -21,14 +21,22 @@ from schemas.events import ErrorEvent
 from schemas.retrieval import FileSearch, SearchResults
 from streams.edge import errors
 from streams.edge.keys import Principal
-from streams.edge.openapi import AUTH_ERRORS, ErrorResponse
 from streams.edge.openai_api import principal
+from streams.edge.openapi import AUTH_ERRORS, ErrorResponse
 from streams.edge.rag_client import RagEdge
-from streams.rag.jobs import new_id, new_store
 from streams.edge.vector_store_bodies import (
-    AddBatch, AddFile, CreateStore, Search, chunking_of, file_object, page, search_result, store_object,
+    AddBatch,
+    AddFile,
+    CreateStore,
+    Search,
+    chunking_of,
+    file_object,
+    page,
+    search_result,
+    store_object,
 )
 from streams.rag.filters import to_qdrant
+from streams.rag.jobs import new_id, new_store
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); the errors every route may answer:
 _ERROR = {"model": ErrorResponse}

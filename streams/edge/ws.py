@@ -61,10 +61,10 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
-from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.rag_client import submit
-from streams.rag.grounding import citations
+from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason
+from streams.rag.grounding import citations
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from schemas.documents import DocumentState
 from schemas.events import ErrorEvent, ReplyRoute, TokenChunk
-from schemas.retrieval import FileSearch, Retrieved, RetrievalRequest, VectorStoreRecord
+from schemas.retrieval import FileSearch, RetrievalRequest, Retrieved, VectorStoreRecord
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.kafka_connection import Connectable

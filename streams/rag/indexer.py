@@ -19,11 +19,11 @@ import logging
 import time
 
 from schemas.documents import DocumentChunks, DocumentState, IngestError, document_key
+from schemas.retrieval import VectorStoreRecord
 from schemas.topics import TopicCatalog
 from streams.rag.embedding import Embedder
 from streams.rag.index import ChunkPoint, VectorIndex
 from streams.rag.table import CompactedTable
-from schemas.retrieval import VectorStoreRecord
 from streams.service import Consumer, Delivery, Output
 
 log = logging.getLogger("specstream.rag")
@@ -59,7 +59,7 @@ class Indexer:
                 return
             held = await asyncio.to_thread(self.index.count, part.vector_store_id, file_id=part.file_id,
                                            version=part.index_version)
-        except Exception as error:  # noqa: BLE001 - the document fails, the consumer keeps serving
+        except Exception as error:  # the document fails, the consumer keeps serving
             log.exception("indexer: %s failed", key)
             self._publish(delivery, part, "failed", IngestError(code="server_error",
                                                                 message=f"indexing failed: {error!r}"[:500]))

@@ -5,7 +5,13 @@ from __future__ import annotations
 import secrets
 import time
 
-from schemas.documents import Attributes, DocumentState, FileObject, IngestJob, StaticChunking
+from schemas.documents import (
+    Attributes,
+    DocumentState,
+    FileObject,
+    IngestJob,
+    StaticChunking,
+)
 from schemas.retrieval import VectorStoreRecord
 
 

@@ -18,7 +18,13 @@ import logging
 from pydantic import BaseModel
 
 from schemas.events import ErrorEvent, GenerateRequest
-from schemas.retrieval import IndexState, Retrieved, RetrievalRequest, SearchResults, VectorStoreRecord
+from schemas.retrieval import (
+    IndexState,
+    RetrievalRequest,
+    Retrieved,
+    SearchResults,
+    VectorStoreRecord,
+)
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.rag.embedding import Embedder

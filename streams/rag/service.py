@@ -69,7 +69,7 @@ class RagService:
         for service in self.services:
             try:
                 await service.stop()
-            except Exception:  # noqa: BLE001 - stop the others anyway
+            except Exception:  # stop the others anyway
                 log.exception("stopping %s failed", service.kind)
         await self.documents.stop()
         await self.stores.stop()

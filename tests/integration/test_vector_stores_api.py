@@ -129,7 +129,7 @@ def test_a_store_s_files_go_completed_and_search_finds_the_passage_holding_the_f
 
 
 def test_unknown_ids_are_404_in_openai_s_shape(rig: tuple[OpenAI, Bus]) -> None:
-    client, bus = rig
+    client, _ = rig
     with pytest.raises(openai.NotFoundError) as caught:
         client.vector_stores.retrieve("vs_nosuchstore")
     assert caught.value.body["code"] == "not_found" and "vs_nosuchstore" in caught.value.body["message"]
