@@ -16,6 +16,7 @@ from typing import Any
 
 from schemas.documents import DocumentState
 from schemas.retrieval import VectorStoreRecord
+from schemas.topics import TopicCatalog
 from streams.config import Settings
 from streams.rag.embedding import Embedder, EmbedderOptions
 from streams.rag.index import VectorIndex, open_client
@@ -23,7 +24,9 @@ from streams.rag.indexer import Indexer
 from streams.rag.retriever import Retriever
 from streams.rag.search import Searcher
 from streams.rag.table import CompactedTable
-from streams.service import ServiceOptions
+from streams.kafka_acls import Grant
+from streams.service import Consumer, ServiceOptions
+from streams.service.consumer import grants_of
 from streams.service.runner import ConsumerService
 
 log = logging.getLogger("specstream.rag")
@@ -53,7 +56,8 @@ class RagService:
                                    max_prompt_chars=rag.max_prompt_chars)
         options = ServiceOptions.from_settings(settings, rag)
         self.services = [
-            ConsumerService(dataclasses.replace(options, service_id=f"{options.service_id}-{c.kind}"), c)
+            ConsumerService(dataclasses.replace(options, service_id=f"{options.service_id}-{c.kind}"),
+                            reading_tables(c))
             for c in (self.indexer.consumer(), self.retriever.consumer())
         ]
         self._cleanups: set[asyncio.Task[Any]] = set()
@@ -94,6 +98,16 @@ class RagService:
         task = asyncio.get_running_loop().create_task(asyncio.to_thread(work, *args))
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+
+
+def reading_tables(consumer: Consumer[Any]) -> Consumer[Any]:
+    """The consumer's ACLs (derived from its description) plus reading the two tables the service follows."""
+    def grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:
+        derived = grants_of(dataclasses.replace(consumer, grants=None), catalog, group_id)
+        tables = (catalog.documents, catalog.vector_stores)
+        return [*derived, *(Grant("READ", "TOPIC", t.name, topic=t) for t in tables)]
+
+    return dataclasses.replace(consumer, grants=grants)
 
 
 async def run_rag(settings: Settings) -> None:
