@@ -22,6 +22,7 @@ from schemas.events import (
     RolloutState,
     ServiceAnnouncement,
 )
+from schemas.retrieval import RetrievalRequest, VectorStoreRecord
 from schemas.tools import ToolIntent, ToolResult
 
 HOUR_MS = 3_600_000
@@ -80,7 +81,8 @@ class TopicCatalog:
     def replies(self, edge_id: str) -> Topic:
         return Topic(
             name=f"{self.prefix}.replies.{edge_id}", partitions=1, key="request_id",
-            retention_ms=1 * HOUR_MS, carries="TokenChunk | Completion | ErrorEvent",
+            retention_ms=1 * HOUR_MS,
+            carries="TokenChunk | Completion | ErrorEvent | SearchResults | Retrieved | IndexState",
             purpose="Replies for one edge (or client): each edge owns its reply topic, so it receives only its own "
             "replies; one partition keeps every request's events in order. Short retention bounds what a dead edge "
             "leaves; `specstream topics gc` deletes the topics of edges gone for longer.",
@@ -248,12 +250,32 @@ class TopicCatalog:
             "all of it and takes the first result of each call it waits for. Kept as the audit log.",
         )
 
+    @property
+    def vector_stores(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.vector-stores", partitions=1, key="vector_store_id",
+            retention_ms=7 * 24 * HOUR_MS, carries=_describe(VectorStoreRecord), compacted=True,
+            purpose="Vector stores (`/v1/vector_stores`): each store's record (name, tenant, chunking, the index "
+            "version answering queries); a tombstone deletes it. Every edge and the rag service read it whole.",
+        )
+
+    @property
+    def retrieval(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.retrieval", partitions=3, key="request_id",
+            retention_ms=1 * HOUR_MS, carries=_describe(RetrievalRequest),
+            purpose="Searches, chat requests with the file_search tool, and index operations for the rag service "
+            "(the one process that opens the index); it answers on the caller's reply topic and sends grounded "
+            "chat requests on to the request topic.",
+            segment_ms=1 * HOUR_MS,
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
                 self.completions, self.eval_samples, self.adapters, self.files, self.ingest_jobs,
-                self.document_chunks, self.documents, self.batch_lines, self.batch_results, self.batches,
-                self.tool_intents, self.tool_results]
+                self.document_chunks, self.documents, self.vector_stores, self.retrieval, self.batch_lines,
+                self.batch_results, self.batches, self.tool_intents, self.tool_results]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

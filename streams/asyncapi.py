@@ -19,9 +19,10 @@ from faststream.specification import AsyncAPI
 from schemas.batch import BatchState
 from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
 from schemas.events import Completion, EdgeAnnouncement, ErrorEvent, EvalSample, GenerateRequest, RolloutState
+from schemas.retrieval import IndexState, RetrievalRequest, Retrieved, SearchResults, VectorStoreRecord
 from streams.config import Settings
 from streams.service import Output
-from streams.service.wiring import declare_output
+from streams.service.wiring import channel_description, declare_output
 
 
 def document_yaml(settings: Settings) -> str:
@@ -52,6 +53,14 @@ def document(settings: Settings) -> Any:
     for topic, events in ((catalog.batch_lines, GenerateRequest), (catalog.batch_results, Completion | ErrorEvent),
                           (catalog.batches, BatchState)):
         declare_output(worker.broker, Output(topic, events))
+    # The vector store API publishes stores and retrieval requests; the rag service (indexer: the documents'
+    # completed state; retriever: search answers and grounded requests, on the asker's reply topic) answers them.
+    declare_output(worker.broker, Output(catalog.vector_stores, VectorStoreRecord))
+    declare_output(worker.broker, Output(catalog.retrieval, RetrievalRequest))
+    # The reply topics also carry the rag service's answers: a channel of their own (same address, another title).
+    replies = catalog.replies("<edge-id>")
+    worker.broker.publisher(replies.name, schema=SearchResults | Retrieved | IndexState,
+                            title=f"{replies.name}:rag-answers", description=channel_description(replies))
     return AsyncAPI(
         worker.broker, title="specstream", version="1",
         description="LLM generation as an event-driven pipeline on Kafka: the topics, their keys and their events. "

@@ -3,6 +3,9 @@
     specstream up                      Kafka (if local and missing), topics, engine worker, edge; Ctrl-C stops them
     specstream worker                  one engine worker (a second one joins the same consumer group)
     specstream edge                    the HTTP/websocket edge
+    specstream rag                     the indexer and retriever (the one process that opens the vector index)
+    specstream docs add|status|search  documents in a vector store (streams.commands.docs)
+    specstream index rebuild --store   rebuild a store's index as a new version, then swap (streams.rag.rebuild)
     specstream status                  every service on the bus: kind, id, state, host/pid, uptime, load
     specstream kafka start|stop|status the local broker (infra.kafka); --secure: SASL_SSL with ACLs
     specstream kafka acls --print|--apply  each service's least privileges (streams.kafka_acls_cli)
@@ -35,6 +38,7 @@ from streams.commands import (
     adapters,
     autoscale,
     batch,
+    docs,
     k8s,
     kafka,
     plan,
@@ -122,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_commands(commands)
     send.add_commands(commands)
+    docs.add_commands(commands)
     setup.add_commands(commands)
     tools.add_commands(commands)
 

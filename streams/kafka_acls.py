@@ -81,7 +81,14 @@ def edge_grants(catalog: TopicCatalog, edge_id: str | None = None) -> list[Grant
         _topic("WRITE", catalog.adapters),  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
         Grant("WRITE", "TOPIC", f"{catalog.prefix}-candidate.", prefixed=True),  # a candidate pool's requests
         *own,
+        *_vector_store_grants(catalog),
     ]
+
+
+def _vector_store_grants(catalog: TopicCatalog) -> list[Grant]:
+    """The vector store API (streams/edge/vector_stores.py): its tables, its writes, the retriever's input."""
+    return [*[_topic(op, t) for t in (catalog.vector_stores, catalog.documents) for op in ("READ", "WRITE")],
+            _topic("WRITE", catalog.ingest_jobs), _topic("WRITE", catalog.retrieval)]
 
 
 def worker_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:

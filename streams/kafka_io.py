@@ -37,7 +37,7 @@ from aiokafka.errors import (
 )
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from schemas.events import ReplyEvent
+from schemas.retrieval import AnyReply
 from schemas.topics import Topic
 from streams.kafka_connection import (
     Connectable,
@@ -58,7 +58,8 @@ EventT = TypeVar("EventT", bound=BaseModel)
 # measured to add 5-7 ms per leg at p50 and bought nothing at these rates.
 LINGER_MS = 0
 
-_REPLY_ADAPTER: TypeAdapter[Any] = TypeAdapter(ReplyEvent)
+# The rag service's answers (search results, retrieved passages) share the reply topics with the engine's events.
+_REPLY_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyReply)
 
 
 def compression_type() -> Literal["lz4"] | None:
@@ -121,7 +122,7 @@ def decode(data: bytes | str, model: type[EventT]) -> EventT:
 
 
 def decode_reply(data: bytes | str) -> BaseModel:
-    """Parse one reply-topic event into ``TokenChunk``, ``Completion`` or ``ErrorEvent`` (by its ``type``)."""
+    """Parse one reply-topic event (``TokenChunk``, ``Completion``, ``ErrorEvent`` or a rag answer) by its ``type``."""
     event: BaseModel = _REPLY_ADAPTER.validate_json(data)
     return event
 

@@ -1,4 +1,5 @@
-"""``specstream worker``, ``edge`` and ``parser``: one service in the foreground (``up`` starts them as children)."""
+"""``specstream worker``, ``edge``, ``parser`` and ``rag``: one service in the foreground (``up`` starts them
+as children)."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,8 @@ def add_commands(commands: Any) -> None:
     commands.add_parser("edge", help="run the HTTP/websocket edge").set_defaults(handler=cmd_edge)
     commands.add_parser("parser", help="run one document parser (ingest jobs -> chunks)").set_defaults(
         handler=cmd_parser)
+    commands.add_parser("rag", help="run the indexer and retriever (the process that opens the vector index)"
+                        ).set_defaults(handler=cmd_rag)
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -54,5 +57,18 @@ def cmd_parser(args: argparse.Namespace, settings: Settings) -> int:
         run_parser(settings)
     except (KafkaError, KafkaAccessError, OSError, RuntimeError) as error:
         say(f"parser: error: {describe(error)}")
+        return 1
+    return 0
+
+
+def cmd_rag(args: argparse.Namespace, settings: Settings) -> int:
+    from aiokafka.errors import KafkaError
+
+    from streams.rag.service import run_rag
+
+    try:
+        asyncio.run(run_rag(settings))
+    except (KafkaError, OSError, ValueError, RuntimeError) as error:  # RuntimeError: the index folder is taken
+        say(f"rag: error: {describe(error)}")
         return 1
     return 0

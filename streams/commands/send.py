@@ -29,6 +29,11 @@ def add_commands(commands: Any) -> None:
     send.add_argument("--no-speculation", action="store_true", help="disable speculative decoding for this request")
     send.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the completion")
     send.add_argument("--json", action="store_true", help="print every reply event as a JSON line")
+    send.add_argument("--vector-store", action="append", default=[], metavar="ID",
+                      help="ground the answer in this store's passages (the file_search tool; repeatable); "
+                      "needs `specstream rag`")
+    send.add_argument("--tenant", default="default", help="tenant the request is billed to (and whose stores it reads)")
+    send.add_argument("--max-results", type=int, default=None, help="passages given to the model (--vector-store)")
     send.set_defaults(handler=cmd_send)
 
 
@@ -59,6 +64,7 @@ def _request(args: argparse.Namespace, settings: Settings, reply_topic: str) -> 
         reply_to=ReplyRoute(topic=reply_topic, partition=0),
         created_at=time.time(),
         deadline=time.time() + args.timeout,
+        tenant=args.tenant,
     )
 
 
@@ -68,17 +74,27 @@ async def _send(args: argparse.Namespace, settings: Settings) -> int:
     # A reply topic of our own, as an edge would have; deleted afterwards.
     reply = settings.catalog.replies(f"cli-{uuid.uuid4().hex[:10]}")
     request = _request(args, settings, reply.name)
+    topic, message = settings.catalog.requests.name, request
+    if args.vector_store:  # through the retriever, which grounds it and hands it to the engine
+        from schemas.retrieval import FileSearch, RetrievalRequest
+
+        topic = settings.catalog.retrieval.name
+        message = RetrievalRequest(request_id=request.request_id, reply_to=request.reply_to, op="chat",
+                                   tenant=args.tenant, generate=request, search=FileSearch(
+                                       vector_store_ids=args.vector_store,
+                                       max_num_results=args.max_results or settings.rag.default_max_num_results))
     async with kafka_io.reply_session(settings.kafka, reply, client_id="specstream-send") as (consumer, producer):
-        await producer.send_and_wait(settings.catalog.requests.name, kafka_io.encode(request),
-                                     key=kafka_io.request_key(request.request_id))
+        await producer.send_and_wait(topic, kafka_io.encode(message), key=kafka_io.request_key(request.request_id))
         return await _print_replies(consumer, args)
 
 
 async def _print_replies(consumer: Any, args: argparse.Namespace) -> int:
     """Print the reply stream until its Completion (0) or ErrorEvent (1), or give up after ``--timeout``."""
     from schemas.events import Completion, ErrorEvent
+    from schemas.retrieval import Retrieved
     from streams import kafka_io
 
+    retrieved: Retrieved | None = None
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         batch = await consumer.getmany(timeout_ms=500)
@@ -87,9 +103,13 @@ async def _print_replies(consumer: Any, args: argparse.Namespace) -> int:
                 event = kafka_io.decode_reply(record.value)
                 if args.json:
                     print(record.value.decode(), flush=True)
+                if isinstance(event, Retrieved):
+                    retrieved = event
+                    continue
                 if isinstance(event, Completion):
                     if not args.json:
                         _print_completion(event)
+                        _print_citations(event.text, retrieved)
                     return 0
                 if isinstance(event, ErrorEvent):
                     say(f"send: {event.code}: {event.message}")
@@ -110,3 +130,15 @@ def _print_completion(event: Any) -> None:
         f"total {timings.total_s:.2f} s; {event.num_chunks} chunks; speculation: {spec.accepted}/{spec.drafted} "
         f"accepted, {spec.tokens_per_forward:.2f} tokens/forward"
     )
+
+
+def _print_citations(text: str, retrieved: Any) -> None:
+    """The passages a grounded answer was given, as the edge cites them (streams/rag/grounding.py)."""
+    if retrieved is None:
+        return
+    from streams.rag.grounding import citations
+
+    versions = ", ".join(f"{store} v{version}" for store, version in retrieved.index_versions.items())
+    say(f"grounded on {len(retrieved.passages)} passage(s) ({versions or 'no index yet'}):")
+    for number, cited in enumerate(citations(text, retrieved.passages), start=1):
+        say(f"  [{number}] {cited['filename']} ({cited['file_id']}) chars {cited['char_start']}-{cited['char_end']}")

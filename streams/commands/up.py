@@ -1,5 +1,5 @@
-"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, a tool
-runner, the edge and the batch assembler beside it); Ctrl-C stops all.
+"""``specstream up``: start what is missing (local Kafka, topics, an engine worker, a document parser, the rag
+service, a tool runner, the edge and the batch assembler beside it); Ctrl-C stops all.
 
 The worker and the edge it starts are supervised (:mod:`streams.supervisor`):
 one that dies is restarted with backoff; one that crash-loops makes ``up`` say
@@ -26,11 +26,12 @@ READY_TIMEOUT_S = 900.0  # first start converts the model; later starts take sec
 
 
 def add_commands(commands: Any) -> None:
-    up = commands.add_parser("up", help="start what is missing: Kafka, topics, engine worker, parser, edge")
+    up = commands.add_parser("up", help="start what is missing: Kafka, topics, engine worker, parser, rag, edge")
     up.add_argument("--no-edge", action="store_true", help="do not start an edge")
     up.add_argument("--no-worker", action="store_true", help="do not start an engine worker")
     up.add_argument("--no-parser", action="store_true", help="do not start a document parser")
     up.add_argument("--no-tool-runner", action="store_true", help="do not start a tool runner (server-side tools)")
+    up.add_argument("--no-rag", action="store_true", help="do not start the indexer/retriever (`specstream rag`)")
     up.set_defaults(handler=cmd_up)
 
 
@@ -114,6 +115,8 @@ def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Su
     if not args.no_parser:
         supervisor.start("parser", service_argv(args.config, "parser"))
     _start_tool_runner(args, settings, supervisor)
+    if not args.no_rag:
+        supervisor.start("rag", service_argv(args.config, "rag"))
     if args.no_edge:
         say("edge: not started (--no-edge)")
         say("running; Ctrl-C stops")

@@ -29,6 +29,7 @@ from streams.config.engine import EngineSettings
 from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.ops import OpsSettings
+from streams.config.rag import RagSettings
 from streams.config.services import (
     EdgeSettings,
     EvalSettings,
@@ -59,6 +60,7 @@ class Settings(BaseSettings):
     parser: ParserSettings = Field(default_factory=ParserSettings)
     ops: OpsSettings = Field(default_factory=OpsSettings)
     tools: ToolsSettings = Field(default_factory=ToolsSettings)
+    rag: RagSettings = Field(default_factory=RagSettings)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Log level of every process.")
     log_format: Literal["text", "json"] = Field(
         default="text", description="json: one JSON object per line, with request_id and trace_id on every line."

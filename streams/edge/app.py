@@ -36,9 +36,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from streams.batch import api as batch_api
 from streams.config import Settings
-from streams.edge import errors, files_api, lora_api, openai_api, openapi, ws
+from streams.edge import errors, files_api, lora_api, openai_api, openapi, vector_stores, ws
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge, prepare_edge
+from streams.edge.rag_client import RagEdge
 from streams.edge.settings import EdgeOptions
 from streams.kafka_connection import KafkaAccessError
 from streams.telemetry.edge import EdgeTelemetry
@@ -70,9 +71,12 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
         await pipeline.start()
         try:
             await edge.start()
+            app.state.rag = await start_rag(edge)
             try:
                 yield
             finally:
+                if app.state.rag is not None:
+                    await app.state.rag.stop()
                 await edge.stop()
         finally:
             await pipeline.stop()
@@ -116,8 +120,20 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
     app.include_router(files_api.router)
     app.include_router(batch_api.router)
     app.include_router(lora_api.router)
+    app.include_router(vector_stores.router)
     app.include_router(ws.router)
     return app
+
+
+async def start_rag(edge: Edge) -> RagEdge | None:
+    """The vector store API's tables; without Kafka at start, those routes answer 503 (the rest serves)."""
+    rag = RagEdge(edge, search_timeout_s=edge.settings.settings.rag.search_timeout_s)
+    try:
+        await rag.start()
+    except (KafkaError, OSError, TimeoutError) as error:
+        log.warning("edge %s: vector stores unavailable (%s)", edge.edge_id, error)
+        return None
+    return rag
 
 
 def _check_access(options: EdgeOptions) -> None:

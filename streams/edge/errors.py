@@ -100,6 +100,14 @@ def loc_to_param(loc: tuple[Any, ...]) -> str:
 
 
 _ROLE_TAGS = frozenset({"system", "developer", "user", "assistant", "tool"})
+# A tool's model is picked by its type (function or file_search): pydantic puts that tag in the location too.
+_TOOL_TAGS = frozenset({"function", "file_search"})
+
+
+def _is_tag(loc: tuple[Any, ...], i: int) -> bool:
+    if i == 0 or not isinstance(loc[i - 1], int):
+        return False
+    return loc[i] in _ROLE_TAGS or (loc[i] in _TOOL_TAGS and i >= 2 and loc[i - 2] == "tools")
 
 
 def from_validation_error(exc: ValidationError, *, loc_prefix_drop: tuple[str, ...] = ()) -> EdgeError:
@@ -113,7 +121,7 @@ def from_validation_error(exc: ValidationError, *, loc_prefix_drop: tuple[str, .
     loc = tuple(p for p in loc if not (isinstance(p, str) and (
         "[" in p or p in {"str", "int", "float", "bool"} or p.startswith(("constrained-", "function-")))))
     # A message's model is picked by its role (a tagged union), and pydantic puts the role in the location too.
-    loc = tuple(p for i, p in enumerate(loc) if not (p in _ROLE_TAGS and i > 0 and isinstance(loc[i - 1], int)))
+    loc = tuple(p for i, p in enumerate(loc) if not _is_tag(loc, i))
     if err["type"] in ("union_tag_invalid", "union_tag_not_found"):  # a missing or unknown role: name the field
         loc = (*loc, str(err.get("ctx", {}).get("discriminator", "")).strip("'"))
     param = loc_to_param(loc) or None

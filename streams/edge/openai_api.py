@@ -34,6 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, TokenChunk
+from schemas.retrieval import Retrieved
 from streams.edge import errors, openapi
 from streams.edge.admission.admit import Ticket
 from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
@@ -41,8 +42,10 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.auth import key_from_headers
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
+from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
+from streams.rag.grounding import citations
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -125,7 +128,7 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
     ticket = await _pipeline(request).admit_http(caller, body_type, request)
     gen, body, chat = ticket.request, ticket.body, body_type is ChatCompletionBody
     try:
-        stream = await edge.submit(gen)
+        stream = await submit(getattr(request.app.state, "rag", None), edge, gen, body.file_search())
     except BaseException as exc:
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 499, code="not_published")
         raise
@@ -140,7 +143,7 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
             if isinstance(final, ErrorEvent):
                 raise errors.from_worker_error(final, input_param=input_param)
             ticket.finish(200, final)
-            return JSONResponse(_full_response(gen, final, chat=chat, edge=edge))
+            return JSONResponse(_full_response(gen, final, chat=chat, edge=edge, retrieved=stream.retrieved))
 
         events = stream.events()
         try:
@@ -159,8 +162,9 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 500,
                       code=exc.code if isinstance(exc, errors.EdgeError) else type(exc).__name__)
         raise
+    # The passages of a grounded request came before its first event: known by now.
     sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=body.include_usage,
-               input_param=input_param, ticket=ticket)
+               input_param=input_param, ticket=ticket, retrieved=stream.retrieved)
     return StreamingResponse(sse, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
 
@@ -197,11 +201,13 @@ async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
     raise ClientGone()
 
 
-def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge) -> dict[str, Any]:
-    return {**completion_body(gen, final, chat=chat), "specstream": _extras(final, edge)}
+def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge,
+                   retrieved: Retrieved | None = None) -> dict[str, Any]:
+    return {**completion_body(gen, final, chat=chat, retrieved=retrieved), "specstream": _extras(final, edge, retrieved)}
 
 
-def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool) -> dict[str, Any]:
+def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool,
+                    retrieved: Retrieved | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion / text_completion object of a finished request (batch output lines reuse it)."""
     choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
     if chat and calls_tools(gen):
@@ -210,6 +216,8 @@ def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool) -> d
         choice["finish_reason"] = finish_reason(final.finish_reason, calls, _answered(final))
     elif chat:
         choice["message"] = {"role": "assistant", "content": final.text}
+        if retrieved is not None:
+            choice["message"]["annotations"] = citations(final.text, retrieved.passages)
     else:
         choice["text"] = final.text
     return {
@@ -223,11 +231,13 @@ def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool) -> d
     }
 
 
-def _extras(final: Completion, edge: Edge) -> dict[str, Any]:
+def _extras(final: Completion, edge: Edge, retrieved: Retrieved | None = None) -> dict[str, Any]:
     extras = {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
               "num_chunks": final.num_chunks}
     if final.tool_results:  # the server-side calls the answer made, answered (see docs/tools.md)
         extras["tool_results"] = [result_view(r) for r in final.tool_results]
+    if retrieved is not None:  # which version of each store's index grounded the answer
+        extras["index_versions"] = retrieved.index_versions
     return extras
 
 
@@ -242,6 +252,7 @@ def _data(obj: Any) -> str:
 async def _sse(
     edge: Edge, gen: GenerateRequest, stream: ReplyStream, first: TokenChunk | Completion,
     events: AsyncIterator, *, chat: bool, include_usage: bool, input_param: str, ticket: Ticket,
+    retrieved: Retrieved | None = None,
 ) -> AsyncIterator[str]:
     created = int(gen.created_at or time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -302,7 +313,10 @@ async def _sse(
                 if parser is not None:
                     pending.extend(_data(chunk(None, None, fields=f)) for f in parser.finish())
                     reason = finish_reason(reason, parser.calls, _answered(event))
-                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge))))
+                cited = ({"annotations": citations(event.text, retrieved.passages)}
+                         if chat and retrieved is not None else None)
+                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge, retrieved),
+                                           fields=cited)))
                 if include_usage:
                     usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,
                              "choices": [], "usage": event.usage.model_dump()}

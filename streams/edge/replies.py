@@ -45,13 +45,16 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
+from schemas.retrieval import IndexState, Retrieved, SearchResults
 from streams.edge.dedupe import Diverged, Forwarded
 from streams.kafka_io import decode_reply, ensure_topics, make_consumer, stop_polling
 from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)
 
-ReplyEventT = TokenChunk | Completion | ErrorEvent
+# The rag service's answers arrive here too: SearchResults and IndexState end a stream, Retrieved precedes a grounded
+# request's engine events.
+ReplyEventT = TokenChunk | Completion | ErrorEvent | SearchResults | IndexState | Retrieved
 # Request ids already cancelled as orphans (see ReplyRouter._orphaned), newest last.
 _REMEMBERED_ORPHANS = 10_000
 
@@ -211,7 +214,8 @@ class ReplyStream:
         self.deadline = deadline
         self.grace_s = grace_s
         self.forwarded = Forwarded(request_id)
-        self.final: Completion | ErrorEvent | None = None
+        self.final: Completion | ErrorEvent | SearchResults | IndexState | None = None
+        self.retrieved: Retrieved | None = None  # the passages a grounded chat request was given
         self.closed = False
         # Called once, when the final event arrives or the stream closes without one (the edge's relay span ends).
         self.on_end: Callable[[], None] | None = None
@@ -258,6 +262,9 @@ class ReplyStream:
         while self.final is None:
             event = await self._get()
             duplicates = self.forwarded.duplicates
+            if isinstance(event, Retrieved):
+                self.retrieved = event
+                continue
             try:
                 if isinstance(event, TokenChunk):
                     fresh = self.forwarded.chunk(event)

@@ -20,6 +20,8 @@ Edge -> client:
 * a server-side tool call's result (docs/tools.md) is a chunk frame with empty ``text``
   and a ``tool_result`` (tool_call_id, name, output, error, truncated, duration_s); the done
   frame lists them all in ``tool_results``;
+* with a ``file_search`` tool (``{"type": "file_search", "vector_store_ids": [...]}``): the done frame also carries
+  ``annotations`` (file_citation, as on HTTP) and ``index_versions``;
 * ``{"type": "error", "id", "code", "message", "param", "status"}`` for a request
   that failed (``id`` null when the frame could not be read, or a request
   without an ``id`` was refused before admission). A malformed frame
@@ -63,8 +65,10 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
+from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, result_view
+from streams.rag.grounding import citations
 from streams.telemetry.edge import EdgeTelemetry
 
 log = logging.getLogger(__name__)
@@ -226,7 +230,8 @@ class WsSession:
         status, final, code = 499, None, "client_gone"
         parser = ToolCallParser(request.request_id) if calls_tools(request) else None
         try:
-            stream = await self.edge.submit(request)
+            stream = await submit(getattr(self.websocket.app.state, "rag", None), self.edge, request,
+                                  ticket.body.file_search())
             async for event in stream:
                 if isinstance(event, TokenChunk):
                     ticket.saw(event)
@@ -253,6 +258,9 @@ class WsSession:
                         "timings": event.timings.model_dump(), "spec": event.spec.model_dump(),
                         "num_chunks": event.num_chunks, "model": request.model,
                     }
+                    if stream.retrieved is not None:  # a file_search request: what grounded it
+                        done.update(annotations=citations(event.text, stream.retrieved.passages),
+                                    index_versions=stream.retrieved.index_versions)
                     if parser is not None:
                         done.update(deltas=parser.finish(), content=parser.message_content(), tool_calls=parser.calls,
                                     finish_reason=finish_reason(event.finish_reason, parser.calls,

@@ -101,8 +101,8 @@ def running_up(tmp_path: Path, bootstrap: str, *args: str, engine: dict[str, Any
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(60)
         # The services run in sessions of their own: whatever `up` left behind goes too.
-        for pid in [process.pid, *running.pids("worker"), *running.pids("parser"), *running.pids("edge"),
-                    *running.pids("batch-assembler")]:
+        started = [pid for kind in ("worker", "parser", "rag", "edge", "batch-assembler") for pid in running.pids(kind)]
+        for pid in [process.pid, *started]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         catalog = TopicCatalog(prefix)

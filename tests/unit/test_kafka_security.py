@@ -140,7 +140,11 @@ def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topi
                       ("READ", "topic p.rollouts"), ("WRITE", "topic p-candidate.*"),  # canary routing
                       ("READ", "topic p.files"), ("WRITE", "topic p.files"),  # /v1/files
                       ("WRITE", "topic p.batch-lines"), ("READ", "topic p.batches"), ("WRITE", "topic p.batches"),
-                      ("WRITE", "topic p.adapters")}  # POST /v1/load_lora_adapter
+                      ("WRITE", "topic p.adapters"),  # POST /v1/load_lora_adapter
+                      # /v1/vector_stores: the stores' and documents' tables, ingest jobs, the retriever's input
+                      ("READ", "topic p.vector-stores"), ("WRITE", "topic p.vector-stores"),
+                      ("READ", "topic p.documents"), ("WRITE", "topic p.documents"),
+                      ("WRITE", "topic p.ingest-jobs"), ("WRITE", "topic p.retrieval")}
     own = [g for g in edge_grants(catalog, "e1") if g.name.startswith("p.replies")]
     assert own == [Grant("READ", "TOPIC", "p.replies.e1"), Grant("CREATE", "TOPIC", "p.replies.e1")]
 

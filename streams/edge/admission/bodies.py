@@ -23,8 +23,10 @@ from streams.edge import errors
 from streams.edge.admission.structured import (
     MAX_TOOLS,
     ResponseFormat,
+    FileSearchTool,
     Tool,
     ToolChoice,
+    file_search,
     output_constraint,
     wire_tools,
 )
@@ -172,6 +174,10 @@ class Body(_Strict):
         """The conversation the body names (canary routing sticks to it); None: none named."""
         return None
 
+    def file_search(self) -> FileSearchTool | None:
+        """The file_search tool, when the request is to be grounded by the retriever."""
+        return None
+
     def constraint(self) -> OutputConstraint | None:
         """What constrained decoding must make the output match; None: free text."""
         return None
@@ -221,6 +227,9 @@ class _Chat(Body):
 
     def conversation_key(self) -> str | None:
         return self.prompt_cache_key
+
+    def file_search(self) -> FileSearchTool | None:
+        return file_search(self.tools)
 
     def constraint(self) -> OutputConstraint | None:
         return output_constraint(self.wire_tools(), self.tool_choice, self.parallel_tool_calls, self.response_format)

