@@ -164,7 +164,12 @@ class LLMEngine:
             from engine.spec.eagle import EagleProposer
 
             say(f"loading draft head {spec.draft_head} ...")
-            return EagleProposer.from_engine(spec, loaded, self.max_model_len, self.config.max_running_requests)
+            eagle = EagleProposer.from_engine(spec, loaded, self.max_model_len, self.config.max_running_requests)
+            if not spec.eagle_prompt_lookup:
+                return eagle
+            from engine.spec.combined import LookupThenEagle
+
+            return LookupThenEagle(eagle, spec.ngram_max)
         raise ValueError(f"unknown speculation method {spec.method!r}")
 
     # ------------------------------------------------------------------ API

@@ -24,6 +24,11 @@ class SpeculationSettings(Section):
         description="Trained draft head (method: eagle): a folder from `specstream draft train`, or its name under "
         "~/.cache/specstream/draft-heads; checked against the target when the worker starts.",
     )
+    eagle_prompt_lookup: bool = Field(
+        default=True,
+        description="Method eagle: draft by prompt lookup where the text repeats a 3+ token run (code edits, "
+        "quotes), by the head elsewhere.",
+    )
     draft_sampling: Literal["greedy", "coupled", "sampled"] = Field(
         default="greedy",
         description="How a draft model drafts for sampled requests; greedy and coupled keep seeded text reproducible.",

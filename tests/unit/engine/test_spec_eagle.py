@@ -56,8 +56,9 @@ def head_dir(hf, examples, tmp_path_factory) -> Path:  # type: ignore[no-untyped
     return root / "tiny"
 
 
-def _eagle(head: Path | str, **kw: object) -> SpeculationConfig:
-    return SpeculationConfig(enabled=True, method="eagle", draft_head=str(head), max_draft_tokens=K, adaptive=False, **kw)
+def _eagle(head: Path | str, lookup: bool = False, **kw: object) -> SpeculationConfig:
+    return SpeculationConfig(enabled=True, method="eagle", draft_head=str(head), max_draft_tokens=K, adaptive=False,
+                             eagle_prompt_lookup=lookup, **kw)
 
 
 def test_training_a_tiny_head_runs_end_to_end_in_seconds(hf, examples, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -123,6 +124,17 @@ def test_the_adaptive_controller_keeps_the_output_of_plain(hf, head_dir: Path) -
     sampling = SamplingOptions(max_tokens=30, ignore_eos=True)
     spec = SpeculationConfig(enabled=True, method="eagle", draft_head=str(head_dir), max_draft_tokens=K)
     assert _generate(make_engine(hf, speculation=spec), prompts, sampling) == _generate(make_engine(hf), prompts, sampling)
+
+
+def test_prompt_lookup_with_the_head_keeps_the_output_of_plain_and_drafts_by_both(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    from engine.spec.combined import LookupThenEagle
+
+    # Repeated runs in the prompt give lookup 3-token matches; the rest is left to the head.
+    prompts = [p * 3 for p in random_prompts([6, 8], seed=14)] + random_prompts([7], seed=15)
+    sampling = SamplingOptions(max_tokens=40, ignore_eos=True)
+    engine = make_engine(hf, speculation=_eagle(head_dir, lookup=True))
+    assert isinstance(engine.proposer, LookupThenEagle)
+    assert _generate(engine, prompts, sampling) == _generate(make_engine(hf), prompts, sampling)
 
 
 def test_a_head_trained_for_another_target_is_refused_with_a_clear_message(head_dir: Path) -> None:
