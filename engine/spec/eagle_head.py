@@ -26,7 +26,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model import AttentionMetadata, Decoder, DecoderConfig, DecoderLayer, rotate_half
+from engine.model import (
+    AttentionMetadata,
+    Decoder,
+    DecoderConfig,
+    DecoderLayer,
+    rotate_half,
+)
 
 
 def target_fingerprint(target: Decoder) -> str:

@@ -14,7 +14,13 @@ from typing import Any
 
 from streams.config import Settings
 from streams.draft.prompts import builtin_prompts
-from streams.draft.source import Progress, Sequence, chat_prompt_ids, from_completions_log, generate
+from streams.draft.source import (
+    Progress,
+    Sequence,
+    chat_prompt_ids,
+    from_completions_log,
+    generate,
+)
 
 
 @dataclass
@@ -103,7 +109,7 @@ def _generated(loaded: Any, max_model_len: int | None, n: int, options: DraftTra
 
 
 def _train_and_measure(loaded: Any, sequences: list[Sequence], options: DraftTrainOptions, progress: Progress,
-                       timer: "_Timer") -> tuple[Any, Any, DraftTrainReport]:
+                       timer: _Timer) -> tuple[Any, Any, DraftTrainReport]:
     from engine.spec.eagle_artifact import HeadMeta
     from engine.spec.eagle_eval import acceptance_by_position
     from engine.spec.eagle_head import target_fingerprint

@@ -13,7 +13,15 @@ import torch
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from schemas.events import ChatMessage, Completion, GenerateRequest, ReplyRoute, SamplingParams, Timings, Usage
+from schemas.events import (
+    ChatMessage,
+    Completion,
+    GenerateRequest,
+    ReplyRoute,
+    SamplingParams,
+    Timings,
+    Usage,
+)
 from streams import kafka_io
 from streams.cli import main
 from streams.eval.completions_log import completion_record

@@ -11,10 +11,21 @@ import torch
 from engine.config import SpeculationConfig
 from engine.request import EngineRequest, SamplingOptions
 from engine.spec.eagle import EagleProposer
-from engine.spec.eagle_artifact import DraftHeadError, DraftHeadMismatch, HeadMeta, load_head, save_head
+from engine.spec.eagle_artifact import (
+    DraftHeadError,
+    DraftHeadMismatch,
+    HeadMeta,
+    load_head,
+    save_head,
+)
 from engine.spec.eagle_eval import acceptance_by_position
 from engine.spec.eagle_head import target_fingerprint
-from engine.spec.eagle_train import TrainConfig, TrainExample, collect_features, train_head
+from engine.spec.eagle_train import (
+    TrainConfig,
+    TrainExample,
+    collect_features,
+    train_head,
+)
 from tests.unit.engine._engine_factories import (
     greedy_request,
     loaded_from_hf,
