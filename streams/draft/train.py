@@ -30,7 +30,7 @@ class DraftTrainOptions:
     samples: int = 400  # training sequences wanted in all
     generate: int = 400  # at most this many generated when the log gives fewer than `samples`
     max_new_tokens: int = 192  # per generated answer
-    epochs: int = 4
+    epochs: int = 10
     draft_vocab_size: int = 8192
     holdout: float = 0.1
     eval_k: int = 6  # drafts per start when measuring acceptance by position
@@ -64,6 +64,7 @@ def run_training(settings: Settings, options: DraftTrainOptions, progress: Progr
     generated = _generated(loaded, engine_cfg.max_model_len, wanted, options, progress) if wanted > 0 else []
     timer.lap("generate")
     sequences += generated
+    _keep_sequences(sequences, options)
     if len(sequences) < 2:
         raise ValueError(f"only {len(sequences)} training sequences (log and generation): need at least 2")
     head, meta, report = _train_and_measure(loaded, sequences, options, progress, timer)
@@ -145,6 +146,18 @@ def _save(head: Any, meta: Any, options: DraftTrainOptions) -> Path:
 
     root = options.out_root or default_root()
     return save_head(root / options.name / meta.version, head, meta)
+
+
+def _keep_sequences(sequences: list[Sequence], options: DraftTrainOptions) -> None:
+    """The training sequences next to the heads (sequences.json): generation is the slow part of a run,
+    and they let a later run retrain or compare heads on the same data."""
+    import json
+
+    from engine.spec.eagle_artifact import default_root
+
+    folder = (options.out_root or default_root()) / options.name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sequences.json").write_text(json.dumps([{"tokens": t, "num_prompt_tokens": n} for t, n in sequences]))
 
 
 class _Timer:
