@@ -79,7 +79,7 @@ class RunnerOutput:
 
 class ModelRunner:
     def __init__(self, model: Decoder, kv_cache: KVCache, keep_hidden: bool = False) -> None:
-        """keep_hidden: return every row's hidden state (an EAGLE proposer needs them; a reference, no copy)."""
+        """keep_hidden: return every row's hidden state (an EAGLE proposer needs them; no copy is made here)."""
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.device

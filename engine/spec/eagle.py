@@ -83,7 +83,9 @@ class EagleProposer:
         st = self._seqs.setdefault(seq_id, _HeadSeq())
         if first_position != st.fed + st.pending_rows:
             return  # a gap or a repeat (never expected from the engine): keep what is consistent
-        st.pending.append(hidden)
+        # A copy: a view would keep the step's whole [T, hidden] batch alive while the
+        # controller has speculation off for this sequence (up to hundreds of steps).
+        st.pending.append(hidden.clone())
         st.pending_rows += hidden.shape[0]
 
     # ------------------------------------------------------------ Proposer API
