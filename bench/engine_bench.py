@@ -3,6 +3,8 @@
     python -m bench.engine_bench            # everything (about half an hour on 2 cores)
     python -m bench.engine_bench --quick    # 32 new tokens, 4 and 8 concurrent: a smoke run
     python -m bench.engine_bench --weights int4 --rows ours_plain,ours_ngram   # a weight format (engine.weights)
+    python -m bench.engine_bench --rows ours_plain,ours_ngram,ours_eagle,ours_eagle_lookup --concurrency 16 \
+        --draft-head smollm2-135m-instruct        # a trained EAGLE head (specstream draft train), issue 16
 
 Every row runs in its own subprocess so that its peak RSS is its own, and the
 parent prints ratios, which survive a noisy machine better than absolute figures.
@@ -24,8 +26,12 @@ from pathlib import Path
 
 from bench.workloads import ALL, BY_NAME
 
-SINGLE_ROWS = ("ours_plain", "ours_ngram", "ours_draft", "hf_generate", "hf_prompt_lookup")
-CONCURRENT_ROWS = ("ours_plain", "ours_ngram", "hf_padded_batch", "hf_generate_batch")
+SINGLE_ROWS = ("ours_plain", "ours_ngram", "ours_draft", "ours_eagle", "ours_eagle_lookup", "hf_generate",
+               "hf_prompt_lookup")
+CONCURRENT_ROWS = ("ours_plain", "ours_ngram", "ours_eagle_lookup", "hf_padded_batch", "hf_generate_batch")
+# Our rows and their speculation method; the eagle rows need --draft-head.
+OUR_METHODS = {"ours_plain": None, "ours_ngram": "ngram", "ours_draft": "draft", "ours_eagle": "eagle",
+               "ours_eagle_lookup": "eagle_lookup"}
 
 
 @dataclass
@@ -62,13 +68,18 @@ def _mixed(n: int) -> list[str]:
     return [ALL[i % len(ALL)].name for i in range(n)]
 
 
-def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent: bool, weights: str) -> list[RowResult]:
+def _run_ours(
+    method: str | None, workloads: list[str], max_new: int, concurrent: bool, weights: str, draft_head: str | None
+) -> list[RowResult]:
     from engine.config import EngineConfig, SpeculationConfig
     from engine.llm_engine import LLMEngine
     from engine.loader import resolve_model_dir
     from engine.request import EngineRequest, SamplingOptions
 
-    spec = SpeculationConfig(enabled=method is not None, method=method or "ngram")
+    spec = SpeculationConfig(enabled=method is not None, method="ngram")
+    if method in ("eagle", "eagle_lookup"):
+        # The adaptive controller decides the draft lengths, as in serving: it must back off where drafting costs.
+        spec = SpeculationConfig(method="eagle", draft_head=draft_head, eagle_prompt_lookup=method == "eagle_lookup")
     if method == "draft":
         # A copy of the target as its own draft: full acceptance, the ceiling of the method.
         # Drafting with a copy costs as much as verifying, so the adaptive controller would rightly
@@ -181,12 +192,13 @@ def _run_hf_generate_batch(workloads: list[str], max_new: int) -> list[RowResult
     return [RowResult("", f"concurrent:{len(workloads)}", sum(map(len, toks.values())), secs, toks)]
 
 
-def run_row(row: str, scenario: str, max_new: int, weights: str = "fp32") -> list[RowResult]:
+def run_row(
+    row: str, scenario: str, max_new: int, weights: str = "fp32", draft_head: str | None = None
+) -> list[RowResult]:
     concurrent = scenario.startswith("concurrent:")
     workloads = _mixed(int(scenario.split(":")[1])) if concurrent else [w.name for w in ALL]
     if row.startswith("ours_"):
-        method = {"ours_plain": None, "ours_ngram": "ngram", "ours_draft": "draft"}[row]
-        results = _run_ours(method, workloads, max_new, concurrent, weights)
+        results = _run_ours(OUR_METHODS[row], workloads, max_new, concurrent, weights, draft_head)
     elif row == "hf_generate":
         results = _run_hf_single(workloads, max_new, prompt_lookup=False)
     elif row == "hf_prompt_lookup":
@@ -205,9 +217,11 @@ def run_row(row: str, scenario: str, max_new: int, weights: str = "fp32") -> lis
 # ----------------------------------------------------------------------------- parent side
 
 
-def _spawn(row: str, scenario: str, max_new: int, timeout_s: float, weights: str) -> list[RowResult]:
+def _spawn(
+    row: str, scenario: str, max_new: int, timeout_s: float, weights: str, draft_head: str | None
+) -> list[RowResult]:
     cmd = [sys.executable, "-m", "bench.engine_bench", "--row", row, "--scenario", scenario, "--max-new", str(max_new)]
-    cmd += ["--weights", weights]
+    cmd += ["--weights", weights] + (["--draft-head", draft_head] if draft_head else [])
     print(f"  running {row} on {scenario} ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out)
@@ -324,13 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--weights", default="fp32", choices=("auto", "fp32", "bf16", "int8", "int4"), help="engine.weights of our rows"
     )
+    ap.add_argument("--draft-head", help="trained EAGLE head (folder or name) for the ours_eagle rows")
     ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     if args.row:  # subprocess mode
-        results = run_row(args.row, args.scenario, args.max_new, args.weights)
+        results = run_row(args.row, args.scenario, args.max_new, args.weights, args.draft_head)
         print(json.dumps([asdict(r) for r in results]))
         return 0
 
@@ -341,10 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         (row, f"concurrent:{n}") for n in concurrency for row in CONCURRENT_ROWS
     ]
     plan = [(r, s) for r, s in plan if (not wanted or r in wanted) and (not args.only or s.startswith(args.only))]
+    if not args.draft_head:  # the eagle rows need a trained head
+        plan = [(r, s) for r, s in plan if "eagle" not in r]
     print(f"engine benchmark: {len(plan)} runs, {max_new} new tokens, greedy", file=sys.stderr)
     results: list[RowResult] = []
     for row, scenario in plan:
-        results.extend(_spawn(row, scenario, max_new, args.row_timeout, args.weights))
+        results.extend(_spawn(row, scenario, max_new, args.row_timeout, args.weights, args.draft_head))
 
     from transformers import AutoConfig
 

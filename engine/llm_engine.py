@@ -39,7 +39,7 @@ from engine.sampler import RequestRng
 from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput, draft_cap
 from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
-from engine.spec.proposer import DraftProposal, ProposalInput, Proposer
+from engine.spec.proposer import DraftProposal, HiddenStateConsumer, ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
 
 Progress = Callable[[str], None]
@@ -127,7 +127,9 @@ class LLMEngine:
             max_draft_tokens=self.max_draft_tokens,
             batch_max_share=config.batch_max_share,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache)
+        # A draft head reads the target's hidden states: only then does the runner keep them.
+        self.hidden_consumer = self.proposer if isinstance(self.proposer, HiddenStateConsumer) else None
+        self.runner = ModelRunner(self.model, self.kv_cache, keep_hidden=self.hidden_consumer is not None)
         # After the weight format: the LoRA delta wraps whatever linear the format installed.
         self.lora: LoRARequests | None = None
         if config.lora is not None:
@@ -175,6 +177,16 @@ class LLMEngine:
                 max_model_len=self.max_model_len,
                 max_running_requests=self.config.max_running_requests,
             )
+        if spec.method == "eagle":
+            from engine.spec.eagle import EagleProposer
+
+            say(f"loading draft head {spec.draft_head} ...")
+            eagle = EagleProposer.from_engine(spec, loaded, self.max_model_len, self.config.max_running_requests)
+            if not spec.eagle_prompt_lookup:
+                return eagle
+            from engine.spec.combined import LookupThenEagle
+
+            return LookupThenEagle(eagle, spec.ngram_max)
         raise ValueError(f"unknown speculation method {spec.method!r}")
 
     # ------------------------------------------------------------------ API
@@ -233,7 +245,9 @@ class LLMEngine:
         emitted = self._verify(with_logits, result)
         verify_s = result.forward_s + time.perf_counter() - t0
         accepted = [len(tokens) - 1 for tokens in emitted]  # every step emits one token of the target's own
-        self.scheduler.update_from_step(batch, {s.seq.request_id: a for s, a in zip(with_logits, accepted)})
+        accepted_by_id = {s.seq.request_id: a for s, a in zip(with_logits, accepted)}
+        self._share_hidden(batch.scheduled, result, accepted_by_id)
+        self.scheduler.update_from_step(batch, accepted_by_id)
 
         for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
             now = time.time()
@@ -317,6 +331,18 @@ class LLMEngine:
         for sched, proposal in zip(todo, self.proposer.propose(inputs, [s.draft_budget for s in todo])):
             sched.set_drafts(_grammatical(sched.seq, proposal))
         return time.perf_counter() - t0
+
+    def _share_hidden(self, scheduled: list[ScheduledSequence], result: RunnerOutput, accepted: dict[str, int]) -> None:
+        """Before the KV counters move: the hidden states of the rows that are now committed tokens
+        (a prefill chunk's rows; a decode's last token and its accepted drafts) go to the draft head."""
+        if self.hidden_consumer is None or result.hidden is None:
+            return
+        for sched, start in zip(scheduled, result.row_starts):
+            if not sched.seq.speculate:
+                continue
+            kept = sched.num_new_tokens if sched.is_prefill else 1 + accepted.get(sched.seq.request_id, 0)
+            hidden = result.hidden[start : start + kept]  # [kept, hidden]
+            self.hidden_consumer.observe_hidden(sched.seq.request_id, sched.seq.num_computed, hidden)
 
     def _verify(self, with_logits: list[ScheduledSequence], result: RunnerOutput) -> list[list[int]]:
         """Per sequence needing logits, its emitted tokens (k = 0 is plain sampling)."""

@@ -70,13 +70,20 @@ class RunnerOutput:
     # schedule order, consecutive per sequence (the layout verify_batch takes).
     logits: torch.Tensor
     forward_s: float
+    # [T, hidden]: the final-normed hidden state of every fed row, in flat batch
+    # order (a draft head reads the accepted ones); None unless the runner keeps them.
+    hidden: torch.Tensor | None = None
+    # [n_scheduled]: the first flat row of each scheduled sequence, in schedule order (with hidden).
+    row_starts: list[int] = field(default_factory=list)
 
 
 class ModelRunner:
-    def __init__(self, model: Decoder, kv_cache: KVCache) -> None:
+    def __init__(self, model: Decoder, kv_cache: KVCache, keep_hidden: bool = False) -> None:
+        """keep_hidden: return every row's hidden state (an EAGLE proposer needs them; no copy is made here)."""
         self.model = model
         self.kv_cache = kv_cache
         self.device = model.device
+        self.keep_hidden = keep_hidden
 
     def prepare(self, batch: SchedulerOutput) -> FlatBatch:
         builder = FlatBatchBuilder(self.device)
@@ -112,4 +119,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[flat.logit_rows])  # [n, V]
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
-        return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start)
+        if not self.keep_hidden:
+            return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start)
+        starts = [s.q_start for s in flat.attn.seqs]
+        return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start, hidden=hidden, row_starts=starts)

@@ -12,6 +12,7 @@
     specstream topics create|list|markdown|asyncapi|gc
     specstream dlq list|redrive         the dead-letter topic (streams.dlq)
     specstream eval replay|run         compare a candidate with recorded completions; score eval samples (streams.eval)
+    specstream draft train             train a draft head (EAGLE) from the completions log (streams.draft)
     specstream send "prompt"           one request straight onto the request topic, streamed back
     specstream tool-runner             one tool runner: executes server-side tool calls in the sandbox
     specstream tools list | call NAME 'JSON-ARGS' [--tenant T]   the tool registry; one call through the bus
@@ -125,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     from streams.eval.cli import add_eval_commands
 
     add_eval_commands(commands)
+    from streams.draft.cli import add_draft_commands
+
+    add_draft_commands(commands)
     send.add_commands(commands)
     docs.add_commands(commands)
     setup.add_commands(commands)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-SpecMethod = Literal["ngram", "draft"]
+SpecMethod = Literal["ngram", "draft", "eagle"]
 # How a draft model drafts for sampled (temperature > 0) requests; greedy
 # requests always draft the argmax.
 #   "greedy":  draft argmax q. Deterministic proposal, so the verifier's coupled
@@ -39,6 +39,11 @@ class SpeculationConfig:
     method: SpecMethod = "ngram"
     # Path or name of the draft model when method == "draft".
     draft_model: str | None = None
+    # A trained EAGLE head when method == "eagle": a version folder, a head folder
+    # (newest version) or a name under ~/.cache/specstream/draft-heads (engine.spec.eagle_artifact).
+    draft_head: str | None = None
+    # Method eagle: prompt lookup drafts where the text has a 3+ token match (copying), the head elsewhere.
+    eagle_prompt_lookup: bool = True
     # How the draft model drafts for sampled requests (DraftSampling above).
     draft_sampling: DraftSampling = "greedy"
     # k_max: the most drafts per sequence per step; sizes every KV region's draft slack.
@@ -92,10 +97,12 @@ class SpeculationConfig:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if self.draft_sampling not in ("greedy", "coupled", "sampled"):
             raise ValueError(f"draft_sampling must be greedy, coupled or sampled, got {self.draft_sampling!r}")
-        if self.method not in ("ngram", "draft"):
-            raise ValueError(f"method must be ngram or draft, got {self.method!r}")
+        if self.method not in ("ngram", "draft", "eagle"):
+            raise ValueError(f"method must be ngram, draft or eagle, got {self.method!r}")
         if self.enabled and self.method == "draft" and not self.draft_model:
             raise ValueError("speculation method draft needs draft_model (a path or model name)")
+        if self.enabled and self.method == "eagle" and not self.draft_head:
+            raise ValueError("speculation method eagle needs draft_head (a trained head: specstream draft train)")
         if not 0.0 <= self.min_acceptance < 1.0:
             raise ValueError(f"min_acceptance must be in [0, 1), got {self.min_acceptance}")
         if not 0.0 < self.acceptance_decay <= 1.0 or not 0.0 < self.cost_decay <= 1.0:

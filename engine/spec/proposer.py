@@ -80,3 +80,13 @@ class Proposer(Protocol):
     def release(self, seq_id: str) -> None:
         """The sequence is finished or aborted: free everything kept for it."""
         ...
+
+
+@runtime_checkable
+class HiddenStateConsumer(Protocol):
+    """A proposer that drafts from the target's hidden states (EAGLE): the engine hands it,
+    after each step, the hidden states of the rows that became committed tokens."""
+
+    def observe_hidden(self, seq_id: str, first_position: int, hidden: Tensor) -> None:
+        """hidden [n, hidden_size]: the target's final-normed states of positions first_position.. ."""
+        ...

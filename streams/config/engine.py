@@ -13,10 +13,22 @@ from streams.config.base import DEFAULT_MODEL, ByteSize, Section
 
 class SpeculationSettings(Section):
     enabled: bool = Field(default=True, description="Speculative decoding on by default; requests may turn it off.")
-    method: Literal["ngram", "draft"] = Field(
-        default="ngram", description="ngram: draft from the request's own text (no extra model); draft: a small draft model."
+    method: Literal["ngram", "draft", "eagle"] = Field(
+        default="ngram",
+        description="ngram: draft from the request's own text (no extra model); draft: a small draft model; "
+        "eagle: a draft head trained for the target (specstream draft train).",
     )
     draft_model: str | None = Field(default=None, description="Name or path of the draft model (method: draft).")
+    draft_head: str | None = Field(
+        default=None, min_length=1,
+        description="Trained draft head (method: eagle): a folder from `specstream draft train`, or its name under "
+        "~/.cache/specstream/draft-heads; checked against the target when the worker starts.",
+    )
+    eagle_prompt_lookup: bool = Field(
+        default=True,
+        description="Method eagle: draft by prompt lookup where the text repeats a 3+ token run (code edits, "
+        "quotes), by the head elsewhere.",
+    )
     draft_sampling: Literal["greedy", "coupled", "sampled"] = Field(
         default="greedy",
         description="How a draft model drafts for sampled requests; greedy and coupled keep seeded text reproducible.",
@@ -40,6 +52,8 @@ class SpeculationSettings(Section):
     def _consistent(self) -> "SpeculationSettings":
         if self.method == "draft" and not self.draft_model:
             raise ValueError("method 'draft' needs draft_model")
+        if self.method == "eagle" and not self.draft_head:
+            raise ValueError("method 'eagle' needs draft_head (train one with `specstream draft train`)")
         if self.ngram_min > self.ngram_max:
             raise ValueError(f"ngram_min ({self.ngram_min}) exceeds ngram_max ({self.ngram_max})")
         return self

@@ -1,0 +1,43 @@
+"""Prompt lookup where the text repeats itself, the EAGLE head elsewhere (method eagle, eagle_prompt_lookup).
+
+A code edit or a RAG answer copies long runs of its prompt: there prompt
+lookup drafts whole runs the target accepts, at no cost, where a head trained
+on chat drafts a few tokens. On open text lookup finds nothing worth trying
+and the head drafts. The switch is per sequence and per step: a match of at
+least MIN_MATCH tokens (a 1- or 2-token match is mostly chance) takes the step.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from engine.spec.eagle import EagleProposer
+from engine.spec.ngram import NgramProposer
+from engine.spec.proposer import DraftProposal, ProposalInput
+
+MIN_MATCH = 3
+
+
+class LookupThenEagle:
+    def __init__(self, eagle: EagleProposer, ngram_max: int = 4) -> None:
+        self.eagle = eagle
+        self.lookup = NgramProposer(MIN_MATCH, max(MIN_MATCH, ngram_max))
+
+    def observe_hidden(self, seq_id: str, first_position: int, hidden: Tensor) -> None:
+        # The head must see every committed position, also those lookup drafted.
+        self.eagle.observe_hidden(seq_id, first_position, hidden)
+
+    def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
+        out = self.lookup.propose(inputs, num_tokens)
+        rest = [i for i, p in enumerate(out) if p.num_tokens == 0 and num_tokens[i] > 0]
+        if rest:
+            for i, p in zip(rest, self.eagle.propose([inputs[i] for i in rest], [num_tokens[i] for i in rest])):
+                out[i] = p
+        return out
+
+    def rollback(self, seq_id: str, num_tokens: int) -> None:
+        self.lookup.rollback(seq_id, num_tokens)
+        self.eagle.rollback(seq_id, num_tokens)
+
+    def release(self, seq_id: str) -> None:
+        self.lookup.release(seq_id)
+        self.eagle.release(seq_id)

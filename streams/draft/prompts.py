@@ -1,0 +1,60 @@
+"""The built-in prompts the target answers when the completions log holds too few samples.
+
+Chat questions of the kinds an assistant gets (open questions, explanations,
+advice, lists, short writing, code), built from templates and topics so a few
+hundred differ. The benchmark's own prompts (bench/workloads.py) are not among
+them: the benchmark measures a head on text it was not trained on.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+TEMPLATES = (
+    "Why do people enjoy {t}? Give a few reasons.",
+    "Explain {t} to a complete beginner.",
+    "What are the pros and cons of {t}?",
+    "Give me five practical tips about {t}.",
+    "Write a short story about {t}.",
+    "What is the history of {t}, in a few paragraphs?",
+    "How would you teach a child about {t}?",
+    "What are common mistakes people make with {t}?",
+    "Write a short poem about {t}.",
+    "Summarize the main ideas behind {t}.",
+    "What should I know before getting started with {t}?",
+    "Describe a typical day for someone who works with {t}.",
+    "Compare {t} with something similar and explain the differences.",
+    "What questions should I ask an expert about {t}?",
+    "Write an encouraging message to a friend who is struggling with {t}.",
+)
+
+TOPICS = (
+    "gardening", "learning a new language", "cooking at home", "running a marathon", "saving money",
+    "photography", "birdwatching", "public speaking", "remote work", "playing chess", "baking bread",
+    "camping in the mountains", "reading novels", "learning to swim", "keeping a journal", "city cycling",
+    "volunteering", "learning the piano", "travelling by train", "raising a puppy", "meditation",
+    "writing a resume", "moving to a new city", "painting with watercolours", "recycling", "drinking tea",
+    "building a treehouse", "studying for exams", "solar energy", "visiting museums", "knitting",
+    "team sports", "sleeping well", "time management", "learning to code", "board games", "fishing",
+    "growing tomatoes", "the night sky", "cleaning the house",
+)
+
+CODE_TASKS = (
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Write a Python class for a simple bank account with deposit and withdraw methods.",
+    "Write a Python function that counts the words in a text file.",
+    "Write a Python function that merges two sorted lists into one sorted list.",
+    "Write a JavaScript function that removes duplicates from an array.",
+    "Write a SQL query that finds the ten customers who spent the most.",
+    "Write a Python function that converts Celsius to Fahrenheit, with a docstring.",
+    "Explain what a Python list comprehension is, with examples.",
+    "Write a Python script that prints a multiplication table from 1 to 10.",
+)
+
+
+def builtin_prompts(n: int, seed: int = 0) -> list[str]:
+    """n user messages (repeating past the set's size), shuffled reproducibly."""
+    everything = [tpl.format(t=topic) for tpl, topic in itertools.product(TEMPLATES, TOPICS)] + list(CODE_TASKS)
+    random.Random(seed).shuffle(everything)
+    return [everything[i % len(everything)] for i in range(n)]

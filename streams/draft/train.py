@@ -1,0 +1,177 @@
+"""One `specstream draft train` run: data, one target pass, training, held-out acceptance, the artifact.
+
+Every phase says how far it got (long work shows progress) and how long it
+took; the figures go into the head's config.json and the printed report.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streams.config import Settings
+from streams.draft.prompts import builtin_prompts
+from streams.draft.source import (
+    Progress,
+    Sequence,
+    chat_prompt_ids,
+    from_completions_log,
+    generate,
+)
+
+
+@dataclass
+class DraftTrainOptions:
+    name: str = "default"
+    topic: str | None = None  # the completions topic to read; None: generate only
+    samples: int = 400  # training sequences wanted in all
+    generate: int = 400  # at most this many generated when the log gives fewer than `samples`
+    max_new_tokens: int = 192  # per generated answer
+    epochs: int = 10
+    draft_vocab_size: int = 8192
+    holdout: float = 0.1
+    eval_k: int = 6  # drafts per start when measuring acceptance by position
+    eval_stride: int = 2  # every n-th position of a held-out completion is a start
+    out_root: Path | None = None  # default: engine.spec.eagle_artifact.default_root()
+    seed: int = 0
+
+
+@dataclass
+class DraftTrainReport:
+    head: str
+    log: dict[str, int] = field(default_factory=dict)
+    sequences: int = 0
+    generated: int = 0
+    train_tokens: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    acceptance_by_position: list[float] = field(default_factory=list)
+    expected_tokens_per_step: float = 0.0
+
+
+def run_training(settings: Settings, options: DraftTrainOptions, progress: Progress) -> DraftTrainReport:
+    from engine.loader import load_model
+
+    timer = _Timer()
+    engine_cfg = settings.engine
+    loaded = load_model(engine_cfg.model, device=engine_cfg.device, dtype=engine_cfg.dtype, progress=progress)
+    timer.lap("load")
+    sequences, log_counts = _log_sequences(settings, options, loaded, progress)
+    timer.lap("read_log")
+    wanted = min(options.generate, options.samples - len(sequences))
+    generated = _generated(loaded, engine_cfg.max_model_len, wanted, options, progress) if wanted > 0 else []
+    timer.lap("generate")
+    sequences += generated
+    _keep_sequences(sequences, options)
+    if len(sequences) < 2:
+        raise ValueError(f"only {len(sequences)} training sequences (log and generation): need at least 2")
+    head, meta, report = _train_and_measure(loaded, sequences, options, progress, timer)
+    report.log, report.generated = log_counts, len(generated)
+    meta.train.update({"log": log_counts, "generated": len(generated), "seconds": dict(timer.laps)})
+    report.seconds = dict(timer.laps)
+    report.head = str(_save(head, meta, options))
+    return report
+
+
+def _log_sequences(
+    settings: Settings, options: DraftTrainOptions, loaded: Any, progress: Progress
+) -> tuple[list[Sequence], dict[str, int]]:
+    if options.topic is None:
+        return [], {}
+    topic = settings.catalog.completions.name if options.topic == "completions" else options.topic
+    from streams.eval.source import SourceError
+
+    progress(f"reading {topic} from its beginning ...")
+    try:
+        got = asyncio.run(from_completions_log(settings.kafka, topic, loaded.tokenizer, limit=options.samples,
+                                               max_len=loaded.max_context))
+    except SourceError as error:  # no such topic yet: nothing recorded, which generation makes up for
+        progress(f"no log to read: {error}")
+        return [], {}
+    progress(f"{len(got.sequences)} usable records in {topic} ({got.counts})")
+    return got.sequences, got.counts
+
+
+def _generated(loaded: Any, max_model_len: int | None, n: int, options: DraftTrainOptions,
+               progress: Progress) -> list[Sequence]:
+    from engine.config import EngineConfig, SpeculationConfig
+    from engine.llm_engine import LLMEngine
+
+    progress(f"the log is thin: generating {n} answers with the target ({options.max_new_tokens} tokens at most)")
+    cfg = EngineConfig(model=loaded.name, max_model_len=max_model_len, max_running_requests=32,
+                       prepack_weights=False, weights="fp32", speculation=SpeculationConfig(enabled=False))
+    engine = LLMEngine(loaded, cfg)
+    prompts = [chat_prompt_ids(loaded.tokenizer, p) for p in builtin_prompts(n, options.seed)]
+    out = generate(engine, prompts, options.max_new_tokens, progress)
+    loaded.model.init_rope(loaded.hf_config, loaded.max_context)  # the engine sized RoPE to its max_model_len
+    return out
+
+
+def _train_and_measure(loaded: Any, sequences: list[Sequence], options: DraftTrainOptions, progress: Progress,
+                       timer: _Timer) -> tuple[Any, Any, DraftTrainReport]:
+    from engine.spec.eagle_artifact import HeadMeta
+    from engine.spec.eagle_eval import acceptance_by_position
+    from engine.spec.eagle_head import target_fingerprint
+    from engine.spec.eagle_train import TrainConfig, collect_features, train_head
+
+    random.Random(options.seed).shuffle(sequences)
+    n_hold = max(1, int(len(sequences) * options.holdout))
+    examples = collect_features(loaded.model, sequences, progress)
+    held, train = examples[:n_hold], examples[n_hold:]
+    timer.lap("target_pass")
+    cfg = TrainConfig(epochs=options.epochs, draft_vocab_size=options.draft_vocab_size, seed=options.seed)
+    head, figures = train_head(loaded.model, train, cfg, progress)
+    timer.lap("train")
+    acc = acceptance_by_position(head, loaded.model, held, options.eval_k, progress, stride=options.eval_stride)
+    timer.lap("evaluate")
+    tokens = sum(len(e.tokens) for e in train)
+    meta = HeadMeta(
+        target_model=loaded.name, target_fingerprint=target_fingerprint(loaded.model),
+        hidden_size=loaded.model.cfg.hidden_size, draft_vocab_size=head.vocab_size,
+        version=time.strftime("%Y%m%d-%H%M%S", time.gmtime()),
+        train={"sequences": len(train), "held_out": len(held), "tokens": tokens, "epochs": options.epochs,
+               **figures, "acceptance_tested": acc.tested},
+        acceptance_by_position=[round(p, 4) for p in acc.by_position()],
+    )
+    report = DraftTrainReport(head="", sequences=len(sequences), train_tokens=tokens,
+                              acceptance_by_position=meta.acceptance_by_position,
+                              expected_tokens_per_step=round(acc.expected_tokens(), 3))
+    return head, meta, report
+
+
+def _save(head: Any, meta: Any, options: DraftTrainOptions) -> Path:
+    from engine.spec.eagle_artifact import default_root, save_head
+
+    root = options.out_root or default_root()
+    return save_head(root / options.name / meta.version, head, meta)
+
+
+def _keep_sequences(sequences: list[Sequence], options: DraftTrainOptions) -> None:
+    """The training sequences next to the heads (sequences.json): generation is the slow part of a run,
+    and they let a later run retrain or compare heads on the same data."""
+    import json
+
+    from engine.spec.eagle_artifact import default_root
+
+    folder = (options.out_root or default_root()) / options.name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sequences.json").write_text(json.dumps([{"tokens": t, "num_prompt_tokens": n} for t, n in sequences]))
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._t = time.perf_counter()
+        self._start = self._t
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._t, 1)
+        self.laps["total"] = round(now - self._start, 1)
+        self._t = now
+
+
+def report_dict(report: DraftTrainReport) -> dict[str, Any]:
+    return asdict(report)

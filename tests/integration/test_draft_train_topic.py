@@ -1,0 +1,110 @@
+"""`specstream draft train --from-topic completions` on the real broker: records published to a fresh
+completions topic become training sequences (records without their prompt are skipped), and the run writes a
+head that loads for its target and is refused by another."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from schemas.events import (
+    ChatMessage,
+    Completion,
+    GenerateRequest,
+    ReplyRoute,
+    SamplingParams,
+    Timings,
+    Usage,
+)
+from streams import kafka_io
+from streams.cli import main
+from streams.eval.completions_log import completion_record
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(600)]
+
+ANSWERS = {
+    "What is Kafka?": "Kafka is a distributed log that keeps records in order.",
+    "Name three colours.": "Red, green and blue.",
+    "Why walk in the countryside?": "Fresh air, quiet, and the pleasure of moving at your own pace.",
+}
+
+
+def _record(i: int, question: str, answer: str, log_prompt: bool = True) -> Any:
+    request = GenerateRequest(request_id=f"r{i}", messages=[ChatMessage(role="user", content=question)], model="m",
+                              tenant="t", log_prompt=log_prompt, sampling=SamplingParams(max_tokens=32),
+                              reply_to=ReplyRoute(topic="replies"))
+    final = Completion(request_id=f"r{i}", text=answer, finish_reason="stop", num_chunks=1,
+                       usage=Usage(prompt_tokens=10, completion_tokens=10, total_tokens=20),
+                       timings=Timings(queued_s=0.0, ttft_s=0.1, total_s=0.2))
+    return completion_record(request, final, worker_id="w", fingerprint="f", served_model="m")
+
+
+async def _publish(bootstrap: str, topic: str, records: list[Any]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for record in records:
+            await producer.send_and_wait(topic, kafka_io.encode(record), key=record.request_id.encode())
+    finally:
+        await producer.stop()
+
+
+def _tiny_target(folder: Path, seed: int) -> Path:
+    """A random 2-layer Llama speaking SmolLM2's tokenizer (so chat prompts render as the worker renders them)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.loader import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                      tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_target(
+    kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811
+) -> None:
+    prefix = unique_topic("draft")
+    records = [_record(i, q, a) for i, (q, a) in enumerate(ANSWERS.items())]
+    records.append(_record(9, "a private question", "a private answer", log_prompt=False))  # tenant opted out
+    asyncio.run(_publish(kafka_bootstrap, f"{prefix}.completions", records))
+    target = _tiny_target(tmp_path / "target", seed=0)
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"kafka": {"bootstrap_servers": kafka_bootstrap, "topic_prefix": prefix},
+                                  "engine": {"model": str(target), "max_model_len": 256, "kv_cache_bytes": "8MiB"}}))
+
+    code = main(["--config", str(config), "draft", "train", "--from-topic", "completions", "--samples", "10",
+                 "--generate", "0", "--epochs", "1", "--name", "tiny", "--out-root", str(tmp_path / "heads")])
+
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["log"]["replayable"] == 3 and report["log"]["prompt_not_logged"] == 1
+    assert report["sequences"] == 3 and report["generated"] == 0
+    assert len(report["acceptance_by_position"]) == 6
+    head = Path(report["head"])
+    assert head.parent == tmp_path / "heads" / "tiny" and (head / "head.safetensors").is_file()
+
+    from engine.loader import load_model
+    from engine.spec.eagle_artifact import DraftHeadMismatch, load_head
+
+    load_head(str(head.parent), load_model(str(target)).model, "tiny")  # newest version, fits its target
+    other = load_model(str(_tiny_target(tmp_path / "other", seed=1))).model
+    with pytest.raises(DraftHeadMismatch, match="was trained for"):
+        load_head(str(head), other, "other")
