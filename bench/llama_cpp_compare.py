@@ -14,7 +14,7 @@ rendered with the model's own chat template):
 * llama.cpp batch 1, plain: llama-server -np 1 on Q4_1 (the shipped file), Q4_0,
   Q8_0 and F32 (made from our fp32 conversion of the shipped file by
   convert_hf_to_gguf.py and llama-quantize);
-* llama.cpp batch 1, prompt lookup: llama-lookup, 8 drafts, Q4_0 and Q4_1;
+* llama.cpp batch 1, prompt lookup: llama-lookup, 8 drafts (--spec-draft-n-max), Q4_0 and Q4_1;
 * llama.cpp 16 concurrent: llama-server -np 16 -cb, tokens/s over the mixed set;
 * ours: bench.engine_bench rows ours_plain / ours_ngram per --ours-weights.
 The targets of issue 17 are checked at the end.
@@ -160,7 +160,8 @@ def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int)
                 f.write(text)
                 f.flush()
                 cmd = [str(bindir / "llama-lookup"), "-m", str(files[kind]), "-f", f.name, "-n", str(max_new),
-                       "--draft", "8", "-t", str(threads), "--temp", "0", "-fa", "off"]  # fmt: skip
+                       "--spec-draft-n-max", "8", "-t", str(threads), "--temp", "0", "--ignore-eos",
+                       "-fa", "off"]  # fmt: skip  (--draft was removed from llama.cpp: it now exits)
                 res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds", res.stdout + res.stderr)
             if m:
