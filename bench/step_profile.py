@@ -21,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 LINEAR_OPS = ("_weight_int4pack_mm", "_weight_int8pack_mm", "mkldnn::_linear_pointwise", "aten::addmm", "aten::mm")
 ATTENTION_OPS = ("scaled_dot_product", "aten::index_copy_")
-SAMPLING_OPS = ("softmax", "multinomial", "argmax", "sort", "topk", "cumsum", "exponential", "div_", "max")
+SAMPLING_OPS = ("softmax", "multinomial", "argmax", "sort", "topk", "cumsum", "exponential")
 ELEMENTWISE_OPS = ("aten::mul", "aten::add", "aten::cat", "aten::neg", "aten::pow", "aten::mean", "aten::rsqrt",
                    "aten::silu", "aten::copy_", "aten::_to_copy", "aten::index", "aten::sub")  # fmt: skip
 

@@ -111,8 +111,8 @@ class Bf16Kernel:
     that sums long reductions (in_features 1536, the MLP's down projection) in another
     order: outputs a few ulps apart, enough to flip seeded samples between a plain
     decode (1 row) and the verification of its drafts (1 + k rows). So a single row
-    runs as two (the second a copy, its output dropped); the extra row is free on a
-    step that is bound by reading the weight.
+    runs as two (the second a copy, its output dropped): the weight is read once either
+    way, and `bench/quant_crossover.py` ("bf16 unpadded") measures what the row costs.
     """
 
     def __init__(self, weight: torch.Tensor) -> None:
