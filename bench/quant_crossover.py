@@ -6,7 +6,9 @@
 Times the 30 layers' fused linears (qkv, o, gate_up, down) plus the LM head for
 one step of T rows with: fp32 (MKL), fp32 oneDNN-prepacked, bf16 prepacked, int8
 and int4 (bf16 activations). The last row count where int4 (int8) beats the bf16
-copy is what engine.quant.linear.MAX_QUANT_ROWS should be on this CPU. Run it on
+copy is what engine.quant.linear.MAX_QUANT_ROWS should be on this CPU; "bf16
+unpadded" at 1 row against "bf16 prepacked" is what Bf16Kernel's row-count
+invariance (a 1-row step run as 2 rows) costs. Run it on
 a quiet machine: other processes' threads make GEMM timings meaningless.
 """
 from __future__ import annotations
@@ -34,6 +36,8 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
         "fp32": lambda x: F.linear(x, weight),
         "fp32 prepacked": lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
         "bf16 prepacked": lambda x: bf16(x.bfloat16()),
+        # oneDNN without Bf16Kernel's 1-row padding: row 1 against "bf16 prepacked" is its cost.
+        "bf16 unpadded": lambda x: torch.ops.mkldnn._linear_pointwise(x.bfloat16(), bf16.packed, None, "none", [], ""),
         "int8": lambda x: int8(x.bfloat16()),
         "int4": lambda x: int4(x.bfloat16()),
     }

@@ -313,6 +313,8 @@ def apply_weights(loaded: LoadedModel, requested: str, wide: bool, progress: Pro
     if resolved.note:
         logging.getLogger(__name__).warning(resolved.note)
         say(resolved.note)
+    if resolved.choice:
+        say(resolved.choice)
     if resolved.fmt == "fp32":
         return "fp32"
     gguf = _gguf_for(loaded.name)

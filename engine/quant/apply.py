@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from engine.model import Decoder
-from engine.quant.formats import WeightFormat
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
+from engine.quant.formats import WeightFormat
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
 

@@ -46,7 +46,8 @@ def _has_bf16_flag() -> bool:
 @dataclass(frozen=True)
 class ResolvedFormat:
     fmt: WeightFormat  # never "auto"
-    note: str | None  # why it differs from what was asked, to say at start
+    note: str | None  # why it differs from what was asked, to say (and warn) at start
+    choice: str | None = None  # what `auto` picked and why, to say at start (not a warning)
 
 
 def _missing(fmt: WeightFormat, cpu: CpuFeatures) -> str | None:
@@ -74,5 +75,6 @@ def resolve_weight_format(
     wanted: WeightFormat = AUTO_CHOICE if requested == "auto" else requested
     why = _missing(wanted, features)
     if why is None:
-        return ResolvedFormat(wanted, None)
+        picked = f"engine.weights auto: {wanted}, the fastest format measured on CPUs with AVX-512 and BF16"
+        return ResolvedFormat(wanted, None, picked if requested == "auto" else None)
     return ResolvedFormat("fp32", f"engine.weights {requested} falls back to fp32: {why}")

@@ -21,7 +21,9 @@ so a single sequence's speculative steps and its plain steps run the same kernel
 verification step can pass 9 rows where the plain step stays under: the two
 kernels round differently (bf16 weight vs in-kernel dequantization), so the text
 is equal up to near ties there. Without the wide copy every step runs the
-quantized kernel, whose rows are independent, and equality is exact in any batch.
+quantized kernel, whose rows are independent, and equality is exact in any batch;
+the same holds for the `bf16` format, whose one kernel is made row-count
+invariant (Bf16Kernel).
 `bench/quant_crossover.py` re-measures the crossover on another CPU.
 """
 from __future__ import annotations
@@ -102,13 +104,25 @@ class Int8Kernel:
 
 
 class Bf16Kernel:
-    """A bf16 weight [out, in], oneDNN-prepacked (the packed copy is the only one kept)."""
+    """A bf16 weight [out, in], oneDNN-prepacked (the packed copy is the only one kept).
+
+    Row-count invariant: a row's output does not depend on how many rows the call has.
+    oneDNN's bf16 GEMM is so for 2 rows and up, but a 1-row call takes another kernel
+    that sums long reductions (in_features 1536, the MLP's down projection) in another
+    order: outputs a few ulps apart, enough to flip seeded samples between a plain
+    decode (1 row) and the verification of its drafts (1 + k rows). So a single row
+    runs as two (the second a copy, its output dropped): the weight is read once either
+    way, and `bench/quant_crossover.py` ("bf16 unpadded") measures what the row costs.
+    """
 
     def __init__(self, weight: torch.Tensor) -> None:
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(ACT_DTYPE).contiguous())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            two = x.expand(2, -1).contiguous()  # [2, in]
+            return torch.ops.mkldnn._linear_pointwise(two, self.packed, None, "none", [], "")[:1]
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
 
     def tensors(self) -> list[torch.Tensor]:

@@ -59,11 +59,12 @@ def test_speculation_keeps_the_quantized_models_own_tokens_one_request_at_a_time
         )
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4"])
-def test_without_the_wide_copy_speculation_keeps_the_tokens_in_any_batch(target: Any, fmt: str) -> None:
-    # Every step on the quantized kernel, whose rows do not depend on each other. (With the
-    # bf16 copy, a batch's verification steps can leave the window that its plain steps stay
-    # in, and the two kernels round differently: equal up to near ties, see engine.quant.linear.)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_with_one_kernel_for_every_row_count_speculation_keeps_the_tokens_in_any_batch(target: Any, fmt: str) -> None:
+    # bf16 has one kernel; int4/int8 without the wide copy run every step on the quantized one.
+    # Either way a row's output does not depend on the step's other rows. (With the bf16 copy,
+    # a batch's verification steps can leave the window that its plain steps stay in, and the
+    # two kernels round differently: equal up to near ties, see engine.quant.linear.)
     ids = list(range(len(PROMPTS)))
     plain = _tokens(make_engine(target, weights=fmt, prepack_weights=False), ids)
     assert _tokens(make_engine(target, weights=fmt, prepack_weights=False, speculation=NGRAM), ids) == plain
@@ -99,9 +100,12 @@ def test_a_cpu_without_the_instructions_falls_back_to_fp32_saying_why(cpu: CpuFe
     assert reason in resolved.note
 
 
-def test_auto_picks_int4_on_a_cpu_with_avx512_and_bf16_and_fp32_asks_nothing() -> None:
+def test_auto_picks_int4_on_a_cpu_with_avx512_and_bf16_saying_so_and_fp32_asks_nothing() -> None:
     capable = CpuFeatures("AVX512", True)
-    assert resolve_weight_format("auto", torch.device("cpu"), capable).fmt == "int4"
+    auto = resolve_weight_format("auto", torch.device("cpu"), capable)
+    assert auto.fmt == "int4" and auto.note is None
+    assert auto.choice is not None and auto.choice.startswith("engine.weights auto: int4")
+    assert resolve_weight_format("int4", torch.device("cpu"), capable).choice is None
     assert resolve_weight_format("fp32", torch.device("cpu"), CpuFeatures("DEFAULT", False)).note is None
 
 
@@ -122,3 +126,10 @@ def test_loading_says_the_fallback_at_start(target: Any, monkeypatch: pytest.Mon
     assert apply_weights(loaded, "int4", wide=True, progress=said.append) == "fp32"
     assert said == ["engine.weights int4 falls back to fp32: torch's int4 CPU kernels need AVX-512 and this CPU runs torch at AVX2"]
     assert any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())
+
+
+def test_loading_with_auto_says_which_format_it_picked(target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True)))
+    said: list[str] = []
+    assert apply_weights(loaded_from_hf(target), "auto", wide=False, progress=said.append) == "int4"
+    assert said[0].startswith("engine.weights auto: int4")

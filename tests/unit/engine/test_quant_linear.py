@@ -3,11 +3,13 @@ weight's matmul (within bf16 activations' precision), the quantized kernel serve
 steps and the bf16 copy the rest, and quantizing stays within half a step of the weights."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.quant.linear import MAX_QUANT_ROWS, QuantizedEmbedding, QuantizedLinear, nbytes
+from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantizedTensor, quantize
 
 ROW_COUNTS = [*range(1, MAX_QUANT_ROWS + 3), 16, 33, 64, 129]  # decode, verification, batches, prefill
@@ -34,6 +36,36 @@ def test_quantized_linear_matches_the_dequantized_matmul_at_every_row_count(
         assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
         # bf16 output rounding: ~2^-8 of the largest output
         torch.testing.assert_close(y, _reference(qt, x, bias), rtol=2e-2, atol=2e-2, msg=f"{fmt} rows={rows}")
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int4", "int8"])
+def test_a_rows_output_does_not_depend_on_how_many_rows_the_step_has(fmt: str, threads: int) -> None:
+    # The default model's down projection (in 1536): the shape where oneDNN's 1-row bf16 GEMM
+    # sums in another order than its multi-row one. A plain decode step (1 row) and the
+    # verification of its drafts (1 + k rows) must give a row bit-identical outputs, or seeded
+    # speculation drifts from plain decoding.
+    torch.manual_seed(2)
+    w = torch.randn(576, 1536) * 0.05
+    layer = Bf16Linear(w, None) if fmt == "bf16" else QuantizedLinear(quantize(w, fmt), None)  # type: ignore[arg-type]
+    x = torch.randn(max(ROW_COUNTS), 1536)
+    wide = layer(x)  # [129, 576]: the bf16 GEMM, whatever the format
+    for rows in ROW_COUNTS:
+        y = layer(x[:rows])
+        if fmt == "bf16" or rows > MAX_QUANT_ROWS:
+            assert torch.equal(y, wide[:rows]), f"{fmt} at {rows} rows"
+        else:  # the quantized kernel: each row alone gives the same
+            assert torch.equal(y, torch.cat([layer(x[r : r + 1]) for r in range(rows)])), f"{fmt} at {rows} rows"
+    if fmt == "bf16":  # a plain decode of any of these rows
+        for r in range(64):
+            assert torch.equal(layer(x[r : r + 1]), wide[r : r + 1]), f"bf16 row {r} alone"
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
