@@ -81,7 +81,7 @@ def cache_root() -> Path:
 _KEY_SPAN = 4 << 20  # bytes read at each end of a GGUF for its cache key
 
 
-def _gguf_key(gguf: Path) -> str:
+def gguf_fingerprint(gguf: Path) -> str:
     # Content, not path or mtime: every clone reinstalls the package (new path, new
     # mtime) and would otherwise convert again. The head holds the GGUF's metadata and
     # tensor index, the tail the last tensors; with the size that tells files apart
@@ -97,7 +97,7 @@ def _gguf_key(gguf: Path) -> str:
 
 def converted_dir(gguf: Path, name: str) -> Path:
     """The cache folder a GGUF converts to (it may not exist yet)."""
-    return cache_root() / f"{name}-{_gguf_key(gguf)}"
+    return cache_root() / f"{name}-{gguf_fingerprint(gguf)}"
 
 
 def _is_model_dir(path: Path) -> bool:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.loader import gguf_fingerprint
 from engine.model import Decoder
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import WeightFormat
@@ -98,9 +99,9 @@ def weight_bytes(model: Decoder) -> int:
 
 
 def cache_path(cache_root: Path, model_dir: Path, source: Path, fmt: QuantFormat) -> Path:
-    """Keyed by the model folder and the file the codes come from (name, size, mtime)."""
-    st = source.stat()
-    key = hashlib.sha256(f"{model_dir.resolve()}:{source.name}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()
+    """Keyed by the model folder and the content of the file the codes come from (so a fresh install of the
+    same GGUF, at another path and mtime, finds the quantized copy)."""
+    key = hashlib.sha256(f"{model_dir.resolve()}:{gguf_fingerprint(source)}".encode()).hexdigest()
     return cache_root / "quantized" / f"{model_dir.name}-{key[:12]}-{fmt}.safetensors"
 
 
