@@ -99,3 +99,25 @@ def test_a_tool_the_server_does_not_run_goes_back_to_the_client(client: OpenAI) 
     assert response.choices[0].finish_reason == "tool_calls"
     assert response.choices[0].message.tool_calls[0].function.name == "get_weather"
     assert "tool_results" not in (response.model_extra or {})["specstream"]
+
+
+def test_the_websocket_carries_the_server_side_call_its_result_and_the_answer(client: OpenAI) -> None:
+    from websockets.sync.client import connect
+
+    url = str(client.base_url).replace("http", "ws", 1).rstrip("/") + "/ws"
+    frame = {"id": 3, "model": MODEL, "messages": ASK, "tools": [PYTHON_TOOL], "tool_choice": NAMED,
+             "parallel_tool_calls": False, "max_tokens": 120}
+    results: list[dict[str, Any]] = []
+    with connect(url, additional_headers={"Authorization": f"Bearer {client.api_key}"}) as ws:
+        ws.send(json.dumps(frame))
+        while True:
+            event = json.loads(ws.recv(timeout=300))
+            assert event["type"] in ("chunk", "done"), event
+            if event.get("tool_result") is not None:
+                results.append(event["tool_result"])
+            if event["type"] == "done":
+                break
+    assert len(results) == 1 and results[0]["name"] == "python"
+    assert set(results[0]["output"]) == {"stdout", "stderr", "exit_status"}
+    assert [r["tool_call_id"] for r in event["tool_results"]] == [results[0]["tool_call_id"]]
+    assert event["finish_reason"] in ("stop", "length")
