@@ -136,3 +136,101 @@ def test_an_autoscale_file_with_an_unknown_key_names_it(tmp_path: Path) -> None:
     path.write_text("min_replicas: 1\nmax_replicaz: 4\n")
     with pytest.raises(ManifestError, match="unknown key 'max_replicaz'"):
         read_policy(path)
+
+
+def services_up_starts(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    """What `specstream up` starts, by name: the command line after `specstream --config FILE`."""
+    import argparse
+    import shutil as shutil_mod
+
+    from streams.commands import up
+    from streams.edge import keys_cli
+
+    started: dict[str, list[str]] = {}
+
+    class Recorder:
+        def start(self, name: str, argv: list[str]) -> None:
+            started[name] = argv[argv.index("--config") + 2:]
+
+    monkeypatch.setattr(up, "_http_status", lambda url: None)
+    monkeypatch.setattr(up, "_wait_ready", lambda base, supervisor: None)
+    monkeypatch.setattr(up, "_print_urls", lambda *a, **k: None)
+    monkeypatch.setattr(keys_cli, "prepare_up", lambda settings, say: None)
+    monkeypatch.setattr(shutil_mod, "which", lambda name: f"/usr/bin/{name}")  # bubblewrap "installed"
+    args = argparse.Namespace(config="specstream.yaml", no_edge=False, no_worker=False, no_parser=False,
+                              no_tool_runner=False, no_rag=False)
+    up._start_services(args, load_settings(None), Recorder())  # type: ignore[arg-type]
+    return started
+
+
+def containers(resources: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Each Deployment's name -> (its pod spec, its first container)."""
+    return {d["metadata"]["name"]: (d["spec"]["template"]["spec"], d["spec"]["template"]["spec"]["containers"][0])
+            for d in resources if d["kind"] == "Deployment"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_service_up_starts_has_a_deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  overlay: str) -> None:
+    started = services_up_starts(monkeypatch)
+    assert set(started) >= {"worker", "edge", "parser", "rag", "tool-runner", "batch-assembler"}
+    commands = {tuple(c["args"]) for _, c in containers(rendered(tmp_path, overlay)).values()}
+    missing = {name for name, argv in started.items() if tuple(argv) not in commands}
+    # dev leaves out the qdrant component, and with it the rag service (README: no file_search there).
+    assert missing == ({"rag"} if overlay == "dev" else set())
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_consumers_serve_metrics_where_prometheus_is_told_and_are_probed_there(tmp_path: Path, overlay: str) -> None:
+    resources = rendered(tmp_path, overlay)
+    for name, (pod, container) in containers(resources).items():
+        if name in ("specstream-edge", "specstream-redis"):
+            continue
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["SPECSTREAM_TELEMETRY__METRICS__WORKER_HOST"] == "0.0.0.0", name
+        port = env["SPECSTREAM_TELEMETRY__METRICS__WORKER_PORT"]
+        deployment = find(resources, "Deployment", name)
+        assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == port, name
+        assert {p["name"]: str(p["containerPort"]) for p in container["ports"]}["metrics"] == port, name
+        if name != "specstream-worker":  # the worker has no probe: it is ready once it announces itself
+            assert container["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_files_store_is_one_rwx_claim_mounted_at_files_dir_by_edge_parser_and_assembler(
+        tmp_path: Path, overlay: str) -> None:
+    resources = rendered(tmp_path, overlay)
+    assert find(resources, "PersistentVolumeClaim", "specstream-files")["spec"]["accessModes"] == ["ReadWriteMany"]
+    users = {}
+    for name, (pod, container) in containers(resources).items():
+        volumes = {v["name"] for v in pod.get("volumes", []) if v.get("persistentVolumeClaim", {}).get("claimName")
+                   == "specstream-files"}
+        if volumes:
+            mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] in volumes)
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env["SPECSTREAM_FILES__DIR"] == mount, name
+            users[name] = mount
+    assert set(users) == {"specstream-edge", "specstream-parser", "specstream-batch-assembler"}
+
+
+def test_the_tool_runner_gets_user_namespaces_without_privileges(tmp_path: Path) -> None:
+    pod, container = containers(rendered(tmp_path, "prod"))["specstream-tool-runner"]
+    security = container["securityContext"]
+    assert security.get("privileged") is not True and security["allowPrivilegeEscalation"] is False
+    assert pod["hostUsers"] is False and security["procMount"] == "Unmasked"  # bubblewrap's fresh /proc
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert set(security["capabilities"]["add"]) <= {"SETUID", "SETGID", "KILL"}
+    assert pod["shareProcessNamespace"] is True  # an init that reaps what bubblewrap leaves behind
+    assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in container["env"])
+
+
+def test_prod_rag_uses_the_qdrant_server_of_its_component(tmp_path: Path) -> None:
+    resources = rendered(tmp_path, "prod")
+    _, rag = containers(resources)["specstream-rag"]
+    env = {e["name"]: e for e in rag["env"]}
+    service = find(resources, "Service", "specstream-qdrant")
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "http")
+    assert env["SPECSTREAM_RAG__QDRANT_URL"]["value"] == f"http://specstream-qdrant:{port}"
+    assert env["SPECSTREAM_RAG__QDRANT_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "specstream-secrets", "key": "qdrant-api-key"}
+    assert find(resources, "Deployment", "specstream-rag")["spec"]["replicas"] == 1
