@@ -245,3 +245,24 @@ class CompactedTable(Generic[RowT]):
             self.on_change(key, row)
         except Exception:  # a reader's bug must not stop the table for every other reader
             log.exception("%s: on_change of %s failed", self.topic.name, key)
+
+
+class BackgroundView(Generic[RowT]):
+    """A process's view of a compacted topic that loads in the background, so the process starts at once and
+    answers "not yet" (503, or waiting) until ``caught_up`` is set; its subclasses name the rows for their callers."""
+
+    def __init__(self, table: CompactedTable[RowT]) -> None:
+        self.table = table
+        self.kafka = table.kafka
+        self.topic = table.topic
+
+    @property
+    def caught_up(self) -> asyncio.Event:
+        """Set once the view holds what the topic had when it started following."""
+        return self.table.loaded
+
+    async def start(self) -> None:
+        await self.table.start(wait=False)
+
+    async def stop(self) -> None:
+        await self.table.stop()

@@ -8,12 +8,11 @@ as its policy), so a restarted process knows every batch.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from schemas.batch import BatchRequestCounts, BatchState, BatchStatus
 from schemas.topics import Topic
-from streams.compacted import CompactedTable, merged
+from streams.compacted import BackgroundView, CompactedTable, merged
 from streams.kafka_connection import Connectable
 
 # Forward only. finalizing and cancelling tie: the first one written wins (a cancel after every line was
@@ -45,27 +44,14 @@ def merge(old: BatchState | None, new: BatchState) -> BatchState:
     return old.model_copy(update=update)
 
 
-class BatchBook:
+class BatchBook(BackgroundView[BatchState]):
     def __init__(self, kafka: Connectable, topic: Topic,
                  on_change: Callable[[BatchState], None] | None = None) -> None:
-        self.kafka = kafka
-        self.topic = topic
+        """The topic must exist when it starts."""
+        super().__init__(CompactedTable(kafka, topic, BatchState, policy=merged(merge), key_of=lambda s: s.id,
+                                        on_change=self._changed, create_topic=False))
         self.on_change = on_change  # called with each merged state read from the topic
-        self.table = CompactedTable(kafka, topic, BatchState, policy=merged(merge), key_of=lambda state: state.id,
-                                    on_change=self._changed, create_topic=False)
         self.batches: dict[str, BatchState] = self.table.rows
-
-    @property
-    def caught_up(self) -> asyncio.Event:
-        """Set once the book holds what the topic had when it started following."""
-        return self.table.loaded
-
-    async def start(self) -> None:
-        """Start following; the topic must exist."""
-        await self.table.start(wait=False)
-
-    async def stop(self) -> None:
-        await self.table.stop()
 
     def get(self, batch_id: str) -> BatchState | None:
         return self.batches.get(batch_id)

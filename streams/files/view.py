@@ -7,32 +7,17 @@ one edge writes a file's records, so the record read last wins.
 """
 from __future__ import annotations
 
-import asyncio
-
 from schemas.documents import FileObject
 from schemas.topics import Topic
-from streams.compacted import CompactedTable, replace
+from streams.compacted import BackgroundView, CompactedTable, replace
 from streams.kafka_connection import Connectable
 
 
-class FilesView:
+class FilesView(BackgroundView[FileObject]):
     def __init__(self, kafka: Connectable, topic: Topic) -> None:
-        self.kafka = kafka
-        self.topic = topic
-        self.table = CompactedTable(kafka, topic, FileObject, policy=replace(), create_topic=False)
+        """The topic must exist when it starts (the edge creates it at start)."""
+        super().__init__(CompactedTable(kafka, topic, FileObject, policy=replace(), create_topic=False))
         self.files: dict[str, FileObject] = self.table.rows
-
-    @property
-    def caught_up(self) -> asyncio.Event:
-        """Set once the view holds what the topic had when it started following."""
-        return self.table.loaded
-
-    async def start(self) -> None:
-        """Start following; the topic must exist (the edge creates it at start)."""
-        await self.table.start(wait=False)
-
-    async def stop(self) -> None:
-        await self.table.stop()
 
     def apply(self, file_id: str, file: FileObject | None) -> None:
         """Record what this edge just wrote (a file, or its deletion: None), before it reads it back."""

@@ -14,7 +14,7 @@ import logging
 
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
-from streams.compacted import CompactedTable, newest_by
+from streams.compacted import BackgroundView, CompactedTable, newest_by
 from streams.kafka_connection import Connectable
 
 log = logging.getLogger(__name__)
@@ -39,15 +39,15 @@ def to_candidate(state: RolloutState | None, request_id: str, conversation_id: s
     return state is not None and state.state in ROUTING_STATES and bucket(key) < state.percent
 
 
-class RolloutRouter:
+class RolloutRouter(BackgroundView[RolloutState]):
     def __init__(self, kafka: Connectable, catalog: TopicCatalog, *, log_changes: bool = True) -> None:
-        self.kafka = kafka
+        """The topic appears with the first rollout: until then every request goes to stable."""
+        # Newest by ``at``: the controller and an operator's CLI may both write a model's state.
+        super().__init__(CompactedTable(kafka, catalog.rollouts, RolloutState, policy=newest_by(lambda s: s.at),
+                                        key_of=lambda s: s.model, on_change=self._changed, create_topic=False,
+                                        wait_for_topic=True))
         self.catalog = catalog
         self.log_changes = log_changes
-        # Newest by ``at``: the controller and an operator's CLI may both write a model's state.
-        self.table = CompactedTable(kafka, catalog.rollouts, RolloutState, policy=newest_by(lambda s: s.at),
-                                    key_of=lambda s: s.model, on_change=self._changed, create_topic=False,
-                                    wait_for_topic=True)
         self.states: dict[str, RolloutState] = self.table.rows
         self._said: dict[str, RolloutState | None] = {}  # the last state logged per model
 
@@ -66,13 +66,6 @@ class RolloutRouter:
             if state.state in ROUTING_STATES and state.percent > 0 and (model is None or state.model == model):
                 topics.append(TopicCatalog(state.candidate_prefix).cancellations.name)
         return topics
-
-    async def start(self) -> None:
-        """Start following; the topic appears with the first rollout (until then every request goes to stable)."""
-        await self.table.start(wait=False)
-
-    async def stop(self) -> None:
-        await self.table.stop()
 
     def _changed(self, model: str, state: RolloutState | None) -> None:
         previous, self._said[model] = self._said.get(model), state
