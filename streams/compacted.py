@@ -126,29 +126,21 @@ class CompactedTable(Generic[RowT]):
         """Wait until everything published before this call is in the table (TimeoutError past ``timeout_s``)."""
         assert self._consumer is not None, "start() first"
         deadline = time.monotonic() + timeout_s
-        await self._until(self.loaded.is_set, deadline)
-        ends = await self._consumer.end_offsets(self._partitions)
-        behind: set[TopicPartition] = set(ends)
-        await self._until(lambda: not behind, deadline, lambda: self._drop_reached(behind, ends))
 
-    async def _until(self, done: Callable[[], bool], deadline: float,
-                     refresh: Callable[[], Awaitable[None]] | None = None) -> None:
-        while True:
-            if refresh is not None:
-                await refresh()
-            if done():
-                return
+        async def loaded() -> bool:
+            return self.loaded.is_set()
+
+        await self._until(loaded, deadline)
+        ends = await self._consumer.end_offsets(self._partitions)
+        await self._until(lambda: self._reached(ends), deadline)
+
+    async def _until(self, done: Callable[[], Awaitable[bool]], deadline: float) -> None:
+        while not await done():
             if self._task is not None and self._task.done():
                 self._task.result()  # the follower died: raise its error here
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.topic.name}: not caught up in time")
             await asyncio.sleep(0.02)
-
-    async def _drop_reached(self, behind: set[TopicPartition], ends: dict[TopicPartition, int]) -> None:
-        assert self._consumer is not None
-        for tp in list(behind):
-            if await self._consumer.position(tp) >= ends[tp]:
-                behind.discard(tp)
 
     # --- reading -----------------------------------------------------------------------------------------------
 
