@@ -17,13 +17,13 @@ from schemas.documents import DocumentState, FileObject, StaticChunking, documen
 from schemas.events import GenerateRequest, ReplyRoute
 from schemas.retrieval import FileSearch, RetrievalRequest, VectorStoreRecord
 from streams import kafka_io
+from streams.compacted import CompactedTable
 from streams.edge import errors
 from streams.edge.admission.structured import FileSearchTool
 from streams.edge.core import Edge
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.files.store import FilesUnavailable, NoSuchFile
 from streams.rag.jobs import attach
-from streams.rag.table import CompactedTable
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from schemas.events import ErrorEvent, ReplyRoute, TokenChunk
 from schemas.retrieval import FileSearch, RetrievalRequest, Retrieved, VectorStoreRecord
 from schemas.topics import TopicCatalog
 from streams import kafka_io
+from streams.compacted import CompactedTable
 from streams.kafka_connection import Connectable
-from streams.rag.table import CompactedTable
 
 
 class RagError(Exception):

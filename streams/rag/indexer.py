@@ -21,9 +21,9 @@ import time
 from schemas.documents import DocumentChunks, DocumentState, IngestError, document_key
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import TopicCatalog
+from streams.compacted import CompactedTable
 from streams.rag.embedding import Embedder
 from streams.rag.index import ChunkPoint, VectorIndex
-from streams.rag.table import CompactedTable
 from streams.service import Consumer, Delivery, Output
 
 log = logging.getLogger("specstream.rag")

@@ -27,10 +27,10 @@ from schemas.retrieval import (
 )
 from schemas.topics import TopicCatalog
 from streams import kafka_io
+from streams.compacted import CompactedTable
 from streams.rag.embedding import Embedder
 from streams.rag.grounding import ground, question_of
 from streams.rag.search import Found, Searcher
-from streams.rag.table import CompactedTable
 from streams.service import Consumer, Delivery, Output
 
 log = logging.getLogger("specstream.rag")

@@ -17,14 +17,14 @@ from typing import Any
 from schemas.documents import DocumentState
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import TopicCatalog
+from streams.compacted import CompactedTable
 from streams.config import Settings
+from streams.kafka_acls import Grant
 from streams.rag.embedding import Embedder, EmbedderOptions
 from streams.rag.index import VectorIndex, open_client
 from streams.rag.indexer import Indexer
 from streams.rag.retriever import Retriever
 from streams.rag.search import Searcher
-from streams.rag.table import CompactedTable
-from streams.kafka_acls import Grant
 from streams.service import Consumer, ServiceOptions
 from streams.service.consumer import grants_of
 from streams.service.runner import ConsumerService
