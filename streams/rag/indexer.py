@@ -7,7 +7,8 @@ For each DocumentChunks message (a part of one document's chunks, keyed ``<store
 2. embed the part's chunks in batches, upsert them into ``<store>_v<index_version>`` with deterministic point ids
    (a redelivered part overwrites the same points);
 3. check again: deleted during the upsert? then remove the file's points (nothing of it stays);
-4. when the version holds ``total_chunks`` points of the file, publish its DocumentState ``completed``.
+4. when the version holds ``total_chunks`` points of the file, publish its DocumentState ``completed`` (a
+   rebuild's part: stage ``indexed`` at the new version, the visible status left as it was).
 
 Any failure of the embedding or the index ends the document ``failed`` with ``server_error`` (and the message is
 answered, so the consumer moves on); a crash before step 4 leaves the offset uncommitted and Kafka redelivers.
@@ -88,7 +89,10 @@ class Indexer:
         if held is None:
             return
         job = held.job if held.job.index_version == part.index_version else held.job.model_copy(
-            update={"index_version": part.index_version})
+            update={"index_version": part.index_version, "rebuild": part.rebuild})
+        if part.rebuild and error is None:
+            # The rebuild reads stage `indexed` at the new version; users keep seeing the status they saw.
+            status = held.status if held.status != "failed" else "completed"
         state = held.model_copy(update={
             "status": status, "stage": "indexed" if error is None else "failed", "last_error": error, "job": job,
             "chunks": part.total_chunks, "updated_at": time.time(),
