@@ -29,7 +29,6 @@ from schemas.retrieval import FileSearch, Passage
 from streams.rag.filters import to_qdrant
 from streams.rag.index import Hit, VectorIndex, collection_name
 
-
 Fusion = Literal["rrf", "weighted"]
 
 
