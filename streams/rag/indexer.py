@@ -4,8 +4,8 @@ For each DocumentChunks message (a part of one document's chunks, keyed ``<store
 
 1. the document must still be there: the documents table (caught up) holds its key and the store exists; a
    document deleted or a store dropped meanwhile is skipped;
-2. embed the part's chunks in batches, upsert them into ``<store>_v<index_version>`` with deterministic point ids
-   (a redelivered part overwrites the same points);
+2. embed the part's chunks together with those of the other parts in flight (streams.rag.batching), upsert
+   them into ``<store>_v<index_version>`` with deterministic point ids (a redelivered part overwrites them);
 3. check again: deleted during the upsert? then remove the file's points (nothing of it stays);
 4. when the version holds ``total_chunks`` points of the file, publish its DocumentState ``completed`` (a
    rebuild's part: stage ``indexed`` at the new version, the visible status left as it was).
@@ -22,6 +22,7 @@ import time
 from schemas.documents import DocumentChunks, DocumentState, IngestError, document_key
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import TopicCatalog
+from streams.rag.batching import CoalescingEmbedder
 from streams.rag.embedding import Embedder
 from streams.rag.index import ChunkPoint, VectorIndex
 from streams.rag.table import CompactedTable
@@ -35,6 +36,7 @@ class Indexer:
                  documents: CompactedTable[DocumentState], stores: CompactedTable[VectorStoreRecord]) -> None:
         self.catalog = catalog
         self.embedder = embedder
+        self.batcher = CoalescingEmbedder(embedder.embed, max_texts=max(512, embedder.options.batch_size))
         self.index = index
         self.documents = documents
         self.stores = stores
@@ -58,8 +60,9 @@ class Indexer:
                                         version=part.index_version)
                 log.info("indexer: %s was deleted while indexing; its points are removed", key)
                 return
-            held = await asyncio.to_thread(self.index.count, part.vector_store_id, file_id=part.file_id,
-                                           version=part.index_version)
+            # A single part just wrote all the file's points; only a file in several parts needs counting.
+            held = part.total_chunks if part.parts == 1 else await asyncio.to_thread(
+                self.index.count, part.vector_store_id, file_id=part.file_id, version=part.index_version)
         except Exception as error:  # the document fails, the consumer keeps serving
             log.exception("indexer: %s failed", key)
             self._publish(delivery, part, "failed", IngestError(code="server_error",
@@ -73,7 +76,7 @@ class Indexer:
         return self.documents.get(key) is None or self.stores.get(store) is None
 
     async def _embed(self, part: DocumentChunks) -> list[ChunkPoint]:
-        vectors = await asyncio.to_thread(self.embedder.embed, [c.text for c in part.chunks])
+        vectors = await self.batcher.embed([c.text for c in part.chunks])
         return [ChunkPoint(file_id=part.file_id, filename=part.filename, index=c.index, text=c.text,
                            char_start=c.char_start, char_end=c.char_end, page=c.page, vector=v,
                            attributes=dict(part.attributes))
