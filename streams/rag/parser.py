@@ -134,8 +134,8 @@ def chunk_parts(job: IngestJob, chunks: list[Chunk], part_bytes: int = PART_BYTE
         size += chunk_size
     return [DocumentChunks(job_id=job.job_id, vector_store_id=job.vector_store_id, file_id=job.file_id,
                            tenant=job.tenant, filename=job.filename, attributes=job.attributes,
-                           index_version=job.index_version, rebuild=job.rebuild, part=i, parts=len(groups), total_chunks=len(chunks),
-                           chunks=group)
+                           index_version=job.index_version, rebuild=job.rebuild, part=i, parts=len(groups),
+                           total_chunks=len(chunks), chunks=group)
             for i, group in enumerate(groups)]
 
 

@@ -73,9 +73,10 @@ def _canary_of(documents: list[DocumentState]) -> str:
     return documents[0].job.filename.rsplit(".", 1)[0].replace("_", " ") if documents else "document"
 
 
-async def _requeue(client: RagClient, document: DocumentState, version: int, chunking: StaticChunking | None) -> None:
+async def _requeue(client: RagClient, document: DocumentState, version: int, chunking: StaticChunking | None,
+                   *, rebuild: bool = True) -> None:
     job = document.job.model_copy(update={"job_id": f"rebuild-{uuid.uuid4().hex[:12]}", "index_version": version,
-                                          "created_at": time.time(), "attempt": 1, "rebuild": True,
+                                          "created_at": time.time(), "attempt": 1, "rebuild": rebuild,
                                           **({"chunking": chunking} if chunking is not None else {})})
     await client.publish(client.catalog.ingest_jobs.name, _key(document), job)
 
@@ -117,4 +118,5 @@ async def _catch_up_latecomers(client: RagClient, store_id: str, version: int, c
     await client.documents.caught_up()
     for document in client.documents_of(store_id):
         if document.job.index_version < version and document.status != "failed":
-            await _requeue(client, document, version, chunking)
+            # After the swap `version` answers queries: an ordinary job, whose status users follow.
+            await _requeue(client, document, version, chunking, rebuild=False)
