@@ -120,6 +120,10 @@ class IngestJob(Event):
     )
     index_version: int = Field(default=1, ge=1, description="Version of the store's index the chunks go into.")
     attempt: int = Field(default=1, ge=1, description="1 for the first try; the rag side bumps it on a retry.")
+    batch_id: str | None = Field(
+        default=None, max_length=128, description="The vector store file batch (vsfb_...) that added the file, if "
+        "any: a batch's state is its documents' states, so any edge answers for it, restarted or not."
+    )
     rebuild: bool = Field(
         default=False, description="An index rebuild's job: the file's visible status stays as it is (the old "
         "version keeps answering); the parser and the indexer only report the new version's progress."
