@@ -74,8 +74,8 @@ def corpus(docs: int, pages: int, seed: int = 7) -> tuple[list[tuple[str, bytes]
             topic = rng.choice(TOPICS)
             filler = " ".join(f"Notes on {topic} mention the {rng.choice(WORDS)} {rng.choice(WORDS)} section."
                               for _ in range(6))
-            texts.append(f"{filler} The access code of locker {d}-{p} is {code}. {filler}")
-            questions.append(Question(f"What is the access code of locker {d}-{p}?", code))
+            texts.append(f"{filler} The access code of locker D{d}P{p} is {code}. {filler}")
+            questions.append(Question(f"What is the access code of locker D{d}P{p}?", code))
         files.append((f"lockers-{d}.pdf", pdf(texts)))
     return files, questions
 

@@ -32,8 +32,8 @@ class RagSettings(WorkerSettings):
         default=False, description="Fuse BM25 keyword scores with the vector scores (search and file_search)."
     )
     fusion: Literal["rrf", "weighted"] = Field(
-        default="rrf", description="How hybrid search fuses the two rankings: rrf (reciprocal rank fusion, "
-        "1/(rrf_k + rank) summed) or weighted ((1 - bm25_weight) * cosine + bm25_weight * normalised BM25).",
+        default="weighted", description="How hybrid search fuses the two rankings: weighted ((1 - bm25_weight) * "
+        "cosine + bm25_weight * BM25 / best BM25) or rrf (reciprocal rank fusion, 1/(rrf_k + rank) summed).",
     )
     rrf_k: int = Field(default=60, ge=1, le=1000, description="RRF's k: larger flattens the top ranks' lead.")
     bm25_weight: float = Field(
