@@ -40,6 +40,7 @@ class Indexer:
         self.index = index
         self.documents = documents
         self.stores = stores
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def consumer(self) -> Consumer[DocumentChunks]:
         return Consumer(kind="indexer", topic=self.catalog.document_chunks, input_model=DocumentChunks,
@@ -48,6 +49,23 @@ class Indexer:
                         route_of=lambda m: None)
 
     async def handle(self, part: DocumentChunks, delivery: Delivery) -> None:
+        """Deferred: the foundation awaits handlers one at a time, so the part is indexed in a task and the next
+        message is read meanwhile; parts in flight then share embedder calls (streams.rag.batching)."""
+        delivery.defer()
+        task = asyncio.create_task(self._index_and_finish(part, delivery))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _index_and_finish(self, part: DocumentChunks, delivery: Delivery) -> None:
+        try:
+            await self.index_part(part, delivery)
+        except Exception as error:  # noqa: BLE001 - as the foundation answers a handler's error
+            log.exception("indexer: part %d of %s/%s failed", part.part, part.vector_store_id, part.file_id)
+            delivery.fail("internal_error", f"could not index the part: {type(error).__name__}: {error}")
+            return
+        delivery.finish()
+
+    async def index_part(self, part: DocumentChunks, delivery: Delivery) -> None:
         key = document_key(part.vector_store_id, part.file_id)
         if await self._gone(key, part.vector_store_id):
             log.info("indexer: %s is deleted; its chunks (part %d) are dropped", key, part.part)
