@@ -5,8 +5,9 @@
 
 What runs: `specstream parser` and `specstream rag` (and, unless --no-generation, an engine worker with the default
 model), as subprocesses on a topic prefix of their own, on the broker at --bootstrap. The corpus is built here: PDFs
-of --pages pages, each page holding filler prose and one fact of its own ("The access code of locker 3-2 is
-amber-falcon-17."), so every question has exactly one page that answers it.
+of --pages pages, each page holding filler prose and one fact of its own ("The access code of locker D3P2 is
+amber-falcon-17."; a label BM25 keeps, as it drops one-character tokens), so every question has exactly one page
+that answers it.
 
 Measured:
 * ingestion: the PDFs uploaded and attached (as `specstream docs add` does), until every document is `completed`:
@@ -74,8 +75,8 @@ def corpus(docs: int, pages: int, seed: int = 7) -> tuple[list[tuple[str, bytes]
             topic = rng.choice(TOPICS)
             filler = " ".join(f"Notes on {topic} mention the {rng.choice(WORDS)} {rng.choice(WORDS)} section."
                               for _ in range(6))
-            texts.append(f"{filler} The access code of locker {d}-{p} is {code}. {filler}")
-            questions.append(Question(f"What is the access code of locker {d}-{p}?", code))
+            texts.append(f"{filler} The access code of locker D{d}P{p} is {code}. {filler}")
+            questions.append(Question(f"What is the access code of locker D{d}P{p}?", code))
         files.append((f"lockers-{d}.pdf", pdf(texts)))
     return files, questions
 

@@ -120,6 +120,14 @@ class IngestJob(Event):
     )
     index_version: int = Field(default=1, ge=1, description="Version of the store's index the chunks go into.")
     attempt: int = Field(default=1, ge=1, description="1 for the first try; the rag side bumps it on a retry.")
+    batch_id: str | None = Field(
+        default=None, max_length=128, description="The vector store file batch (vsfb_...) that added the file, if "
+        "any: a batch's state is its documents' states, so any edge answers for it, restarted or not."
+    )
+    rebuild: bool = Field(
+        default=False, description="An index rebuild's job: the file's visible status stays as it is (the old "
+        "version keeps answering); the parser and the indexer only report the new version's progress."
+    )
     created_at: float = Field(description="Unix time the job was published.")
 
     @property
@@ -155,6 +163,7 @@ class DocumentChunks(Event):
     filename: FileName = Field(description="The file's name (file_search results show it).")
     attributes: Attributes = Field(default_factory=dict, description="The vector store file's attributes.")
     index_version: int = Field(ge=1, description="Version of the store's index they go into.")
+    rebuild: bool = Field(default=False, description="Chunks of an index rebuild's job (see IngestJob.rebuild).")
     part: int = Field(ge=0, description="Which message of the document's chunks this is: 0, 1, ... parts-1.")
     parts: int = Field(ge=1, description="How many messages carry this document's chunks.")
     total_chunks: int = Field(ge=1, description="How many chunks the document has in all (across the parts).")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -30,8 +31,13 @@ class RagSettings(WorkerSettings):
     hybrid: bool = Field(
         default=False, description="Fuse BM25 keyword scores with the vector scores (search and file_search)."
     )
+    fusion: Literal["rrf", "weighted"] = Field(
+        default="weighted", description="How hybrid search fuses the two rankings: weighted ((1 - bm25_weight) * "
+        "cosine + bm25_weight * BM25 / best BM25) or rrf (reciprocal rank fusion, 1/(rrf_k + rank) summed).",
+    )
+    rrf_k: int = Field(default=60, ge=1, le=1000, description="RRF's k: larger flattens the top ranks' lead.")
     bm25_weight: float = Field(
-        default=0.3, ge=0.0, le=1.0, description="Share of the fused score that comes from BM25 when hybrid is on."
+        default=0.3, ge=0.0, le=1.0, description="Share of the fused score that comes from BM25 when fusion is weighted."
     )
     default_max_num_results: int = Field(
         default=4, ge=1, le=50, description="Passages a file_search tool or search gets when it sets no max_num_results."

@@ -99,9 +99,9 @@ class RagEdge:
         await self.publish(self.catalog.vector_stores.name, record.id, None)
 
     async def add_file(self, record: VectorStoreRecord, file: FileObject, *, chunking: StaticChunking | None,
-                       attributes: dict[str, str | float | bool]) -> DocumentState:
+                       attributes: dict[str, str | float | bool], batch_id: str | None = None) -> DocumentState:
         """The document's queued state, then its ingest job (the parser takes it from there)."""
-        state, job = attach(record, file, chunking=chunking, attributes=attributes)
+        state, job = attach(record, file, chunking=chunking, attributes=attributes, batch_id=batch_id)
         await self.publish(self.catalog.documents.name, job.document_key, state)
         await self.publish(self.catalog.ingest_jobs.name, job.document_key, job)
         return state

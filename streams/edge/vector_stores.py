@@ -5,12 +5,13 @@ State is on the bus (:mod:`streams.edge.rag_client`): a store is a record on the
 file in a store is its document state on the compacted documents topic (in_progress -> completed | failed with
 last_error, written by the parser and the indexer). Every read first catches up with those topics, so a client
 sees its own writes. Search goes to the rag service over the bus. Unknown ids are 404 in OpenAI's shape; a store
-or file of another tenant is unknown too. File batches are kept by this edge (their files' states are on the bus).
+or file of another tenant is unknown too. A file batch is no record of its own: each of its files' ingest jobs
+carries its id, so its state is derived from the documents topic by any edge (restarted, or another one); a file
+removed from the store, or added again since, leaves the batch.
 """
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -199,12 +200,12 @@ async def add_batch(store_id: str, request: Request, caller: Principal = Depends
     rag = await _rag(request)
     record = rag.store(store_id, caller.tenant)
     entries = [(entry, await rag.file(entry.file_id, caller.tenant)) for entry in body.entries()]
+    batch_id = new_id("vsfb_")
     for entry, file in entries:
         await rag.add_file(record, file, chunking=chunking_of(entry.chunking_strategy),
-                           attributes=entry.attributes or {})
-    batch = Batch(new_id("vsfb_"), store_id, tuple(f.id for _, f in entries), int(time.time()))
-    _batches(request)[batch.id] = batch
-    return _batch_object(batch, rag)
+                           attributes=entry.attributes or {}, batch_id=batch_id)
+    await rag.fresh()
+    return _batch_object(_batch(rag, store_id, batch_id), rag)
 
 
 @router.get("/{store_id}/file_batches/{batch_id}")
@@ -213,16 +214,15 @@ async def get_batch(store_id: str, batch_id: str, request: Request,
     """A file batch's status and file counts."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
-    batch = _batches(request).get(batch_id)
-    if batch is None or batch.vector_store_id != store_id:
+    return _batch_object(_batch(rag, store_id, batch_id), rag)
+
+
+def _batch(rag: RagEdge, store_id: str, batch_id: str) -> Batch:
+    """The batch as its documents' jobs record it (any edge can answer)."""
+    jobs = [d.job for d in rag.documents_of(store_id) if d.job.batch_id == batch_id]
+    if not jobs:
         raise errors.EdgeError(404, f"No file batch found with id '{batch_id}'.", param="batch_id", code="not_found")
-    return _batch_object(batch, rag)
-
-
-def _batches(request: Request) -> dict[str, Batch]:
-    if not hasattr(request.app.state, "file_batches"):
-        request.app.state.file_batches = {}
-    return request.app.state.file_batches
+    return Batch(batch_id, store_id, tuple(j.file_id for j in jobs), int(min(j.created_at for j in jobs)))
 
 
 def _batch_object(batch: Batch, rag: RagEdge) -> dict[str, Any]:

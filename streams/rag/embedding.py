@@ -3,8 +3,10 @@
 Loaded with transformers from the package's folder, offline (nothing is downloaded at run time); the
 sentence vector is the attention-masked mean of the last hidden states, L2-normalised, as
 sentence-transformers computes it for this model (its 1_Pooling config: mean tokens), so a dot product is
-the cosine similarity. Texts longer than the model's 256 tokens are truncated, as sentence-transformers does;
-the parser's chunks are sized below that.
+the cosine similarity. A text longer than the model's 256-token window (OpenAI's default chunk is 800 tokens) is
+embedded whole rather than truncated as sentence-transformers would: its token ids are cut into windows of the
+model's length, each wrapped in [CLS] ... [SEP], and the mean runs over all real tokens of all its windows
+(a window weighs by its token count). A text within one window gets exactly the single-window vector.
 """
 from __future__ import annotations
 
@@ -63,20 +65,47 @@ class Embedder:
         return MODEL_NAME
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        vectors: list[list[float]] = []
+        if not texts:
+            return []
+        windows, owners = self._windows(texts)
+        # Windows of similar length share a batch: less padding to compute.
+        order = sorted(range(len(windows)), key=lambda i: len(windows[i]))
+        sums = torch.zeros(len(texts), DIMENSION)
+        counts = torch.zeros(len(texts), 1)
         size = max(1, self.options.batch_size)
-        for start in range(0, len(texts), size):
-            vectors.extend(self._batch(list(texts[start:start + size])).tolist())
-        return vectors
+        for start in range(0, len(order), size):
+            picked = order[start:start + size]
+            summed, tokens = self._forward([windows[i] for i in picked])
+            owner = torch.tensor([owners[i] for i in picked])
+            sums.index_add_(0, owner, summed)
+            counts.index_add_(0, owner, tokens)
+        pooled = sums / counts.clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1).tolist()
 
     def embed_one(self, text: str) -> list[float]:
         return self.embed([text])[0]
 
-    def _batch(self, texts: list[str]) -> torch.Tensor:
-        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
+    def _windows(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """Each text's token ids cut into windows of at most MAX_TOKENS with the special tokens; and the text each
+        window belongs to."""
+        ids = self.tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
+        first, last = [self.tokenizer.cls_token_id], [self.tokenizer.sep_token_id]  # BERT's [CLS] ... [SEP]
+        room = MAX_TOKENS - 2
+        windows: list[list[int]] = []
+        owners: list[int] = []
+        for owner, tokens in enumerate(ids):
+            for start in range(0, max(1, len(tokens)), room):
+                windows.append(first + tokens[start:start + room] + last)
+                owners.append(owner)
+        return windows, owners
+
+    def _forward(self, windows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per window: the sum of its real tokens' last hidden states, and how many tokens it has."""
+        encoded = self.tokenizer.pad({"input_ids": windows}, padding=True, return_tensors="pt")
         with self._lock, torch.inference_mode():
             hidden = self.model(**encoded).last_hidden_state
-        return mean_pool(hidden, encoded["attention_mask"])
+        mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(dim=1), mask.sum(dim=1)
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,11 @@ For each DocumentChunks message (a part of one document's chunks, keyed ``<store
 
 1. the document must still be there: the documents table (caught up) holds its key and the store exists; a
    document deleted or a store dropped meanwhile is skipped;
-2. embed the part's chunks in batches, upsert them into ``<store>_v<index_version>`` with deterministic point ids
-   (a redelivered part overwrites the same points);
+2. embed the part's chunks together with those of the other parts in flight (streams.rag.batching), upsert
+   them into ``<store>_v<index_version>`` with deterministic point ids (a redelivered part overwrites them);
 3. check again: deleted during the upsert? then remove the file's points (nothing of it stays);
-4. when the version holds ``total_chunks`` points of the file, publish its DocumentState ``completed``.
+4. when the version holds ``total_chunks`` points of the file, publish its DocumentState ``completed`` (a
+   rebuild's part: stage ``indexed`` at the new version, the visible status left as it was).
 
 Any failure of the embedding or the index ends the document ``failed`` with ``server_error`` (and the message is
 answered, so the consumer moves on); a crash before step 4 leaves the offset uncommitted and Kafka redelivers.
@@ -22,6 +23,7 @@ from schemas.documents import DocumentChunks, DocumentState, IngestError, docume
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import TopicCatalog
 from streams.compacted import CompactedTable
+from streams.rag.batching import CoalescingEmbedder
 from streams.rag.embedding import Embedder
 from streams.rag.index import ChunkPoint, VectorIndex
 from streams.service import Consumer, Delivery, Output
@@ -34,9 +36,11 @@ class Indexer:
                  documents: CompactedTable[DocumentState], stores: CompactedTable[VectorStoreRecord]) -> None:
         self.catalog = catalog
         self.embedder = embedder
+        self.batcher = CoalescingEmbedder(embedder.embed, max_texts=max(512, embedder.options.batch_size))
         self.index = index
         self.documents = documents
         self.stores = stores
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def consumer(self) -> Consumer[DocumentChunks]:
         return Consumer(kind="indexer", topic=self.catalog.document_chunks, input_model=DocumentChunks,
@@ -45,6 +49,23 @@ class Indexer:
                         route_of=lambda m: None)
 
     async def handle(self, part: DocumentChunks, delivery: Delivery) -> None:
+        """Deferred: the foundation awaits handlers one at a time, so the part is indexed in a task and the next
+        message is read meanwhile; parts in flight then share embedder calls (streams.rag.batching)."""
+        delivery.defer()
+        task = asyncio.create_task(self._index_and_finish(part, delivery))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _index_and_finish(self, part: DocumentChunks, delivery: Delivery) -> None:
+        try:
+            await self.index_part(part, delivery)
+        except Exception as error:  # noqa: BLE001 - as the foundation answers a handler's error
+            log.exception("indexer: part %d of %s/%s failed", part.part, part.vector_store_id, part.file_id)
+            delivery.fail("internal_error", f"could not index the part: {type(error).__name__}: {error}")
+            return
+        delivery.finish()
+
+    async def index_part(self, part: DocumentChunks, delivery: Delivery) -> None:
         key = document_key(part.vector_store_id, part.file_id)
         if await self._gone(key, part.vector_store_id):
             log.info("indexer: %s is deleted; its chunks (part %d) are dropped", key, part.part)
@@ -57,8 +78,9 @@ class Indexer:
                                         version=part.index_version)
                 log.info("indexer: %s was deleted while indexing; its points are removed", key)
                 return
-            held = await asyncio.to_thread(self.index.count, part.vector_store_id, file_id=part.file_id,
-                                           version=part.index_version)
+            # A single part just wrote all the file's points; only a file in several parts needs counting.
+            held = part.total_chunks if part.parts == 1 else await asyncio.to_thread(
+                self.index.count, part.vector_store_id, file_id=part.file_id, version=part.index_version)
         except Exception as error:  # the document fails, the consumer keeps serving
             log.exception("indexer: %s failed", key)
             self._publish(delivery, part, "failed", IngestError(code="server_error",
@@ -72,7 +94,7 @@ class Indexer:
         return self.documents.get(key) is None or self.stores.get(store) is None
 
     async def _embed(self, part: DocumentChunks) -> list[ChunkPoint]:
-        vectors = await asyncio.to_thread(self.embedder.embed, [c.text for c in part.chunks])
+        vectors = await self.batcher.embed([c.text for c in part.chunks])
         return [ChunkPoint(file_id=part.file_id, filename=part.filename, index=c.index, text=c.text,
                            char_start=c.char_start, char_end=c.char_end, page=c.page, vector=v,
                            attributes=dict(part.attributes))
@@ -88,7 +110,10 @@ class Indexer:
         if held is None:
             return
         job = held.job if held.job.index_version == part.index_version else held.job.model_copy(
-            update={"index_version": part.index_version})
+            update={"index_version": part.index_version, "rebuild": part.rebuild})
+        if part.rebuild and error is None:
+            # The rebuild reads stage `indexed` at the new version; users keep seeing the status they saw.
+            status = held.status if held.status != "failed" else "completed"
         state = held.model_copy(update={
             "status": status, "stage": "indexed" if error is None else "failed", "last_error": error, "job": job,
             "chunks": part.total_chunks, "updated_at": time.time(),

@@ -28,12 +28,12 @@ def new_store(name: str, tenant: str, *, chunking: StaticChunking | None = None,
 
 
 def attach(record: VectorStoreRecord, file: FileObject, *, chunking: StaticChunking | None = None,
-           attributes: Attributes | None = None) -> tuple[DocumentState, IngestJob]:
+           attributes: Attributes | None = None, batch_id: str | None = None) -> tuple[DocumentState, IngestJob]:
     """The queued state and the job of `file` in `record`'s store, at the version answering its queries."""
     job = IngestJob(job_id=new_id("job_"), vector_store_id=record.id, file_id=file.id, tenant=record.tenant,
                     filename=file.filename, blob_key=file.blob_key, sha256=file.sha256, bytes=file.bytes,
                     chunking=chunking or record.chunking, attributes=attributes or {},
-                    index_version=record.index_version, created_at=time.time())
+                    index_version=record.index_version, batch_id=batch_id, created_at=time.time())
     state = DocumentState(vector_store_id=record.id, file_id=file.id, tenant=record.tenant, status="in_progress",
                           job=job, stage="queued", usage_bytes=file.bytes, updated_at=time.time())
     return state, job

@@ -82,9 +82,10 @@ class DocumentParser:
             return
         if handed_back.is_set():  # its partition moved on (or the drain ran out): another parser redoes it
             return
-        self._publish_state(delivery, job, status="in_progress", parsed=parsed)
-        # The state first, acknowledged, then the chunks: the indexer's `completed` always comes after it.
-        await delivery.published[-1]
+        if not job.rebuild:  # a rebuild leaves the file's visible status alone: the old version still answers
+            self._publish_state(delivery, job, status="in_progress", parsed=parsed)
+            # The state first, acknowledged, then the chunks: the indexer's `completed` always comes after it.
+            await delivery.published[-1]
         for part in chunk_parts(job, parsed.chunks):
             delivery.publish(self.catalog.document_chunks.name, job.document_key.encode(), part)
         log.info("job %s (%s): %d chunks from %d characters", job.job_id, job.filename, len(parsed.chunks),
@@ -133,8 +134,8 @@ def chunk_parts(job: IngestJob, chunks: list[Chunk], part_bytes: int = PART_BYTE
         size += chunk_size
     return [DocumentChunks(job_id=job.job_id, vector_store_id=job.vector_store_id, file_id=job.file_id,
                            tenant=job.tenant, filename=job.filename, attributes=job.attributes,
-                           index_version=job.index_version, part=i, parts=len(groups), total_chunks=len(chunks),
-                           chunks=group)
+                           index_version=job.index_version, rebuild=job.rebuild, part=i, parts=len(groups),
+                           total_chunks=len(chunks), chunks=group)
             for i, group in enumerate(groups)]
 
 

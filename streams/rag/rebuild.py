@@ -73,9 +73,10 @@ def _canary_of(documents: list[DocumentState]) -> str:
     return documents[0].job.filename.rsplit(".", 1)[0].replace("_", " ") if documents else "document"
 
 
-async def _requeue(client: RagClient, document: DocumentState, version: int, chunking: StaticChunking | None) -> None:
+async def _requeue(client: RagClient, document: DocumentState, version: int, chunking: StaticChunking | None,
+                   *, rebuild: bool = True) -> None:
     job = document.job.model_copy(update={"job_id": f"rebuild-{uuid.uuid4().hex[:12]}", "index_version": version,
-                                          "created_at": time.time(), "attempt": 1,
+                                          "created_at": time.time(), "attempt": 1, "rebuild": rebuild,
                                           **({"chunking": chunking} if chunking is not None else {})})
     await client.publish(client.catalog.ingest_jobs.name, _key(document), job)
 
@@ -91,7 +92,7 @@ async def _wait_indexed(client: RagClient, store_id: str, file_ids: list[str], v
         failed = [s for s in at_new if s.status == "failed"]
         if failed:
             raise RagError(f"{failed[0].file_id} failed at v{version}: {failed[0].last_error}; not swapped")
-        done = [s for s in at_new if s.status == "completed"]
+        done = [s for s in at_new if s.stage == "indexed"]  # a rebuild's job keeps the visible status
         if len(done) != shown:
             shown = len(done)
             progress(f"{store_id}: v{version} {len(done)}/{len(file_ids)} document(s) indexed")
@@ -117,4 +118,5 @@ async def _catch_up_latecomers(client: RagClient, store_id: str, version: int, c
     await client.documents.caught_up()
     for document in client.documents_of(store_id):
         if document.job.index_version < version and document.status != "failed":
-            await _requeue(client, document, version, chunking)
+            # After the swap `version` answers queries: an ordinary job, whose status users follow.
+            await _requeue(client, document, version, chunking, rebuild=False)

@@ -50,7 +50,8 @@ class RagService:
                                         on_change=self._document_changed)
         self.stores = CompactedTable(settings.kafka, catalog.vector_stores, VectorStoreRecord,
                                      on_change=self._store_changed)
-        self.searcher = Searcher(self.index, hybrid=rag.hybrid, bm25_weight=rag.bm25_weight)
+        self.searcher = Searcher(self.index, hybrid=rag.hybrid, bm25_weight=rag.bm25_weight,
+                                 fusion=rag.fusion, rrf_k=rag.rrf_k)
         self.indexer = Indexer(catalog, self.embedder, self.index, self.documents, self.stores)
         self.retriever = Retriever(catalog, self.embedder, self.searcher, self.stores,
                                    max_prompt_chars=rag.max_prompt_chars)

@@ -82,10 +82,12 @@ async def test_docs_cli_adds_files_until_indexed_then_status_and_search_show_the
     assert missing.returncode == 1 and "no vector store with id or name 'no-such-store'" in missing.stderr
 
 
-async def test_a_rebuild_swaps_versions_while_queries_keep_answering(deployment: Deployment) -> None:
+async def test_a_rebuild_swaps_versions_while_queries_keep_answering_and_files_stay_completed(
+        deployment: Deployment) -> None:
     async with RagClient.session(deployment.bootstrap, TopicCatalog(prefix=deployment.prefix)) as client:
         store = client.store("notes")
         seen: list[int] = []
+        statuses: set[str] = set()  # the files' visible statuses during the rebuild
         failures: list[BaseException] = []
         stop = asyncio.Event()
 
@@ -95,6 +97,7 @@ async def test_a_rebuild_swaps_versions_while_queries_keep_answering(deployment:
                     answer = await client.ask("search", [store.id], query="parrot", timeout_s=30)
                     assert isinstance(answer, SearchResults) and answer.passages, "no passage"
                     seen.append(answer.index_versions[store.id])
+                    statuses.update(d.status for d in client.documents_of(store.id))
                 except BaseException as error:  # noqa: BLE001 - every failure counts
                     failures.append(error)
 
@@ -104,6 +107,7 @@ async def test_a_rebuild_swaps_versions_while_queries_keep_answering(deployment:
         stop.set()
         await queries
     assert not failures, failures[:3]
+    assert statuses == {"completed"}, statuses
     assert (done.old_version, done.new_version, done.documents) == (1, 2, 2)
     assert seen[0] == 1 and seen[-1] == 2 and seen == sorted(seen), seen
     async with RagClient.session(deployment.bootstrap, TopicCatalog(prefix=deployment.prefix)) as client:

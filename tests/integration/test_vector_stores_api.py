@@ -39,8 +39,9 @@ DOCS = {
 class Bus:
     """Publishes what the files API and the parser would, on the test's prefix."""
 
-    def __init__(self, bootstrap: str, prefix: str) -> None:
+    def __init__(self, bootstrap: str, prefix: str, keys_file: Path | None = None, key: str = "") -> None:
         self.bootstrap, self.catalog = bootstrap, TopicCatalog(prefix=prefix)
+        self.keys_file, self.key = keys_file, key  # for a second edge on the same bus
 
     async def _send(self, topic: str, key: str, value: bytes) -> None:
         producer = kafka_io.make_producer(self.bootstrap, client_id="pytest-rag-bus")
@@ -77,7 +78,7 @@ def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         options = edge_options(kafka_bootstrap, prefix, f"vs-{uuid.uuid4().hex[:6]}", keys_file)
         with serve_in_thread(options) as edge:
             yield OpenAI(base_url=edge.base_url + "/v1", api_key=key, max_retries=0, timeout=120), \
-                Bus(kafka_bootstrap, prefix)
+                Bus(kafka_bootstrap, prefix, keys_file, key)
 
 
 def wait_file(client: OpenAI, store_id: str, file_id: str, timeout_s: float = 90.0) -> str:
@@ -106,6 +107,14 @@ def test_a_store_s_files_go_completed_and_search_finds_the_passage_holding_the_f
         bus.parse(store.id, file_id, DOCS[name])
         assert wait_file(client, store.id, file_id) == "completed"
     assert client.vector_stores.file_batches.retrieve(batch.id, vector_store_id=store.id).status == "completed"
+    assert bus.keys_file is not None
+    second = edge_options(bus.bootstrap, bus.catalog.prefix, f"vs2-{uuid.uuid4().hex[:6]}", bus.keys_file)
+    with serve_in_thread(second) as other:  # a batch lives on the bus, not in the edge that created it
+        other_client = OpenAI(base_url=other.base_url + "/v1", api_key=bus.key, max_retries=0, timeout=120)
+        again = other_client.vector_stores.file_batches.retrieve(batch.id, vector_store_id=store.id)
+        assert (again.status, again.file_counts.completed, again.created_at) == ("completed", 1, batch.created_at)
+        with pytest.raises(openai.NotFoundError):
+            other_client.vector_stores.file_batches.retrieve("vsfb_nosuchbatch", vector_store_id=store.id)
     assert client.vector_stores.retrieve(store.id).file_counts.completed == 2
 
     found = client.vector_stores.search(store.id, query="When was the lighthouse electrified?", max_num_results=3)
