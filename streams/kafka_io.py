@@ -343,4 +343,11 @@ async def stop_polling(task: asyncio.Task[None] | None, consumer: AIOKafkaConsum
         except (asyncio.CancelledError, Exception):
             pass  # the loop's own end, or the error it died of, was already logged by it
     if consumer is not None:
-        await consumer.stop()
+        try:
+            await consumer.stop()
+        except asyncio.CancelledError:
+            # aiokafka's fetcher cancels a fetch it is retrying (a partition not there yet, a broker moving) and
+            # awaits it, which raises that cancellation here; only a cancellation of this task itself goes on.
+            task_now = asyncio.current_task()
+            if task_now is not None and task_now.cancelling():
+                raise
