@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +36,20 @@ from tests.kafka_fixtures import kafka_bootstrap, kafka_cluster, kafka_cluster_s
 TEST_MAX_MODEL_LEN = 512
 TEST_MAX_MESSAGE_BYTES = 64 * 1024
 EventT = TypeVar("EventT", bound=BaseModel)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_log_handlers() -> Any:
+    """A test that runs a CLI command in this process configures logging onto pytest's captured stderr of that
+    test; left installed, every later record (the websocket client's DEBUG frames, which carry an API key) fails
+    on the closed stream and Python's logging prints the record, arguments and all, as a "Logging error". Each
+    test gets the root logger back as it found it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def worker_test_settings(bootstrap_servers: str, prefix: str, worker_id: str) -> Settings:

@@ -17,8 +17,21 @@ from streams.edge.admission.parse import decode_json
 from streams.edge.admission.read import read_body
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
+from streams.edge.openapi import AUTH_ERRORS, ErrorResponse
 
-router = APIRouter()
+# Bodies are read by hand (OpenAI-shaped errors naming the parameter); what every route may answer:
+_ERROR = {"model": ErrorResponse}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    **AUTH_ERRORS,
+    400: {**_ERROR, "description": "Invalid input, naming the parameter (invalid_json, unknown_parameter, "
+          "invalid_value, missing_required_parameter), or a batch over a batch limit by itself (<limit>_exceeded)."},
+    404: {**_ERROR, "description": "No such batch or input file for this tenant."},
+    409: {**_ERROR, "description": "Cancel: the batch has already ended."},
+    429: {**_ERROR, "description": "The tenant's batch limits (batch_tokens_per_day, batch_queued_lines) are "
+          "reached for now; Retry-After says when the batch would fit."},
+    503: {**_ERROR, "description": "Kafka or the batches topic is not available yet."},
+}
+router = APIRouter(tags=["batches"], responses=ERRORS)
 _MAX_BODY = 64 * 1024
 _MAX_LIST = 100
 
@@ -48,7 +61,8 @@ def _metadata(metadata: dict[str, Any] | None) -> dict[str, str] | None:
     return metadata
 
 
-@router.post("/v1/batches")
+@router.post("/v1/batches", openapi_extra={"requestBody": {"required": True, "content": {
+    "application/json": {"schema": CreateBatchBody.model_json_schema()}}}})
 async def create_batch(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
     """Create a batch from an uploaded JSONL file (OpenAI's Batch API)."""
     desk = _desk(request)
@@ -63,12 +77,24 @@ async def create_batch(request: Request, caller: Principal = Depends(principal))
     return batch_object(state)
 
 
-@router.get("/v1/batches")
-async def list_batches(request: Request, after: str | None = None, limit: str | None = None,
-                       caller: Principal = Depends(principal)) -> dict[str, Any]:
+# Read by hand (a 400 naming the parameter, not FastAPI's 422), so declared here.
+_LIST_PARAMETERS: dict[str, Any] = {"parameters": [
+    {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+     "description": "A batch id: list the batches after it (the cursor)."},
+    {"name": "limit", "in": "query", "required": False,
+     "schema": {"type": "integer", "minimum": 1, "maximum": _MAX_LIST, "default": 20}},
+]}
+
+
+@router.get("/v1/batches", openapi_extra=_LIST_PARAMETERS)
+async def list_batches(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
     """The caller's batches, newest first; ``after`` (a batch id) and ``limit`` (1-100, default 20) page them."""
-    count = _limit(limit)
-    states, has_more = await _desk(request).list(caller.tenant, after=after, limit=count)
+    unknown = sorted(set(request.query_params) - {"after", "limit"})
+    if unknown:
+        raise errors.EdgeError(400, f"Unrecognized request argument supplied: {unknown[0]!r}", param=unknown[0],
+                               code="unknown_parameter")
+    count = _limit(request.query_params.get("limit"))
+    states, has_more = await _desk(request).list(caller.tenant, after=request.query_params.get("after"), limit=count)
     data = [batch_object(s) for s in states]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}

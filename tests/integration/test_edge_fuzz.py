@@ -70,17 +70,18 @@ async def _start_heartbeat(worker: FakeWorker) -> asyncio.Task:
 
 
 STORE = "/v1/vector_stores/{store_id}"
-# A generated id names nothing: 404 is the right answer to a well-formed one.
+# A generated id names nothing: 404 is the right answer to a well-formed one (a batch's input file included).
 FILE_BY_ID = ["GET /v1/files/{file_id}", "DELETE /v1/files/{file_id}", "GET /v1/files/{file_id}/content",
               f"GET {STORE}", f"DELETE {STORE}", f"POST {STORE}/files", f"GET {STORE}/files",
               f"GET {STORE}/files/{{file_id}}", f"DELETE {STORE}/files/{{file_id}}", f"POST {STORE}/file_batches",
-              f"GET {STORE}/file_batches/{{batch_id}}", f"POST {STORE}/search"]
+              f"GET {STORE}/file_batches/{{batch_id}}", f"POST {STORE}/search",
+              "POST /v1/batches", "GET /v1/batches/{batch_id}", "POST /v1/batches/{batch_id}/cancel"]
 OPERATIONS = ["GET /healthz", "GET /readyz", "GET /v1/models", "GET /v1/models/{model}",
               "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/files", "GET /v1/files",
-              "POST /v1/vector_stores", "GET /v1/vector_stores", *FILE_BY_ID]
+              "POST /v1/vector_stores", "GET /v1/vector_stores", "GET /v1/batches", *FILE_BY_ID]
 # Operations with no parameter or body have no invalid input to generate.
 WITH_INPUT = ["GET /v1/models/{model}", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/files",
-              "GET /v1/files", "GET /v1/vector_stores", *FILE_BY_ID]
+              "GET /v1/files", "GET /v1/vector_stores", "GET /v1/batches", *FILE_BY_ID]
 CASES = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + [(label, GenerationMode.NEGATIVE) for label in WITH_INPUT]
 
 
