@@ -126,7 +126,8 @@ def scraped(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """Prometheus scraping the stack, and the answers of the requests it saw (a warm-up, then one per prompt)."""
     targets = tmp_path_factory.mktemp("prometheus-targets") / "workers.json"
     entries = _worker_targets(stack, targets)
-    assert [e["labels"]["kind"] for e in entries] == ["engine-worker"], entries
+    # The worker process and its batch lane (a second consumer, with metrics of its own).
+    assert sorted(e["labels"]["kind"] for e in entries) == ["batch-worker", "engine-worker"], entries
     with prometheus_server(f"127.0.0.1:{stack.port}", targets) as prometheus:
         _chat(stack, "warm-up: " + PROMPTS[0])
         # Series born before the measured requests are in Prometheus first, so rate() sees all of those requests.
@@ -185,7 +186,7 @@ def test_prometheus_sees_the_edge_its_ready_worker_and_the_request_partitions_la
         stack: Stack, scraped: tuple[Prometheus, list]) -> None:
     prometheus, _ = scraped
     served = len(SERVED)
-    assert prometheus.value('count(up == 1)') == 2
+    assert prometheus.value('count(up == 1)') == 3  # the edge, the worker and its batch lane
     assert prometheus.value("specstream:ready_workers") == 1
     assert prometheus.value('sum(specstream:edge_requests_total{route="/v1/chat/completions",status="200"})') == served - 1
     # A websocket carries many requests: each is counted, answered or refused, with its latencies.
@@ -197,7 +198,8 @@ def test_prometheus_sees_the_edge_its_ready_worker_and_the_request_partitions_la
     assert prometheus.value('sum(specstream:time_to_first_token_seconds_count{measured_at="worker"})') == served
     lag = prometheus.query("specstream:kafka_consumer_lag")
     assert {(s["metric"]["group"], s["metric"]["topic"]) for s in lag} == {
-        (f"{stack.topic_prefix}.engine-workers", f"{stack.topic_prefix}.requests")}
+        (f"{stack.topic_prefix}.engine-workers", f"{stack.topic_prefix}.requests"),
+        (f"{stack.topic_prefix}.batch-workers", f"{stack.topic_prefix}.batch-lines")}
     assert prometheus.value('ALERTS{alertname="SpecstreamNoReadyWorker"}') is None
 
 
