@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from streams.config.tools import SandboxSettings, ToolSettings
+from streams.tools.sandbox.reaper import become_subreaper, reap_orphans
 from streams.tools.sandbox.seccomp import filter_bytes
 from streams.tools.sandbox.view import bwrap_argv
 
@@ -70,6 +71,9 @@ class Sandbox:
         self.settings = settings
         self.seccomp = filter_bytes() if settings.seccomp else None
         self._as_root = os.geteuid() == 0
+        # bubblewrap's leftover processes come back to this process to be collected (streams/tools/sandbox/reaper.py).
+        self._subreaper = become_subreaper()
+        self._awaited: set[int] = set()  # the calls' own processes, which asyncio reaps
         # Each concurrent call gets a uid of its own (as root); otherwise they all run as this process's user.
         self._slots: asyncio.Queue[int] = asyncio.Queue()
         for slot in range(slots):
@@ -123,6 +127,7 @@ class Sandbox:
         finally:
             if read_fd is not None:
                 os.close(read_fd)
+        self._awaited.add(process.pid)
         output = _Output(limits.max_output_bytes,
                          on_limit=lambda: _kill_group(process.pid) if process.returncode is None else None)
         # The pipes are read to their end even past the limit (what comes after is dropped): asyncio reports the
@@ -144,6 +149,9 @@ class Sandbox:
                 _kill_group(process.pid)  # whatever is left of the call: its pid namespace goes with bwrap
         await readers
         status = await process.wait()
+        self._awaited.discard(process.pid)
+        if self._subreaper:
+            reap_orphans(self._awaited)
         return RunOutcome(output.text("stdout"), output.text("stderr"), status, timed_out, output.truncated,
                           time.monotonic() - started)
 
