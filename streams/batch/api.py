@@ -17,20 +17,18 @@ from streams.edge.admission.parse import decode_json
 from streams.edge.admission.read import read_body
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
-from streams.edge.openapi import AUTH_ERRORS, ErrorResponse
+from streams.edge.openapi import error_responses
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); what every route may answer:
-_ERROR = {"model": ErrorResponse}
-ERRORS: dict[int | str, dict[str, Any]] = {
-    **AUTH_ERRORS,
-    400: {**_ERROR, "description": "Invalid input, naming the parameter (invalid_json, unknown_parameter, "
-          "invalid_value, missing_required_parameter), or a batch over a batch limit by itself (<limit>_exceeded)."},
-    404: {**_ERROR, "description": "No such batch or input file for this tenant."},
-    409: {**_ERROR, "description": "Cancel: the batch has already ended."},
-    429: {**_ERROR, "description": "The tenant's batch limits (batch_tokens_per_day, batch_queued_lines) are "
-          "reached for now; Retry-After says when the batch would fit."},
-    503: {**_ERROR, "description": "Kafka or the batches topic is not available yet."},
-}
+ERRORS = error_responses({
+    400: "Invalid input, naming the parameter (invalid_json, unknown_parameter, invalid_value, "
+         "missing_required_parameter), or a batch over a batch limit by itself (<limit>_exceeded).",
+    404: "No such batch or input file for this tenant.",
+    409: "Cancel: the batch has already ended.",
+    429: "The tenant's batch limits (batch_tokens_per_day, batch_queued_lines) are reached for now; Retry-After "
+         "says when the batch would fit.",
+    503: "Kafka or the batches topic is not available yet.",
+})
 router = APIRouter(tags=["batches"], responses=ERRORS)
 _MAX_BODY = 64 * 1024
 _MAX_LIST = 100

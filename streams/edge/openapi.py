@@ -225,6 +225,12 @@ AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def error_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """The 401 and each status's OpenAI-shaped error, for routes that read their input by hand (so FastAPI cannot
+    infer what they answer)."""
+    return {**AUTH_ERRORS, **{status: _error(text) for status, text in descriptions.items()}}
+
+
 def sse_event_schema(chunk_model: type[BaseModel]) -> dict[str, Any]:
     """One event of the stream (OpenAPI 3.1 ``schema`` of text/event-stream, i.e. 3.2's ``itemSchema``): its data is
     a JSON chunk, an error object, or the literal ``[DONE]``."""

@@ -23,7 +23,7 @@ from schemas.retrieval import FileSearch, SearchResults
 from streams.edge import errors
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
-from streams.edge.openapi import AUTH_ERRORS, ErrorResponse
+from streams.edge.openapi import error_responses
 from streams.edge.rag_client import RagEdge
 from streams.edge.vector_store_bodies import (
     AddBatch,
@@ -40,15 +40,13 @@ from streams.rag.filters import to_qdrant
 from streams.rag.jobs import new_id, new_store
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); the errors every route may answer:
-_ERROR = {"model": ErrorResponse}
-ERRORS: dict[int | str, dict[str, Any]] = {
-    **AUTH_ERRORS,
-    400: {**_ERROR, "description": "Invalid input, naming the parameter (invalid_json, unknown_parameter, "
-          "invalid_value, missing_required_parameter)."},
-    404: {**_ERROR, "description": "No such vector store, file or batch for this tenant (not_found)."},
-    503: {**_ERROR, "description": "Kafka or the vector store topics are not available yet."},
-    504: {**_ERROR, "description": "Search: the retriever (`specstream rag`) did not answer in time."},
-}
+ERRORS = error_responses({
+    400: "Invalid input, naming the parameter (invalid_json, unknown_parameter, invalid_value, "
+         "missing_required_parameter).",
+    404: "No such vector store, file or batch for this tenant (not_found).",
+    503: "Kafka or the vector store topics are not available yet.",
+    504: "Search: the retriever (`specstream rag`) did not answer in time.",
+})
 router = APIRouter(prefix="/v1/vector_stores", tags=["vector stores"], responses=ERRORS)
 BodyT = TypeVar("BodyT", bound=BaseModel)
 Order = Literal["asc", "desc"]
