@@ -1,9 +1,10 @@
 """The sections of files and documents: the blob store of uploaded files, and the document parser service."""
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from streams.config.base import _TOPIC_SAFE, MIB, ByteSize, Section, host_pid_id
+from streams.config.services import ConsumerSettings
 
 
 class FilesSettings(Section):
@@ -18,7 +19,7 @@ class FilesSettings(Section):
     )
 
 
-class ParserSettings(Section):
+class ParserSettings(ConsumerSettings):
     """The document parser (`specstream parser`): a consumer of <prefix>.ingest-jobs on the foundation."""
 
     id: str | None = Field(
@@ -48,10 +49,3 @@ class ParserSettings(Section):
 
     def resolved_id(self) -> str:
         return self.id or host_pid_id("parser")
-
-    @model_validator(mode="after")
-    def _heartbeat_below_session(self) -> "ParserSettings":
-        if self.heartbeat_interval_ms >= self.session_timeout_ms:
-            raise ValueError(f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below "
-                             f"session_timeout_ms ({self.session_timeout_ms})")
-        return self

@@ -8,13 +8,13 @@ from pydantic import Field, model_validator
 from streams.config.base import _TOPIC_SAFE, MIB, ByteSize, Section, host_pid_id
 
 
-class WorkerSettings(Section):
+class ConsumerSettings(Section):
+    """What every consumer on the foundation (streams/service/) is configured by; each service's section narrows
+    the defaults and descriptions to its messages."""
+
     id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=_TOPIC_SAFE,
         description="Worker id in announcements and dead letters; null: <hostname>-<pid>.",
-    )
-    group_id: str | None = Field(
-        default=None, min_length=1, description="Consumer group of the request topic; null: <topic_prefix>.engine-workers."
     )
     max_message_bytes: ByteSize = Field(
         default=MIB, ge=1024, description="Larger request messages are rejected (message_too_large) and dead-lettered."
@@ -38,11 +38,8 @@ class WorkerSettings(Section):
     def resolved_id(self) -> str:
         return self.id or host_pid_id("worker")
 
-    def resolved_group_id(self, topic_prefix: str) -> str:
-        return self.group_id or f"{topic_prefix}.engine-workers"
-
     @model_validator(mode="after")
-    def _heartbeat_below_session(self) -> "WorkerSettings":
+    def _heartbeat_below_session(self) -> "ConsumerSettings":
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError(
                 f"heartbeat_interval_ms ({self.heartbeat_interval_ms}) must be below session_timeout_ms "
@@ -51,6 +48,13 @@ class WorkerSettings(Section):
         return self
 
 
+class WorkerSettings(ConsumerSettings):
+    group_id: str | None = Field(
+        default=None, min_length=1, description="Consumer group of the request topic; null: <topic_prefix>.engine-workers."
+    )
+
+    def resolved_group_id(self, topic_prefix: str) -> str:
+        return self.group_id or f"{topic_prefix}.engine-workers"
 
 
 class EdgeAuthSettings(Section):
