@@ -40,23 +40,16 @@ def file_sd(announcements: list[ServiceAnnouncement], *, now: float, max_age_s: 
         key = (announcement.kind, announcement.service_id)
         if key not in latest or announcement.at >= latest[key].at:
             latest[key] = announcement
-    # Consumers of one process (the worker and its batch lane) share its registry and port: scrape that URL once,
-    # labelled as the process's main service (the one whose id the companions' ids extend).
-    by_url: dict[str, ServiceAnnouncement] = {}
-    for announcement in latest.values():
+    entries = []
+    for (kind, service_id), announcement in sorted(latest.items()):
         if announcement.state not in ("ready", "draining") or now - announcement.at > max_age_s:
             continue
         if not announcement.metrics_url:
             continue
-        held = by_url.get(announcement.metrics_url)
-        if held is None or len(announcement.service_id) < len(held.service_id):
-            by_url[announcement.metrics_url] = announcement
-    entries = []
-    for announcement in sorted(by_url.values(), key=lambda a: (a.kind, a.service_id)):
-        url = urlsplit(announcement.metrics_url or "")
+        url = urlsplit(announcement.metrics_url)
         entries.append({"targets": [url.netloc], "labels": {
-            "kind": announcement.kind, "service_id": announcement.service_id, "pool": pool,
-            "__metrics_path__": url.path or "/metrics", "__scheme__": url.scheme or "http"}})
+            "kind": kind, "service_id": service_id, "pool": pool, "__metrics_path__": url.path or "/metrics",
+            "__scheme__": url.scheme or "http"}})
     return entries
 
 
