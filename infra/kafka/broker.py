@@ -62,8 +62,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-SINGLE_READY_TIMEOUT_S = 60.0
-CLUSTER_READY_TIMEOUT_S = 120.0
+SINGLE_READY_TIMEOUT_S = 120.0
+CLUSTER_READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 30.0
 _KILL_WAIT_S = 10.0
 
@@ -209,7 +209,7 @@ def wait_ready(spec: ClusterSpec, timeout_s: float | None = None, node_ids: Sequ
     """Block until the nodes serve metadata and accept an acks=all produce.
 
     Fails fast (BrokerStartError) if a node's process is not running, and with
-    NotReadyError after ``timeout_s`` (default 60 s single, 120 s cluster). Safe
+    NotReadyError after ``timeout_s`` (default 120 s single, 180 s cluster: a cold JVM on a busy CI machine is slow). Safe
     to call from inside a running event loop; async code may use :func:`await_ready`.
     """
     selected = [spec.node(node_id) for node_id in node_ids] if node_ids else list(spec.nodes)

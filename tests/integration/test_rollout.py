@@ -203,7 +203,8 @@ def test_with_prometheus_the_gates_read_each_pools_recorded_figures_and_roll_bac
     # The figures came from the recording rules (which have no error codes), not from the reply topics.
     assert state.reason.startswith("error rate: candidate") and state.reason.endswith("(from prometheus)"), state.reason
     assert "the gates read the bus" not in log
-    assert candidate_errors is not None and candidate_errors >= 2 and stable_answered is not None and stable_answered > 0
+    # increase() extrapolates to the window's edges, so a count of 2 errors may read 1.94: ask for more than one.
+    assert candidate_errors is not None and candidate_errors > 1 and stable_answered is not None and stable_answered > 0
 
 
 def test_an_abort_mid_step_puts_all_traffic_on_stable_within_seconds(stack: Stack, tmp_path: Path) -> None:
