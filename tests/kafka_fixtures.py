@@ -14,20 +14,21 @@ Environment:
   SPECSTREAM_KAFKA_CLUSTER_PORT  base port of the local three-node cluster (default 39092)
   SPECSTREAM_STATE_DIR / SPECSTREAM_CACHE_DIR   see infra.kafka.paths
 
-A broker that was already running before the session is left running; one the
-session started is stopped at the end. Setup failures (no Java, no Maven, port
+A broker that was already running before the session is left running; one a
+test session started is stopped by the last session using it. Setup failures (no Java, no Maven, port
 taken, broker crash) surface as fixture errors, never as skips.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from infra.kafka.broker import ClusterSpec, single_node, start, status, stop, three_nodes
+from infra.kafka.broker import ClusterSpec, single_node, start, stop, three_nodes
 from infra.kafka.paths import env_port
 from infra.kafka.spec import DEFAULT_CLUSTER_BASE_PORT
 
@@ -54,13 +55,30 @@ def unique_topic(prefix: str) -> str:
 
 
 def _run_for_session(spec: ClusterSpec) -> Iterator[ClusterSpec]:
-    started_here = not status(spec).pids
-    start(spec)
-    try:
-        yield spec
-    finally:
-        if started_here:
-            stop(spec)
+    """Share the broker with every other pytest session on this machine (two checkouts testing at once).
+
+    Each session holds a shared lock on the state folder's ``sessions.lock`` while it runs. A broker some session
+    started (``started-by-tests`` marks it) is stopped by the last session out, the one that can then take the lock
+    exclusively: stopping it when the session that started it ends would pull it from under the others.
+    """
+    spec.state_dir.mkdir(parents=True, exist_ok=True)
+    marker = spec.state_dir / "started-by-tests"
+    with (spec.state_dir / "sessions.lock").open("w") as sessions:
+        fcntl.flock(sessions, fcntl.LOCK_SH)
+        if start(spec).started:
+            marker.touch()
+        try:
+            yield spec
+        finally:
+            fcntl.flock(sessions, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(sessions, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # another session still tests against it
+            else:
+                if marker.exists():
+                    stop(spec)
+                    marker.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")
