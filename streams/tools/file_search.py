@@ -17,8 +17,9 @@ import json
 from typing import Any
 
 from aiokafka.errors import KafkaError
+from pydantic import ValidationError
 
-from schemas.retrieval import Passage, SearchResults
+from schemas.retrieval import FileSearch, Passage, SearchResults
 from schemas.tools import ToolError, ToolErrorCode
 from streams.config import Settings
 from streams.config.tools import ToolSettings
@@ -37,12 +38,11 @@ class FileSearcher:
         self._opening: asyncio.Task[RagClient] | None = None
 
     async def run(self, tool: ToolSettings, arguments: dict[str, Any], tenant: str, budget_s: float) -> Outcome:
-        stores = list(arguments.get("vector_store_ids") or tool.vector_store_ids)
-        if not stores:
-            return _error("rejected", "file_search needs a vector store: the call names none (vector_store_ids) "
-                          "and the tool configures none")
+        search = search_of(tool, arguments)
+        if isinstance(search, ToolError):
+            return Outcome(error=search)
         try:
-            return await asyncio.wait_for(self._search(tool, arguments, tenant, stores, budget_s), budget_s)
+            return await asyncio.wait_for(self._search(tool, search, tenant, budget_s), budget_s)
         except (TimeoutError, RagTimeout):
             return _error("timeout", f"the retriever did not answer within {budget_s:g} s (is `specstream rag` "
                           "running?)")
@@ -51,16 +51,15 @@ class FileSearcher:
         except KafkaError as error:
             return _error("retrieval_failed", f"the bus failed: {type(error).__name__}: {error}")
 
-    async def _search(self, tool: ToolSettings, arguments: dict[str, Any], tenant: str, stores: list[str],
-                      budget_s: float) -> Outcome:
+    async def _search(self, tool: ToolSettings, search: FileSearch, tenant: str, budget_s: float) -> Outcome:
         # Shielded: a call that times out while the session opens must not cancel it half-way (a started consumer
         # would leak); the next call finds it open.
         client = await asyncio.shield(self._client())
-        refused = await _refusal(client, stores, tenant)
+        refused = await _refusal(client, search.vector_store_ids, tenant)
         if refused is not None:
             return Outcome(error=refused)
-        answer = await client.ask("search", stores, query=str(arguments["query"]), tenant=tenant,
-                                  max_num_results=int(arguments.get("max_num_results", 4)), timeout_s=budget_s)
+        answer = await client.ask("search", search.vector_store_ids, query=search.query, tenant=tenant,
+                                  max_num_results=search.max_num_results, timeout_s=budget_s)
         if not isinstance(answer, SearchResults):
             return _error("retrieval_failed", f"the retriever answered {type(answer).__name__}, not search results")
         output, truncated = results_output(answer.passages, tool.max_output_bytes)
@@ -84,6 +83,27 @@ class FileSearcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._opening
         await self._stack.aclose()
+
+
+def search_of(tool: ToolSettings, arguments: dict[str, Any]) -> FileSearch | ToolError:
+    """What the call searches. The shipped schema already shapes the arguments, but an operator's schema for a
+    file_search tool may not: whatever passed it is checked here again, so a bad value is a ``rejected`` result
+    rather than a crashed call."""
+    stores = arguments.get("vector_store_ids") or tool.vector_store_ids
+    if not stores:
+        return ToolError(code="rejected", message="file_search needs a vector store: the call names none "
+                         "(vector_store_ids) and the tool configures none")
+    query = arguments.get("query")
+    if not isinstance(query, str) or not query.strip():
+        return ToolError(code="rejected", message="arguments of file_search fail at query: a non-empty string is "
+                         "required")
+    try:
+        return FileSearch(vector_store_ids=stores, query=query,
+                          max_num_results=arguments.get("max_num_results", 4))
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = "/".join(str(p) for p in first["loc"]) or "(the arguments)"
+        return ToolError(code="rejected", message=f"arguments of file_search fail at {where}: {first['msg']}")
 
 
 async def _refusal(client: RagClient, stores: list[str], tenant: str) -> ToolError | None:

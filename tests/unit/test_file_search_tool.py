@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from schemas.retrieval import Passage
-from schemas.tools import ToolIntent
+from schemas.tools import ToolError, ToolIntent
 from streams.config import ConfigError, load_settings
-from streams.config.tools import ToolsSettings
+from streams.config.tools import ToolSettings, ToolsSettings
 from streams.tools.checks import refusal
-from streams.tools.file_search import results_output
+from streams.tools.file_search import results_output, search_of
 
 
 def passage(text: str, score: float, file_id: str = "file-a") -> Passage:
@@ -71,3 +71,25 @@ def test_a_first_result_larger_than_the_limit_has_its_text_cut_to_fit() -> None:
     assert truncated and len(output["results"]) == 1
     assert 0 < len(output["results"][0]["text"]) < 5000
     assert len(json.dumps(output, ensure_ascii=False).encode()) <= 512
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ({}, "at query: a non-empty string is required"),
+    ({"query": "   "}, "at query: a non-empty string is required"),
+    ({"query": "x", "max_num_results": 99}, "at max_num_results: Input should be less than or equal to 50"),
+    ({"query": "x", "vector_store_ids": [f"vs_{i}" for i in range(9)]}, "at vector_store_ids: List should have at most 8"),
+])
+def test_a_lax_operator_schema_still_gets_bad_arguments_rejected_not_crashed(arguments: dict[str, object],
+                                                                               message: str) -> None:
+    lax = ToolSettings(executor="file_search", parameters={}, vector_store_ids=["vs_a"])
+    refused = search_of(lax, arguments)
+    assert isinstance(refused, ToolError) and refused.code == "rejected" and message in refused.message
+
+
+def test_the_calls_stores_come_first_then_the_tools_and_none_is_rejected() -> None:
+    configured = ToolSettings(executor="file_search", parameters={}, vector_store_ids=["vs_a"])
+    assert search_of(configured, {"query": "q"}).vector_store_ids == ["vs_a"]  # type: ignore[union-attr]
+    assert search_of(configured, {"query": "q", "vector_store_ids": ["vs_b"]}).vector_store_ids == ["vs_b"]  # type: ignore[union-attr]
+    none = search_of(ToolSettings(executor="file_search", parameters={}), {"query": "q"})
+    assert isinstance(none, ToolError) and "the call names none (vector_store_ids) and the tool configures none" in \
+        none.message
