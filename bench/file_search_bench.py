@@ -32,7 +32,7 @@ from streams.tools.client import ToolClient
 from streams.tools.runner import ToolRunner
 
 # The parser's output as the rag tests publish it: this measures searching, not parsing.
-from tests.rag_support import chunks_of, job, publish, queued, store_record, wait_status
+from tests.rag_support import publish_store, wait_status
 
 STORE = "vs_bench_facts"
 FACTS = [
@@ -54,16 +54,7 @@ def bench_settings(settings: Settings, state_dir: Path) -> Settings:
 
 async def ingest(settings: Settings) -> None:
     catalog = settings.catalog
-    producer = kafka_io.make_producer(settings.kafka, client_id="file-search-bench")
-    await producer.start()
-    try:
-        await publish(producer, catalog.vector_stores.name, STORE, store_record(STORE, "bench"))
-        document = job(STORE, "file-facts", "facts.md", tenant="bench")
-        await publish(producer, catalog.documents.name, document.document_key, queued(document))
-        for message in chunks_of(document, FACTS):
-            await publish(producer, catalog.document_chunks.name, document.document_key, message)
-    finally:
-        await producer.stop()
+    await publish_store(settings.kafka.bootstrap_servers, catalog, STORE, "bench", FACTS)
     await wait_status(settings.kafka.bootstrap_servers, catalog.documents.name, STORE, "file-facts", "completed")
 
 

@@ -23,7 +23,7 @@ from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack, running_stack, spawn_process
 from tests.edge_support import WORKER_ENV
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.rag_support import chunks_of, job, publish, queued, store_record, wait_status
+from tests.rag_support import publish_store, wait_status
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
 
@@ -48,16 +48,7 @@ async def ingest(stack: Stack) -> None:
     settings = Settings(kafka={"bootstrap_servers": stack.bootstrap_servers, "topic_prefix": stack.topic_prefix})
     catalog = settings.catalog
     await kafka_io.ensure_topics(settings.kafka, catalog.shared_topics())
-    producer = kafka_io.make_producer(settings.kafka, client_id="pytest-e2e-file-search")
-    await producer.start()
-    try:
-        await publish(producer, catalog.vector_stores.name, STORE, store_record(STORE, "test"))
-        document = job(STORE, "file-facts", "facts.md", tenant="test")
-        await publish(producer, catalog.documents.name, document.document_key, queued(document))
-        for message in chunks_of(document, [FACT]):
-            await publish(producer, catalog.document_chunks.name, document.document_key, message)
-    finally:
-        await producer.stop()
+    await publish_store(stack.bootstrap_servers, catalog, STORE, "test", [FACT])
     await wait_status(stack.bootstrap_servers, catalog.documents.name, STORE, "file-facts", "completed", timeout_s=240)
 
 

@@ -25,16 +25,7 @@ from streams.rag.service import RagService
 from streams.tools.client import ToolClient
 from streams.tools.runner import ToolRunner
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
-from tests.rag_support import (
-    chunks_of,
-    job,
-    publish,
-    queued,
-    rag_settings,
-    shared_embedder,
-    store_record,
-    wait_status,
-)
+from tests.rag_support import publish_store, rag_settings, shared_embedder, wait_status
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.kafka, pytest.mark.timeout(300)]
 
@@ -62,21 +53,6 @@ class Rig:
         return await self.client.call(self.client.intent(tool, arguments, tenant=tenant), timeout_s=60)
 
 
-async def add_store(settings: Settings, store: str, tenant: str, texts: list[str] | None = None) -> None:
-    producer = kafka_io.make_producer(settings.kafka, client_id="pytest-file-search")
-    await producer.start()
-    try:
-        await publish(producer, settings.catalog.vector_stores.name, store, store_record(store, tenant))
-        if texts is None:
-            return
-        ingest = job(store, "file-facts", "facts.md", tenant=tenant)
-        await publish(producer, settings.catalog.documents.name, ingest.document_key, queued(ingest))
-        for message in chunks_of(ingest, texts):
-            await publish(producer, settings.catalog.document_chunks.name, ingest.document_key, message)
-    finally:
-        await producer.stop()
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:  # noqa: F811
     settings = with_tools(rag_settings(kafka_bootstrap, tmp_path_factory.mktemp("rag")), timeout_s=20.0, stores=[STORE])
@@ -84,8 +60,8 @@ async def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
     service = RagService(settings, embedder=shared_embedder())
     await service.start()
     try:
-        await add_store(settings, STORE, "acme", FACTS)
-        await add_store(settings, OTHER, "bob", ["Bob's secret: the vault code is 4711."])
+        await publish_store(kafka_bootstrap, settings.catalog, STORE, "acme", FACTS)
+        await publish_store(kafka_bootstrap, settings.catalog, OTHER, "bob", ["Bob's secret: the vault code is 4711."])
         for store in (STORE, OTHER):
             await wait_status(kafka_bootstrap, settings.catalog.documents.name, store, "file-facts", "completed")
         async with ToolRunner(settings), ToolClient(settings) as client:
@@ -158,7 +134,7 @@ async def test_a_retriever_that_does_not_answer_is_a_timeout_and_the_runner_keep
                           timeout_s=2.0, stores=[STORE])
     await kafka_io.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
     try:
-        await add_store(settings, STORE, "acme")
+        await publish_store(kafka_bootstrap, settings.catalog, STORE, "acme")
         async with ToolRunner(settings), ToolClient(settings) as client:
             started = time.monotonic()
             result = await client.call(client.intent("file_search", {"query": "lighthouse"}, tenant="acme"),
