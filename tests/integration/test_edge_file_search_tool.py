@@ -21,7 +21,7 @@ from streams.config import Settings
 from streams.config.tools import ToolsSettings
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack, running_stack, spawn_process
-from tests.edge_support import WORKER_ENV
+from tests.edge_support import WORKER_ENV, forced_server_call
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 from tests.rag_support import publish_store, wait_status
 
@@ -33,7 +33,6 @@ SEARCH_TOOL = {"type": "function", "function": {
     "name": "file_search", "description": "Search the documents.",
     "parameters": {"type": "object", "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 40}},
                    "required": ["query"], "additionalProperties": False}}}
-NAMED = {"type": "function", "function": {"name": "file_search"}}
 ASK = [{"role": "user", "content": "When was the lighthouse on Vellmar Island built? Search the documents."}]
 
 
@@ -69,13 +68,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 def test_a_model_called_file_search_is_run_by_the_tool_runner_and_its_passages_reach_the_answer(stack: Stack) -> None:
     client = OpenAI(base_url=stack.base_url + "/v1", api_key=stack.api_key, max_retries=0, timeout=300)
-    response = client.chat.completions.create(model=MODEL, messages=ASK, tools=[SEARCH_TOOL], tool_choice=NAMED,
-                                              parallel_tool_calls=False, max_tokens=60)
-    message = response.choices[0].message
-    assert message.tool_calls and message.tool_calls[0].function.name == "file_search"
-    results = (response.model_extra or {})["specstream"]["tool_results"]
-    assert [r["tool_call_id"] for r in results] == [message.tool_calls[0].id]
-    assert results[0]["error"] is None, results[0]
+    _, results = forced_server_call(client, MODEL, ASK, SEARCH_TOOL, max_tokens=60)
+    assert results[0]["name"] == "file_search" and results[0]["error"] is None, results[0]
     found = results[0]["output"]["results"]
     assert found[0]["file_id"] == "file-facts" and found[0]["vector_store_id"] == STORE and "1887" in found[0]["text"]
-    assert message.content and response.choices[0].finish_reason in ("stop", "length")
