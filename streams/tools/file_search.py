@@ -44,7 +44,7 @@ class FileSearcher:
         try:
             return await asyncio.wait_for(self._search(tool, search, tenant, budget_s), budget_s)
         except (TimeoutError, RagTimeout):
-            return _error("timeout", f"the retriever did not answer within {budget_s:g} s (is `specstream rag` "
+            return _error("timeout", f"the retriever did not answer within {budget_s:.3g} s (is `specstream rag` "
                           "running?)")
         except RagError as error:
             return _error("retrieval_failed", f"the retriever refused the search: {error}")
