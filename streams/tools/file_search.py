@@ -38,7 +38,7 @@ class FileSearcher:
         self._opening: asyncio.Task[RagClient] | None = None
 
     async def run(self, tool: ToolSettings, arguments: dict[str, Any], tenant: str, budget_s: float) -> Outcome:
-        search = search_of(tool, arguments)
+        search = search_of(tool, arguments, default_results=self.settings.rag.default_max_num_results)
         if isinstance(search, ToolError):
             return Outcome(error=search)
         try:
@@ -85,7 +85,7 @@ class FileSearcher:
         await self._stack.aclose()
 
 
-def search_of(tool: ToolSettings, arguments: dict[str, Any]) -> FileSearch | ToolError:
+def search_of(tool: ToolSettings, arguments: dict[str, Any], *, default_results: int = 4) -> FileSearch | ToolError:
     """What the call searches. The shipped schema already shapes the arguments, but an operator's schema for a
     file_search tool may not: whatever passed it is checked here again, so a bad value is a ``rejected`` result
     rather than a crashed call."""
@@ -99,7 +99,7 @@ def search_of(tool: ToolSettings, arguments: dict[str, Any]) -> FileSearch | Too
                          "required")
     try:
         return FileSearch(vector_store_ids=stores, query=query,
-                          max_num_results=arguments.get("max_num_results", 4))
+                          max_num_results=arguments.get("max_num_results", default_results))
     except ValidationError as error:
         first = error.errors()[0]
         where = "/".join(str(p) for p in first["loc"]) or "(the arguments)"
