@@ -27,6 +27,8 @@ ToolErrorCode = Literal[
     "deadline_exceeded",  # the intent's deadline passed before it ran
     "sandbox_error",  # the sandbox itself failed to start
     "no_result",  # the worker waited for a result in vain (the runner is down or too slow)
+    "not_found",  # file_search: a vector store that does not exist
+    "retrieval_failed",  # file_search: the retriever answered with an error
 ]
 
 
@@ -67,7 +69,8 @@ class ToolResult(Event):
     call_id: str = Field(description="The call this answers.")
     tool: str = Field(description="Name of the tool.")
     output: Any = Field(
-        default=None, description="The tool's JSON output: a number (calculator); stdout, stderr, exit_status (python).",
+        default=None, description="The tool's JSON output: a number (calculator); stdout, stderr, exit_status (python); "
+        "results: [{file_id, filename, vector_store_id, score, text, attributes}] (file_search).",
     )
     error: ToolError | None = Field(default=None, description="Why the call failed or was refused; None: it succeeded.")
     duration_s: float = Field(ge=0, description="Seconds from reading the intent to the result.")

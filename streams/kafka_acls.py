@@ -114,6 +114,10 @@ def tool_runner_grants(catalog: TopicCatalog, group_id: str | None = None) -> li
         _topic("WRITE", catalog.tool_results),
         _topic("WRITE", catalog.dead_letters),
         *[_topic("WRITE", t) for t in announcement_topics(catalog)],
+        # file_search: the stores' table (tenant checks), the retriever's input, a reply topic of its own
+        _topic("READ", catalog.vector_stores),
+        _topic("WRITE", catalog.retrieval),
+        *[Grant(op, "TOPIC", catalog.replies("tool-runner-").name, prefixed=True) for op in ("READ", "CREATE")],
     ]
 
 

@@ -174,3 +174,19 @@ async def topic_records(bootstrap_servers: str, topic: str) -> list[Any]:
                 out.extend(records)
     finally:
         await consumer.stop()
+
+
+def forced_server_call(client: Any, model: str, messages: list[dict[str, Any]], tool: dict[str, Any],
+                       *, max_tokens: int) -> tuple[Any, list[dict[str, Any]]]:
+    """A non-streamed request whose `tool_choice` names `tool` (a tiny model calls it then, once): its message and
+    the server's results, checked to answer exactly the message's one call of that tool."""
+    name = tool["function"]["name"]
+    response = client.chat.completions.create(model=model, messages=messages, tools=[tool], parallel_tool_calls=False,
+                                              tool_choice={"type": "function", "function": {"name": name}},
+                                              max_tokens=max_tokens)
+    message = response.choices[0].message
+    assert message.tool_calls and message.tool_calls[0].function.name == name
+    results = (response.model_extra or {})["specstream"]["tool_results"]
+    assert [r["tool_call_id"] for r in results] == [message.tool_calls[0].id]
+    assert message.content and response.choices[0].finish_reason in ("stop", "length")
+    return message, results

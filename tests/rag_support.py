@@ -20,7 +20,7 @@ from schemas.documents import (
     document_key,
 )
 from schemas.retrieval import VectorStoreRecord
-from schemas.topics import Topic
+from schemas.topics import Topic, TopicCatalog
 from streams import kafka_io
 from streams.config import Settings
 from streams.rag.embedding import Embedder
@@ -74,6 +74,24 @@ def chunks_of(ingest: IngestJob, texts: list[str], *, parts: int = 1) -> list[Do
 
 async def publish(producer, topic: str, key: str, event: BaseModel | None) -> None:  # type: ignore[no-untyped-def]
     await producer.send_and_wait(topic, None if event is None else kafka_io.encode(event), key=key.encode())
+
+
+async def publish_store(kafka: str, catalog: TopicCatalog, store: str, tenant: str, texts: list[str] | None = None,
+                        *, file_id: str = "file-facts", filename: str = "facts.md") -> None:
+    """A store's record and, given texts, one document of them as the parser would publish it (its chunks); the
+    rag service indexes it (wait for it with :func:`wait_status`)."""
+    producer = kafka_io.make_producer(kafka, client_id="pytest-rag-store")
+    await producer.start()
+    try:
+        await publish(producer, catalog.vector_stores.name, store, store_record(store, tenant))
+        if texts is None:
+            return
+        ingest = job(store, file_id, filename, tenant=tenant)
+        await publish(producer, catalog.documents.name, ingest.document_key, queued(ingest))
+        for message in chunks_of(ingest, texts):
+            await publish(producer, catalog.document_chunks.name, ingest.document_key, message)
+    finally:
+        await producer.stop()
 
 
 async def document_states(bootstrap: str, topic: str, key: str) -> list[DocumentState]:

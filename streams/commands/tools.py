@@ -19,7 +19,7 @@ def add_commands(commands: Any) -> None:
     actions = tools.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="the registry: name, executor, tenants, limits").set_defaults(handler=cmd_list)
     call = actions.add_parser("call", help="publish one intent and print its result (exit 1 if it failed)")
-    call.add_argument("name", help="registered tool, e.g. calculator")
+    call.add_argument("name", help="registered tool, e.g. calculator, python, file_search")
     call.add_argument("arguments", help="its arguments as a JSON object, e.g. '{\"expression\": \"2**10\"}'")
     call.add_argument("--tenant", default="default", help="tenant the call is made for (default: default)")
     call.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the result")
@@ -35,6 +35,10 @@ def cmd_list(args: argparse.Namespace, settings: Settings) -> int:
     for name, tool in sorted(registry.items()):
         print(f"{name:<16} {tool.executor:<11} {','.join(tool.tenants):<20} {tool.timeout_s:>7g}s "
               f"{tool.memory_bytes // 2**20:>7}MiB {tool.max_output_bytes // 1024:>6}KiB")
+    for name, tool in sorted(registry.items()):
+        if tool.executor == "file_search":
+            stores = ", ".join(tool.vector_store_ids) or "the stores each call names"
+            print(f"{name}: searches {stores} (only the calling tenant's stores)")
     print(f"max_rounds: {settings.tools.max_rounds}")
     return 0
 

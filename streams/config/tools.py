@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from streams.config.base import MIB, ByteSize, Section
 from streams.config.services import WorkerSettings
@@ -25,11 +25,23 @@ _CALCULATOR_PARAMETERS: dict[str, Any] = {
     "required": ["expression"],
     "additionalProperties": False,
 }
+_FILE_SEARCH_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "minLength": 1, "maxLength": 4096, "description": "What to look for."},
+        "max_num_results": {"type": "integer", "minimum": 1, "maximum": 50, "description": "Passages to return."},
+        "vector_store_ids": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 8,
+                             "description": "Stores to search; default: the tool's configured stores."},
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
 
 
 class ToolSettings(Section):
-    executor: Literal["calculator", "python"] = Field(
-        description="What runs it: calculator (arithmetic in the runner, no eval) or python (a snippet in the sandbox).",
+    executor: Literal["calculator", "python", "file_search"] = Field(
+        description="What runs it: calculator (arithmetic in the runner, no eval), python (a snippet in the sandbox) "
+        "or file_search (a search of vector stores through the rag service's retriever).",
     )
     description: str = Field(default="", description="What the tool does, for the model.")
     parameters: dict[str, Any] = Field(description="JSON schema of its arguments; the runner validates every call.")
@@ -43,6 +55,16 @@ class ToolSettings(Section):
     max_processes: int = Field(default=16, ge=2, le=4096, description="Processes and threads of one call (RLIMIT_NPROC).")
     max_file_bytes: ByteSize = Field(default=16 * MIB, ge=4096, description="Largest file it may write (RLIMIT_FSIZE).")
     tmp_bytes: ByteSize = Field(default=32 * MIB, ge=MIB, description="Size of its private writable /tmp (tmpfs).")
+    vector_store_ids: list[str] = Field(
+        default_factory=list, max_length=8,
+        description="file_search: stores searched when a call names none; each must belong to the calling tenant.",
+    )
+
+    @model_validator(mode="after")
+    def _stores_only_for_file_search(self) -> ToolSettings:
+        if self.vector_store_ids and self.executor != "file_search":
+            raise ValueError(f"vector_store_ids is for the file_search executor, not {self.executor}")
+        return self
 
     @field_validator("parameters")
     @classmethod
@@ -67,6 +89,10 @@ def _default_registry() -> dict[str, ToolSettings]:
         "python": ToolSettings(executor="python", parameters=_PYTHON_PARAMETERS,
                                description="Run a Python 3 snippet in a sandbox (no network, private /tmp); "
                                "returns its stdout, stderr and exit status."),
+        "file_search": ToolSettings(executor="file_search", parameters=_FILE_SEARCH_PARAMETERS, timeout_s=10.0,
+                                    max_output_bytes=16 * 1024,
+                                    description="Search the tenant's vector stores for passages relevant to a "
+                                    "query; returns file_id, filename, score and text of each, best first."),
     }
 
 
@@ -111,7 +137,7 @@ class ToolsSettings(Section):
     retention_h: float = Field(default=168.0, gt=0, description="Hours the tool-intents and tool-results topics "
                                "keep every call (the audit log).")
     registry: dict[str, ToolSettings] = Field(
-        default_factory=_default_registry, description="Server-side tools by name (calculator and python ship).",
+        default_factory=_default_registry, description="Server-side tools by name (calculator, python and file_search ship).",
     )
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     runner: ToolRunnerSettings = Field(default_factory=ToolRunnerSettings)

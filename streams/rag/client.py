@@ -25,6 +25,10 @@ class RagError(Exception):
     pass
 
 
+class RagTimeout(RagError):
+    """No answer in time: the rag service is down, or too busy."""
+
+
 class RagClient:
     def __init__(self, kafka: Connectable, catalog: TopicCatalog, replies: AIOKafkaConsumer,
                  producer: AIOKafkaProducer, reply_topic: str) -> None:
@@ -37,19 +41,22 @@ class RagClient:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def session(cls, kafka: Connectable, catalog: TopicCatalog) -> AsyncIterator[RagClient]:
-        reply = catalog.replies(f"cli-{uuid.uuid4().hex[:10]}")
-        async with kafka_io.reply_session(kafka, reply, client_id="specstream-rag-cli") as (replies, producer):
+    async def session(cls, kafka: Connectable, catalog: TopicCatalog, *, name: str | None = None,
+                      client_id: str = "specstream-rag-cli", documents: bool = True) -> AsyncIterator[RagClient]:
+        """``name``: of the reply topic (default ``cli-<random>``); ``documents``: follow the documents' table too."""
+        reply = catalog.replies(name or f"cli-{uuid.uuid4().hex[:10]}")
+        async with kafka_io.reply_session(kafka, reply, client_id=client_id) as (replies, producer):
             client = cls(kafka, catalog, replies, producer, reply.name)
-            await client.stores.start()
-            await client.documents.start()
+            tables = [client.stores, client.documents] if documents else [client.stores]
+            for table in tables:
+                await table.start()
             client._reader = asyncio.create_task(client._read())
             try:
                 yield client
             finally:
                 await kafka_io.stop_polling(client._reader, None)
-                await client.documents.stop()
-                await client.stores.stop()
+                for table in tables:
+                    await table.stop()
 
     def store(self, ref: str) -> VectorStoreRecord:
         """A store by id, or by name when exactly one store has it."""
@@ -70,10 +77,12 @@ class RagClient:
 
     async def ask(self, op: str, store_ids: list[str], *, query: str = "", version: int | None = None,
                   max_num_results: int = 4, filters: dict[str, Any] | None = None, hybrid: bool | None = None,
-                  timeout_s: float = 60.0) -> BaseModel:
-        """The rag service's answer (SearchResults, IndexState); RagError for its ErrorEvent or none in time."""
+                  timeout_s: float = 60.0, tenant: str = "default") -> BaseModel:
+        """The rag service's answer (SearchResults, IndexState); RagError for its ErrorEvent, RagTimeout for none in
+        time."""
         request = RetrievalRequest(
             request_id=f"cli-{uuid.uuid4().hex}", reply_to=ReplyRoute(topic=self.reply_topic), op=op, version=version,
+            tenant=tenant,
             search=FileSearch(vector_store_ids=store_ids, query=query, max_num_results=max_num_results,
                               filters=filters, hybrid=hybrid))
         return await self.await_final(self.catalog.retrieval.name, request.request_id, request, timeout_s=timeout_s)
@@ -86,7 +95,7 @@ class RagClient:
             await self.publish(topic, request_id, message)
             event = await asyncio.wait_for(answer, timeout_s)
         except TimeoutError:
-            raise RagError(f"no answer to {request_id} within {timeout_s:.0f} s (is `specstream rag` "
+            raise RagTimeout(f"no answer to {request_id} within {timeout_s:.0f} s (is `specstream rag` "
                            "running?)") from None
         finally:
             self._answers.pop(request_id, None)

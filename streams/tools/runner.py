@@ -1,7 +1,8 @@
 """The tool runner: a consumer on the foundation that executes ToolIntents and publishes ToolResults.
 
     tool-intents ──► foundation (intake, dead letters, slot) ──► checks (allowlist, tenant, JSON schema)
-        ──► executor (calculator in process; python in the sandbox) ──► ToolResult on tool-results, keyed by call_id
+        ──► executor (calculator in process; python in the sandbox; file_search through the rag service's retriever)
+        ──► ToolResult on tool-results, keyed by call_id
 
 Every intent gets exactly one answer from the runner that finishes it: its result, or a refusal
 (``unknown_tool``, ``permission_denied``, ``rejected`` with the schema's message, ``deadline_exceeded``). The
@@ -27,6 +28,7 @@ from streams.service.app import serve
 from streams.service.runner import ConsumerService
 from streams.tools.checks import refusal
 from streams.tools.executors import Outcome, execute
+from streams.tools.file_search import FileSearcher
 from streams.tools.sandbox import Sandbox
 
 log = logging.getLogger("specstream.tools")
@@ -44,6 +46,7 @@ class ToolRunner:
         tools = settings.tools
         self.runner_id = tools.runner.resolved_id()
         self.sandbox = Sandbox(tools.sandbox, slots=tools.runner.max_inflight)
+        self.file_search = FileSearcher(settings, self.runner_id)
         # call id -> (what was asked, its result)
         self._answered: collections.OrderedDict[str, tuple[tuple[str, str, str], ToolResult]] = \
             collections.OrderedDict()
@@ -96,6 +99,10 @@ class ToolRunner:
         if refused is not None:
             return Outcome(error=refused)
         tool = self.settings.tools.registry[intent.tool]
+        if tool.executor == "file_search":
+            # Within the tool's timeout, and within what is left of the intent's deadline.
+            budget = tool.timeout_s if intent.deadline is None else min(tool.timeout_s, intent.deadline - time.time())
+            return await self.file_search.run(tool, intent.arguments, intent.tenant, budget)
         return await execute(tool, intent.arguments, self.sandbox, self.settings.tools.sandbox.python)
 
     async def start(self) -> None:
@@ -103,6 +110,7 @@ class ToolRunner:
 
     async def stop(self) -> None:
         await self.service.stop()
+        await self.file_search.close()
 
     async def __aenter__(self) -> ToolRunner:
         await self.start()

@@ -18,7 +18,7 @@ from openai import OpenAI
 
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack, running_stack, spawn_process
-from tests.edge_support import WORKER_ENV
+from tests.edge_support import WORKER_ENV, forced_server_call
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
@@ -81,13 +81,7 @@ def test_a_streamed_server_side_python_call_shows_the_call_its_result_and_a_fina
 
 
 def test_a_non_streamed_server_side_call_lists_the_call_and_its_result(client: OpenAI) -> None:
-    response = client.chat.completions.create(model=MODEL, messages=ASK, tools=[PYTHON_TOOL], tool_choice=NAMED,
-                                              parallel_tool_calls=False, max_tokens=120)
-    message = response.choices[0].message
-    assert message.tool_calls and message.tool_calls[0].function.name == "python"
-    results = (response.model_extra or {})["specstream"]["tool_results"]
-    assert [r["tool_call_id"] for r in results] == [message.tool_calls[0].id]
-    assert message.content and response.choices[0].finish_reason in ("stop", "length")
+    forced_server_call(client, MODEL, ASK, PYTHON_TOOL, max_tokens=120)
 
 
 def test_a_tool_the_server_does_not_run_goes_back_to_the_client(client: OpenAI) -> None:
