@@ -5,7 +5,7 @@ Each service is a child process of its own (``python -m streams.cli worker``,
 ``up``, which then stops the children in order. :class:`Supervisor` is polled
 by ``up``'s main loop (:meth:`Supervisor.check`); it never blocks.
 
-Restarts follow :class:`RestartPolicy`: the first restart comes after
+Restarts follow :class:`RestartPolicy` (``ops.restart`` in the configuration): the first restart comes after
 ``first_backoff_s``, and each further death in a row doubles the wait, up to
 ``max_backoff_s``. A child that ran ``healthy_after_s`` before it died starts a
 new series (its next restart comes after ``first_backoff_s`` again). A child
@@ -35,12 +35,12 @@ def _say(message: str) -> None:
 
 @dataclass(frozen=True)
 class RestartPolicy:
+    """Defaults and meaning: ``ops.restart`` in the configuration (streams.config.ops.RestartSettings)."""
+
     first_backoff_s: float = 1.0
     max_backoff_s: float = 15.0
-    # Longer than a warm start of the worker (seconds) and its first heartbeats, so a child that
-    # dies while loading the model every time counts as crash-looping.
     healthy_after_s: float = 60.0
-    crash_loop_after: int = 6  # deaths in a row, each before healthy_after_s
+    crash_loop_after: int = 6
 
     def backoff_s(self, deaths_in_a_row: int) -> float:
         """Seconds to wait before restarting a child that just died for the n-th time in a row (n >= 1)."""

@@ -20,7 +20,7 @@ from streams.commands.common import console, describe, out, say
 from streams.commands.kafka import KafkaHandle, ensure_kafka
 from streams.commands.topics import create_topics
 from streams.config import ConfigError, Settings
-from streams.supervisor import CrashLoop, Supervisor, service_argv
+from streams.supervisor import CrashLoop, RestartPolicy, Supervisor, service_argv
 
 READY_TIMEOUT_S = 900.0  # first start converts the model; later starts take seconds
 
@@ -67,7 +67,7 @@ def cmd_up(args: argparse.Namespace, settings: Settings) -> int:
 
     from infra.kafka.errors import KafkaInfraError
 
-    supervisor = Supervisor(say=say)
+    supervisor = Supervisor(policy=RestartPolicy(**settings.ops.restart.model_dump()), say=say)
     kafka: KafkaHandle | None = None
     with _stop_signals_interrupt():
         try:

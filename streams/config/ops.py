@@ -1,4 +1,5 @@
-"""The ``ops`` section: how operations tools (``specstream rollout``) read the deployment."""
+"""The ``ops`` section: how operations tools (``specstream rollout``) read the deployment, and how ``specstream up``
+restarts what it runs."""
 from __future__ import annotations
 
 from urllib.parse import urlsplit
@@ -28,5 +29,18 @@ class RolloutSettings(Section):
         return value.rstrip("/")
 
 
+class RestartSettings(Section):
+    first_backoff_s: float = Field(default=1.0, gt=0, le=300, description="`specstream up`: wait before restarting a "
+                                   "service that died; doubled for each death in a row.")
+    max_backoff_s: float = Field(default=15.0, gt=0, le=3600, description="The longest wait between restarts.")
+    healthy_after_s: float = Field(
+        default=60.0, gt=0, description="A service that ran this long before dying starts a new count of deaths in a "
+        "row: longer than a warm start and first heartbeats, so one that dies while loading its model every time counts.",
+    )
+    crash_loop_after: int = Field(default=6, ge=2, le=100, description="Deaths in a row, each before healthy_after_s, "
+                                  "after which `up` stops restarting it, stops the rest and exits 1 (crash-looping).")
+
+
 class OpsSettings(Section):
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    restart: RestartSettings = Field(default_factory=RestartSettings)

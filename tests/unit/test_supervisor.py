@@ -118,3 +118,9 @@ def test_stop_kills_a_child_that_ignores_sigterm_after_the_stop_timeout(tmp_path
     assert 0.9 <= time.monotonic() - started < 10
     assert said[-1] == "worker: killed after 1s"
     assert child.process is not None and child.process.returncode == -signal.SIGKILL
+
+
+def test_the_shipped_restart_settings_are_the_policy_a_bare_supervisor_uses() -> None:
+    from streams.config.ops import RestartSettings
+
+    assert RestartPolicy(**RestartSettings().model_dump()) == RestartPolicy()
