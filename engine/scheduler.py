@@ -7,15 +7,22 @@ leave between any two steps. Order of business in `schedule()`:
    waiting ones are never started);
 2. decodes first: each running decoding sequence needs 1 + k tokens (its last
    token plus k drafts to verify), so a long prompt never stalls them;
-3. prefill chunks fill what is left of the token budget: first the sequences
-   already part-way through their prompt, then new admissions from the
-   waiting queue, in (priority, arrival) order.
+3. interactive prefill chunks fill what is left of the token budget: first
+   the sequences already part-way through their prompt, then new admissions
+   from the waiting queue, in (priority, arrival) order;
+4. batch prefill the same way, only when step 3 scheduled nothing.
 
 Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
 after every interactive request and holds at most ``batch_max_share`` of the
 running slots: the rest stay free for interactive arrivals, which are
 admitted at the next step without preempting anything. Batch work only ever
-yields at admission.
+yields at admission, and its prompts yield the step: batch prefill runs only
+in steps that carry no interactive prefill, at most ``batch_prefill_tokens``
+of it per step. On a compute-bound device a step costs about its token count,
+so the delay a running batch adds to an interactive request's first token is
+bounded: its prefill step carries no batch prompt tokens, only one decode (1 +
+k rows) per running batch line, and so does at most one step before it (the
+one in flight when it arrived), plus up to ``batch_prefill_tokens`` there.
 
 Admission reserves a KV region for the sequence's whole life (prompt +
 max_tokens + draft slack), so a running sequence never runs out of memory and
@@ -116,11 +123,14 @@ class Scheduler:
         max_draft_tokens: int = 0,
         batch_priority: int = 10,
         batch_max_share: float = 1.0,
+        batch_prefill_tokens: int | None = None,
     ) -> None:
         if max_running_requests < 1 or max_batched_tokens < 1:
             raise ValueError("max_running_requests and max_batched_tokens must be at least 1")
         if not 0.0 < batch_max_share <= 1.0:
             raise ValueError(f"batch_max_share must be in (0, 1], got {batch_max_share}")
+        if batch_prefill_tokens is not None and batch_prefill_tokens < 1:
+            raise ValueError(f"batch_prefill_tokens must be at least 1, got {batch_prefill_tokens}")
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
         self.max_running_requests = max_running_requests
@@ -129,6 +139,8 @@ class Scheduler:
         self.batch_priority = batch_priority
         # At least one slot, or a batch could never run on a small engine.
         self.batch_slots = max(1, int(batch_max_share * max_running_requests))
+        # Prompt tokens of batch lines in one step (None: no cap beyond the step's budget).
+        self.batch_prefill_tokens = max_batched_tokens if batch_prefill_tokens is None else batch_prefill_tokens
         # (priority, arrival, tiebreak, seq); aborted entries are removed lazily.
         self._waiting: list[tuple[int, float, int, Sequence]] = []
         self._tiebreak = itertools.count()
@@ -264,36 +276,51 @@ class Scheduler:
             # More decodes than tokens in a step: those left out go first next step (round robin).
             self.running = skipped + [s for s in self.running if s not in skipped]
 
-        # 2. prefill chunks of sequences already part-way through their prompt.
-        for seq in self.running:
-            if budget <= 0:
-                break
-            if seq.is_prefilling:
-                scheduled.append(self._prefill_chunk(seq, budget))
-                budget -= scheduled[-1].num_new_tokens
-
-        # 3. admissions, strictly in queue order.
-        while budget > 0 and len(self.running) < self.max_running_requests:
-            self._pop_finished_heads()
-            if not self._waiting:
-                break
-            seq = self._waiting[0][3]
-            if self.is_batch(seq) and self.num_running_batch >= self.batch_slots:
-                # Batch work holds its share; all behind it is batch work too (the queue is priority-ordered).
-                break
-            slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
-            if slot is None:
-                break  # waits until a running sequence frees its region
-            heapq.heappop(self._waiting)
-            seq.kv = slot
-            seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-            self.running.append(seq)
-            scheduled.append(self._prefill_chunk(seq, budget))
-            budget -= scheduled[-1].num_new_tokens
+        # 2. interactive prefill: chunks of prompts part-way through, then admissions in queue order.
+        budget = self._prefill(scheduled, budget, now, batch=False)
+        # 3. batch prefill only in a step that carries no interactive prefill, and at most
+        #    batch_prefill_tokens of it: the step an interactive arrival waits behind stays short.
+        if not any(s.is_prefill for s in scheduled):
+            self._prefill(scheduled, min(budget, self.batch_prefill_tokens), now, batch=True)
 
         return SchedulerOutput(scheduled=scheduled, finished=finished)
+
+    def _prefill(self, scheduled: list[ScheduledSequence], budget: int, now: float, *, batch: bool) -> int:
+        """Prefill chunks of one class of work (interactive or batch) within `budget`; returns what is left."""
+        for seq in self.running:
+            if budget <= 0:
+                return budget
+            if seq.is_prefilling and self.is_batch(seq) == batch:
+                scheduled.append(self._prefill_chunk(seq, budget))
+                budget -= scheduled[-1].num_new_tokens
+        while budget > 0 and len(self.running) < self.max_running_requests:
+            seq = self._admit(now, batch)
+            if seq is None:
+                break
+            scheduled.append(self._prefill_chunk(seq, budget))
+            budget -= scheduled[-1].num_new_tokens
+        return budget
+
+    def _admit(self, now: float, batch: bool) -> Sequence | None:
+        """The queue's head when it is of this class of work and fits; strictly in queue order."""
+        self._pop_finished_heads()
+        if not self._waiting:
+            return None
+        seq = self._waiting[0][3]
+        if self.is_batch(seq) != batch:
+            return None  # the other class's turn: the queue is strict, nothing jumps its head
+        if batch and self.num_running_batch >= self.batch_slots:
+            return None  # batch work holds its share; all behind it is batch work too
+        slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
+        if slot is None:
+            return None  # waits until a running sequence frees its region
+        heapq.heappop(self._waiting)
+        seq.kv = slot
+        seq.status = SequenceStatus.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = now
+        self.running.append(seq)
+        return seq
 
     def update_from_step(self, batch: SchedulerOutput, accepted: Mapping[str, int]) -> None:
         """After the forward (which wrote the KV of every fed row) and verification.
