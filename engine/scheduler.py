@@ -10,19 +10,22 @@ leave between any two steps. Order of business in `schedule()`:
 3. interactive prefill chunks fill what is left of the token budget: first
    the sequences already part-way through their prompt, then new admissions
    from the waiting queue, in (priority, arrival) order;
-4. batch prefill the same way, only when step 3 scheduled nothing.
+4. only when step 3 scheduled nothing: the batch decodes' drafts (they feed
+   one row each until then), then batch prefill the same way.
 
 Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
 after every interactive request and holds at most ``batch_max_share`` of the
 running slots: the rest stay free for interactive arrivals, which are
 admitted at the next step without preempting anything. Batch work only ever
-yields at admission, and its prompts yield the step: batch prefill runs only
-in steps that carry no interactive prefill, at most ``batch_prefill_tokens``
-of it per step. On a compute-bound device a step costs about its token count,
-so the delay a running batch adds to an interactive request's first token is
-bounded: its prefill step carries no batch prompt tokens, only one decode (1 +
-k rows) per running batch line, and so does at most one step before it (the
-one in flight when it arrived), plus up to ``batch_prefill_tokens`` there.
+yields at admission, and otherwise yields the step, never its place: in a
+step that carries interactive prefill, batch lines feed one decode row each
+(no drafts) and no prompt tokens; in other steps they get drafts and at most
+``batch_prefill_tokens`` prompt tokens. On a compute-bound device a step costs
+about its token count, so what a running batch adds to an interactive
+request's first token is bounded: in its prefill step, one row per running
+batch line (at most batch_max_share x max_running_requests rows); in the step
+in flight when it arrived, those lines' decodes with drafts plus at most
+``batch_prefill_tokens`` prompt tokens.
 
 Admission reserves a KV region for the sequence's whole life (prompt +
 max_tokens + draft slack), so a running sequence never runs out of memory and
@@ -260,7 +263,21 @@ class Scheduler:
         budget = self.max_batched_tokens
         scheduled: list[ScheduledSequence] = []
 
-        # 1. decodes: 1 + k tokens each; k trimmed when the budget is short.
+        # 1. decodes: 1 + k tokens each (k trimmed when the budget is short); batch lines 1 for now.
+        budget = self._decodes(scheduled, budget, draft_lens)
+        # 2. interactive prefill: chunks of prompts part-way through, then admissions in queue order.
+        budget = self._prefill(scheduled, budget, now, batch=False)
+        # 3. the rest of batch work only in a step that carries no interactive prefill (the one an
+        #    interactive request's first token waits on): the batch decodes' drafts, then batch prefill
+        #    up to batch_prefill_tokens (which bounds the step an interactive arrival finds in flight).
+        if not any(s.is_prefill for s in scheduled):
+            budget = self._batch_drafts(scheduled, budget, draft_lens)
+            self._prefill(scheduled, min(budget, self.batch_prefill_tokens), now, batch=True)
+
+        return SchedulerOutput(scheduled=scheduled, finished=finished)
+
+    def _decodes(self, scheduled: list[ScheduledSequence], budget: int, draft_lens: Mapping[str, int]) -> int:
+        """One decode per running sequence past its prompt, interactive ones with their drafts; returns what is left."""
         skipped: list[Sequence] = []
         for seq in self.running:
             if seq.is_prefilling:
@@ -268,22 +285,27 @@ class Scheduler:
             if budget < 1:
                 skipped.append(seq)
                 continue
-            k = min(draft_lens.get(seq.request_id, 0), draft_cap(seq, self.max_draft_tokens, budget))
+            wanted = 0 if self.is_batch(seq) else draft_lens.get(seq.request_id, 0)
+            k = min(wanted, draft_cap(seq, self.max_draft_tokens, budget))
             scheduled.append(ScheduledSequence(seq, 1 + k, is_prefill=False, needs_logits=True, draft_budget=k))
             budget -= 1 + k
-
         if skipped:
             # More decodes than tokens in a step: those left out go first next step (round robin).
             self.running = skipped + [s for s in self.running if s not in skipped]
+        return budget
 
-        # 2. interactive prefill: chunks of prompts part-way through, then admissions in queue order.
-        budget = self._prefill(scheduled, budget, now, batch=False)
-        # 3. batch prefill only in a step that carries no interactive prefill, and at most
-        #    batch_prefill_tokens of it: the step an interactive arrival waits behind stays short.
-        if not any(s.is_prefill for s in scheduled):
-            self._prefill(scheduled, min(budget, self.batch_prefill_tokens), now, batch=True)
-
-        return SchedulerOutput(scheduled=scheduled, finished=finished)
+    def _batch_drafts(self, scheduled: list[ScheduledSequence], budget: int, draft_lens: Mapping[str, int]) -> int:
+        """Batch decodes get their drafts from what the interactive work left; returns what is left."""
+        for sched in scheduled:
+            if budget <= 0:
+                break
+            if sched.is_prefill or not self.is_batch(sched.seq):
+                continue
+            # The decode's own row is already counted: the drafts may take all of what is left.
+            k = min(draft_lens.get(sched.seq.request_id, 0), draft_cap(sched.seq, self.max_draft_tokens, budget + 1))
+            sched.draft_budget, sched.num_new_tokens = k, 1 + k
+            budget -= k
+        return budget
 
     def _prefill(self, scheduled: list[ScheduledSequence], budget: int, now: float, *, batch: bool) -> int:
         """Prefill chunks of one class of work (interactive or batch) within `budget`; returns what is left."""

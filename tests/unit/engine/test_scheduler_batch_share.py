@@ -159,3 +159,17 @@ def test_batch_prompts_go_on_while_an_interactive_request_waits_for_memory() -> 
     outs = [step(sch) for _ in range(2)]
     assert [batch_prefill_tokens(o, sch) for o in outs] == [8, 4]
     assert "i0" not in running_ids(sch)
+
+
+def test_batch_decodes_verify_drafts_only_in_steps_without_interactive_prefill() -> None:
+    cache = KVCache(1, 1, 2, 4000, torch.float32, "cpu")
+    sch = Scheduler(cache, 256, 8, 512, 4, batch_priority=BATCH, batch_max_share=0.5)
+    sch.add(long_seq("b0", BATCH, prompt_len=4, max_tokens=20))
+    step(sch)
+    sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))
+    with_prefill = sch.schedule(draft_lens={"b0": 4})
+    assert {s.seq.request_id: s.draft_budget for s in with_prefill.scheduled} == {"b0": 0, "i0": 0}
+    sch.update_from_step(with_prefill, {})
+    sch.get("i0").output_ids.append(7)
+    after = sch.schedule(draft_lens={"b0": 4, "i0": 2})
+    assert {s.seq.request_id: s.draft_budget for s in after.scheduled} == {"b0": 4, "i0": 2}
