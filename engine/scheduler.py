@@ -7,15 +7,25 @@ leave between any two steps. Order of business in `schedule()`:
    waiting ones are never started);
 2. decodes first: each running decoding sequence needs 1 + k tokens (its last
    token plus k drafts to verify), so a long prompt never stalls them;
-3. prefill chunks fill what is left of the token budget: first the sequences
-   already part-way through their prompt, then new admissions from the
-   waiting queue, in (priority, arrival) order.
+3. interactive prefill chunks fill what is left of the token budget: first
+   the sequences already part-way through their prompt, then new admissions
+   from the waiting queue, in (priority, arrival) order;
+4. only when step 3 scheduled nothing: the batch decodes' drafts (they feed
+   one row each until then), then batch prefill the same way.
 
 Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
 after every interactive request and holds at most ``batch_max_share`` of the
 running slots: the rest stay free for interactive arrivals, which are
 admitted at the next step without preempting anything. Batch work only ever
-yields at admission.
+yields at admission, and otherwise yields the step, never its place: in a
+step that carries interactive prefill, batch lines feed one decode row each
+(no drafts) and no prompt tokens; in other steps they get drafts and at most
+``batch_prefill_tokens`` prompt tokens. On a compute-bound device a step costs
+about its token count, so what a running batch adds to an interactive
+request's first token is bounded: in its prefill step, one row per running
+batch line (at most batch_max_share x max_running_requests rows); in the step
+in flight when it arrived, those lines' decodes with drafts plus at most
+``batch_prefill_tokens`` prompt tokens.
 
 Admission reserves a KV region for the sequence's whole life (prompt +
 max_tokens + draft slack), so a running sequence never runs out of memory and
@@ -116,11 +126,14 @@ class Scheduler:
         max_draft_tokens: int = 0,
         batch_priority: int = 10,
         batch_max_share: float = 1.0,
+        batch_prefill_tokens: int | None = None,
     ) -> None:
         if max_running_requests < 1 or max_batched_tokens < 1:
             raise ValueError("max_running_requests and max_batched_tokens must be at least 1")
         if not 0.0 < batch_max_share <= 1.0:
             raise ValueError(f"batch_max_share must be in (0, 1], got {batch_max_share}")
+        if batch_prefill_tokens is not None and batch_prefill_tokens < 1:
+            raise ValueError(f"batch_prefill_tokens must be at least 1, got {batch_prefill_tokens}")
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
         self.max_running_requests = max_running_requests
@@ -129,6 +142,8 @@ class Scheduler:
         self.batch_priority = batch_priority
         # At least one slot, or a batch could never run on a small engine.
         self.batch_slots = max(1, int(batch_max_share * max_running_requests))
+        # Prompt tokens of batch lines in one step (None: no cap beyond the step's budget).
+        self.batch_prefill_tokens = max_batched_tokens if batch_prefill_tokens is None else batch_prefill_tokens
         # (priority, arrival, tiebreak, seq); aborted entries are removed lazily.
         self._waiting: list[tuple[int, float, int, Sequence]] = []
         self._tiebreak = itertools.count()
@@ -248,7 +263,21 @@ class Scheduler:
         budget = self.max_batched_tokens
         scheduled: list[ScheduledSequence] = []
 
-        # 1. decodes: 1 + k tokens each; k trimmed when the budget is short.
+        # 1. decodes: 1 + k tokens each (k trimmed when the budget is short); batch lines 1 for now.
+        budget = self._decodes(scheduled, budget, draft_lens)
+        # 2. interactive prefill: chunks of prompts part-way through, then admissions in queue order.
+        budget = self._prefill(scheduled, budget, now, batch=False)
+        # 3. the rest of batch work only in a step that carries no interactive prefill (the one an
+        #    interactive request's first token waits on): the batch decodes' drafts, then batch prefill
+        #    up to batch_prefill_tokens (which bounds the step an interactive arrival finds in flight).
+        if not any(s.is_prefill for s in scheduled):
+            budget = self._batch_drafts(scheduled, budget, draft_lens)
+            self._prefill(scheduled, min(budget, self.batch_prefill_tokens), now, batch=True)
+
+        return SchedulerOutput(scheduled=scheduled, finished=finished)
+
+    def _decodes(self, scheduled: list[ScheduledSequence], budget: int, draft_lens: Mapping[str, int]) -> int:
+        """One decode per running sequence past its prompt, interactive ones with their drafts; returns what is left."""
         skipped: list[Sequence] = []
         for seq in self.running:
             if seq.is_prefilling:
@@ -256,44 +285,64 @@ class Scheduler:
             if budget < 1:
                 skipped.append(seq)
                 continue
-            k = min(draft_lens.get(seq.request_id, 0), draft_cap(seq, self.max_draft_tokens, budget))
+            wanted = 0 if self.is_batch(seq) else draft_lens.get(seq.request_id, 0)
+            k = min(wanted, draft_cap(seq, self.max_draft_tokens, budget))
             scheduled.append(ScheduledSequence(seq, 1 + k, is_prefill=False, needs_logits=True, draft_budget=k))
             budget -= 1 + k
-
         if skipped:
             # More decodes than tokens in a step: those left out go first next step (round robin).
             self.running = skipped + [s for s in self.running if s not in skipped]
+        return budget
 
-        # 2. prefill chunks of sequences already part-way through their prompt.
-        for seq in self.running:
+    def _batch_drafts(self, scheduled: list[ScheduledSequence], budget: int, draft_lens: Mapping[str, int]) -> int:
+        """Batch decodes get their drafts from what the interactive work left; returns what is left."""
+        for sched in scheduled:
             if budget <= 0:
                 break
-            if seq.is_prefilling:
+            if sched.is_prefill or not self.is_batch(sched.seq):
+                continue
+            # The decode's own row is already counted: the drafts may take all of what is left.
+            k = min(draft_lens.get(sched.seq.request_id, 0), draft_cap(sched.seq, self.max_draft_tokens, budget + 1))
+            sched.draft_budget, sched.num_new_tokens = k, 1 + k
+            budget -= k
+        return budget
+
+    def _prefill(self, scheduled: list[ScheduledSequence], budget: int, now: float, *, batch: bool) -> int:
+        """Prefill chunks of one class of work (interactive or batch) within `budget`; returns what is left."""
+        for seq in self.running:
+            if budget <= 0:
+                return budget
+            if seq.is_prefilling and self.is_batch(seq) == batch:
                 scheduled.append(self._prefill_chunk(seq, budget))
                 budget -= scheduled[-1].num_new_tokens
-
-        # 3. admissions, strictly in queue order.
         while budget > 0 and len(self.running) < self.max_running_requests:
-            self._pop_finished_heads()
-            if not self._waiting:
+            seq = self._admit(now, batch)
+            if seq is None:
                 break
-            seq = self._waiting[0][3]
-            if self.is_batch(seq) and self.num_running_batch >= self.batch_slots:
-                # Batch work holds its share; all behind it is batch work too (the queue is priority-ordered).
-                break
-            slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
-            if slot is None:
-                break  # waits until a running sequence frees its region
-            heapq.heappop(self._waiting)
-            seq.kv = slot
-            seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = now
-            self.running.append(seq)
             scheduled.append(self._prefill_chunk(seq, budget))
             budget -= scheduled[-1].num_new_tokens
+        return budget
 
-        return SchedulerOutput(scheduled=scheduled, finished=finished)
+    def _admit(self, now: float, batch: bool) -> Sequence | None:
+        """The queue's head when it is of this class of work and fits; strictly in queue order."""
+        self._pop_finished_heads()
+        if not self._waiting:
+            return None
+        seq = self._waiting[0][3]
+        if self.is_batch(seq) != batch:
+            return None  # the other class's turn: the queue is strict, nothing jumps its head
+        if batch and self.num_running_batch >= self.batch_slots:
+            return None  # batch work holds its share; all behind it is batch work too
+        slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
+        if slot is None:
+            return None  # waits until a running sequence frees its region
+        heapq.heappop(self._waiting)
+        seq.kv = slot
+        seq.status = SequenceStatus.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = now
+        self.running.append(seq)
+        return seq
 
     def update_from_step(self, batch: SchedulerOutput, accepted: Mapping[str, int]) -> None:
         """After the forward (which wrote the KV of every fed row) and verification.
