@@ -2,6 +2,7 @@
 
     python -m bench.rag_bench                                   # the full run (docs/benchmarks.md)
     python -m bench.rag_bench --docs 4 --pages 2 --questions 8 --no-generation   # a smoke run
+    python -m bench.rag_bench --embedder-only                   # only the embedder row (bus vs plain loop)
 
 What runs: `specstream parser` and `specstream rag` (and, unless --no-generation, an engine worker with the default
 model), as subprocesses on a topic prefix of their own, on the broker at --bootstrap. The corpus is built here: PDFs
@@ -158,6 +159,16 @@ def plain_loop(texts: list[str], batch_size: int, threads: int) -> float:
     return len(texts) / (time.monotonic() - started)
 
 
+async def embedder_row(client: RagClient, files: list[tuple[str, bytes]], args: argparse.Namespace) -> dict[str, Any]:
+    """The same chunks through the bus, then in a plain loop in this process: one run, side by side."""
+    chunks = local_chunks(files)
+    texts = [c.text for doc in chunks for c in doc]
+    print(f"embedding {len(texts)} chunks through the bus, then in a plain loop ...", flush=True)
+    bus = await embed_through_bus(client, files, chunks)
+    plain = plain_loop(texts, args.batch_size, args.threads)
+    return {"vectors": len(texts), "bus_vectors_per_s": bus, "plain_vectors_per_s": plain, "ratio": bus / plain}
+
+
 async def concurrently(n: int, jobs: list[Callable[[], Awaitable[float]]]) -> list[float]:
     gate = asyncio.Semaphore(n)
 
@@ -219,6 +230,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="embedding batch (service and plain loop)")
     parser.add_argument("--threads", type=int, default=0, help="embedding threads (0: the service's default)")
     parser.add_argument("--no-generation", action="store_true", help="skip the model (no engine worker)")
+    parser.add_argument("--embedder-only", action="store_true",
+                        help="only the embedder row: no ingestion, search or generation (no engine worker)")
     parser.add_argument("--out", type=Path, help="also write the results as JSON")
     return parser.parse_args(argv)
 
@@ -231,10 +244,11 @@ def start_services(args: argparse.Namespace, prefix: str, root: Path) -> list[An
         "SPECSTREAM_RAG__EMBED_BATCH_SIZE": str(args.batch_size), "SPECSTREAM_RAG__EMBED_THREADS": str(args.threads),
         "SPECSTREAM_RAG__MAX_PROMPT_CHARS": "1500"})
     processes = [spawn_process("parser", ["parser"], env, root), spawn_process("rag", ["rag"], env, root)]
-    if not args.no_generation:
+    generation = not (args.no_generation or args.embedder_only)
+    if generation:
         processes.append(spawn_process("worker", ["worker"], env, root))
     wait_rag_ready(processes[1], args.bootstrap, prefix, timeout_s=600)
-    if not args.no_generation:  # the first start converts the model
+    if generation:  # the first start converts the model
         deadline = time.monotonic() + 900
         while "engine-worker" not in asyncio.run(ready_kinds(args.bootstrap, prefix, processes[2].popen.pid)):
             if time.monotonic() > deadline or processes[2].popen.poll() is not None:
@@ -250,15 +264,12 @@ async def run(args: argparse.Namespace, prefix: str, root: Path) -> dict[str, An
     questions = random.Random(11).sample(questions, min(args.questions, len(questions)))
     results: dict[str, Any] = {}
     async with RagClient.session(settings.kafka, settings.catalog) as client:
+        if args.embedder_only:
+            results["embedder"] = await embedder_row(client, files, args)
+            return results
         print(f"ingesting {len(files)} PDFs of {args.pages} pages ...", flush=True)
         results["ingestion"] = ingestion = await ingest(client, settings, files, args.pages)
-        chunks = local_chunks(files)
-        texts = [c.text for doc in chunks for c in doc]
-        print(f"embedding {len(texts)} chunks through the bus, then in a plain loop ...", flush=True)
-        bus = await embed_through_bus(client, files, chunks)
-        plain = plain_loop(texts, args.batch_size, args.threads)
-        results["embedder"] = {"vectors": len(texts), "bus_vectors_per_s": bus, "plain_vectors_per_s": plain,
-                               "ratio": bus / plain}
+        results["embedder"] = await embedder_row(client, files, args)
         store = ingestion["store"]
         print("search latency and recall ...", flush=True)
         results["latency"] = {str(n): await latency(client, store, questions, n) for n in (1, 8)}
@@ -274,13 +285,17 @@ async def run(args: argparse.Namespace, prefix: str, root: Path) -> dict[str, An
 
 
 def report(results: dict[str, Any]) -> str:
-    i, e, r = results["ingestion"], results["embedder"], results["recall_at_4"]
+    e = results["embedder"]
+    embedder = (f"| embedder through the bus / plain loop | {e['bus_vectors_per_s']:.1f} / "
+                f"{e['plain_vectors_per_s']:.1f} vectors/s = **{e['ratio']:.2f}x** ({e['vectors']} chunks) |")
+    if "ingestion" not in results:  # --embedder-only
+        return f"| measure | value |\n|---|---|\n{embedder}"
+    i, r = results["ingestion"], results["recall_at_4"]
     lines = [
         "| measure | value |", "|---|---|",
         (f"| ingestion, end to end | {i['pages_per_s']:.2f} pages/s, {i['chunks_per_s']:.2f} chunks/s "
          f"({i['documents']} PDFs, {i['pages']} pages, {i['chunks']} chunks in {i['seconds']:.1f} s) |"),
-        (f"| embedder through the bus / plain loop | {e['bus_vectors_per_s']:.1f} / {e['plain_vectors_per_s']:.1f} "
-         f"vectors/s = **{e['ratio']:.2f}x** ({e['vectors']} chunks) |"),
+        embedder,
         *[f"| search latency, {n} concurrent | p50 {v['p50_ms']:.0f} ms, p99 {v['p99_ms']:.0f} ms |"
           for n, v in results["latency"].items()],
         f"| recall@4 | vector {r['vector']:.2f}, fused with BM25 {r['hybrid_bm25']:.2f} |",
