@@ -2,6 +2,7 @@
 
     python -m bench.rag_bench                                   # the full run (docs/benchmarks.md)
     python -m bench.rag_bench --docs 4 --pages 2 --questions 8 --no-generation   # a smoke run
+    python -m bench.rag_bench --embedder-only                   # only the embedder row (bus vs plain loop)
 
 What runs: `specstream parser` and `specstream rag` (and, unless --no-generation, an engine worker with the default
 model), as subprocesses on a topic prefix of their own, on the broker at --bootstrap. The corpus is built here: PDFs
@@ -33,7 +34,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from schemas.documents import StaticChunking
 from schemas.events import (
@@ -49,6 +52,9 @@ from streams.config import Settings
 from streams.rag.client import RagClient
 from streams.rag.jobs import attach, new_store
 from streams.testing.stack import _stop, spawn_process, stack_env
+
+if TYPE_CHECKING:
+    from streams.rag.embedding import Embedder
 
 WORDS = ["amber", "falcon", "river", "granite", "lantern", "meadow", "copper", "orchid", "harbor", "willow", "cobalt",
          "ember", "thistle", "quartz", "maple", "saffron", "tundra", "velvet", "beacon", "cinder"]
@@ -127,7 +133,14 @@ def local_chunks(files: list[tuple[str, bytes]]) -> list[list[Any]]:
     return [chunker.chunks(extract(data, name), CHUNKING) for name, data in files]
 
 
-async def embed_through_bus(client: RagClient, files: list[tuple[str, bytes]], chunks: list[list[Any]]) -> float:
+@dataclass(frozen=True)
+class Rate:
+    vectors_per_s: float
+    cpu_s: float  # CPU seconds the embedding process spent meanwhile (its share of a loaded machine aside)
+
+
+async def embed_through_bus(client: RagClient, files: list[tuple[str, bytes]], chunks: list[list[Any]],
+                            rag: psutil.Process) -> Rate:
     from schemas.documents import FileObject
     from streams.rag.parser import chunk_parts
 
@@ -141,21 +154,47 @@ async def embed_through_bus(client: RagClient, files: list[tuple[str, bytes]], c
         await client.publish(client.catalog.documents.name, job.document_key, state)
         parts += [(job.document_key, p) for p in chunk_parts(job, doc_chunks)]
     await client.documents.caught_up()
+    cpu = _cpu_s(rag)
     started = time.monotonic()
     for key, part in parts:
         await client.publish(client.catalog.document_chunks.name, key, part)
     total = await wait_completed(client, store.id, len(files))
-    return total / (time.monotonic() - started)
+    return Rate(total / (time.monotonic() - started), _cpu_s(rag) - cpu)
 
 
-def plain_loop(texts: list[str], batch_size: int, threads: int) -> float:
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def plain_loop(embedder: Embedder, texts: list[str]) -> Rate:
+    cpu, started = time.process_time(), time.monotonic()  # this process does nothing else meanwhile
+    embedder.embed(texts)
+    return Rate(len(texts) / (time.monotonic() - started), time.process_time() - cpu)
+
+
+async def embedder_row(client: RagClient, files: list[tuple[str, bytes]], args: argparse.Namespace,
+                       rag: psutil.Process) -> dict[str, Any]:
+    """The same chunks in a plain loop, through the bus, and in the plain loop again (one run, side by side; the
+    loop's two runs bracket the bus's, so a machine whose load drifts weighs on both sides alike). Besides the
+    wall-clock ratio, the CPU ratio: the loop's CPU seconds over the rag process's during the bus run, which a
+    busy machine does not skew (what the bus costs beyond the forward passes, in work rather than in time)."""
     from streams.rag.embedding import Embedder, EmbedderOptions
 
-    embedder = Embedder(EmbedderOptions(batch_size=batch_size, threads=threads))
-    embedder.embed(texts[:batch_size])  # warm-up, as the service's first batch is not counted either
-    started = time.monotonic()
-    embedder.embed(texts)
-    return len(texts) / (time.monotonic() - started)
+    chunks = local_chunks(files)
+    texts = [c.text for doc in chunks for c in doc]
+    embedder = Embedder(EmbedderOptions(batch_size=args.batch_size, threads=args.threads))
+    embedder.embed(texts[:args.batch_size])  # warm-up, as the service's first batch is not counted either
+    print(f"embedding {len(texts)} chunks in a plain loop, through the bus, then in the loop again ...", flush=True)
+    before = plain_loop(embedder, texts)
+    bus = await embed_through_bus(client, files, chunks, rag)
+    after = plain_loop(embedder, texts)
+    plain = (before.vectors_per_s + after.vectors_per_s) / 2
+    plain_cpu = (before.cpu_s + after.cpu_s) / 2
+    return {"vectors": len(texts), "bus_vectors_per_s": bus.vectors_per_s, "plain_vectors_per_s": plain,
+            "plain_before_vectors_per_s": before.vectors_per_s, "plain_after_vectors_per_s": after.vectors_per_s,
+            "ratio": bus.vectors_per_s / plain, "bus_cpu_s": bus.cpu_s, "plain_cpu_s": plain_cpu,
+            "cpu_ratio": plain_cpu / bus.cpu_s}
 
 
 async def concurrently(n: int, jobs: list[Callable[[], Awaitable[float]]]) -> list[float]:
@@ -219,6 +258,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="embedding batch (service and plain loop)")
     parser.add_argument("--threads", type=int, default=0, help="embedding threads (0: the service's default)")
     parser.add_argument("--no-generation", action="store_true", help="skip the model (no engine worker)")
+    parser.add_argument("--embedder-only", action="store_true",
+                        help="only the embedder row: no ingestion, search or generation (no engine worker)")
     parser.add_argument("--out", type=Path, help="also write the results as JSON")
     return parser.parse_args(argv)
 
@@ -231,10 +272,11 @@ def start_services(args: argparse.Namespace, prefix: str, root: Path) -> list[An
         "SPECSTREAM_RAG__EMBED_BATCH_SIZE": str(args.batch_size), "SPECSTREAM_RAG__EMBED_THREADS": str(args.threads),
         "SPECSTREAM_RAG__MAX_PROMPT_CHARS": "1500"})
     processes = [spawn_process("parser", ["parser"], env, root), spawn_process("rag", ["rag"], env, root)]
-    if not args.no_generation:
+    generation = not (args.no_generation or args.embedder_only)
+    if generation:
         processes.append(spawn_process("worker", ["worker"], env, root))
     wait_rag_ready(processes[1], args.bootstrap, prefix, timeout_s=600)
-    if not args.no_generation:  # the first start converts the model
+    if generation:  # the first start converts the model
         deadline = time.monotonic() + 900
         while "engine-worker" not in asyncio.run(ready_kinds(args.bootstrap, prefix, processes[2].popen.pid)):
             if time.monotonic() > deadline or processes[2].popen.poll() is not None:
@@ -243,22 +285,19 @@ def start_services(args: argparse.Namespace, prefix: str, root: Path) -> list[An
     return processes
 
 
-async def run(args: argparse.Namespace, prefix: str, root: Path) -> dict[str, Any]:
+async def run(args: argparse.Namespace, prefix: str, root: Path, rag: psutil.Process) -> dict[str, Any]:
     settings = Settings(kafka={"bootstrap_servers": args.bootstrap, "topic_prefix": prefix},
                         files={"dir": str(root / "files")})
     files, questions = corpus(args.docs, args.pages)
     questions = random.Random(11).sample(questions, min(args.questions, len(questions)))
     results: dict[str, Any] = {}
     async with RagClient.session(settings.kafka, settings.catalog) as client:
+        if args.embedder_only:
+            results["embedder"] = await embedder_row(client, files, args, rag)
+            return results
         print(f"ingesting {len(files)} PDFs of {args.pages} pages ...", flush=True)
         results["ingestion"] = ingestion = await ingest(client, settings, files, args.pages)
-        chunks = local_chunks(files)
-        texts = [c.text for doc in chunks for c in doc]
-        print(f"embedding {len(texts)} chunks through the bus, then in a plain loop ...", flush=True)
-        bus = await embed_through_bus(client, files, chunks)
-        plain = plain_loop(texts, args.batch_size, args.threads)
-        results["embedder"] = {"vectors": len(texts), "bus_vectors_per_s": bus, "plain_vectors_per_s": plain,
-                               "ratio": bus / plain}
+        results["embedder"] = await embedder_row(client, files, args, rag)
         store = ingestion["store"]
         print("search latency and recall ...", flush=True)
         results["latency"] = {str(n): await latency(client, store, questions, n) for n in (1, 8)}
@@ -274,13 +313,20 @@ async def run(args: argparse.Namespace, prefix: str, root: Path) -> dict[str, An
 
 
 def report(results: dict[str, Any]) -> str:
-    i, e, r = results["ingestion"], results["embedder"], results["recall_at_4"]
+    e = results["embedder"]
+    embedder = (f"| embedder through the bus / plain loop | {e['bus_vectors_per_s']:.1f} / "
+                f"{e['plain_vectors_per_s']:.1f} vectors/s = **{e['ratio']:.2f}x** ({e['vectors']} chunks; loop "
+                f"{e['plain_before_vectors_per_s']:.1f} before, {e['plain_after_vectors_per_s']:.1f} after); CPU "
+                f"{e['plain_cpu_s']:.1f} s in the loop / {e['bus_cpu_s']:.1f} s in the rag process = "
+                f"**{e['cpu_ratio']:.2f}x** |")
+    if "ingestion" not in results:  # --embedder-only
+        return f"| measure | value |\n|---|---|\n{embedder}"
+    i, r = results["ingestion"], results["recall_at_4"]
     lines = [
         "| measure | value |", "|---|---|",
         (f"| ingestion, end to end | {i['pages_per_s']:.2f} pages/s, {i['chunks_per_s']:.2f} chunks/s "
          f"({i['documents']} PDFs, {i['pages']} pages, {i['chunks']} chunks in {i['seconds']:.1f} s) |"),
-        (f"| embedder through the bus / plain loop | {e['bus_vectors_per_s']:.1f} / {e['plain_vectors_per_s']:.1f} "
-         f"vectors/s = **{e['ratio']:.2f}x** ({e['vectors']} chunks) |"),
+        embedder,
         *[f"| search latency, {n} concurrent | p50 {v['p50_ms']:.0f} ms, p99 {v['p99_ms']:.0f} ms |"
           for n, v in results["latency"].items()],
         f"| recall@4 | vector {r['vector']:.2f}, fused with BM25 {r['hybrid_bm25']:.2f} |",
@@ -300,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka={"bootstrap_servers": args.bootstrap, "topic_prefix": prefix}).catalog.shared_topics()))
         processes = start_services(args, prefix, root)
         try:
-            results = asyncio.run(run(args, prefix, root))
+            results = asyncio.run(run(args, prefix, root, psutil.Process(processes[1].popen.pid)))
         finally:
             for process in reversed(processes):
                 _stop(process, 30.0)

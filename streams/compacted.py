@@ -9,6 +9,11 @@ merge the two (batches, whose writers must never undo each other). A record that
 ``loaded`` is set once the table holds everything the topic had when the follower assigned it; ``caught_up()``
 waits until it holds everything published before the call (read-your-writes: what a reader needs before
 deciding on a key).
+
+The end offsets ``caught_up()`` compares against are asked through a second, never-assigned consumer: the broker
+answers one connection's requests in order, so asked through the follower's own connection the question would
+queue behind its pending fetch, which an idle topic holds open for the whole ``fetch_max_wait_ms`` (500 ms a call,
+every vector-store request at the edge paying it twice).
 """
 from __future__ import annotations
 
@@ -101,6 +106,7 @@ class CompactedTable(Generic[RowT]):
         self.deleted_at: dict[str, float] = {}  # key -> time of its tombstone (Kafka's clock)
         self.loaded = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
+        self._ends: AIOKafkaConsumer | None = None  # asks for end offsets only (see the module's docstring)
         self._task: asyncio.Task[None] | None = None
         self._partitions: list[TopicPartition] = []
         self._warn = _Warner()
@@ -112,26 +118,30 @@ class CompactedTable(Generic[RowT]):
         if self.create_topic:
             await kafka_io.ensure_topics(self.kafka, [self.topic])
         self._consumer = kafka_io.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+        self._ends = kafka_io.make_consumer(self.kafka, enable_auto_commit=False)
         await self._consumer.start()
+        await self._ends.start()
         self._task = asyncio.create_task(self._run(), name=f"table-{self.topic.name}")
         if wait:
             await self.caught_up()
 
     async def stop(self) -> None:
         await kafka_io.stop_polling(self._task, self._consumer)
-        self._task, self._consumer, self._partitions = None, None, []
+        if self._ends is not None:
+            await self._ends.stop()
+        self._task, self._consumer, self._ends, self._partitions = None, None, None, []
         self.loaded.clear()
 
     async def caught_up(self, timeout_s: float = 30.0) -> None:
         """Wait until everything published before this call is in the table (TimeoutError past ``timeout_s``)."""
-        assert self._consumer is not None, "start() first"
+        assert self._ends is not None, "start() first"
         deadline = time.monotonic() + timeout_s
 
         async def loaded() -> bool:
             return self.loaded.is_set()
 
         await self._until(loaded, deadline)
-        ends = await self._consumer.end_offsets(self._partitions)
+        ends = await self._ends.end_offsets(self._partitions)
         await self._until(lambda: self._reached(ends), deadline)
 
     async def _until(self, done: Callable[[], Awaitable[bool]], deadline: float) -> None:

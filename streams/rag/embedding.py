@@ -25,6 +25,7 @@ log = logging.getLogger("specstream.rag")
 MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSION = 384
 MAX_TOKENS = 256  # sentence_bert_config.json: max_seq_length
+SPREAD = 1.5  # a batch's longest window at most this many times its shortest (see batches())
 
 
 def model_dir() -> Path:
@@ -72,9 +73,7 @@ class Embedder:
         order = sorted(range(len(windows)), key=lambda i: len(windows[i]))
         sums = torch.zeros(len(texts), DIMENSION)
         counts = torch.zeros(len(texts), 1)
-        size = max(1, self.options.batch_size)
-        for start in range(0, len(order), size):
-            picked = order[start:start + size]
+        for picked in batches(order, [len(w) for w in windows], max(1, self.options.batch_size)):
             summed, tokens = self._forward([windows[i] for i in picked])
             owner = torch.tensor([owners[i] for i in picked])
             sums.index_add_(0, owner, summed)
@@ -106,6 +105,19 @@ class Embedder:
             hidden = self.model(**encoded).last_hidden_state
         mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(dim=1), mask.sum(dim=1)
+
+
+def batches(order: list[int], lengths: list[int], size: int) -> list[list[int]]:
+    """Windows in ``order`` (ascending length) cut into batches of at most ``size``, and also wherever a window is
+    longer than SPREAD times the batch's shortest: a batch is padded to its longest window, so a few short windows
+    sharing a batch with long ones cost as much as long ones. (An indexer call of a few dozen chunks, mostly full
+    windows and one short last chunk per document, spent ~12 % more CPU than one sorted call over all of them.)"""
+    out: list[list[int]] = []
+    for i in order:
+        if not out or len(out[-1]) == size or lengths[i] > SPREAD * lengths[out[-1][0]]:
+            out.append([])
+        out[-1].append(i)
+    return out
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

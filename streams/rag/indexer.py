@@ -29,6 +29,7 @@ from streams.rag.index import ChunkPoint, VectorIndex
 from streams.service import Consumer, Delivery, Output
 
 log = logging.getLogger("specstream.rag")
+PIPELINE_BATCHES = 2
 
 
 class Indexer:
@@ -36,7 +37,9 @@ class Indexer:
                  documents: CompactedTable[DocumentState], stores: CompactedTable[VectorStoreRecord]) -> None:
         self.catalog = catalog
         self.embedder = embedder
-        self.batcher = CoalescingEmbedder(embedder.embed, max_texts=max(512, embedder.options.batch_size))
+        # A few forward batches per embedder call, not hundreds: the parts of one call upsert (local Qdrant commits
+        # every point) while the next call embeds, instead of all upserting after the last forward.
+        self.batcher = CoalescingEmbedder(embedder.embed, max_texts=PIPELINE_BATCHES * embedder.options.batch_size)
         self.index = index
         self.documents = documents
         self.stores = stores

@@ -1,13 +1,19 @@
 """`specstream index rebuild --store NAME`: a store's index built again as version N+1, checked, then swapped in.
 
-1. The documents table is read up to the end offsets it had at the start: the store's documents then (those not
-   failed) are what v<N+1> must hold; the rag service prepares an empty `<store>_v<N+1>`.
+1. The documents table is read up to the end offsets it had at the start: the store's documents then (those
+   neither failed nor still being ingested) are what v<N+1> must hold; the rag service prepares an empty
+   `<store>_v<N+1>`.
 2. Each document's ingest job is published again with `index_version` N+1 (and the new chunking, if one is given);
    the parser and the indexer fill v<N+1> while the alias still answers every query from v<N>.
 3. Check: every document `completed` at N+1, the points of v<N+1> equal the sum of their chunks, and a canary query
    of v<N+1> finds something. A check that fails leaves v<N> answering, restores the documents' states and stops.
 4. Swap: the alias moves to v<N+1> in one operation and v<N> is dropped; the store's record names N+1, so files
    added from now on go into it. Documents added during the rebuild (still at N) are queued again at N+1.
+
+A document still being ingested at the start (status `in_progress`) is left out, as if added during the rebuild:
+its own job goes on at N and publishes its states at N whenever it finishes, so waiting for it at N+1 could wait
+until the timeout (its last state names N, whichever job finished last). After the swap it is queued again at
+N+1 with the other latecomers, so it lands in the version that answers.
 """
 from __future__ import annotations
 
@@ -37,8 +43,9 @@ class Rebuilt:
 async def rebuild(client: RagClient, store_ref: str, *, chunking: StaticChunking | None = None,
                   canary: str | None = None, timeout_s: float = 1800.0, progress: Progress = print) -> Rebuilt:
     started = time.monotonic()
+    await client.documents.caught_up()  # a client that has been open a while: the states as they are now
     record = client.store(store_ref)
-    documents = [d for d in client.documents_of(record.id) if d.status != "failed"]
+    documents = [d for d in client.documents_of(record.id) if d.status not in ("failed", "in_progress")]
     state = await client.ask("count", [record.id], version=record.index_version)
     assert isinstance(state, IndexState)
     old = state.version or record.index_version

@@ -94,6 +94,29 @@ async def test_caught_up_sees_a_write_made_just_before_it(kafka_bootstrap: str, 
         await table.stop()
 
 
+async def test_caught_up_on_an_idle_table_does_not_wait_out_the_followers_pending_fetch(
+        kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer) -> None:  # noqa: F811
+    # The follower's fetch is held open by the broker for fetch_max_wait_ms (500 ms) when nothing is new; asked on
+    # its connection, the end offsets queued behind it and every caught_up on an idle table took ~0.5 s.
+    await kafka_io.ensure_topics(kafka_bootstrap, [topic])
+    await send(producer, topic, "a", row("a", 1))
+    table = CompactedTable(kafka_bootstrap, topic, Row)
+    await table.start()
+    try:
+        await asyncio.sleep(0.3)  # the follower is now in a long-polling fetch on an idle topic
+        took = []
+        for _ in range(5):
+            started = time.monotonic()
+            await table.caught_up()
+            took.append(time.monotonic() - started)
+        assert sorted(took)[2] < 0.25, f"caught_up on an idle table took {took}"
+        await send(producer, topic, "a", row("a", 2))  # and read-your-writes still holds
+        await table.caught_up()
+        assert table.get("a") is not None and table.get("a").value == 2  # type: ignore[union-attr]
+    finally:
+        await table.stop()
+
+
 async def test_newest_by_keeps_the_newer_stamp_whatever_order_records_land_in(
         kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer) -> None:  # noqa: F811
     table = CompactedTable(kafka_bootstrap, topic, Row, policy=newest_by(lambda r: r.updated_at))

@@ -4,6 +4,7 @@ with SIGKILL in the middle of a document that completes after a restart with no 
 from __future__ import annotations
 
 import asyncio
+import io
 import subprocess
 import sys
 import uuid
@@ -18,12 +19,17 @@ from aiokafka import TopicPartition
 from schemas.retrieval import IndexState, SearchResults
 from schemas.topics import TopicCatalog
 from streams import kafka_io
+from streams.files.blobs import BlobStore
+from streams.files.store import FileStore
 from streams.rag.client import RagClient
+from streams.rag.jobs import attach
 from streams.rag.rebuild import rebuild
 from streams.testing.stack import REPO, Process, _stop, spawn_process, stack_env
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
 from tests.rag_stack import kill_hard, start_rag, wait_rag_ready
 from tests.rag_support import chunks_of, job, publish, queued, store_record, wait_status
+
+LIGHTHOUSE = b"# Lighthouse\n\nThe lighthouse keeper winds the lamp's clockwork every four hours.\n"
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.kafka, pytest.mark.timeout(900)]
 
@@ -114,6 +120,49 @@ async def test_a_rebuild_swaps_versions_while_queries_keep_answering_and_files_s
         state = await client.ask("count", [store.id], version=2)
         assert isinstance(state, IndexState) and state.versions == [2] and state.points == done.points
         assert client.store(store.id).index_version == 2
+
+
+async def test_a_file_still_being_ingested_at_rebuild_time_is_not_waited_for_and_lands_in_the_new_version(
+        deployment: Deployment) -> None:
+    catalog = TopicCatalog(prefix=deployment.prefix)
+    files = FileStore(deployment.bootstrap, catalog, BlobStore(deployment.root / "files"), max_bytes=1 << 20)
+    await files.start()
+    try:
+        async with RagClient.session(deployment.bootstrap, catalog) as client:
+            record = client.store("notes")
+            file = await files.create(tenant=record.tenant, filename="lighthouse.md", purpose="assistants",
+                                      source=io.BytesIO(LIGHTHOUSE))
+            state, ingest = attach(record, file)
+            await client.publish(catalog.documents.name, ingest.document_key, state)  # in progress from here on
+            requeued = asyncio.Event()
+
+            def progress(line: str) -> None:
+                print(line)
+                if "document(s) indexed" in line:  # the rebuild has queued its jobs
+                    requeued.set()
+
+            rebuilding = asyncio.create_task(rebuild(client, "notes", progress=progress, timeout_s=300))
+            await asyncio.wait_for(requeued.wait(), 120)
+            # The file's own job lands after the rebuild's (the edge publishes a file's state, then its job): it
+            # used to be rebuilt too, then finish at the old version after the swap had dropped it; finishing
+            # before the rebuild's last check, it held the rebuild until its timeout (its state named v1).
+            await client.publish(catalog.ingest_jobs.name, ingest.document_key, ingest)
+            done = await asyncio.wait_for(rebuilding, 240)
+            assert done.documents == 2  # the notes; the file in progress was not part of the rebuild
+            final = await wait_status(deployment.bootstrap, catalog.documents.name, record.id, file.id, "completed",
+                                      timeout_s=240)
+            for _ in range(240):  # its own job completes first (at v1), then the rebuild's requeue at v2
+                if final.job.index_version == done.new_version:
+                    break
+                await asyncio.sleep(0.5)
+                final = await wait_status(deployment.bootstrap, catalog.documents.name, record.id, file.id,
+                                          "completed", timeout_s=240)
+            assert final.job.index_version == done.new_version, final
+            found = await client.ask("search", [record.id], query="who winds the lamp of the lighthouse")
+            assert isinstance(found, SearchResults) and found.index_versions[record.id] == done.new_version
+            assert found.passages and found.passages[0].file_id == file.id, found.passages
+    finally:
+        await files.stop()
 
 
 async def _committed_parts(bootstrap: str, group: str, topic: str, partitions: int) -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from schemas.retrieval import FileSearch
-from streams.rag.embedding import MAX_TOKENS, Embedder
+from streams.rag.embedding import MAX_TOKENS, Embedder, batches
 from streams.rag.index import ChunkPoint, VectorIndex, open_client
 from streams.rag.search import Searcher
 from tests.rag_support import shared_embedder
@@ -61,3 +61,18 @@ def test_windows_are_weighted_by_their_token_count(embedder: Embedder) -> None:
     assert owners.count(0) == 3 and owners.count(1) == 1
     assert all(len(w) <= MAX_TOKENS for w in windows)
     assert all(w[0] == embedder.tokenizer.cls_token_id and w[-1] == embedder.tokenizer.sep_token_id for w in windows)
+
+
+def test_batches_never_pad_a_short_window_up_to_a_long_ones_length_and_hold_at_most_the_batch_size() -> None:
+    lengths = [12, 200, 14, 210, 60, 256, 13, 220]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    got = batches(order, lengths, size=3)
+    assert [[lengths[i] for i in b] for b in got] == [[12, 13, 14], [60], [200, 210, 220], [256]]
+    assert sorted(i for b in got for i in b) == list(range(len(lengths)))  # every window once
+
+
+def test_a_mixed_call_gives_each_text_the_vector_it_gets_alone(embedder: Embedder) -> None:
+    texts = ["Short note.", FILLER * 8, FACT, FILLER * 3 + FACT]
+    together = np.array(embedder.embed(texts))
+    alone = np.array([embedder.embed_one(t) for t in texts])
+    assert np.allclose(together, alone, atol=1e-5)
