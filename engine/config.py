@@ -32,9 +32,10 @@ class EngineConfig:
     # Batch work (requests at the lowest priority, 10: offline batch jobs) holds at most this share of the
     # running slots, so the rest stay free for interactive arrivals (engine.scheduler).
     batch_max_share: float = 0.5
-    # Most prompt tokens of batch lines in one step, and only in steps without interactive prefill: bounds what
-    # the step an interactive arrival waits behind can hold of batch work (engine.scheduler).
-    batch_prefill_tokens: int = 64
+    # Most tokens of batch work beyond one decode row per running line in one step (prompt tokens, then drafts),
+    # and none in steps with interactive prefill: bounds what the step an interactive arrival waits behind can
+    # hold of batch work (engine.scheduler).
+    batch_step_tokens: int = 32
     # CPU only: keep a oneDNN-prepacked copy of the weights for steps of 4..48 rows
     # (speculative verification, small batches), which MKL handles poorly; one more
     # copy of the weights in memory (engine.packed_linear).

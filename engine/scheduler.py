@@ -10,8 +10,9 @@ leave between any two steps. Order of business in `schedule()`:
 3. interactive prefill chunks fill what is left of the token budget: first
    the sequences already part-way through their prompt, then new admissions
    from the waiting queue, in (priority, arrival) order;
-4. only when step 3 scheduled nothing: the batch decodes' drafts (they feed
-   one row each until then), then batch prefill the same way.
+4. only when step 3 scheduled nothing: batch prefill the same way, then the
+   batch decodes' drafts (they feed one row each until then), together within
+   ``batch_step_tokens``.
 
 Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
 after every interactive request and holds at most ``batch_max_share`` of the
@@ -19,13 +20,13 @@ running slots: the rest stay free for interactive arrivals, which are
 admitted at the next step without preempting anything. Batch work only ever
 yields at admission, and otherwise yields the step, never its place: in a
 step that carries interactive prefill, batch lines feed one decode row each
-(no drafts) and no prompt tokens; in other steps they get drafts and at most
-``batch_prefill_tokens`` prompt tokens. On a compute-bound device a step costs
-about its token count, so what a running batch adds to an interactive
-request's first token is bounded: in its prefill step, one row per running
-batch line (at most batch_max_share x max_running_requests rows); in the step
-in flight when it arrived, those lines' decodes with drafts plus at most
-``batch_prefill_tokens`` prompt tokens.
+(no drafts) and no prompt tokens; in other steps their prompt tokens and then
+their drafts take at most ``batch_step_tokens`` beyond one row per line. On a
+compute-bound device a step costs about its token count, so what a running
+batch adds to an interactive request's first token is bounded: in its prefill
+step, one row per running batch line (at most batch_max_share x
+max_running_requests rows); in the step in flight when it arrived, one row per
+line plus at most ``batch_step_tokens``.
 
 Admission reserves a KV region for the sequence's whole life (prompt +
 max_tokens + draft slack), so a running sequence never runs out of memory and
@@ -126,14 +127,14 @@ class Scheduler:
         max_draft_tokens: int = 0,
         batch_priority: int = 10,
         batch_max_share: float = 1.0,
-        batch_prefill_tokens: int | None = None,
+        batch_step_tokens: int | None = None,
     ) -> None:
         if max_running_requests < 1 or max_batched_tokens < 1:
             raise ValueError("max_running_requests and max_batched_tokens must be at least 1")
         if not 0.0 < batch_max_share <= 1.0:
             raise ValueError(f"batch_max_share must be in (0, 1], got {batch_max_share}")
-        if batch_prefill_tokens is not None and batch_prefill_tokens < 1:
-            raise ValueError(f"batch_prefill_tokens must be at least 1, got {batch_prefill_tokens}")
+        if batch_step_tokens is not None and batch_step_tokens < 1:
+            raise ValueError(f"batch_step_tokens must be at least 1, got {batch_step_tokens}")
         self.kv_cache = kv_cache
         self.max_model_len = max_model_len
         self.max_running_requests = max_running_requests
@@ -143,7 +144,7 @@ class Scheduler:
         # At least one slot, or a batch could never run on a small engine.
         self.batch_slots = max(1, int(batch_max_share * max_running_requests))
         # Prompt tokens of batch lines in one step (None: no cap beyond the step's budget).
-        self.batch_prefill_tokens = max_batched_tokens if batch_prefill_tokens is None else batch_prefill_tokens
+        self.batch_step_tokens = max_batched_tokens if batch_step_tokens is None else batch_step_tokens
         # (priority, arrival, tiebreak, seq); aborted entries are removed lazily.
         self._waiting: list[tuple[int, float, int, Sequence]] = []
         self._tiebreak = itertools.count()
@@ -268,11 +269,12 @@ class Scheduler:
         # 2. interactive prefill: chunks of prompts part-way through, then admissions in queue order.
         budget = self._prefill(scheduled, budget, now, batch=False)
         # 3. the rest of batch work only in a step that carries no interactive prefill (the one an
-        #    interactive request's first token waits on): the batch decodes' drafts, then batch prefill
-        #    up to batch_prefill_tokens (which bounds the step an interactive arrival finds in flight).
+        #    interactive request's first token waits on), together at most batch_step_tokens (which bounds
+        #    the step an interactive arrival finds in flight): batch prefill first (a slot left unfilled
+        #    idles), then the batch decodes' drafts.
         if not any(s.is_prefill for s in scheduled):
-            budget = self._batch_drafts(scheduled, budget, draft_lens)
-            self._prefill(scheduled, min(budget, self.batch_prefill_tokens), now, batch=True)
+            extra = self._prefill(scheduled, min(budget, self.batch_step_tokens), now, batch=True)
+            self._batch_drafts(scheduled, extra, draft_lens)
 
         return SchedulerOutput(scheduled=scheduled, finished=finished)
 

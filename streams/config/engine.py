@@ -122,10 +122,11 @@ class EngineSettings(Section):
         description="Share of max_running_requests that batch-job lines (the lowest priority) may hold; the rest stay "
         "free for interactive requests, admitted at the next step without preempting anything.",
     )
-    batch_prefill_tokens: int = Field(
-        default=64, ge=1,
-        description="Most prompt tokens of batch-job lines in one engine step, and only in steps that carry no "
-        "interactive prefill: bounds how much longer batch work makes the step an interactive request waits behind.",
+    batch_step_tokens: int = Field(
+        default=32, ge=1,
+        description="Most tokens of batch-job work in one engine step beyond one decode row per running line (their "
+        "prompt tokens, then their speculative drafts), and none in steps that carry interactive prefill: bounds how "
+        "much longer batch work makes the step an interactive request waits behind.",
     )
     prepack_weights: bool = Field(
         default=True,
@@ -163,7 +164,7 @@ class EngineSettings(Section):
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
             batch_max_share=self.batch_max_share,
-            batch_prefill_tokens=self.batch_prefill_tokens,
+            batch_step_tokens=self.batch_step_tokens,
             prepack_weights=self.prepack_weights,
             weights=self.weights,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.

@@ -102,10 +102,10 @@ def test_share_outside_zero_to_one_is_refused(share: float) -> None:
         make_scheduler(share=share)
 
 
-def make_capped_scheduler(max_running: int = 8, batch_prefill_tokens: int = 8, kv_tokens: int = 4000) -> Scheduler:
+def make_capped_scheduler(max_running: int = 8, batch_step_tokens: int = 8, kv_tokens: int = 4000) -> Scheduler:
     cache = KVCache(1, 1, 2, kv_tokens, torch.float32, "cpu")
     return Scheduler(cache, 256, max_running, 512, 0, batch_priority=BATCH, batch_max_share=0.5,
-                     batch_prefill_tokens=batch_prefill_tokens)
+                     batch_step_tokens=batch_step_tokens)
 
 
 def long_seq(rid: str, priority: int, prompt_len: int, max_tokens: int = 10) -> Sequence:
@@ -113,34 +113,34 @@ def long_seq(rid: str, priority: int, prompt_len: int, max_tokens: int = 10) -> 
     return Sequence(request=EngineRequest(rid, prompt, SamplingOptions(max_tokens=max_tokens), priority=priority))
 
 
-def batch_prefill_tokens(out: SchedulerOutput, sch: Scheduler) -> int:
+def batch_step_tokens(out: SchedulerOutput, sch: Scheduler) -> int:
     return sum(s.num_new_tokens for s in out.scheduled if s.is_prefill and sch.is_batch(s.seq))
 
 
-def test_batch_prefill_per_step_stays_within_batch_prefill_tokens() -> None:
-    sch = make_capped_scheduler(batch_prefill_tokens=8)
+def test_batch_prefill_per_step_stays_within_batch_step_tokens() -> None:
+    sch = make_capped_scheduler(batch_step_tokens=8)
     for i in range(4):
         sch.add(long_seq(f"b{i}", BATCH, prompt_len=6))
-    seen = [batch_prefill_tokens(step(sch), sch) for _ in range(3)]
+    seen = [batch_step_tokens(step(sch), sch) for _ in range(3)]
     assert seen == [8, 8, 8]  # 24 prompt tokens in chunks of at most 8 a step, never more
     assert sch.num_running_batch == 4
 
 
 def test_interactive_prefill_step_carries_no_batch_prompt_tokens() -> None:
-    sch = make_capped_scheduler(batch_prefill_tokens=8)
+    sch = make_capped_scheduler(batch_step_tokens=8)
     for i in range(4):
         sch.add(long_seq(f"b{i}", BATCH, prompt_len=20))
     step(sch)  # b0 is part-way through its prompt; the rest wait
     sch.add(long_seq("i0", 0, prompt_len=30))
     out = step(sch)
     assert [s.seq.request_id for s in out.scheduled if s.is_prefill] == ["i0"]
-    assert batch_prefill_tokens(out, sch) == 0
+    assert batch_step_tokens(out, sch) == 0
     out = step(sch)  # i0 decodes now: the batch prompts go on
-    assert batch_prefill_tokens(out, sch) == 8
+    assert batch_step_tokens(out, sch) == 8
 
 
 def test_batch_lines_keep_decoding_in_the_interactive_prefill_step() -> None:
-    sch = make_capped_scheduler(batch_prefill_tokens=64)
+    sch = make_capped_scheduler(batch_step_tokens=64)
     for i in range(2):
         sch.add(long_seq(f"b{i}", BATCH, prompt_len=4))
     step(sch)
@@ -152,12 +152,12 @@ def test_batch_lines_keep_decoding_in_the_interactive_prefill_step() -> None:
 
 def test_batch_prompts_go_on_while_an_interactive_request_waits_for_memory() -> None:
     # The interactive head does not fit until a batch line ends: batch prefill must not wait on it (no deadlock).
-    sch = make_capped_scheduler(max_running=8, batch_prefill_tokens=8, kv_tokens=60)
+    sch = make_capped_scheduler(max_running=8, batch_step_tokens=8, kv_tokens=60)
     sch.add(long_seq("b0", BATCH, prompt_len=20, max_tokens=4))
     step(sch)
     sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))  # needs 50 KV slots; b0 holds 24 of 60
     outs = [step(sch) for _ in range(2)]
-    assert [batch_prefill_tokens(o, sch) for o in outs] == [8, 4]
+    assert [batch_step_tokens(o, sch) for o in outs] == [8, 4]
     assert "i0" not in running_ids(sch)
 
 
@@ -173,3 +173,17 @@ def test_batch_decodes_verify_drafts_only_in_steps_without_interactive_prefill()
     sch.get("i0").output_ids.append(7)
     after = sch.schedule(draft_lens={"b0": 4, "i0": 2})
     assert {s.seq.request_id: s.draft_budget for s in after.scheduled} == {"b0": 4, "i0": 2}
+
+
+def test_batch_prompts_then_batch_drafts_share_batch_step_tokens_beyond_one_row_per_line() -> None:
+    cache = KVCache(1, 1, 2, 4000, torch.float32, "cpu")
+    sch = Scheduler(cache, 256, 8, 512, 4, batch_priority=BATCH, batch_max_share=0.5, batch_step_tokens=6)
+    for i in range(2):
+        sch.add(long_seq(f"b{i}", BATCH, prompt_len=3, max_tokens=20))
+    step(sch)  # b0's prompt (3) and b1's (3): the whole 6
+    sch.add(long_seq("b2", BATCH, prompt_len=4, max_tokens=20))
+    out = sch.schedule(draft_lens={"b0": 4, "b1": 4})
+    tokens = {s.seq.request_id: (s.num_new_tokens, s.draft_budget) for s in out.scheduled}
+    # One row per decoding line; of the 6 beyond them, b2's prompt (4) first, then 2 drafts for the first decode.
+    assert tokens == {"b0": (3, 2), "b1": (1, 0), "b2": (4, 0)}
+    assert sum(n for n, _ in tokens.values()) - 2 == 6
