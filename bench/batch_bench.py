@@ -95,6 +95,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     env = {"SPECSTREAM_ENGINE__MAX_RUNNING_REQUESTS": str(args.max_running),
            "SPECSTREAM_ENGINE__BATCH_MAX_SHARE": str(args.batch_share),
            "SPECSTREAM_BATCH__WORKER_SLOTS": str(args.worker_slots)}
+    if args.batch_step_tokens is not None:
+        env["SPECSTREAM_ENGINE__BATCH_STEP_TOKENS"] = str(args.batch_step_tokens)
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
     env["SPECSTREAM_FILES__DIR"] = str(work / "files")
     prompts = batch_prompts(args.lines)
@@ -176,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-running", type=int, default=16, help="engine.max_running_requests")
     p.add_argument("--batch-share", type=float, default=0.5, help="engine.batch_max_share")
     p.add_argument("--worker-slots", type=int, default=8, help="batch.worker_slots")
+    p.add_argument("--batch-step-tokens", type=int, default=None, help="engine.batch_step_tokens (default: the config's)")
     p.add_argument("--batch-timeout", type=float, default=3600.0, help="seconds to wait for the batch to end")
     p.add_argument("--out", type=Path, default=Path("batch_bench.json"))
     args = p.parse_args(argv)
