@@ -24,18 +24,16 @@ class Outcome:
     truncated: bool = False
 
 
-async def execute(tool: ToolSettings, arguments: dict[str, Any], sandbox: Sandbox, python: str) -> Outcome:
-    if tool.executor == "calculator":
-        return _calculate(str(arguments.get("expression", "")))
-    run = await sandbox.run([python, "-I", "-S", "-"], str(arguments.get("code", "")).encode(), tool)
-    return python_outcome(run, tool)
-
-
-def _calculate(expression: str) -> Outcome:
+def calculate(arguments: dict[str, Any]) -> Outcome:
     try:
-        return Outcome(output=evaluate(expression))
+        return Outcome(output=evaluate(str(arguments.get("expression", ""))))
     except CalculatorError as error:
         return Outcome(error=ToolError(code="invalid_expression", message=str(error)))
+
+
+async def run_python(tool: ToolSettings, arguments: dict[str, Any], sandbox: Sandbox, python: str) -> Outcome:
+    run = await sandbox.run([python, "-I", "-S", "-"], str(arguments.get("code", "")).encode(), tool)
+    return python_outcome(run, tool)
 
 
 def python_outcome(run: RunOutcome, tool: ToolSettings) -> Outcome:

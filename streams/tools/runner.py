@@ -27,7 +27,7 @@ from streams.service.app import create_app as create_service_app
 from streams.service.app import serve
 from streams.service.runner import ConsumerService
 from streams.tools.checks import refusal
-from streams.tools.executors import Outcome, execute
+from streams.tools.executors import Outcome, calculate, run_python
 from streams.tools.file_search import FileSearcher
 from streams.tools.sandbox import Sandbox
 
@@ -99,11 +99,15 @@ class ToolRunner:
         if refused is not None:
             return Outcome(error=refused)
         tool = self.settings.tools.registry[intent.tool]
-        if tool.executor == "file_search":
-            # Within the tool's timeout, and within what is left of the intent's deadline.
-            budget = tool.timeout_s if intent.deadline is None else min(tool.timeout_s, intent.deadline - time.time())
-            return await self.file_search.run(tool, intent.arguments, intent.tenant, budget)
-        return await execute(tool, intent.arguments, self.sandbox, self.settings.tools.sandbox.python)
+        match tool.executor:
+            case "calculator":
+                return calculate(intent.arguments)
+            case "python":
+                return await run_python(tool, intent.arguments, self.sandbox, self.settings.tools.sandbox.python)
+            case "file_search":
+                # Within the tool's timeout, and within what is left of the intent's deadline.
+                budget = tool.timeout_s if intent.deadline is None else min(tool.timeout_s, intent.deadline - time.time())
+                return await self.file_search.run(tool, intent.arguments, intent.tenant, budget)
 
     async def start(self) -> None:
         await self.service.start()
