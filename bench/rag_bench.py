@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -35,8 +36,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import psutil
 
 from schemas.documents import StaticChunking
 from schemas.events import (
@@ -140,7 +139,7 @@ class Rate:
 
 
 async def embed_through_bus(client: RagClient, files: list[tuple[str, bytes]], chunks: list[list[Any]],
-                            rag: psutil.Process) -> Rate:
+                            rag_pid: int) -> Rate:
     from schemas.documents import FileObject
     from streams.rag.parser import chunk_parts
 
@@ -154,17 +153,18 @@ async def embed_through_bus(client: RagClient, files: list[tuple[str, bytes]], c
         await client.publish(client.catalog.documents.name, job.document_key, state)
         parts += [(job.document_key, p) for p in chunk_parts(job, doc_chunks)]
     await client.documents.caught_up()
-    cpu = _cpu_s(rag)
+    cpu = _cpu_s(rag_pid)
     started = time.monotonic()
     for key, part in parts:
         await client.publish(client.catalog.document_chunks.name, key, part)
     total = await wait_completed(client, store.id, len(files))
-    return Rate(total / (time.monotonic() - started), _cpu_s(rag) - cpu)
+    return Rate(total / (time.monotonic() - started), _cpu_s(rag_pid) - cpu)
 
 
-def _cpu_s(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc: psutil is not one of our dependencies)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
 
 
 def plain_loop(embedder: Embedder, texts: list[str]) -> Rate:
@@ -174,7 +174,7 @@ def plain_loop(embedder: Embedder, texts: list[str]) -> Rate:
 
 
 async def embedder_row(client: RagClient, files: list[tuple[str, bytes]], args: argparse.Namespace,
-                       rag: psutil.Process) -> dict[str, Any]:
+                       rag_pid: int) -> dict[str, Any]:
     """The same chunks in a plain loop, through the bus, and in the plain loop again (one run, side by side; the
     loop's two runs bracket the bus's, so a machine whose load drifts weighs on both sides alike). Besides the
     wall-clock ratio, the CPU ratio: the loop's CPU seconds over the rag process's during the bus run, which a
@@ -187,7 +187,7 @@ async def embedder_row(client: RagClient, files: list[tuple[str, bytes]], args: 
     embedder.embed(texts[:args.batch_size])  # warm-up, as the service's first batch is not counted either
     print(f"embedding {len(texts)} chunks in a plain loop, through the bus, then in the loop again ...", flush=True)
     before = plain_loop(embedder, texts)
-    bus = await embed_through_bus(client, files, chunks, rag)
+    bus = await embed_through_bus(client, files, chunks, rag_pid)
     after = plain_loop(embedder, texts)
     plain = (before.vectors_per_s + after.vectors_per_s) / 2
     plain_cpu = (before.cpu_s + after.cpu_s) / 2
@@ -285,7 +285,7 @@ def start_services(args: argparse.Namespace, prefix: str, root: Path) -> list[An
     return processes
 
 
-async def run(args: argparse.Namespace, prefix: str, root: Path, rag: psutil.Process) -> dict[str, Any]:
+async def run(args: argparse.Namespace, prefix: str, root: Path, rag_pid: int) -> dict[str, Any]:
     settings = Settings(kafka={"bootstrap_servers": args.bootstrap, "topic_prefix": prefix},
                         files={"dir": str(root / "files")})
     files, questions = corpus(args.docs, args.pages)
@@ -293,11 +293,11 @@ async def run(args: argparse.Namespace, prefix: str, root: Path, rag: psutil.Pro
     results: dict[str, Any] = {}
     async with RagClient.session(settings.kafka, settings.catalog) as client:
         if args.embedder_only:
-            results["embedder"] = await embedder_row(client, files, args, rag)
+            results["embedder"] = await embedder_row(client, files, args, rag_pid)
             return results
         print(f"ingesting {len(files)} PDFs of {args.pages} pages ...", flush=True)
         results["ingestion"] = ingestion = await ingest(client, settings, files, args.pages)
-        results["embedder"] = await embedder_row(client, files, args, rag)
+        results["embedder"] = await embedder_row(client, files, args, rag_pid)
         store = ingestion["store"]
         print("search latency and recall ...", flush=True)
         results["latency"] = {str(n): await latency(client, store, questions, n) for n in (1, 8)}
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             kafka={"bootstrap_servers": args.bootstrap, "topic_prefix": prefix}).catalog.shared_topics()))
         processes = start_services(args, prefix, root)
         try:
-            results = asyncio.run(run(args, prefix, root, psutil.Process(processes[1].popen.pid)))
+            results = asyncio.run(run(args, prefix, root, processes[1].popen.pid))
         finally:
             for process in reversed(processes):
                 _stop(process, 30.0)
