@@ -195,7 +195,11 @@ async def test_a_runner_killed_mid_call_leaves_one_result(kafka_bootstrap: str, 
     prefix = f"t-tools-kill-{uuid.uuid4().hex[:8]}"
     settings = tool_settings(kafka_bootstrap, prefix)
     env = {**os.environ, "PYTHONPATH": str(REPO), "SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap,
-           "SPECSTREAM_KAFKA__TOPIC_PREFIX": prefix, "SPECSTREAM_TOOLS__RUNNER__SESSION_TIMEOUT_MS": "6000"}
+           "SPECSTREAM_KAFKA__TOPIC_PREFIX": prefix, "SPECSTREAM_TOOLS__RUNNER__SESSION_TIMEOUT_MS": "6000",
+           # The killed runner's call becomes PID 1's to collect; where PID 1 does not reap (a container without
+           # an init, as CI's), it stays a zombie counted against its uid's process limit for good: keep that uid
+           # out of the range every other test's calls run under.
+           "SPECSTREAM_TOOLS__SANDBOX__UID_BASE": str(SandboxSettings().uid_base + 2000)}
     first_log = tmp_path / "first.log"
     async with ToolClient(settings) as client:
         first = await _start_runner(env, first_log)

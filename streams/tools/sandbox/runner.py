@@ -111,6 +111,8 @@ class Sandbox:
 
     async def _run(self, command: list[str], stdin: bytes, limits: ToolSettings, uid: int) -> RunOutcome:
         started = time.monotonic()
+        if self._subreaper:  # also before: an orphan of an earlier call may have exited after that call's collection
+            reap_orphans(self._awaited)
         read_fd: int | None = None
         if self.seccomp is not None:
             read_fd, write_fd = os.pipe()
