@@ -97,6 +97,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
            "SPECSTREAM_BATCH__WORKER_SLOTS": str(args.worker_slots)}
     if args.batch_step_tokens is not None:
         env["SPECSTREAM_ENGINE__BATCH_STEP_TOKENS"] = str(args.batch_step_tokens)
+    if args.threads is not None:
+        env["SPECSTREAM_ENGINE__THREADS"] = str(args.threads)
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
     env["SPECSTREAM_FILES__DIR"] = str(work / "files")
     prompts = batch_prompts(args.lines)
@@ -163,7 +165,11 @@ def report(args: argparse.Namespace, capacity: dict[str, Any], alone: dict[str, 
 
 
 def _interactive(run: dict[str, Any]) -> dict[str, Any]:
+    # server: the worker's clock (Kafka transit to it, the wait for the step in flight, its own prefill step);
+    # client minus server: the edge, the reply topic and HTTP around it.
     return {"ttft_p50_ms": run["ttft_ms"]["p50"], "ttft_p99_ms": run["ttft_ms"]["p99"],
+            "server_ttft_p50_ms": run["server_ttft_ms"]["p50"], "server_ttft_p99_ms": run["server_ttft_ms"]["p99"],
+            "client_minus_server_ttft_p99_ms": run["client_minus_server_ttft_ms"]["p99"],
             "tok_s": run["output_throughput"], "completed": run["requests"]["completed"],
             "failed": run["requests"]["failed"]}
 
@@ -179,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-share", type=float, default=0.5, help="engine.batch_max_share")
     p.add_argument("--worker-slots", type=int, default=8, help="batch.worker_slots")
     p.add_argument("--batch-step-tokens", type=int, default=None, help="engine.batch_step_tokens (default: the config's)")
+    p.add_argument("--threads", type=int, default=None, help="engine.threads (default: the config's)")
     p.add_argument("--batch-timeout", type=float, default=3600.0, help="seconds to wait for the batch to end")
     p.add_argument("--out", type=Path, default=Path("batch_bench.json"))
     args = p.parse_args(argv)

@@ -21,6 +21,9 @@ class EngineConfig:
     # A known model name (see engine.loader.KNOWN_MODELS), a local HF model folder or a .gguf file.
     model: str = DEFAULT_MODEL
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    # Torch intra-op threads of the process, set by LLMEngine.from_config (engine.threads): 0 auto (one CPU left
+    # to the rest of the process and host), None leaves torch's setting as it is (tests, in-process tools).
+    threads: int | None = None
     dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
     # None: min(model context, 2048).
     max_model_len: int | None = None
@@ -32,9 +35,9 @@ class EngineConfig:
     # Batch work (requests at the lowest priority, 10: offline batch jobs) holds at most this share of the
     # running slots, so the rest stay free for interactive arrivals (engine.scheduler).
     batch_max_share: float = 0.5
-    # Most tokens of batch work beyond one decode row per running line in one step (prompt tokens, then drafts),
-    # and none in steps with interactive prefill: bounds what the step an interactive arrival waits behind can
-    # hold of batch work (engine.scheduler).
+    # Most tokens of batch work beyond one decode row per running line in one step (prompt tokens, then drafts);
+    # steps with interactive prefill carry no batch work at all: bounds what the step an interactive arrival waits
+    # behind can hold of batch work (engine.scheduler).
     batch_step_tokens: int = 32
     # CPU only: keep a oneDNN-prepacked copy of the weights for steps of 4..48 rows
     # (speculative verification, small batches), which MKL handles poorly; one more

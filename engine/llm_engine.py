@@ -41,6 +41,7 @@ from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
 from engine.spec.proposer import DraftProposal, HiddenStateConsumer, ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
+from engine.threads import apply_threads
 
 Progress = Callable[[str], None]
 
@@ -141,6 +142,8 @@ class LLMEngine:
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
+        if cfg.threads is not None:
+            (progress or _noop)(f"torch intra-op threads: {apply_threads(cfg.threads)}")
         loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
         return cls(loaded, cfg, progress=progress)
 

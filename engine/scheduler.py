@@ -5,28 +5,31 @@ leave between any two steps. Order of business in `schedule()`:
 
 1. requests past their deadline leave (running ones free their KV region;
    waiting ones are never started);
-2. decodes first: each running decoding sequence needs 1 + k tokens (its last
-   token plus k drafts to verify), so a long prompt never stalls them;
+2. interactive decodes first: each running decoding sequence needs 1 + k
+   tokens (its last token plus k drafts to verify), so a long prompt never
+   stalls them;
 3. interactive prefill chunks fill what is left of the token budget: first
    the sequences already part-way through their prompt, then new admissions
    from the waiting queue, in (priority, arrival) order;
-4. only when step 3 scheduled nothing: batch prefill the same way, then the
-   batch decodes' drafts (they feed one row each until then), together within
-   ``batch_step_tokens``.
+4. only when step 3 scheduled nothing: batch work, one decode row per batch
+   line, then batch prefill the same way and the batch decodes' drafts,
+   together within ``batch_step_tokens``.
 
 Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
 after every interactive request and holds at most ``batch_max_share`` of the
 running slots: the rest stay free for interactive arrivals, which are
 admitted at the next step without preempting anything. Batch work only ever
-yields at admission, and otherwise yields the step, never its place: in a
-step that carries interactive prefill, batch lines feed one decode row each
-(no drafts) and no prompt tokens; in other steps their prompt tokens and then
-their drafts take at most ``batch_step_tokens`` beyond one row per line. On a
-compute-bound device a step costs about its token count, so what a running
-batch adds to an interactive request's first token is bounded: in its prefill
-step, one row per running batch line (at most batch_max_share x
-max_running_requests rows); in the step in flight when it arrived, one row per
-line plus at most ``batch_step_tokens``.
+yields at admission, and otherwise yields the step, never its place: a step
+that carries interactive prefill carries no batch work at all (batch lines
+skip it, keeping their slot and their KV); in other steps each batch line
+feeds one decode row, and beyond those rows their prompt tokens and then
+their drafts take at most ``batch_step_tokens``. On a compute-bound device a
+step costs about its token count, so what a running batch adds to an
+interactive request's first token is bounded by the step in flight when it
+arrived: one row per running batch line (at most batch_max_share x
+max_running_requests rows) plus at most ``batch_step_tokens``. Its own
+prefill step (every chunk of it, for a long prompt) runs as if no batch were
+there. While interactive prefill fills every step, batch lines wait.
 
 Admission reserves a KV region for the sequence's whole life (prompt +
 max_tokens + draft slack), so a running sequence never runs out of memory and
@@ -264,31 +267,33 @@ class Scheduler:
         budget = self.max_batched_tokens
         scheduled: list[ScheduledSequence] = []
 
-        # 1. decodes: 1 + k tokens each (k trimmed when the budget is short); batch lines 1 for now.
-        budget = self._decodes(scheduled, budget, draft_lens)
+        # 1. interactive decodes: 1 + k tokens each (k trimmed when the budget is short).
+        budget = self._decodes(scheduled, budget, draft_lens, batch=False)
         # 2. interactive prefill: chunks of prompts part-way through, then admissions in queue order.
         budget = self._prefill(scheduled, budget, now, batch=False)
-        # 3. the rest of batch work only in a step that carries no interactive prefill (the one an
-        #    interactive request's first token waits on), together at most batch_step_tokens (which bounds
-        #    the step an interactive arrival finds in flight): batch prefill first (a slot left unfilled
-        #    idles), then the batch decodes' drafts.
+        # 3. batch work only in a step that carries no interactive prefill (the step an interactive request's
+        #    first token waits on runs as if no batch were there): one decode row per batch line, then, together
+        #    at most batch_step_tokens (which bounds the step an interactive arrival finds in flight), batch
+        #    prefill first (a slot left unfilled idles) and the batch decodes' drafts.
         if not any(s.is_prefill for s in scheduled):
+            budget = self._decodes(scheduled, budget, {}, batch=True)
             extra = self._prefill(scheduled, min(budget, self.batch_step_tokens), now, batch=True)
             self._batch_drafts(scheduled, extra, draft_lens)
 
         return SchedulerOutput(scheduled=scheduled, finished=finished)
 
-    def _decodes(self, scheduled: list[ScheduledSequence], budget: int, draft_lens: Mapping[str, int]) -> int:
-        """One decode per running sequence past its prompt, interactive ones with their drafts; returns what is left."""
+    def _decodes(
+        self, scheduled: list[ScheduledSequence], budget: int, draft_lens: Mapping[str, int], *, batch: bool
+    ) -> int:
+        """One decode per running sequence of one class past its prompt, with its drafts; returns what is left."""
         skipped: list[Sequence] = []
         for seq in self.running:
-            if seq.is_prefilling:
+            if seq.is_prefilling or self.is_batch(seq) != batch:
                 continue
             if budget < 1:
                 skipped.append(seq)
                 continue
-            wanted = 0 if self.is_batch(seq) else draft_lens.get(seq.request_id, 0)
-            k = min(wanted, draft_cap(seq, self.max_draft_tokens, budget))
+            k = min(draft_lens.get(seq.request_id, 0), draft_cap(seq, self.max_draft_tokens, budget))
             scheduled.append(ScheduledSequence(seq, 1 + k, is_prefill=False, needs_logits=True, draft_budget=k))
             budget -= 1 + k
         if skipped:

@@ -106,6 +106,12 @@ class EngineSettings(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="Weights and KV cache dtype; auto picks one for the device."
     )
+    threads: int = Field(
+        default=0, ge=0, le=1024,
+        description="Torch intra-op threads of the engine worker's process; 0: torch's default (one per physical "
+        "core) but one fewer than the CPUs the process may use, at least 1, so the worker's event loop and the "
+        "host's other services keep a core and no OpenMP thread of a step waits on a descheduled peer.",
+    )
     max_model_len: int | None = Field(
         default=None, ge=16, description="Longest prompt + completion in tokens; null: min(model context, 2048)."
     )
@@ -125,8 +131,8 @@ class EngineSettings(Section):
     batch_step_tokens: int = Field(
         default=32, ge=1,
         description="Most tokens of batch-job work in one engine step beyond one decode row per running line (their "
-        "prompt tokens, then their speculative drafts), and none in steps that carry interactive prefill: bounds how "
-        "much longer batch work makes the step an interactive request waits behind.",
+        "prompt tokens, then their speculative drafts); steps that carry interactive prefill carry no batch work at "
+        "all. Bounds how much longer batch work makes the step an interactive request waits behind.",
     )
     prepack_weights: bool = Field(
         default=True,
@@ -158,6 +164,7 @@ class EngineSettings(Section):
             model=self.model,
             device=self.device,
             dtype=self.dtype,
+            threads=self.threads,
             max_model_len=self.max_model_len,
             kv_cache_bytes=self.kv_cache_bytes,
             kv_cache_fraction=self.kv_cache_fraction,

@@ -60,6 +60,7 @@ engine:
   kv_cache_bytes: 256MiB
   max_running_requests: 4
   max_batched_tokens: 256
+  threads: 3
   speculation:
     enabled: false
     max_draft_tokens: 3
@@ -69,7 +70,7 @@ engine:
     config = load_settings(path).engine.to_engine_config()
     assert (config.model, config.device, config.dtype, config.max_model_len) == ("/models/tiny", "cpu", "float32", 1024)
     assert config.kv_cache_bytes == 256 * 1024 * 1024
-    assert (config.max_running_requests, config.max_batched_tokens) == (4, 256)
+    assert (config.max_running_requests, config.max_batched_tokens, config.threads) == (4, 256, 3)
     spec = config.speculation
     assert (spec.enabled, spec.max_draft_tokens, spec.min_acceptance, spec.probe_interval_steps) == (False, 3, 0.5, 7)
 
@@ -98,6 +99,7 @@ def test_every_engine_config_field_is_configurable() -> None:
         ("worker:\n  heartbeat_s: often\n", "worker.heartbeat_s: Input should be a valid number"),
         ("engine:\n  speculation:\n    method: magic\n", "engine.speculation.method: Input should be 'ngram', 'draft' or 'eagle'"),
         ("engine:\n  kv_cache_bytes: lots\n", "engine.kv_cache_bytes: expected a byte size"),
+        ("engine:\n  threads: -1\n", "engine.threads: Input should be greater than or equal to 0"),
         ("engine:\n  weights: int3\n", "engine.weights: Input should be 'auto', 'fp32', 'bf16', 'int8' or 'int4'"),
         ("kafka:\n  replication_factor: 1\n  min_insync_replicas: 2\n", "kafka: min_insync_replicas (2) exceeds"),
         ("engine:\n  speculation:\n    method: draft\n", "engine.speculation: method 'draft' needs draft_model"),

@@ -139,15 +139,50 @@ def test_interactive_prefill_step_carries_no_batch_prompt_tokens() -> None:
     assert batch_step_tokens(out, sch) == 8
 
 
-def test_batch_lines_keep_decoding_in_the_interactive_prefill_step() -> None:
+def test_batch_lines_skip_the_interactive_prefill_step_keeping_their_slot_and_kv() -> None:
+    sch = make_capped_scheduler(batch_step_tokens=64)
+    for i in range(2):
+        sch.add(long_seq(f"b{i}", BATCH, prompt_len=4))
+    step(sch)
+    cached = {rid: sch.get(rid).kv.num_cached for rid in ("b0", "b1")}
+    sch.add(long_seq("i0", 0, prompt_len=30))
+    out = step(sch)
+    assert [s.seq.request_id for s in out.scheduled] == ["i0"]  # its first step runs as if no batch were there
+    assert running_ids(sch) == {"b0", "b1", "i0"}
+    assert {rid: sch.get(rid).kv.num_cached for rid in ("b0", "b1")} == cached
+
+
+def test_batch_lines_decode_again_in_the_step_after_the_interactive_prefill() -> None:
     sch = make_capped_scheduler(batch_step_tokens=64)
     for i in range(2):
         sch.add(long_seq(f"b{i}", BATCH, prompt_len=4))
     step(sch)
     sch.add(long_seq("i0", 0, prompt_len=30))
+    step(sch)
+    out = step(sch)  # i0 decodes: batch lines feed their rows beside it
+    assert {s.seq.request_id: s.num_new_tokens for s in out.scheduled} == {"i0": 1, "b0": 1, "b1": 1}
+
+
+def test_every_chunk_of_a_long_interactive_prompt_runs_without_batch_rows() -> None:
+    cache = KVCache(1, 1, 2, 4000, torch.float32, "cpu")
+    sch = Scheduler(cache, 256, 8, 16, 0, batch_priority=BATCH, batch_max_share=0.5, batch_step_tokens=8)
+    for i in range(2):
+        sch.add(long_seq(f"b{i}", BATCH, prompt_len=4))
+    step(sch)
+    sch.add(long_seq("i0", 0, prompt_len=40))
+    chunks = [step(sch) for _ in range(3)]  # 16 + 16 + 8 prompt tokens
+    assert [[(s.seq.request_id, s.num_new_tokens) for s in o.scheduled] for o in chunks] == [
+        [("i0", 16)], [("i0", 16)], [("i0", 8)]]
+    assert {s.seq.request_id for s in step(sch).scheduled} == {"i0", "b0", "b1"}
+
+
+def test_batch_lines_keep_decoding_while_an_interactive_request_waits_for_memory() -> None:
+    sch = make_capped_scheduler(max_running=8, batch_step_tokens=8, kv_tokens=60)
+    sch.add(long_seq("b0", BATCH, prompt_len=4, max_tokens=20))
+    step(sch)
+    sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))  # needs 51 KV slots; b0 holds 25 of 60: it waits
     out = step(sch)
-    decodes = {s.seq.request_id: s.num_new_tokens for s in out.scheduled if not s.is_prefill}
-    assert decodes == {"b0": 1, "b1": 1}  # one row each: the bound on what a batch adds to i0's first step
+    assert [(s.seq.request_id, s.is_prefill) for s in out.scheduled] == [("b0", False)]
 
 
 def test_batch_prompts_go_on_while_an_interactive_request_waits_for_memory() -> None:
@@ -155,7 +190,7 @@ def test_batch_prompts_go_on_while_an_interactive_request_waits_for_memory() -> 
     sch = make_capped_scheduler(max_running=8, batch_step_tokens=8, kv_tokens=60)
     sch.add(long_seq("b0", BATCH, prompt_len=20, max_tokens=4))
     step(sch)
-    sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))  # needs 50 KV slots; b0 holds 24 of 60
+    sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))  # needs 51 KV slots; b0 holds 25 of 60
     outs = [step(sch) for _ in range(2)]
     assert [batch_step_tokens(o, sch) for o in outs] == [8, 4]
     assert "i0" not in running_ids(sch)
@@ -168,7 +203,7 @@ def test_batch_decodes_verify_drafts_only_in_steps_without_interactive_prefill()
     step(sch)
     sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))
     with_prefill = sch.schedule(draft_lens={"b0": 4})
-    assert {s.seq.request_id: s.draft_budget for s in with_prefill.scheduled} == {"b0": 0, "i0": 0}
+    assert {s.seq.request_id: s.draft_budget for s in with_prefill.scheduled} == {"i0": 0}
     sch.update_from_step(with_prefill, {})
     sch.get("i0").output_ids.append(7)
     after = sch.schedule(draft_lens={"b0": 4, "i0": 2})
