@@ -42,6 +42,7 @@ DispatchMode = Literal["auto", "fixed"]
 DISPATCH_MODES: tuple[str, ...] = get_args(DispatchMode)
 FIXED_PACKED_ROWS = PackedRows(min_rows=4, max_rows=48)
 FIXED_QUANT_ROWS = MAX_QUANT_ROWS
+NOISY = "timings too noisy (a busy machine?): the fixed thresholds, measured again next start"
 SAVING = 0.03  # the packed fp32 copy must save at least this share of a step: it costs memory
 
 
@@ -137,6 +138,8 @@ def _dispatch_fp32(model: Decoder, mode: DispatchMode, cache_dir: Path) -> str:
     else:
         t = _fp32_timings(model, cache_dir)
         rows, why = packed_window(t), _figures(t, "plain/prepacked")
+        if t.noisy():
+            rows, why = FIXED_PACKED_ROWS, f"{NOISY}; {why}"
     if rows is None:
         return f"kernel dispatch: fp32 plain weights for every step, no prepacked copy ({why})"
     model.prepack_for_cpu(rows)
@@ -148,8 +151,8 @@ def _dispatch_quant(model: Decoder, fmt: str, mode: DispatchMode, request_rows: 
         window, why = QuantWindow(FIXED_QUANT_ROWS), "engine.kernel_dispatch: fixed"
     else:
         t = _quant_timings(model, fmt, cache_dir)
-        window = quant_window(t, request_rows)
-        why = "; ".join(filter(None, [_figures(t, f"{fmt}/bf16"), window.note]))
+        window = QuantWindow(FIXED_QUANT_ROWS, NOISY) if t.noisy() else quant_window(t, request_rows)
+        why = "; ".join(filter(None, [window.note, _figures(t, f"{fmt}/bf16")]))
     for m in model.modules():
         if isinstance(m, QuantizedLinear):
             if window.max_rows is None:

@@ -139,6 +139,21 @@ def test_a_different_key_misses_the_cache(tmp_path: Path, other: dict[str, objec
     assert calibrated(tmp_path, other, lambda: INTEL) == INTEL
 
 
+def test_a_noisy_measurement_is_taken_again_and_never_cached(tmp_path: Path) -> None:
+    # Under load: 9 rows timed at a fifth of 4 rows, which no kernel does.
+    busy = _timings([77, 131, 209, 348, 96, 480, 377, 581], [71, 67, 31, 541, 112, 255, 461, 778])
+    runs: list[int] = []
+
+    def run() -> Timings:
+        runs.append(1)
+        return busy
+
+    key = cache_key("fp32", [(960, 576)])
+    assert busy.noisy() and not AMD.noisy() and not INTEL.noisy()
+    assert calibrated(tmp_path, key, run).noisy() and len(runs) == 2
+    assert not cache_path(tmp_path, key).exists()
+
+
 def test_a_corrupt_cache_entry_is_measured_again(tmp_path: Path) -> None:
     key = cache_key("fp32", [(960, 576)])
     cache_path(tmp_path, key).write_text("{not json")
@@ -186,8 +201,10 @@ def test_auto_dispatch_calibrates_logs_one_line_and_caches(monkeypatch: pytest.M
     line = [s for s in first if s.startswith("kernel dispatch")]
     again = [s for s in second if s.startswith("kernel dispatch")]
     assert len(line) == 1 and line[0].startswith("kernel dispatch: fp32") and "measured now" in line[0]
-    assert len(again) == 1 and again[0].endswith("cached)")
-    assert len(list((tmp_path / "calibration").glob("fp32-*.json"))) == 1
+    assert len(again) == 1
+    if "too noisy" not in line[0]:  # a tiny model's microsecond timings can be, on a busy machine
+        assert again[0].endswith("cached)")
+        assert len(list((tmp_path / "calibration").glob("fp32-*.json"))) == 1
     # The packed copy exists exactly when the line says some row count uses it.
     assert bool(_packed_windows(engine)) == ("prepacked for rows" in line[0])
 
