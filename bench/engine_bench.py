@@ -3,6 +3,7 @@
     python -m bench.engine_bench            # everything (about half an hour on 2 cores)
     python -m bench.engine_bench --quick    # 32 new tokens, 4 and 8 concurrent: a smoke run
     python -m bench.engine_bench --weights int4 --rows ours_plain,ours_ngram   # a weight format (engine.weights)
+    python -m bench.engine_bench --kernel-dispatch fixed ...   # the Intel thresholds instead of this CPU's (A/B)
     python -m bench.engine_bench --rows ours_plain,ours_ngram,ours_eagle,ours_eagle_lookup --concurrency 16 \
         --draft-head smollm2-135m-instruct        # a trained EAGLE head (specstream draft train), issue 16
 
@@ -68,8 +69,20 @@ def _mixed(n: int) -> list[str]:
     return [ALL[i % len(ALL)].name for i in range(n)]
 
 
+def _dispatch_line(line: str) -> None:
+    """The engine's start line on which kernel runs which step size: to stderr (stdout carries the results)."""
+    if line.startswith("kernel dispatch"):
+        print(f"    {line}", file=sys.stderr, flush=True)
+
+
 def _run_ours(
-    method: str | None, workloads: list[str], max_new: int, concurrent: bool, weights: str, draft_head: str | None
+    method: str | None,
+    workloads: list[str],
+    max_new: int,
+    concurrent: bool,
+    weights: str,
+    draft_head: str | None,
+    kernel_dispatch: str = "auto",
 ) -> list[RowResult]:
     from engine.config import EngineConfig, SpeculationConfig
     from engine.llm_engine import LLMEngine
@@ -87,7 +100,9 @@ def _run_ours(
         spec = SpeculationConfig(
             enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")), adaptive=False
         )
-    engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", speculation=spec, weights=weights))
+    model = "smollm2-135m-instruct"
+    cfg = EngineConfig(model=model, speculation=spec, weights=weights, kernel_dispatch=kernel_dispatch)
+    engine = LLMEngine.from_config(cfg, progress=_dispatch_line)
     params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
 
     def run(batch: list[tuple[str, list[int]]]) -> tuple[float, dict[str, list[int]], int, int, int]:
@@ -193,12 +208,17 @@ def _run_hf_generate_batch(workloads: list[str], max_new: int) -> list[RowResult
 
 
 def run_row(
-    row: str, scenario: str, max_new: int, weights: str = "fp32", draft_head: str | None = None
+    row: str,
+    scenario: str,
+    max_new: int,
+    weights: str = "fp32",
+    draft_head: str | None = None,
+    kernel_dispatch: str = "auto",
 ) -> list[RowResult]:
     concurrent = scenario.startswith("concurrent:")
     workloads = _mixed(int(scenario.split(":")[1])) if concurrent else [w.name for w in ALL]
     if row.startswith("ours_"):
-        results = _run_ours(OUR_METHODS[row], workloads, max_new, concurrent, weights, draft_head)
+        results = _run_ours(OUR_METHODS[row], workloads, max_new, concurrent, weights, draft_head, kernel_dispatch)
     elif row == "hf_generate":
         results = _run_hf_single(workloads, max_new, prompt_lookup=False)
     elif row == "hf_prompt_lookup":
@@ -218,10 +238,10 @@ def run_row(
 
 
 def _spawn(
-    row: str, scenario: str, max_new: int, timeout_s: float, weights: str, draft_head: str | None
+    row: str, scenario: str, max_new: int, timeout_s: float, weights: str, draft_head: str | None, dispatch: str
 ) -> list[RowResult]:
     cmd = [sys.executable, "-m", "bench.engine_bench", "--row", row, "--scenario", scenario, "--max-new", str(max_new)]
-    cmd += ["--weights", weights] + (["--draft-head", draft_head] if draft_head else [])
+    cmd += ["--weights", weights, "--kernel-dispatch", dispatch] + (["--draft-head", draft_head] if draft_head else [])
     print(f"  running {row} on {scenario} ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out)
@@ -339,13 +359,17 @@ def main(argv: list[str] | None = None) -> int:
         "--weights", default="fp32", choices=("auto", "fp32", "bf16", "int8", "int4"), help="engine.weights of our rows"
     )
     ap.add_argument("--draft-head", help="trained EAGLE head (folder or name) for the ours_eagle rows")
+    ap.add_argument(
+        "--kernel-dispatch", default="auto", choices=("auto", "fixed"),
+        help="engine.kernel_dispatch of our rows: auto (measured on this CPU) or fixed (the Intel thresholds)",
+    )
     ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     if args.row:  # subprocess mode
-        results = run_row(args.row, args.scenario, args.max_new, args.weights, args.draft_head)
+        results = run_row(args.row, args.scenario, args.max_new, args.weights, args.draft_head, args.kernel_dispatch)
         print(json.dumps([asdict(r) for r in results]))
         return 0
 
@@ -361,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine benchmark: {len(plan)} runs, {max_new} new tokens, greedy", file=sys.stderr)
     results: list[RowResult] = []
     for row, scenario in plan:
-        results.extend(_spawn(row, scenario, max_new, args.row_timeout, args.weights, args.draft_head))
+        results.extend(
+            _spawn(row, scenario, max_new, args.row_timeout, args.weights, args.draft_head, args.kernel_dispatch)
+        )
 
     from transformers import AutoConfig
 

@@ -6,7 +6,8 @@
 Times the 30 layers' fused linears (qkv, o, gate_up, down) plus the LM head for
 one step of T rows with: fp32 (MKL), fp32 oneDNN-prepacked, bf16 prepacked, int8
 and int4 (bf16 activations). The last row count where int4 (int8) beats the bf16
-copy is what engine.quant.linear.MAX_QUANT_ROWS should be on this CPU; "bf16
+copy is the crossover the engine measures for itself at start (engine.kernel_dispatch:
+auto; MAX_QUANT_ROWS is the fixed fallback); this bench shows it per format; "bf16
 unpadded" at 1 row against "bf16 prepacked" is what Bf16Kernel's row-count
 invariance (a 1-row step run as 2 rows) costs. Run it on
 a quiet machine: other processes' threads make GEMM timings meaningless.

@@ -39,11 +39,15 @@ class EngineConfig:
     # steps with interactive prefill carry no batch work at all: bounds what the step an interactive arrival waits
     # behind can hold of batch work (engine.scheduler).
     batch_step_tokens: int = 32
-    # CPU only: keep a oneDNN-prepacked copy of the weights for steps of 4..48 rows
-    # (speculative verification, small batches), which MKL handles poorly; one more
-    # copy of the weights in memory (engine.packed_linear).
-    # With a quantized format: also keep a bf16 copy for steps past 9 rows (engine.quant.linear).
+    # CPU only: keep a oneDNN-prepacked copy of the weights for the step sizes where it beats
+    # the plain GEMM (speculative verification, small batches); one more copy of the weights
+    # in memory (engine.packed_linear). With a quantized format: a bf16 copy for the steps
+    # where it beats the quantized kernel (engine.quant.linear).
     prepack_weights: bool = True
+    # Which step sizes (rows) take which kernel: "auto" measures it on this CPU at load (cached,
+    # engine.kernel_dispatch); "fixed" keeps one Intel machine's thresholds (fp32 packed for
+    # 4..48 rows, int4/int8 kernel up to 9), for reproducible runs.
+    kernel_dispatch: str = "auto"
     # Weight format: "auto" | "fp32" | "bf16" | "int8" | "int4" (engine.quant.formats). fp32 is
     # the default until the quiet-machine benchmark confirms auto (int4 on AVX-512 + BF16 CPUs).
     weights: str = "fp32"

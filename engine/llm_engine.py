@@ -28,8 +28,9 @@ from collections.abc import Callable
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.grammar.matchers import ConstrainedRows, Matchers
+from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes, region_size
-from engine.loader import LoadedModel, apply_weights, load_model
+from engine.loader import LoadedModel, apply_weights, cache_root, load_model
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
 from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecCounters
@@ -113,8 +114,10 @@ class LLMEngine:
         # RoPE tables for every position of the longest region: drafts may run past max_model_len - 1.
         self.model.init_rope(loaded.hf_config, region_size(self.max_model_len, self.max_draft_tokens))
         self.weight_format = apply_weights(loaded, config.weights, config.prepack_weights, say)
-        if self.weight_format == "fp32" and config.prepack_weights and self.model.prepack_for_cpu():
-            say("weights prepacked for few-row CPU steps (verification, small batches)")
+        # Which kernel each step size runs on this CPU (measured, or fixed): one line at start.
+        dispatch = dispatch_kernels(self.model, self.weight_format, config, self.max_draft_tokens, cache_root().parent)
+        if dispatch is not None:
+            say(dispatch)
 
         self.kv_cache = self._build_kv_cache(loaded)
         usage = self.kv_cache.usage()

@@ -1,18 +1,21 @@
-"""Linear layers that keep a second, oneDNN-prepacked copy of their weight for few-row steps on CPU.
+"""Linear layers that keep a second, oneDNN-prepacked copy of their weight for some step sizes on CPU.
 
-Why: on CPU, torch's default GEMM (MKL) is good at one row (a memory-bound GEMV)
-and at many rows (prefill), but poor in between, which is exactly the size of a
-speculative verification step (1 + k rows) or of a small decode batch. Measured
-on the 2-core dev machine with the default model's shapes (all 30 layers' linears,
-fp32, best of 6):
+Why: on CPU, torch's default fp32 GEMM (MKL) and oneDNN's prepacked GEMM win at
+different row counts, and which wins where depends on the CPU. One machine's
+example, the 2-core Intel dev machine with the default model's shapes (all 30
+layers' linears, fp32, best of 6, ms per step):
 
     rows               1     2     4     9     16    32    64    128
-    F.linear (MKL)   15.3  17.6  27.6  36.3  39.1  48.1  66.6  110.2 ms
-    oneDNN prepacked 19.7  20.4  21.6  26.0  30.4  42.7  69.3  108.8 ms
+    F.linear (MKL)   15.3  17.6  27.6  36.3  39.1  48.1  66.6  110.2
+    oneDNN prepacked 19.7  20.4  21.6  26.0  30.4  42.7  69.3  108.8
 
-so a step of 4..48 rows runs on the prepacked copy and everything else on the
-plain weight. The price is one more copy of the weights in memory. The weight is
-packed once at load; rows outside the window never touch it.
+there steps of 4..48 rows (speculative verification, small batches) ran faster
+on the packed copy; on an AMD EPYC (AVX-512, no AMX) the packed copy won at every
+row count, by 1.7x at one row. So the window is measured on the machine the engine
+runs on (engine.kernel_calibration, engine.kernel_dispatch; `engine.kernel_dispatch:
+fixed` keeps 4..48). The price is one more copy of the weights in memory, paid only
+when some row count uses it. The weight is packed once at load; rows outside the
+window never touch it.
 
 `bench/engine_bench.py` measures the effect end to end (verification steps are
 most of a speculating request's time).
@@ -28,7 +31,7 @@ from torch import nn
 
 @dataclass(frozen=True)
 class PackedRows:
-    """Row counts (inclusive) that take the prepacked path."""
+    """Row counts (inclusive) that take the prepacked path (the default: the Intel machine's window)."""
 
     min_rows: int = 4
     max_rows: int = 48
@@ -56,7 +59,14 @@ class PrepackedWeight:
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out]."""
         if self.rows.min_rows <= x.shape[0] <= self.rows.max_rows and x.dim() == 2:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+            return self.prepacked(x)
+        return self.plain(x)
+
+    def prepacked(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, in] -> [T, out] on the packed copy (engine.kernel_calibration times both paths)."""
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+
+    def plain(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 

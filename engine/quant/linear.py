@@ -15,16 +15,18 @@ So a QuantizedLinear runs
                              weight (verification of long drafts, batches, prefill)
 The wide copy costs 2 bytes per weight (4x an int4 weight); without it
 (`wide=False`, engine.prepack_weights: false) every step runs the quantized kernel.
-The default window covers a decode step and the verification of up to 8 drafts,
-so a single sequence's speculative steps and its plain steps run the same kernel
-(same numerics: text equal with and without speculation). In a batch, a
+The window is measured per CPU at start (engine.kernel_dispatch; MAX_QUANT_ROWS is
+the fixed fallback) and always covers a decode step and the verification of up to
+max_draft_tokens drafts, or none of them, so a single sequence's speculative steps
+and its plain steps run the same kernel (same numerics: text equal with and without
+speculation). In a batch, a
 verification step can pass 9 rows where the plain step stays under: the two
 kernels round differently (bf16 weight vs in-kernel dequantization), so the text
 is equal up to near ties there. Without the wide copy every step runs the
 quantized kernel, whose rows are independent, and equality is exact in any batch;
 the same holds for the `bf16` format, whose one kernel is made row-count
 invariant (Bf16Kernel).
-`bench/quant_crossover.py` re-measures the crossover on another CPU.
+`bench/quant_crossover.py` measures the crossover per linear shape, in more detail than the start-up calibration.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from torch import nn
 from engine.quant.tensor import QuantizedTensor
 
 ACT_DTYPE = torch.bfloat16  # what the CPU weight-only kernels are fast with
-MAX_QUANT_ROWS = 9  # 1 + the default max_draft_tokens (8)
+MAX_QUANT_ROWS = 9  # engine.kernel_dispatch: fixed (1 + the default max_draft_tokens, 8)
 
 
 class Kernel(Protocol):

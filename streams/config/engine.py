@@ -136,9 +136,15 @@ class EngineSettings(Section):
     )
     prepack_weights: bool = Field(
         default=True,
-        description="CPU: keep a oneDNN-prepacked copy of the weights for steps of 4-48 rows "
-        "(speculative verification, small batches); costs one more copy of the weights in memory. "
-        "With weights int4/int8: a bf16 copy for steps past 9 rows instead.",
+        description="CPU: keep a oneDNN-prepacked copy of the weights for the step sizes where it beats the plain "
+        "GEMM (see kernel_dispatch); costs one more copy of the weights in memory. With weights int4/int8: a bf16 "
+        "copy for the steps too wide for the quantized kernel instead.",
+    )
+    kernel_dispatch: Literal["auto", "fixed"] = Field(
+        default="auto",
+        description="CPU: which step sizes run on which matmul kernel. auto: measured on this CPU at load (1-3 s "
+        "once, then cached in ~/.cache/specstream/calibration) and logged; fixed: the Intel dev machine's "
+        "thresholds (fp32 prepacked for 4-48 rows, int4/int8 kernel up to 9), for reproducible runs.",
     )
     weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
         default="fp32",
@@ -173,6 +179,7 @@ class EngineSettings(Section):
             batch_max_share=self.batch_max_share,
             batch_step_tokens=self.batch_step_tokens,
             prepack_weights=self.prepack_weights,
+            kernel_dispatch=self.kernel_dispatch,
             weights=self.weights,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
             speculation=SpeculationConfig(**spec.model_dump()),

@@ -101,6 +101,7 @@ def test_every_engine_config_field_is_configurable() -> None:
         ("engine:\n  kv_cache_bytes: lots\n", "engine.kv_cache_bytes: expected a byte size"),
         ("engine:\n  threads: -1\n", "engine.threads: Input should be greater than or equal to 0"),
         ("engine:\n  weights: int3\n", "engine.weights: Input should be 'auto', 'fp32', 'bf16', 'int8' or 'int4'"),
+        ("engine:\n  kernel_dispatch: fast\n", "engine.kernel_dispatch: Input should be 'auto' or 'fixed'"),
         ("kafka:\n  replication_factor: 1\n  min_insync_replicas: 2\n", "kafka: min_insync_replicas (2) exceeds"),
         ("engine:\n  speculation:\n    method: draft\n", "engine.speculation: method 'draft' needs draft_model"),
         ("engine:\n  speculation:\n    method: eagle\n", "engine.speculation: method 'eagle' needs draft_head"),

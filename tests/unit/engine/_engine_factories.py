@@ -101,6 +101,7 @@ def make_engine(
     weights: str = "fp32",
     prepack_weights: bool = True,
     lora: LoRAConfig | None = None,
+    kernel_dispatch: str = "fixed",  # tests: the same kernels on every machine, no timing at start
 ) -> LLMEngine:
     cfg = EngineConfig(
         model="tiny",
@@ -112,6 +113,7 @@ def make_engine(
         weights=weights,
         prepack_weights=prepack_weights,
         lora=lora,
+        kernel_dispatch=kernel_dispatch,
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller)
 

@@ -1,0 +1,188 @@
+"""Which matmul kernel a CPU step runs, by its row count: measured on this CPU (auto) or fixed.
+
+Two choices, both per linear layer and by the step's rows:
+* fp32 weights: torch's default GEMM on the plain weight, or a oneDNN-prepacked copy
+  (engine/packed_linear.py). The copy costs one more copy of the weights, so it is made
+  only when some row count runs on it.
+* int4/int8 weights: the weight-only quantized kernel, or the bf16 copy of the same
+  weights for wider steps (engine/quant/linear.py). When no measured row count runs on
+  the copy it is dropped.
+
+`engine.kernel_dispatch: auto` decides from engine.kernel_calibration's timings on the
+model's real linears; `fixed` keeps the thresholds measured once on the Intel dev machine
+(fp32 packed for 4..48 rows, quantized kernel up to 9), for reproducible benchmarks and tests.
+The LM head follows its layers' decision (it is not timed: one matrix, same kernels).
+
+Exactness (docs/benchmarks.md, "lossless per format"): int4/int8 speculative text equals
+plain text bit for bit only while all of one request's steps (a 1-row decode, a 1 + k-row
+verification) run on one kernel. So the quantized window is either empty (every step on the
+bf16 copy, which is row-count invariant: Bf16Kernel) or reaches 1 + max_draft_tokens rows; a
+measured crossover in between is raised to 1 + max_draft_tokens, and the start line says so.
+fp32 promises no such thing across kernels (plain and packed GEMMs round differently, which
+the fixed 4..48 window already mixed); a window that covers every step of a request is, if
+anything, more uniform.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+import torch
+from torch import nn
+
+from engine.config import EngineConfig
+from engine.kernel_calibration import KernelPair, Timings, cache_key, calibrated, measure, sample_layers
+from engine.model import Decoder
+from engine.packed_linear import PackedRows, PrepackedWeight, packing_available
+from engine.quant.linear import ACT_DTYPE, MAX_QUANT_ROWS, QuantizedLinear, nbytes
+
+DispatchMode = Literal["auto", "fixed"]
+DISPATCH_MODES: tuple[str, ...] = get_args(DispatchMode)
+FIXED_PACKED_ROWS = PackedRows(min_rows=4, max_rows=48)
+FIXED_QUANT_ROWS = MAX_QUANT_ROWS
+NOISY = "timings too noisy (a busy machine?): the fixed thresholds, measured again next start"
+SAVING = 0.03  # the packed fp32 copy must save at least this share of a step: it costs memory
+
+
+@dataclass(frozen=True)
+class QuantWindow:
+    """Rows 1..max_rows run the quantized kernel, wider steps the bf16 copy; max_rows None: every step."""
+
+    max_rows: int | None
+    note: str = ""  # why it differs from the measured crossover
+
+
+def packed_window(t: Timings) -> PackedRows | None:
+    """fp32: the row counts where the packed copy wins (the longest run of winning measured counts; a boundary
+    between a winner and a loser is set half way), or None when it wins nowhere."""
+    wins = [alt < base * (1.0 - SAVING) for base, alt in zip(t.base_ms, t.alt_ms)]
+    best: tuple[int, int] | None = None  # (first, last) index of the longest run
+    i = 0
+    while i < len(wins):
+        if not wins[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(wins) and wins[j + 1]:
+            j += 1
+        if best is None or j - i > best[1] - best[0]:
+            best = (i, j)
+        i = j + 1
+    if best is None:
+        return None
+    first, last = best
+    lo = t.rows[0] if first == 0 else (t.rows[first - 1] + t.rows[first]) // 2 + 1
+    hi = t.rows[-1] if last == len(wins) - 1 else (t.rows[last] + t.rows[last + 1]) // 2
+    return PackedRows(min_rows=lo, max_rows=hi)
+
+
+def quant_window(t: Timings, request_rows: int) -> QuantWindow:
+    """int4/int8: the quantized kernel up to the first measured row count where the bf16 copy is faster
+    (ties go to the quantized kernel: it is the smaller copy). request_rows = 1 + max_draft_tokens."""
+    n = next((i for i, (base, alt) in enumerate(zip(t.base_ms, t.alt_ms)) if alt < base), None)
+    if n is None:
+        return QuantWindow(None)
+    measured = 0 if n == 0 else (t.rows[n - 1] + t.rows[n]) // 2
+    if not 0 < measured < request_rows:
+        return QuantWindow(measured)
+    # One kernel for all of a request's steps: whichever costs less over the measured counts up to request_rows.
+    span = [i for i, r in enumerate(t.rows) if r <= request_rows]
+    quant_wins = sum(t.base_ms[i] for i in span) <= sum(t.alt_ms[i] for i in span)
+    chosen = request_rows if quant_wins else 0
+    why = (
+        f"measured crossover at {measured} rows, set to {chosen} so that one request's decode and verification steps "
+        f"(1..{request_rows} rows) share a kernel: speculative text stays equal to plain text"
+    )
+    return QuantWindow(chosen, why)
+
+
+def _figures(t: Timings, names: str) -> str:
+    pairs = ", ".join(f"{r}: {b:.1f}/{a:.1f}" for r, b, a in zip(t.rows, t.base_ms, t.alt_ms))
+    return f"ms per step {names} by rows {pairs}; {'cached' if t.cached else 'measured now'}"
+
+
+def _fp32_timings(model: Decoder, cache_dir: Path) -> Timings:
+    layers = [[m for m in layer.modules() if type(m) is nn.Linear] for layer in model.layers]
+    shapes = [(lin.out_features, lin.in_features) for layer in layers for lin in layer]
+
+    def run() -> Timings:
+        n, scale = sample_layers([sum(lin.weight.nbytes for lin in layer) for layer in layers])
+        # Packed copies of the timed layers only, dropped after: the model's own are made once the window is known.
+        packed = [PrepackedWeight(lin.weight, lin.bias, FIXED_PACKED_ROWS) for layer in layers[:n] for lin in layer]
+        pairs = [KernelPair(p.weight.shape[1], p.plain, p.prepacked) for p in packed]
+        return measure(pairs, torch.float32, scale)
+
+    return calibrated(cache_dir, cache_key("fp32", shapes), run)
+
+
+def _quant_timings(model: Decoder, fmt: str, cache_dir: Path) -> Timings:
+    layers = [[m for m in layer.modules() if isinstance(m, QuantizedLinear)] for layer in model.layers]
+    shapes = [(lin.out_features, lin.in_features) for layer in layers for lin in layer]
+
+    def run() -> Timings:
+        # Sized by the quantized kernel's bytes (the smaller copy): it too must be timed reading memory.
+        n, scale = sample_layers([sum(nbytes(lin.narrow.tensors()) for lin in layer) for layer in layers])
+        timed = [lin for layer in layers[:n] for lin in layer if lin.wide is not None]
+        pairs = [KernelPair(lin.in_features, lin.narrow, lin.wide) for lin in timed if lin.wide is not None]
+        return measure(pairs, ACT_DTYPE, scale)
+
+    return calibrated(cache_dir, cache_key(fmt, shapes), run)
+
+
+def _dispatch_fp32(model: Decoder, mode: DispatchMode, cache_dir: Path) -> str:
+    if mode == "fixed":
+        rows: PackedRows | None = FIXED_PACKED_ROWS
+        why = "engine.kernel_dispatch: fixed"
+    else:
+        t = _fp32_timings(model, cache_dir)
+        rows, why = packed_window(t), _figures(t, "plain/prepacked")
+        if t.noisy():
+            rows, why = FIXED_PACKED_ROWS, f"{NOISY}; {why}"
+    if rows is None:
+        return f"kernel dispatch: fp32 plain weights for every step, no prepacked copy ({why})"
+    model.prepack_for_cpu(rows)
+    return f"kernel dispatch: fp32 prepacked for rows {rows.min_rows}..{rows.max_rows}, plain otherwise ({why})"
+
+
+def _dispatch_quant(model: Decoder, fmt: str, mode: DispatchMode, request_rows: int, cache_dir: Path) -> str:
+    if mode == "fixed":
+        window, why = QuantWindow(FIXED_QUANT_ROWS), "engine.kernel_dispatch: fixed"
+    else:
+        t = _quant_timings(model, fmt, cache_dir)
+        window = QuantWindow(FIXED_QUANT_ROWS, NOISY) if t.noisy() else quant_window(t, request_rows)
+        why = "; ".join(filter(None, [window.note, _figures(t, f"{fmt}/bf16")]))
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            if window.max_rows is None:
+                m.wide = None  # no step runs on it: its memory back (every step then takes the quantized kernel)
+            else:
+                m.max_quant_rows = window.max_rows
+    if window.max_rows is None:
+        return f"kernel dispatch: {fmt} kernel for every step, no bf16 copy ({why})"
+    if window.max_rows == 0:
+        return f"kernel dispatch: {fmt} weights run every step on the bf16 copy ({why})"
+    return f"kernel dispatch: {fmt} kernel for rows 1..{window.max_rows}, bf16 copy beyond ({why})"
+
+
+def dispatch_kernels(
+    model: Decoder, weight_format: str, config: EngineConfig, max_draft_tokens: int, cache_root: Path
+) -> str | None:
+    """Set up the model's row-count dispatch for its weight format (logged); returns the line said at start,
+    or None where there is no choice to make (CUDA, bf16's single kernel, engine.prepack_weights off).
+    Timings are cached under cache_root/calibration."""
+    mode = config.kernel_dispatch
+    if mode not in DISPATCH_MODES:
+        raise ValueError(f"engine.kernel_dispatch {mode!r}: expected one of {', '.join(DISPATCH_MODES)}")
+    if not config.prepack_weights or model.device.type != "cpu":
+        return None
+    cache_dir = cache_root / "calibration"
+    line: str | None = None
+    if weight_format == "fp32" and packing_available(model.device, model.dtype):
+        line = _dispatch_fp32(model, mode, cache_dir)  # type: ignore[arg-type]
+    elif weight_format in ("int4", "int8"):
+        line = _dispatch_quant(model, weight_format, mode, 1 + max_draft_tokens, cache_dir)  # type: ignore[arg-type]
+    if line is not None:
+        logging.getLogger(__name__).info(line)
+    return line
