@@ -184,7 +184,10 @@ def _spawn_parser(parsing: Parsing, tmp_path: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS": parsing.bootstrap,
            "SPECSTREAM_KAFKA__TOPIC_PREFIX": parsing.catalog.prefix,
            "SPECSTREAM_FILES__DIR": str(parsing.blobs.root), "SPECSTREAM_PARSER__HEARTBEAT_S": "0.5",
-           "SPECSTREAM_PARSER__MAX_INFLIGHT": "1"}
+           "SPECSTREAM_PARSER__MAX_INFLIGHT": "1",
+           # The broker's floor instead of the parser's default 10 s: the replacement of a parser killed with -9
+           # waits this long for the group to drop the dead member.
+           "SPECSTREAM_PARSER__SESSION_TIMEOUT_MS": "6000"}
     env.pop("SPECSTREAM_CONFIG", None)
     return subprocess.Popen([sys.executable, "-m", "streams.cli", "parser"], cwd=tmp_path, env=env,
                             stdout=(tmp_path / f"parser-{time.time_ns()}.log").open("wb"),

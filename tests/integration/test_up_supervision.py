@@ -155,12 +155,15 @@ def test_a_worker_that_keeps_dying_at_start_is_reported_as_crash_looping_and_up_
     # A model that does not exist: the worker exits with status 1 a few seconds after every start.
     # The restart policy from ops.restart (shortened here: the shipped one waits 1, 2, 4, 8 and 15 s over 6 deaths).
     restart = {"first_backoff_s": 0.5, "max_backoff_s": 1.0, "crash_loop_after": 4}
-    with running_up(tmp_path, kafka_bootstrap, "--no-edge", engine={"model": str(tmp_path / "missing.gguf")},
-                    ops={"restart": restart}) as up:
+    # The tool runner (no model) is "the rest" that up must stop; the parser and the rag service (which loads the
+    # embedder) would only compete with the worker's starts for the CPU: the test above starts all of them.
+    with running_up(tmp_path, kafka_bootstrap, "--no-edge", "--no-parser", "--no-rag",
+                    engine={"model": str(tmp_path / "missing.gguf")}, ops={"restart": restart}) as up:
         assert up.process.wait(300) == 1, up.text()[-4000:]
         text = up.text()
     assert "up: worker is crash-looping: it died 4 times in a row, each within 60s of starting" in text
     assert "(last: exited with status 1" in text and "not restarting it; stopping the rest" in text
+    assert "tool-runner: stopped" in text.split("stopping the rest", 1)[1]
     waits = re.findall(r"^worker \(pid \d+\): exited with status 1 after [\d.]+s; restarting in (\S+)$", text, re.M)
     assert waits == ["0.5s", "1s", "1s"]
     assert len(up.pids("worker")) == 4
