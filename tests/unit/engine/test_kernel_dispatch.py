@@ -235,3 +235,17 @@ def test_auto_dispatch_keeps_speculative_text_equal_to_plain(
         outs.append(engine.generate([EngineRequest("r", prompt, params)])["r"])
     assert outs[1].token_ids == outs[0].token_ids
     assert outs[1].spec.drafted > 0
+
+
+def test_turning_speculation_off_keeps_the_kernels_it_would_verify_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    # int8 timings measured on the AMD EPYC: the bf16 copy wins from 4 rows on, a crossover inside one
+    # request's 1..9 row steps. An engine with speculation off must choose the window an engine with it on
+    # chooses, or "plain" and speculative text come from different kernels (seeded text drifted at token 16).
+    crossing = _timings([15.1, 19.2, 22.0, 38.8, 56.2, 100.9, 191.3, 371.1], [21.3, 20.0, 16.2, 20.6, 26.6, 42.2, 72.3, 134.9])
+    monkeypatch.setattr("engine.kernel_dispatch._quant_timings", lambda *args: crossing)
+    target = tiny_hf_model("qwen2")
+    windows = []
+    for enabled in (False, True):
+        spec = SpeculationConfig(enabled=enabled, method="ngram", max_draft_tokens=8, adaptive=False)
+        windows.append(_quant_window(make_engine(target, weights="int8", speculation=spec, kernel_dispatch="auto")))
+    assert windows[0] == windows[1] == 0  # every step on the bf16 copy: it costs less over 1..9 rows
