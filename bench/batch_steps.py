@@ -36,9 +36,9 @@ from engine.request import EngineRequest, SamplingOptions
 from engine.scheduler import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
 from engine.spec.proposer import DraftProposal
+from schemas.batch import BATCH_PRIORITY
+from streams.bench.stats import percentile
 from streams.bench.workload import LengthSpec, synthetic
-
-BATCH_PRIORITY = 10
 
 
 @dataclass
@@ -101,16 +101,15 @@ class Driver:
     def run(self, prompts: list[list[int]], arrivals: list[float], with_batch: bool) -> Phase:
         phase, engine, t0 = Phase(), self.engine, time.time()
         due = [(t0 + at, f"i{n}", p) for n, (at, p) in enumerate(zip(arrivals, prompts))]
-        batch_held, pending = 0, set()
+        pending: set[str] = set()
         while due or pending:
             while due and due[0][0] <= time.time():
                 at, rid, prompt = due.pop(0)
                 sampling = SamplingOptions(max_tokens=self.args.output_len)
                 engine.add_request(EngineRequest(rid, prompt, sampling, arrival_time=at))
                 pending.add(rid)
-            while with_batch and batch_held < self.args.batch_lines:
+            while with_batch and len(self.batch_live) < self.args.batch_lines:
                 self.add_batch_line()
-                batch_held += 1
             if not engine.has_unfinished():
                 time.sleep(max(0.0, due[0][0] - time.time()))
                 continue
@@ -129,7 +128,6 @@ class Driver:
                 if not out.finished:
                     continue
                 if batch:
-                    batch_held -= 1
                     self.batch_live.discard(out.request_id)
                 elif out.stats is not None:
                     pending.discard(out.request_id)
@@ -144,7 +142,8 @@ class Driver:
 
 
 def pct(xs: list[float], q: float) -> float:
-    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+    """The q-quantile (0..1) of seconds, in milliseconds, as `specstream bench` computes percentiles."""
+    return percentile(xs, q * 100) * 1000
 
 
 def report(name: str, phase: Phase) -> None:
