@@ -25,6 +25,7 @@ anything, more uniform.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -103,32 +104,44 @@ def _figures(t: Timings, names: str) -> str:
     return f"ms per step {names} by rows {pairs}; {'cached' if t.cached else 'measured now'}"
 
 
-def _fp32_timings(model: Decoder, cache_dir: Path) -> Timings:
-    layers = [[m for m in layer.modules() if type(m) is nn.Linear] for layer in model.layers]
+def _timings(
+    model: Decoder,
+    fmt: str,
+    kind: type[nn.Module],
+    layer_bytes: Callable[[nn.Module], int],
+    pair: Callable[[nn.Module], KernelPair | None],
+    dtype: torch.dtype,
+    cache_dir: Path,
+) -> Timings:
+    """Both kernels of every `kind` linear, timed on the first layers whose `layer_bytes` pass the sample size."""
+    layers = [[m for m in layer.modules() if type(m) is kind] for layer in model.layers]
     shapes = [(lin.out_features, lin.in_features) for layer in layers for lin in layer]
 
     def run() -> Timings:
-        n, scale = sample_layers([sum(lin.weight.nbytes for lin in layer) for layer in layers])
-        # Packed copies of the timed layers only, dropped after: the model's own are made once the window is known.
-        packed = [PrepackedWeight(lin.weight, lin.bias, FIXED_PACKED_ROWS) for layer in layers[:n] for lin in layer]
-        pairs = [KernelPair(p.weight.shape[1], p.plain, p.prepacked) for p in packed]
-        return measure(pairs, torch.float32, scale)
+        n, scale = sample_layers([sum(layer_bytes(lin) for lin in layer) for layer in layers])
+        pairs = [p for layer in layers[:n] for lin in layer if (p := pair(lin)) is not None]
+        return measure(pairs, dtype, scale)
 
-    return calibrated(cache_dir, cache_key("fp32", shapes), run)
+    return calibrated(cache_dir, cache_key(fmt, shapes), run)
+
+
+def _fp32_pair(lin: nn.Module) -> KernelPair:
+    # A packed copy of a timed layer only, dropped after: the model's own are made once the window is known.
+    packed = PrepackedWeight(lin.weight, lin.bias, FIXED_PACKED_ROWS)
+    return KernelPair(lin.in_features, packed.plain, packed.prepacked)
+
+
+def _fp32_timings(model: Decoder, cache_dir: Path) -> Timings:
+    return _timings(model, "fp32", nn.Linear, lambda lin: lin.weight.nbytes, _fp32_pair, torch.float32, cache_dir)
 
 
 def _quant_timings(model: Decoder, fmt: str, cache_dir: Path) -> Timings:
-    layers = [[m for m in layer.modules() if isinstance(m, QuantizedLinear)] for layer in model.layers]
-    shapes = [(lin.out_features, lin.in_features) for layer in layers for lin in layer]
-
-    def run() -> Timings:
-        # Sized by the quantized kernel's bytes (the smaller copy): it too must be timed reading memory.
-        n, scale = sample_layers([sum(nbytes(lin.narrow.tensors()) for lin in layer) for layer in layers])
-        timed = [lin for layer in layers[:n] for lin in layer if lin.wide is not None]
-        pairs = [KernelPair(lin.in_features, lin.narrow, lin.wide) for lin in timed if lin.wide is not None]
-        return measure(pairs, ACT_DTYPE, scale)
-
-    return calibrated(cache_dir, cache_key(fmt, shapes), run)
+    # Sized by the quantized kernel's bytes (the smaller copy): it too must be timed reading memory.
+    return _timings(
+        model, fmt, QuantizedLinear, lambda lin: nbytes(lin.narrow.tensors()),
+        lambda lin: None if lin.wide is None else KernelPair(lin.in_features, lin.narrow, lin.wide),
+        ACT_DTYPE, cache_dir,
+    )
 
 
 def _dispatch_fp32(model: Decoder, mode: DispatchMode, cache_dir: Path) -> str:
