@@ -1,8 +1,8 @@
 """The built-in prompts the target answers when the completions log holds too few samples.
 
 Chat questions of the kinds an assistant gets (open questions, explanations,
-advice, lists, short writing, code), built from templates and topics so a few
-hundred differ. The benchmark's own prompts (bench/workloads.py) are not among
+advice, lists, short writing, code), built from templates and topics so about
+fifteen hundred differ. The benchmark's own prompts (bench/workloads.py) are not among
 them: the benchmark measures a head on text it was not trained on.
 """
 from __future__ import annotations
@@ -26,6 +26,16 @@ TEMPLATES = (
     "Compare {t} with something similar and explain the differences.",
     "What questions should I ask an expert about {t}?",
     "Write an encouraging message to a friend who is struggling with {t}.",
+    "What does a beginner need to buy for {t}, and what can wait?",
+    "Write a short blog post introduction about {t}.",
+    "How has {t} changed over the last twenty years?",
+    "What are three myths about {t}, and what is actually true?",
+    "Plan a weekend around {t} for a family with two children.",
+    "Explain the science behind {t} in simple terms.",
+    "Write a dialogue between two friends discussing {t}.",
+    "What are the health or wellbeing effects of {t}?",
+    "How can someone with little free time still enjoy {t}?",
+    "Give a step-by-step plan for the first month of {t}.",
 )
 
 TOPICS = (
@@ -36,7 +46,11 @@ TOPICS = (
     "writing a resume", "moving to a new city", "painting with watercolours", "recycling", "drinking tea",
     "building a treehouse", "studying for exams", "solar energy", "visiting museums", "knitting",
     "team sports", "sleeping well", "time management", "learning to code", "board games", "fishing",
-    "growing tomatoes", "the night sky", "cleaning the house",
+    "growing tomatoes", "the night sky", "cleaning the house", "rock climbing", "learning to draw",
+    "making pottery", "home brewing coffee", "scuba diving", "keeping bees", "writing poetry", "yoga",
+    "composting", "learning history", "playing the guitar", "origami", "hiking with a dog", "ice skating",
+    "starting a small business", "making friends as an adult", "bird feeders", "learning statistics",
+    "repairing a bicycle", "sailing",
 )
 
 CODE_TASKS = (
