@@ -41,6 +41,7 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.rag_client import RagEdge
 from streams.edge.settings import EdgeOptions
+from streams.service.gc_pauses import freeze_startup_heap
 from streams.kafka_connection import KafkaAccessError
 from streams.telemetry.edge import EdgeTelemetry
 
@@ -72,6 +73,7 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
         try:
             await edge.start()
             app.state.rag = await start_rag(edge)
+            freeze_startup_heap("edge")
             try:
                 yield
             finally:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from faststream import FastStream
 
+from streams.service.gc_pauses import freeze_startup_heap
 from streams.service.logs import faststream_log
 from streams.service.runner import ConsumerService
 
@@ -34,11 +35,14 @@ def create_app(service: ConsumerService, *, companions: Sequence[ConsumerService
     async def drain() -> None:
         await asyncio.gather(service.drain(), *(c.stop() for c in companions))
 
+    async def freeze() -> None:  # last: everything start-up built (an engine's model included) is long-lived
+        freeze_startup_heap(f"{service.kind} {service.service_id}")
+
     return FastStream(
         service.broker,
         logger=faststream_log,
         on_startup=[service.prepare],
-        after_startup=[service.started, *(c.start for c in companions)],
+        after_startup=[service.started, *(c.start for c in companions), freeze],
         on_shutdown=[drain],
         after_shutdown=[service.close],
     )

@@ -53,8 +53,9 @@ def test_sigterm_exits_within_the_drain_time_when_the_broker_is_gone(tmp_path: P
         worker = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker"], env=env, cwd=tmp_path,
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for(lambda: " ready: model " in log_path.read_text(errors="replace") or worker.poll() is not None,
-                  180, "the worker to announce itself")
+        # The freeze is start-up's last act (streams.service.gc_pauses): after it the worker is fully up.
+        _wait_for(lambda: " objects frozen out of garbage collection" in log_path.read_text(errors="replace")
+                  or worker.poll() is not None, 180, "the worker to finish starting")
         assert worker.poll() is None, log_path.read_text(errors="replace")[-3000:]
         broker.stop(spec)
 
