@@ -97,6 +97,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
            "SPECSTREAM_BATCH__WORKER_SLOTS": str(args.worker_slots)}
     if args.batch_step_tokens is not None:
         env["SPECSTREAM_ENGINE__BATCH_STEP_TOKENS"] = str(args.batch_step_tokens)
+    if args.batch_headroom is not None:
+        env["SPECSTREAM_ENGINE__BATCH_HEADROOM"] = str(args.batch_headroom)
     if args.threads is not None:
         env["SPECSTREAM_ENGINE__THREADS"] = str(args.threads)
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-share", type=float, default=0.5, help="engine.batch_max_share")
     p.add_argument("--worker-slots", type=int, default=8, help="batch.worker_slots")
     p.add_argument("--batch-step-tokens", type=int, default=None, help="engine.batch_step_tokens (default: the config's)")
+    p.add_argument("--batch-headroom", type=int, default=None, help="engine.batch_headroom (default: the config's)")
     p.add_argument("--threads", type=int, default=None, help="engine.threads (default: the config's)")
     p.add_argument("--batch-timeout", type=float, default=3600.0, help="seconds to wait for the batch to end")
     p.add_argument("--out", type=Path, default=Path("batch_bench.json"))

@@ -35,6 +35,8 @@ class EngineConfig:
     # Batch work (requests at the lowest priority, 10: offline batch jobs) holds at most this share of the
     # running slots, so the rest stay free for interactive arrivals (engine.scheduler).
     batch_max_share: float = 0.5
+    # Running slots a new batch line must leave free: room for a burst of interactive arrivals (engine.scheduler).
+    batch_headroom: int = 2
     # Most tokens of batch work beyond one decode row per running line in one step (prompt tokens, then drafts);
     # steps with interactive prefill carry no batch work at all: bounds what the step an interactive arrival waits
     # behind can hold of batch work (engine.scheduler).

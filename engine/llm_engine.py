@@ -131,6 +131,7 @@ class LLMEngine:
             max_batched_tokens=config.max_batched_tokens,
             max_draft_tokens=self.max_draft_tokens,
             batch_max_share=config.batch_max_share,
+            batch_headroom=config.batch_headroom,
             batch_step_tokens=config.batch_step_tokens,
         )
         # A draft head reads the target's hidden states: only then does the runner keep them.

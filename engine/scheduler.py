@@ -18,7 +18,11 @@ leave between any two steps. Order of business in `schedule()`:
 Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
 after every interactive request and holds at most ``batch_max_share`` of the
 running slots: the rest stay free for interactive arrivals, which are
-admitted at the next step without preempting anything. Batch work only ever
+admitted at the next step without preempting anything. A batch line is also
+admitted only while ``batch_headroom`` slots stay free after it, so when
+interactive work fills its part, batch lines finishing hand their slots back
+instead of being replaced, and a burst of interactive arrivals finds free
+slots rather than waiting for a line to end. Batch work only ever
 yields at admission, and otherwise yields the step, never its place: a step
 that carries interactive prefill carries no batch work at all (batch lines
 skip it, keeping their slot and their KV); in other steps each batch line
@@ -131,11 +135,14 @@ class Scheduler:
         batch_priority: int = 10,
         batch_max_share: float = 1.0,
         batch_step_tokens: int | None = None,
+        batch_headroom: int = 0,
     ) -> None:
         if max_running_requests < 1 or max_batched_tokens < 1:
             raise ValueError("max_running_requests and max_batched_tokens must be at least 1")
         if not 0.0 < batch_max_share <= 1.0:
             raise ValueError(f"batch_max_share must be in (0, 1], got {batch_max_share}")
+        if batch_headroom < 0:
+            raise ValueError(f"batch_headroom must be at least 0, got {batch_headroom}")
         if batch_step_tokens is not None and batch_step_tokens < 1:
             raise ValueError(f"batch_step_tokens must be at least 1, got {batch_step_tokens}")
         self.kv_cache = kv_cache
@@ -146,6 +153,8 @@ class Scheduler:
         self.batch_priority = batch_priority
         # At least one slot, or a batch could never run on a small engine.
         self.batch_slots = max(1, int(batch_max_share * max_running_requests))
+        # Slots a new batch line must leave free (clamped so a one-slot engine still runs batch work).
+        self.batch_headroom = min(batch_headroom, max_running_requests - 1)
         # Prompt tokens of batch lines in one step (None: no cap beyond the step's budget).
         self.batch_step_tokens = max_batched_tokens if batch_step_tokens is None else batch_step_tokens
         # (priority, arrival, tiebreak, seq); aborted entries are removed lazily.
@@ -340,6 +349,8 @@ class Scheduler:
             return None  # the other class's turn: the queue is strict, nothing jumps its head
         if batch and self.num_running_batch >= self.batch_slots:
             return None  # batch work holds its share; all behind it is batch work too
+        if batch and len(self.running) + 1 + self.batch_headroom > self.max_running_requests:
+            return None  # the last free slots stay for a burst of interactive arrivals
         slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
         if slot is None:
             return None  # waits until a running sequence frees its region

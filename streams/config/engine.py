@@ -128,6 +128,11 @@ class EngineSettings(Section):
         description="Share of max_running_requests that batch-job lines (the lowest priority) may hold; the rest stay "
         "free for interactive requests, admitted at the next step without preempting anything.",
     )
+    batch_headroom: int = Field(
+        default=2, ge=0,
+        description="Running slots a new batch-job line must leave free: batch lines are not replaced while "
+        "interactive work fills the rest, so a burst of interactive arrivals finds slots at once.",
+    )
     batch_step_tokens: int = Field(
         default=32, ge=1,
         description="Most tokens of batch-job work in one engine step beyond one decode row per running line (their "
@@ -177,6 +182,7 @@ class EngineSettings(Section):
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
             batch_max_share=self.batch_max_share,
+            batch_headroom=self.batch_headroom,
             batch_step_tokens=self.batch_step_tokens,
             prepack_weights=self.prepack_weights,
             kernel_dispatch=self.kernel_dispatch,

@@ -12,9 +12,10 @@ from engine.sequence import Sequence
 BATCH = 10
 
 
-def make_scheduler(max_running: int = 8, share: float = 0.5) -> Scheduler:
+def make_scheduler(max_running: int = 8, share: float = 0.5, headroom: int = 0) -> Scheduler:
     cache = KVCache(1, 1, 2, 4000, torch.float32, "cpu")
-    return Scheduler(cache, 256, max_running, 512, 0, batch_priority=BATCH, batch_max_share=share)
+    return Scheduler(cache, 256, max_running, 512, 0, batch_priority=BATCH, batch_max_share=share,
+                     batch_headroom=headroom)
 
 
 def make_seq(rid: str, priority: int = 0, max_tokens: int = 10) -> Sequence:
@@ -222,3 +223,46 @@ def test_batch_prompts_then_batch_drafts_share_batch_step_tokens_beyond_one_row_
     # One row per decoding line; of the 6 beyond them, b2's prompt (4) first, then 2 drafts for the first decode.
     assert tokens == {"b0": (3, 2), "b1": (1, 0), "b2": (4, 0)}
     assert sum(n for n, _ in tokens.values()) - 2 == 6
+
+
+
+
+def test_a_finished_batch_line_is_not_replaced_while_it_would_take_the_headroom() -> None:
+    sch = make_scheduler(max_running=8, share=0.5, headroom=2)
+    for i in range(20):
+        sch.add(make_seq(f"b{i}", BATCH))
+    step(sch)
+    assert sch.num_running_batch == 4  # the share binds first: 4 running, 4 slots free
+    for i in range(3):
+        sch.add(make_seq(f"i{i}", 0, max_tokens=100))
+    step(sch)
+    assert sch.num_running == 7  # one free slot left
+    sch.finish(sch.get("b0"), "length")
+    step(sch)
+    assert sch.num_running_batch == 3 and sch.num_running == 6  # b0's slot stays free: 2 slots for arrivals
+    for i in range(3, 5):
+        sch.add(make_seq(f"i{i}", 0, max_tokens=100))
+    step(sch)
+    assert {"i3", "i4"} <= running_ids(sch)  # a burst of two finds its slots at once
+
+
+def test_batch_lines_refill_up_to_their_share_once_interactive_work_leaves_the_headroom() -> None:
+    sch = make_scheduler(max_running=8, share=0.5, headroom=2)
+    for i in range(5):
+        sch.add(make_seq(f"i{i}", 0, max_tokens=100))
+    for i in range(20):
+        sch.add(make_seq(f"b{i}", BATCH))
+    step(sch)
+    step(sch)
+    assert sch.num_running_batch == 1  # 5 interactive + 1 batch leave the 2 slots of headroom
+    for i in range(3):
+        sch.finish(sch.get(f"i{i}"), "length")
+    step(sch)
+    assert sch.num_running_batch == 4  # back to its share
+
+
+def test_a_one_slot_engine_still_runs_batch_work_whatever_the_headroom() -> None:
+    sch = make_scheduler(max_running=1, share=0.5, headroom=2)
+    sch.add(make_seq("b0", BATCH))
+    step(sch)
+    assert running_ids(sch) == {"b0"}
