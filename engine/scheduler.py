@@ -16,13 +16,14 @@ leave between any two steps. Order of business in `schedule()`:
    together within ``batch_step_tokens``.
 
 Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
-after every interactive request and holds at most ``batch_max_share`` of the
-running slots: the rest stay free for interactive arrivals, which are
-admitted at the next step without preempting anything. A batch line is also
-admitted only while ``batch_headroom`` slots stay free after it, so when
-interactive work fills its part, batch lines finishing hand their slots back
-instead of being replaced, and a burst of interactive arrivals finds free
-slots rather than waiting for a line to end. Batch work only ever
+after every interactive request. Batch lines never take an interactive
+request's slot: interactive requests count only themselves against
+``max_running_requests``, so an interactive arrival is admitted at the next
+step (KV room permitting) however many batch lines run, without preempting
+anything. A batch line is admitted into the slots interactive work leaves
+free: at most ``batch_max_share`` of ``max_running_requests`` in all, and only
+while ``batch_headroom`` slots stay free after it, so as interactive work
+grows, finishing batch lines hand their slots back instead of being replaced. Batch work only ever
 yields at admission, and otherwise yields the step, never its place: a step
 that carries interactive prefill carries no batch work at all (batch lines
 skip it, keeping their slot and their KV); in other steps each batch line
@@ -331,13 +332,21 @@ class Scheduler:
             if seq.is_prefilling and self.is_batch(seq) == batch:
                 scheduled.append(self._prefill_chunk(seq, budget))
                 budget -= scheduled[-1].num_new_tokens
-        while budget > 0 and len(self.running) < self.max_running_requests:
+        while budget > 0 and self._has_slot(batch):
             seq = self._admit(now, batch)
             if seq is None:
                 break
             scheduled.append(self._prefill_chunk(seq, budget))
             budget -= scheduled[-1].num_new_tokens
         return budget
+
+    def _has_slot(self, batch: bool) -> bool:
+        """Interactive requests count only themselves against max_running_requests: batch lines never take
+        their slot. A batch line needs its share not yet held and, beyond itself, batch_headroom free slots."""
+        if not batch:
+            return len(self.running) - self.num_running_batch < self.max_running_requests
+        return (self.num_running_batch < self.batch_slots
+                and len(self.running) + 1 + self.batch_headroom <= self.max_running_requests)
 
     def _admit(self, now: float, batch: bool) -> Sequence | None:
         """The queue's head when it is of this class of work and fits; strictly in queue order."""
@@ -347,10 +356,6 @@ class Scheduler:
         seq = self._waiting[0][3]
         if self.is_batch(seq) != batch:
             return None  # the other class's turn: the queue is strict, nothing jumps its head
-        if batch and self.num_running_batch >= self.batch_slots:
-            return None  # batch work holds its share; all behind it is batch work too
-        if batch and len(self.running) + 1 + self.batch_headroom > self.max_running_requests:
-            return None  # the last free slots stay for a burst of interactive arrivals
         slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
         if slot is None:
             return None  # waits until a running sequence frees its region

@@ -121,12 +121,17 @@ class EngineSettings(Section):
     kv_cache_fraction: float = Field(
         default=0.3, gt=0.0, le=0.95, description="KV cache budget as a fraction of free memory."
     )
-    max_running_requests: int = Field(default=64, ge=1, description="Most requests decoded together in one batch.")
+    max_running_requests: int = Field(
+        default=64, ge=1,
+        description="Most requests decoded together in one batch; batch-job lines never take these slots from "
+        "interactive requests (see batch_max_share).",
+    )
     max_batched_tokens: int = Field(default=512, ge=16, description="Most tokens (prefill + decode) in one engine step.")
     batch_max_share: float = Field(
         default=0.5, gt=0.0, le=1.0,
-        description="Share of max_running_requests that batch-job lines (the lowest priority) may hold; the rest stay "
-        "free for interactive requests, admitted at the next step without preempting anything.",
+        description="Share of max_running_requests that batch-job lines (the lowest priority) may hold, in slots "
+        "interactive work leaves free; interactive requests still get every slot, admitted at the next step beside "
+        "running lines without preempting anything.",
     )
     batch_headroom: int = Field(
         default=2, ge=0,
