@@ -16,6 +16,12 @@ __all__ = ["DEFAULT_MODEL", "EngineConfig", "LoRAConfig", "SpeculationConfig"]
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
+def batch_line_slots(max_running_requests: int, batch_max_share: float) -> int:
+    """How many batch-job lines may run beside the interactive requests (at least one: a small engine still runs a
+    batch)."""
+    return max(1, int(batch_max_share * max_running_requests))
+
+
 @dataclass
 class EngineConfig:
     # A known model name (see engine.loader.KNOWN_MODELS), a local HF model folder or a .gguf file.
@@ -56,3 +62,8 @@ class EngineConfig:
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     # LoRA adapters (engine.lora); None: the base model only, no adapter can be loaded.
     lora: LoRAConfig | None = None
+
+    @property
+    def max_sequences(self) -> int:
+        """Sequences that may run at once: the interactive requests plus the batch lines beside them."""
+        return self.max_running_requests + batch_line_slots(self.max_running_requests, self.batch_max_share)

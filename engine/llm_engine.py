@@ -164,8 +164,8 @@ class LLMEngine:
     def _build_kv_cache(self, loaded: LoadedModel) -> KVCache:
         cfg, config = self.model.cfg, self.config
         budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
-        # More than every running request at full length could never be used.
-        useful = config.max_running_requests * region_size(self.max_model_len, self.max_draft_tokens)
+        # More than every running sequence at full length could never be used.
+        useful = config.max_sequences * region_size(self.max_model_len, self.max_draft_tokens)
         return KVCache.from_budget(
             budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
         )
@@ -184,13 +184,13 @@ class LLMEngine:
                 spec,
                 loaded,
                 max_model_len=self.max_model_len,
-                max_running_requests=self.config.max_running_requests,
+                max_running_requests=self.config.max_sequences,
             )
         if spec.method == "eagle":
             from engine.spec.eagle import EagleProposer
 
             say(f"loading draft head {spec.draft_head} ...")
-            eagle = EagleProposer.from_engine(spec, loaded, self.max_model_len, self.config.max_running_requests)
+            eagle = EagleProposer.from_engine(spec, loaded, self.max_model_len, self.config.max_sequences)
             if not spec.eagle_prompt_lookup:
                 return eagle
             from engine.spec.combined import LookupThenEagle

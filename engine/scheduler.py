@@ -57,6 +57,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from engine.config import batch_line_slots
 from engine.kv_cache import KVCache
 from engine.outputs import FinishReason
 from engine.request import RequestRejected
@@ -152,8 +153,7 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.max_draft_tokens = max_draft_tokens
         self.batch_priority = batch_priority
-        # At least one slot, or a batch could never run on a small engine.
-        self.batch_slots = max(1, int(batch_max_share * max_running_requests))
+        self.batch_slots = batch_line_slots(max_running_requests, batch_max_share)
         # Slots a new batch line must leave free (clamped so a one-slot engine still runs batch work).
         self.batch_headroom = min(batch_headroom, max_running_requests - 1)
         # Prompt tokens of batch lines in one step (None: no cap beyond the step's budget).
