@@ -38,8 +38,8 @@ class EngineConfig:
     kv_cache_fraction: float = 0.3
     max_running_requests: int = 64
     max_batched_tokens: int = 512
-    # Batch work (requests at the lowest priority, 10: offline batch jobs) holds at most this share of the
-    # running slots, so the rest stay free for interactive arrivals (engine.scheduler).
+    # Batch work (requests at the lowest priority, 10: offline batch jobs) runs at most this share of
+    # max_running_requests lines, beside the interactive requests, never in their slots (engine.scheduler).
     batch_max_share: float = 0.5
     # Running slots a new batch line must leave free: room for a burst of interactive arrivals (engine.scheduler).
     batch_headroom: int = 2

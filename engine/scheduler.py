@@ -23,8 +23,9 @@ step (KV room permitting) however many batch lines run, without preempting
 anything. A batch line is admitted into the slots interactive work leaves
 free: at most ``batch_max_share`` of ``max_running_requests`` in all, and only
 while ``batch_headroom`` slots stay free after it, so as interactive work
-grows, finishing batch lines hand their slots back instead of being replaced. Batch work only ever
-yields at admission, and otherwise yields the step, never its place: a step
+grows, finishing batch lines hand their slots back instead of being
+replaced. Batch work only ever yields at admission, and otherwise yields
+the step, never its place: a step
 that carries interactive prefill carries no batch work at all (batch lines
 skip it, keeping their slot and their KV); in other steps each batch line
 feeds one decode row, and beyond those rows their prompt tokens and then
