@@ -9,7 +9,9 @@ ignored and overwritten later.
 
 Layout: K and V are `[layers, kv_heads, arena_tokens, head_dim]`, so a region
 of one layer, `k[layer, :, start:start + n]`, is `[kv_heads, n, head_dim]`
-with contiguous rows: exactly what `scaled_dot_product_attention` takes.
+with contiguous rows: exactly what `scaled_dot_product_attention` takes. Both
+are views of one `[layers, 2, kv_heads, arena_tokens, head_dim]` arena, so a
+step's K and V (adjacent in the fused qkv output) are written by one copy.
 """
 from __future__ import annotations
 
@@ -168,8 +170,8 @@ class KVCache:
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         # torch.empty: on CPU the pages are only committed when first written, and
         # positions past a sequence's num_cached are never read, so no zeroing is needed.
-        self.k = torch.empty(num_layers, num_kv_heads, num_tokens, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
+        self.kv = torch.empty(num_layers, 2, num_kv_heads, num_tokens, head_dim, dtype=dtype, device=device)
+        self.k, self.v = self.kv[:, 0], self.kv[:, 1]  # each [layers, kv_heads, arena_tokens, head_dim]
         self.allocator = ArenaAllocator(num_tokens)
 
     @classmethod
@@ -202,11 +204,10 @@ class KVCache:
         self.allocator.free(slot.region)
         slot.num_cached = 0
 
-    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store the new tokens' K/V: slot_mapping [T] arena slots; k, v [T, kv_heads, head_dim]."""
-        # One index_copy_ per layer for the whole flat batch.
-        self.k[layer].index_copy_(1, slot_mapping, k.transpose(0, 1))
-        self.v[layer].index_copy_(1, slot_mapping, v.transpose(0, 1))
+    def write(self, layer: int, slot_mapping: torch.Tensor, kv: torch.Tensor) -> None:
+        """Store the new tokens' K and V: slot_mapping [T] arena slots; kv [T, 2, kv_heads, head_dim]."""
+        # One index_copy_ per layer for the whole flat batch, K and V together.
+        self.kv[layer].index_copy_(2, slot_mapping, kv.permute(1, 2, 0, 3))
 
     def view(self, layer: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of arena slots [start, start + length): views, each [kv_heads, length, head_dim]."""

@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.kv_cache import KVCache
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
+from engine.rotary import RopeStep, apply_rotary_
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -175,11 +176,6 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer: int) -> None:
         super().__init__()
@@ -198,48 +194,49 @@ class Attention(nn.Module):
         # (set by engine.quant.apply for bf16-activation formats; see _rows_as_decodes).
         self.rows_as_decodes = 0
 
-    def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
-        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size]
-        cos = cos[:, None, :]  # [T, 1, D]
-        sin = sin[:, None, :]
-        v = qkv[:, self.q_size + self.kv_size :].view(T, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        qkv = self.qkv_proj(x)  # [T, q_size + 2 * kv_size], a fresh tensor: rotated in place
+        # q and k sit side by side in qkv: normed and rotated as one [T, Hq + Hkv, D] block, in place,
+        # so the rotated K stays next to V and the KV write is one copy.
+        qk = qkv[:, : self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k, _ = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = self.q_norm(q.view(T, self.num_heads, self.head_dim))  # [T, Hq, D]
-            k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-        else:
-            # q and k sit side by side in qkv: rotate them as one [T, Hq + Hkv, D] block,
-            # half the elementwise ops of rotating each (they dominate a small step's overhead).
-            qk = qkv[:, : self.q_size + self.kv_size].view(T, self.num_heads + self.num_kv_heads, self.head_dim)
-            qk = qk * cos + rotate_half(qk) * sin
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)  # [T, Hq, D], [T, Hkv, D]
-
+            qk[:, : self.num_heads] = self.q_norm(qk[:, : self.num_heads])
+            qk[:, self.num_heads :] = self.k_norm(qk[:, self.num_heads :])
+        apply_rotary_(qk, rope)
         cache = attn.kv_cache
-        cache.write(self.layer, attn.slot_mapping, k, v)
+        cache.write(self.layer, attn.slot_mapping, qkv[:, self.q_size :].view(T, 2, self.num_kv_heads, self.head_dim))
 
         # Per sequence, attention over views: the layer's arena [Hkv, N, D] sliced to
         # the sequence's region (prefix + this step's rows), no gather copies.
         k_arena, v_arena = cache.k[self.layer], cache.v[self.layer]  # [Hkv, N, D]
-        q_heads = q.transpose(0, 1)  # [Hq, T, D]
-        out = torch.empty_like(q)  # [T, Hq, D]
+        q_heads = qk[:, : self.num_heads].transpose(0, 1)  # [Hq, T, D]
+        if len(attn.seqs) == 1 and not self._as_decodes(attn.seqs[0]):
+            # One sequence (a batch-1 decode or verification): its output is the step's, no buffer to fill.
+            out = self._attend(q_heads, k_arena, v_arena, attn.seqs[0]).transpose(0, 1)  # [T, Hq, D]
+            return self.o_proj(out.reshape(T, self.q_size))  # [T, hidden]
+        out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s in attn.seqs:
-            if self.rows_as_decodes and s.mask is not None and s.q_len <= self.rows_as_decodes:
+            if self._as_decodes(s):
                 self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
-                continue
-            kv = slice(s.kv_start, s.kv_start + s.kv_len)
-            rows = slice(s.q_start, s.q_start + s.q_len)
-            # No mask on several rows means the rows are the whole sequence: plain causal.
-            causal = s.mask is None and s.q_len > 1
-            out_heads[:, rows] = F.scaled_dot_product_attention(
-                q_heads[:, rows], k_arena[:, kv], v_arena[:, kv], attn_mask=s.mask, is_causal=causal, enable_gqa=True
-            )  # [Hq, q_len, D]
+            else:
+                out_heads[:, s.q_start : s.q_start + s.q_len] = self._attend(q_heads, k_arena, v_arena, s)
         return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
+
+    def _as_decodes(self, s: SeqAttention) -> bool:
+        return bool(self.rows_as_decodes) and s.mask is not None and s.q_len <= self.rows_as_decodes
+
+    @staticmethod
+    def _attend(q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention) -> torch.Tensor:
+        """The sequence's rows attending to its region: [Hq, q_len, D]."""
+        kv = slice(s.kv_start, s.kv_start + s.kv_len)
+        # No mask on several rows means the rows are the whole sequence: plain causal.
+        causal = s.mask is None and s.q_len > 1
+        return F.scaled_dot_product_attention(
+            q_heads[:, s.q_start : s.q_start + s.q_len], k_arena[:, kv], v_arena[:, kv],
+            attn_mask=s.mask, is_causal=causal, enable_gqa=True,
+        )
 
     @staticmethod
     def _rows_as_decodes(
@@ -265,7 +262,8 @@ class MLP(nn.Module):
         # gate and up in one matmul.
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-        self.act = ACT2FN[cfg.hidden_act]
+        # SiLU (every supported model's) as the function: one module call less per layer and step.
+        self.act = F.silu if cfg.hidden_act == "silu" else ACT2FN[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)  # 2 x [T, I]
@@ -280,10 +278,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(
-        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
-    ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn)
+    def forward(self, h: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, attn)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -301,6 +297,8 @@ class Decoder(nn.Module):
         self.rope_sin: torch.Tensor | None
         self.register_buffer("rope_cos", None, persistent=False)
         self.register_buffer("rope_sin", None, persistent=False)
+        self.rope_sin_rot: torch.Tensor | None  # rope_sin with rotate_half's sign folded in (RopeStep)
+        self.register_buffer("rope_sin_rot", None, persistent=False)
         # The LM head's matmul [n, hidden] -> [n, vocab] when its weight (maybe the tied
         # embedding) lives in another form: prepacked (prepack_for_cpu) or quantized (engine.quant.apply).
         self.head_matmul: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -334,6 +332,8 @@ class Decoder(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)  # [P, D]
         self.rope_cos = emb.cos() * scale
         self.rope_sin = emb.sin() * scale
+        half = inv_freq.shape[0]
+        self.rope_sin_rot = torch.cat((-self.rope_sin[:, :half], self.rope_sin[:, half:]), dim=-1)
 
     @property
     def max_positions(self) -> int:
@@ -341,15 +341,18 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
-        if self.rope_cos is None or self.rope_sin is None:
-            raise RuntimeError("init_rope() was not called")
-        # HF computes cos/sin in fp32 and casts them to the activation dtype.
-        cos = self.rope_cos[positions].to(self.dtype)  # [T, D]
-        sin = self.rope_sin[positions].to(self.dtype)
+        rope = self.rope_step(positions, self.dtype)
         h = self.embed_tokens(input_ids)  # [T, hidden]
         for layer in self.layers:
-            h = layer(h, cos, sin, attn)
+            h = layer(h, rope, attn)
         return self.norm(h)
+
+    def rope_step(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeStep:
+        """The rotary factors of positions [T], for every layer of one forward."""
+        if self.rope_cos is None or self.rope_sin_rot is None:
+            raise RuntimeError("init_rope() was not called")
+        # HF computes cos/sin in fp32 and casts them to the activation dtype.
+        return RopeStep(self.rope_cos[positions, None].to(dtype), self.rope_sin_rot[positions, None].to(dtype))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need a next-token distribution) -> fp32 logits [n, vocab]."""

@@ -169,9 +169,8 @@ class EagleProposer:
         input_ids, positions, attn = builder.build(self.kv_cache)
         emb = self.target.embed_tokens(input_ids)  # [T, hidden]
         feats = torch.cat([f for _, _, f in feeds]).to(emb.dtype)  # [T, hidden]
-        cos = self.target.rope_cos[positions].to(emb.dtype)  # type: ignore[index]  # [T, D]
-        sin = self.target.rope_sin[positions].to(emb.dtype)  # type: ignore[index]
-        g = self.head.forward_flat(torch.cat([feats, emb], dim=-1), cos, sin, attn)  # [T, hidden]
+        rope = self.target.rope_step(positions, emb.dtype)
+        g = self.head.forward_flat(torch.cat([feats, emb], dim=-1), rope, attn)  # [T, hidden]
         for slot, (_, toks, _) in zip(slots, feeds):
             slot.num_cached += len(toks)
         return g[builder.tensor(last_rows)]

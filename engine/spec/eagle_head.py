@@ -31,8 +31,8 @@ from engine.model import (
     Decoder,
     DecoderConfig,
     DecoderLayer,
-    rotate_half,
 )
+from engine.rotary import RopeStep, rotate_half
 
 
 def target_fingerprint(target: Decoder) -> str:
@@ -93,11 +93,9 @@ class EagleHead(nn.Module):
         """g [n, hidden] -> [n] target token ids: the argmax over the draft vocabulary."""
         return self.draft_vocab[self.logits(g).argmax(dim=-1)]
 
-    def forward_flat(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward_flat(self, x: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
         """x [T, 2 * hidden] = concat(feature, next-token embedding) -> g [T, hidden], writing the head's KV."""
-        return self.layer(self.fc(x), cos, sin, attn)
+        return self.layer(self.fc(x), rope, attn)
 
     def forward_train(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [B, L, 2 * hidden] (padding at the end) -> g [B, L, hidden]; plain causal attention, no KV cache.

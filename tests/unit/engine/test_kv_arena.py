@@ -85,11 +85,10 @@ def test_the_kv_cache_holds_what_its_budget_allows_and_views_its_writes_without_
     u = cache.usage()
     assert (u.used_tokens, u.total_tokens, u.used_bytes, u.total_bytes) == (20, 50, 20 * per_token, 50 * per_token)
 
-    k = torch.randn(3, 2, 8)  # [T, Hkv, D]
-    v = torch.randn(3, 2, 8)
-    cache.write(1, torch.tensor([5, 6, 7]), k, v)
+    kv = torch.randn(3, 2, 2, 8)  # [T, K|V, Hkv, D]
+    cache.write(1, torch.tensor([5, 6, 7]), kv)
     kv_k, kv_v = cache.view(1, 5, 3)  # [Hkv, 3, D]
-    assert torch.equal(kv_k, k.transpose(0, 1)) and torch.equal(kv_v, v.transpose(0, 1))
+    assert torch.equal(kv_k, kv[:, 0].transpose(0, 1)) and torch.equal(kv_v, kv[:, 1].transpose(0, 1))
     assert kv_k.data_ptr() == cache.k[1, :, 5:].data_ptr()  # a view, not a copy
 
     cache.free(slot)
