@@ -29,11 +29,16 @@ CLIENT_STOP_GRACE_S = 10.0
 
 def create_app(service: ConsumerService, *, companions: Sequence[ConsumerService] = ()) -> FastStream:
     """``companions``: more consumers of the same process that need the main one running (the engine worker's
-    batch lane needs its engine): started after it, drained and stopped with it (at once, so the drain takes
-    one drain_timeout_s, not two), before it closes."""
+    batch lane needs its engine): started after it, drained with it (at once, so the drain takes one
+    drain_timeout_s, not two), their clients stopped before it closes."""
 
     async def drain() -> None:
-        await asyncio.gather(service.drain(), *(c.stop() for c in companions))
+        await asyncio.gather(service.drain(), *(c.drain() for c in companions))
+
+    async def stop_companions() -> None:
+        # After the drain hooks, so the watchdog is armed: with the broker gone a companion's Kafka clients
+        # may never stop (a worker whose batch lane was up then ignored SIGTERM for good).
+        await asyncio.gather(*(c.stop() for c in companions))
 
     async def freeze() -> None:  # last: everything start-up built (an engine's model included) is long-lived
         freeze_startup_heap(f"{service.kind} {service.service_id}")
@@ -44,7 +49,7 @@ def create_app(service: ConsumerService, *, companions: Sequence[ConsumerService
         on_startup=[service.prepare],
         after_startup=[service.started, *(c.start for c in companions), freeze],
         on_shutdown=[drain],
-        after_shutdown=[service.close],
+        after_shutdown=[stop_companions, service.close],
     )
 
 
