@@ -57,6 +57,9 @@ def _plan(args: argparse.Namespace, settings: Settings) -> Plan:
             raise PlanError(f"{name} must be positive, got {value}")
     if args.request_rate is not None and args.request_rate <= 0:
         raise PlanError(f"--request-rate must be positive, got {args.request_rate}")
+    # Imported here: torch comes with the engine package.
+    from engine.config import batch_line_slots
+
     spec = engine.speculation
     return plan(
         model, device, dtype=dtype, max_model_len=args.max_model_len or engine.max_model_len,
@@ -64,6 +67,7 @@ def _plan(args: argparse.Namespace, settings: Settings) -> Plan:
         max_running_requests=engine.max_running_requests,
         draft_tokens=spec.max_draft_tokens if spec.enabled else 0,
         workload=Workload(args.prompt_tokens, args.output_tokens, args.request_rate),
+        batch_lines=batch_line_slots(engine.max_running_requests, engine.batch_max_share),
     )
 
 

@@ -5,7 +5,8 @@ Memory is exact arithmetic (the same formulas the engine allocates with):
 * weights: parameters x bytes per parameter;
 * KV cache per token: 2 (K and V) x layers x KV heads x head dim x bytes per element;
 * the KV budget: ``kv_cache_bytes``, else ``kv_cache_fraction`` of the memory left after the weights, capped
-  (as the engine caps it) at what ``max_running_requests`` sequences of ``max_model_len`` could ever use.
+  (as the engine caps it) at what ``max_running_requests`` sequences of ``max_model_len``, plus the batch-job lines
+  that may run beside them, could ever use.
 
 Speed is an estimate from a roofline: a decode step reads every weight once and each sequence's KV once, so at
 small batches it is bound by memory bandwidth; at large batches by the matrix units. Published device bandwidths
@@ -158,7 +159,8 @@ class Plan:
 
 def plan(model: ModelShape, device: Device, *, dtype: str = "bfloat16", max_model_len: int | None = None,
          kv_cache_bytes: int | None = None, kv_cache_fraction: float = 0.9, max_running_requests: int = 256,
-         draft_tokens: int = 8, workload: Workload | None = None) -> Plan:
+         draft_tokens: int = 8, workload: Workload | None = None, batch_lines: int = 0) -> Plan:
+    """batch_lines: batch-job lines that may run beside max_running_requests (engine.config.batch_line_slots)."""
     if dtype not in DTYPE_BYTES:
         raise PlanError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     if device.memory_bytes <= 0:
@@ -182,9 +184,9 @@ def plan(model: ModelShape, device: Device, *, dtype: str = "bfloat16", max_mode
     if kv_cache_bytes is not None and kv_cache_bytes > free:
         raise PlanError(f"kv_cache_bytes ({kv_cache_bytes / GIB:.1f} GiB) exceeds the {free / GIB:.1f} GiB left "
                         "after the weights")
-    # As the engine does: no more slots than every running request at full length (+ draft slack) could use.
+    # As the engine does: no more slots than every running sequence at full length (+ draft slack) could use.
     slack = draft_tokens + 1
-    tokens = min(budget // per_token, max_running_requests * (length + slack))
+    tokens = min(budget // per_token, (max_running_requests + batch_lines) * (length + slack))
     if tokens < length + slack:
         raise PlanError(f"a KV budget of {budget / GIB:.2f} GiB holds {tokens} tokens: not one sequence of "
                         f"max_model_len {length}")
