@@ -14,6 +14,7 @@ from engine.kv_cache import kv_bytes_per_token
 from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel
 from engine.model import Decoder
+from engine.quant import formats
 from engine.request import EngineRequest, SamplingOptions
 
 VOCAB = 300
@@ -147,3 +148,18 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def every_format_runs() -> Iterator[None]:
+    """The CPU reads as one that runs every weight format (AVX-512 with BF16).
+
+    On a CPU without AVX512_BF16 or AMX-BF16 the engine loads fp32 instead of
+    int4/int8/bf16: a speed decision (torch runs those kernels there too, as
+    slower scalar loops), tested on its own in test_quant_engine. Tests of a
+    format's own arithmetic and tokens use this so that they check the format
+    on every CPU, not fp32 under its name.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True)))
+        yield

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from _engine_factories import (  # noqa: F401
+    every_format_runs,
     kv_bytes_for,
     loaded_from_hf,
     make_engine,
@@ -29,7 +30,7 @@ from engine.packed_linear import PackedRows, PrepackedLinear
 from engine.quant.linear import QuantizedLinear
 from engine.request import EngineRequest, SamplingOptions
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
 ROWS = (1, 2, 4, 9, 16, 32, 64, 128)
 # ms per step, plain / prepacked, from engine/packed_linear.py's docstring (Intel) and the task's AMD EPYC.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from _engine_factories import single_thread  # noqa: F401  (fixture)
+from _engine_factories import every_format_runs, single_thread  # noqa: F401  (fixtures)
 
 from bench.workloads import CODE_EDIT, RAG_ANSWER
 from engine.config import EngineConfig, SpeculationConfig
@@ -19,7 +19,7 @@ from engine.quant.apply import weight_bytes
 from engine.quant.gguf_repack import read_gguf_weights
 from engine.request import EngineRequest, SamplingOptions
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
 MODEL = "smollm2-135m-instruct"
 PARAMS = [

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 import torch
-from _engine_factories import loaded_from_hf, make_engine, random_prompts, single_thread, tiny_hf_model  # noqa: F401
+from _engine_factories import (  # noqa: F401  (fixtures)
+    every_format_runs,
+    loaded_from_hf,
+    make_engine,
+    random_prompts,
+    single_thread,
+    tiny_hf_model,
+)
 
 from engine.config import SpeculationConfig
 from engine.loader import apply_weights
@@ -16,7 +23,7 @@ from engine.quant.formats import CpuFeatures, resolve_weight_format
 from engine.quant.linear import Bf16Linear, QuantizedLinear
 from engine.request import EngineRequest, SamplingOptions
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
 FORMATS = ["bf16", "int8", "int4"]
 PROMPTS = random_prompts([9, 14, 5], seed=4)
