@@ -18,7 +18,8 @@ A step:
    (rejected drafts cost nothing to drop), and the controller learns what was
    accepted;
 6. tokens go through the finish checks (EOS, stop strings, max_tokens) and
-   the detokenizer; finished requests free their KV region at once.
+   the detokenizer; finished requests free their KV region at once;
+7. step observers, if any, get a record of the step (engine.step_record).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
 from engine.spec.proposer import DraftProposal, HiddenStateConsumer, ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
+from engine.step_record import StepObserver, StepRecord
 from engine.threads import apply_threads
 
 Progress = Callable[[str], None]
@@ -144,6 +146,7 @@ class LLMEngine:
             self._load_configured_adapters(say)
         self.matchers = Matchers(loaded.tokenizer, self.vocab_size, self.eos_token_ids)
         self.num_forwards = 0
+        self._step_observers: list[StepObserver] = []
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
@@ -238,14 +241,33 @@ class LLMEngine:
     def cache_usage(self) -> CacheUsage:
         return self.kv_cache.usage()
 
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call `observer` once per `step()`, after the step, with a StepRecord of it (empty steps included).
+
+        Observers run on the engine's thread, in registration order, and their
+        exceptions propagate out of `step()`: the step itself is complete (KV,
+        scheduler and sequences moved on) but its outputs are lost to the
+        caller, so an observer is for benchmarks and tests, not for serving.
+        """
+        self._step_observers.append(observer)
+
     def step(self) -> list[RequestOutput]:
         """One iteration; outputs of the requests that progressed or finished."""
+        start = time.perf_counter()
         outputs = self._admit_adapter_requests()
-        batch = self.scheduler.schedule(time.time(), self._plan_drafts())
+        now = time.time()
+        batch = self.scheduler.schedule(now, self._plan_drafts())
         outputs += [self._expired_output(seq) for seq in batch.finished]
-        if batch.is_empty:
-            return outputs
+        if not batch.is_empty:
+            outputs += self._run(batch)
+        if self._step_observers:  # no record without an observer
+            record = StepRecord.of(batch, start, time.perf_counter(), now, self.scheduler.is_batch)
+            for observe in self._step_observers:
+                observe(record)
+        return outputs
 
+    def _run(self, batch: SchedulerOutput) -> list[RequestOutput]:
+        """Draft, one target forward, verify, commit: the outputs of the sequences that got tokens."""
         draft_s = self._propose(batch.scheduled)
         result = self._execute(batch)
         self.num_forwards += 1
@@ -258,6 +280,7 @@ class LLMEngine:
         self._share_hidden(batch.scheduled, result, accepted_by_id)
         self.scheduler.update_from_step(batch, accepted_by_id)
 
+        outputs: list[RequestOutput] = []
         for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
             now = time.time()
             if sched.seq.matcher is not None:
