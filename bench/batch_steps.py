@@ -36,6 +36,7 @@ from engine.request import EngineRequest, SamplingOptions
 from engine.scheduler import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
 from engine.spec.proposer import DraftProposal
+from engine.step_record import StepRecord
 from schemas.batch import BATCH_PRIORITY
 from streams.bench.stats import percentile
 from streams.bench.workload import LengthSpec, synthetic
@@ -65,13 +66,10 @@ def chat_prompts(engine: LLMEngine, n: int) -> list[list[int]]:
     return out
 
 
-def step_kind(out: SchedulerOutput, engine: LLMEngine) -> tuple[str, int, int, int]:
-    is_batch = engine.scheduler.is_batch
-    prefill = sum(s.num_new_tokens for s in out.scheduled if s.is_prefill and not is_batch(s.seq))
-    batch_rows = sum(s.num_new_tokens for s in out.scheduled if is_batch(s.seq))
-    interactive = any(not is_batch(s.seq) for s in out.scheduled)
-    kind = "interactive prefill" if prefill else "interactive decode" if interactive else "batch only"
-    return kind, prefill, batch_rows, out.num_batched_tokens
+def step_kind(record: StepRecord) -> str:
+    if record.interactive_prefill_tokens:
+        return "interactive prefill"
+    return "interactive decode" if record.interactive_decode_rows else "batch only"
 
 
 class Driver:
@@ -79,17 +77,18 @@ class Driver:
 
     def __init__(self, engine: LLMEngine, args: argparse.Namespace) -> None:
         self.engine, self.args = engine, args
-        self.last: SchedulerOutput | None = None
-        schedule = engine.scheduler.schedule
-
-        def observed(*a: object, **k: object) -> SchedulerOutput:  # the step's composition, read after it ran
-            self.last = schedule(*a, **k)  # type: ignore[arg-type]
-            return self.last
-
-        engine.scheduler.schedule = observed  # type: ignore[method-assign]
+        self.phase = Phase()
+        engine.add_step_observer(self.observe)
         self.batch_texts = batch_prompts(10_000)
         self.ids = count()
         self.batch_live: set[str] = set()
+
+    def observe(self, record: StepRecord) -> None:
+        """The step's composition and wall time, into the phase running now."""
+        if not record.is_empty:
+            step = (step_kind(record), record.wall_s, record.interactive_prefill_tokens, record.batch_rows,
+                    record.num_rows)
+            self.phase.steps.append(step)
 
     def add_batch_line(self) -> None:
         i = next(self.ids)
@@ -99,7 +98,8 @@ class Driver:
         self.batch_live.add(f"b{i}")
 
     def run(self, prompts: list[list[int]], arrivals: list[float], with_batch: bool) -> Phase:
-        phase, engine, t0 = Phase(), self.engine, time.time()
+        self.phase = phase = Phase()
+        engine, t0 = self.engine, time.time()
         due = [(t0 + at, f"i{n}", p) for n, (at, p) in enumerate(zip(arrivals, prompts))]
         pending: set[str] = set()
         while due or pending:
@@ -113,13 +113,7 @@ class Driver:
             if not engine.has_unfinished():
                 time.sleep(max(0.0, due[0][0] - time.time()))
                 continue
-            start = time.perf_counter()
-            outputs = engine.step()
-            wall = time.perf_counter() - start
-            if self.last is not None and not self.last.is_empty:
-                kind, prefill, batch_rows, rows = step_kind(self.last, engine)
-                phase.steps.append((kind, wall, prefill, batch_rows, rows))
-            for out in outputs:
+            for out in engine.step():
                 batch = out.request_id.startswith("b")
                 if batch:
                     phase.batch_tokens += len(out.token_ids)

@@ -18,22 +18,31 @@ A step:
    (rejected drafts cost nothing to drop), and the controller learns what was
    accepted;
 6. tokens go through the finish checks (EOS, stop strings, max_tokens) and
-   the detokenizer; finished requests free their KV region at once.
+   the detokenizer (engine.commit); finished requests free their KV region at once;
+7. step observers, if any, get a record of the step (engine.step_record).
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
+from engine.commit import Committer, final_output
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
+from engine.engine_setup import (
+    Progress,
+    build_kv_cache,
+    build_proposer,
+    load_configured_adapters,
+    no_progress,
+    resolve_max_model_len,
+)
 from engine.grammar.matchers import ConstrainedRows, Matchers
 from engine.kernel_dispatch import dispatch_kernels
-from engine.kv_cache import CacheUsage, KVCache, kv_budget_bytes, region_size
+from engine.kv_cache import CacheUsage, region_size
 from engine.loader import LoadedModel, apply_weights, cache_root, load_model
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
-from engine.outputs import FinishReason, RequestOutput, RequestOutputAccum, SpecCounters
+from engine.outputs import RequestOutput, RequestOutputAccum, SpecCounters
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
 from engine.sampler import RequestRng
@@ -42,19 +51,8 @@ from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
 from engine.spec.proposer import DraftProposal, HiddenStateConsumer, ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
+from engine.step_record import StepObserver, StepRecord
 from engine.threads import apply_threads
-
-Progress = Callable[[str], None]
-
-
-def _noop(_: str) -> None:
-    pass
-
-
-def _detok(seq: Sequence) -> IncrementalDetokenizer:
-    if seq.detok is None:  # set in add_request; only hand-built sequences lack it
-        raise RuntimeError(f"{seq.request_id} has no detokenizer")
-    return seq.detok
 
 
 def _grammatical(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
@@ -65,15 +63,6 @@ def _grammatical(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
     if n == proposal.num_tokens:
         return proposal
     return DraftProposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n])
-
-
-def _max_model_len(requested: int | None, context: int) -> int:
-    """The longest prompt + completion served: as configured, or min(model context, 2048)."""
-    if requested is None:
-        return min(context, 2048)
-    if requested > context:
-        raise ValueError(f"max_model_len {requested} exceeds the model's context of {context} tokens")
-    return requested
 
 
 class LLMEngine:
@@ -90,7 +79,7 @@ class LLMEngine:
         proposer / controller: injected for tests; by default built from
         config.speculation (no proposer when speculation is disabled).
         """
-        say = progress or _noop
+        say = progress or no_progress
         self.config = config
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -98,7 +87,7 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.vocab_size = loaded.model.cfg.vocab_size
 
-        self.max_model_len = _max_model_len(config.max_model_len, loaded.max_context)
+        self.max_model_len = resolve_max_model_len(config.max_model_len, loaded.max_context)
 
         spec = config.speculation
         self.speculation_enabled = spec.enabled and spec.max_draft_tokens > 0
@@ -106,7 +95,7 @@ class LLMEngine:
         self.proposer: Proposer | None
         self.controller: SpeculationController | None
         if self.speculation_enabled:
-            self.proposer = proposer or self._build_proposer(loaded, say)
+            self.proposer = proposer or build_proposer(loaded, config, self.max_model_len, say)
             self.controller = controller or SpeculationController(spec)
         else:
             self.proposer, self.controller = None, None
@@ -120,7 +109,7 @@ class LLMEngine:
         if dispatch is not None:
             say(dispatch)
 
-        self.kv_cache = self._build_kv_cache(loaded)
+        self.kv_cache = build_kv_cache(loaded, config, self.max_model_len, self.max_draft_tokens)
         usage = self.kv_cache.usage()
         say(f"KV cache: {usage.total_tokens} tokens, {usage.total_bytes / 2**20:.0f} MiB")
 
@@ -141,62 +130,18 @@ class LLMEngine:
         self.lora: LoRARequests | None = None
         if config.lora is not None:
             self.lora = LoRARequests(LoRAManager(self.model, config.lora), self.scheduler.add, self.model_name)
-            self._load_configured_adapters(say)
+            load_configured_adapters(self.lora.manager, config.lora, say)
+        self.committer = Committer(self.scheduler, self.eos_token_ids, self.proposer, self.lora)
         self.matchers = Matchers(loaded.tokenizer, self.vocab_size, self.eos_token_ids)
         self.num_forwards = 0
+        self._step_observers: list[StepObserver] = []
 
     @classmethod
     def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
         if cfg.threads is not None:
-            (progress or _noop)(f"torch intra-op threads: {apply_threads(cfg.threads)}")
+            (progress or no_progress)(f"torch intra-op threads: {apply_threads(cfg.threads)}")
         loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
         return cls(loaded, cfg, progress=progress)
-
-    def _load_configured_adapters(self, say: Progress) -> None:
-        assert self.lora is not None and self.config.lora is not None
-        manager = self.lora.manager
-        for name, path in self.config.lora.adapters.items():
-            manager.register(name, path)
-            if len(manager.slots) < manager.config.max_loaded:  # the rest load on their first request
-                manager.install(manager.read(name, path))
-                say(f"LoRA adapter {name} loaded from {path}")
-
-    def _build_kv_cache(self, loaded: LoadedModel) -> KVCache:
-        cfg, config = self.model.cfg, self.config
-        budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
-        # More than every running sequence at full length could never be used.
-        useful = config.max_sequences * region_size(self.max_model_len, self.max_draft_tokens)
-        return KVCache.from_budget(
-            budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
-        )
-
-    def _build_proposer(self, loaded: LoadedModel, say: Progress) -> Proposer:
-        spec = self.config.speculation
-        if spec.method == "ngram":
-            from engine.spec.ngram import NgramProposer
-
-            return NgramProposer(spec.ngram_min, spec.ngram_max)
-        if spec.method == "draft":
-            from engine.spec.draft_model import DraftModelProposer
-
-            say(f"loading draft model {spec.draft_model} ...")
-            return DraftModelProposer.from_engine(
-                spec,
-                loaded,
-                max_model_len=self.max_model_len,
-                max_running_requests=self.config.max_sequences,
-            )
-        if spec.method == "eagle":
-            from engine.spec.eagle import EagleProposer
-
-            say(f"loading draft head {spec.draft_head} ...")
-            eagle = EagleProposer.from_engine(spec, loaded, self.max_model_len, self.config.max_sequences)
-            if not spec.eagle_prompt_lookup:
-                return eagle
-            from engine.spec.combined import LookupThenEagle
-
-            return LookupThenEagle(eagle, spec.ngram_max)
-        raise ValueError(f"unknown speculation method {spec.method!r}")
 
     # ------------------------------------------------------------------ API
 
@@ -229,8 +174,8 @@ class LLMEngine:
             seq = self.lora.abort(request_id)
         if seq is None:
             return None
-        self._release(seq)
-        return self._final_output(seq, [], "", SpecCounters())
+        self.committer.release(seq)
+        return final_output(seq, [], "", SpecCounters())
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or (self.lora is not None and bool(self.lora.parked))
@@ -238,14 +183,33 @@ class LLMEngine:
     def cache_usage(self) -> CacheUsage:
         return self.kv_cache.usage()
 
+    def add_step_observer(self, observer: StepObserver) -> None:
+        """Call `observer` once per `step()`, after the step, with a StepRecord of it (empty steps included).
+
+        Observers run on the engine's thread, in registration order, and their
+        exceptions propagate out of `step()`: the step itself is complete (KV,
+        scheduler and sequences moved on) but its outputs are lost to the
+        caller, so an observer is for benchmarks and tests, not for serving.
+        """
+        self._step_observers.append(observer)
+
     def step(self) -> list[RequestOutput]:
         """One iteration; outputs of the requests that progressed or finished."""
+        start = time.perf_counter()
         outputs = self._admit_adapter_requests()
-        batch = self.scheduler.schedule(time.time(), self._plan_drafts())
-        outputs += [self._expired_output(seq) for seq in batch.finished]
-        if batch.is_empty:
-            return outputs
+        now = time.time()
+        batch = self.scheduler.schedule(now, self._plan_drafts())
+        outputs += [self.committer.expired(seq) for seq in batch.finished]
+        if not batch.is_empty:
+            outputs += self._run(batch)
+        if self._step_observers:  # no record without an observer
+            record = StepRecord.of(batch, start, time.perf_counter(), now, self.scheduler.is_batch)
+            for observe in self._step_observers:
+                observe(record)
+        return outputs
 
+    def _run(self, batch: SchedulerOutput) -> list[RequestOutput]:
+        """Draft, one target forward, verify, commit: the outputs of the sequences that got tokens."""
         draft_s = self._propose(batch.scheduled)
         result = self._execute(batch)
         self.num_forwards += 1
@@ -258,14 +222,14 @@ class LLMEngine:
         self._share_hidden(batch.scheduled, result, accepted_by_id)
         self.scheduler.update_from_step(batch, accepted_by_id)
 
+        outputs: list[RequestOutput] = []
         for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
             now = time.time()
             if sched.seq.matcher is not None:
                 Matchers.advance(sched.seq.matcher, tokens)
             self._learn(sched, n_accepted, draft_s, verify_s, now)
-            out = self._commit(sched.seq, tokens, SpecCounters(len(sched.draft_tokens), n_accepted), now)
-            if out is not None:
-                outputs.append(out)
+            step_spec = SpecCounters(len(sched.draft_tokens), n_accepted)
+            outputs.append(self.committer.commit(sched.seq, tokens, step_spec, now))
         if self.controller is not None:
             drafted = sum(len(s.draft_tokens) for s in with_logits)
             self.controller.observe_step(batch.num_batched_tokens, verify_s, draft_s, drafted)
@@ -290,7 +254,7 @@ class LLMEngine:
         self.lora.wait_if_idle(self.scheduler.has_unfinished())
         failed: list[RequestOutput] = []
         for f in self.lora.poll():
-            out = self._final_output(f.seq, [], "", SpecCounters())
+            out = final_output(f.seq, [], "", SpecCounters())
             out.error = (f.code, f.message)
             failed.append(out)
         return failed
@@ -383,51 +347,3 @@ class LLMEngine:
         seq.spec.record(k, accepted, draft_s, verify_s)
         if self.controller is not None and seq.spec_state is not None:
             self.controller.observe_acceptance(seq.spec_state, k, accepted)
-
-    # ------------------------------------------------------------ commit
-
-    def _commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float) -> RequestOutput | None:
-        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens)."""
-        detok = _detok(seq)
-        new: list[int] = []
-        reason: FinishReason | None = None
-        params = seq.params
-        for tok in tokens:
-            seq.output_ids.append(tok)
-            new.append(tok)
-            # EOS tokens are not text: they never reach the detokenizer.
-            eos = not params.ignore_eos and tok in self.eos_token_ids
-            if eos or detok.add_token(tok):  # EOS, or a stop string completed
-                reason = "stop"
-            elif len(seq.output_ids) >= params.max_tokens:
-                reason = "length"
-            if reason is not None:
-                break  # tokens after a finish are dropped
-        if reason is not None:
-            self.scheduler.finish(seq, reason, now)
-            self._release(seq)
-            return self._final_output(seq, new, detok.take_delta(final=True), step_spec)
-        if self.proposer is not None and seq.speculate:
-            self.proposer.rollback(seq.request_id, seq.num_tokens)
-        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec)
-
-    def _release(self, seq: Sequence) -> None:
-        if self.lora is not None:
-            self.lora.release(seq)
-        if self.proposer is not None and seq.speculate:
-            self.proposer.release(seq.request_id)
-
-    def _expired_output(self, seq: Sequence) -> RequestOutput:
-        self._release(seq)
-        return self._final_output(seq, [], _detok(seq).take_delta(final=True), SpecCounters())
-
-    def _final_output(self, seq: Sequence, tokens: list[int], text: str, spec: SpecCounters) -> RequestOutput:
-        return RequestOutput(
-            request_id=seq.request_id,
-            token_ids=tokens,
-            text=text,
-            finished=True,
-            finish_reason=seq.finish_reason,
-            spec=spec,
-            stats=seq.stats(),
-        )

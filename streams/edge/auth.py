@@ -30,7 +30,8 @@ import re
 from collections.abc import Iterable, Mapping
 
 from streams.edge import errors
-from streams.edge.keys import KeyStore, Principal, TenantLimits, keys_file_path
+from streams.edge.key_store import KeyStore
+from streams.edge.keys import Principal, TenantLimits, keys_file_path
 
 log = logging.getLogger(__name__)
 

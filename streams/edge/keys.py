@@ -27,9 +27,9 @@ Limits belong to the tenant, not the key: every key of a tenant shares them.
 A tenant limit left out (or a tenant missing from ``tenants``) takes the
 configured default (``edge.limits``); ``null`` means no limit. ``log_prompts: false``
 keeps the tenant's prompts out of the completions log (the edge marks its requests
-``log_prompt: false``; `specstream eval replay` cannot replay them). The edge
-re-reads the file when it changes (checked at most once a second), so
-``keys create`` and ``keys revoke`` take effect on a running edge.
+``log_prompt: false``; `specstream eval replay` cannot replay them). The edge reads
+the file through :class:`streams.edge.key_store.KeyStore`, which re-reads it when it
+changes, so ``keys create`` and ``keys revoke`` take effect on a running edge.
 
 Writers (the CLI) take an exclusive lock on ``<file>.lock``, write a temporary
 file and rename it into place, so a concurrent reader never sees half a file;
@@ -40,27 +40,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import hmac
 import json
-import logging
 import os
 import re
 import secrets
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 KEY_PREFIX = "sk-ss-"
 TENANT_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 LOCAL_TENANT = "local"
 LOCAL_KEY_FILE = "local.key"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_RELOAD_EVERY_S = 1.0
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
 class KeyStoreError(ValueError):
@@ -168,7 +163,7 @@ class KeyFile:
                 )
             except (KeyError, TypeError, ValueError, KeyStoreError) as error:
                 raise KeyStoreError(f"{where}: keys[{i}] is malformed ({error})") from None
-            if not _HEX64.match(record.sha256):
+            if not SHA256_HEX.match(record.sha256):
                 raise KeyStoreError(f"{where}: keys[{i}].sha256 is not a SHA-256 hex digest")
             keys.append(record)
         tenants: dict[str, dict[str, int | bool | None]] = {}
@@ -332,85 +327,3 @@ def ensure_local_key(keys_file: Path) -> LocalKey:
     key, _record = create_key(keys_file, LOCAL_TENANT, label="created by specstream up")
     write_private(plain, key + "\n")
     return LocalKey(plain, key, created=True)
-
-
-# --- checking keys (the edge) --------------------------------------------------------------------------------------
-
-
-def parse_key_hashes(entries: Iterable[str]) -> dict[str, str]:
-    """'tenant:sha256-hex' entries -> {digest: tenant}."""
-    out: dict[str, str] = {}
-    for entry in entries:
-        tenant, sep, digest = entry.strip().rpartition(":")
-        digest = digest.lower()
-        if not sep or not _HEX64.match(digest):
-            raise KeyStoreError(f"edge.auth.key_hashes: {entry[:24]!r}... is not 'tenant:<sha256 hex>'")
-        out[digest] = check_tenant(tenant)
-    return out
-
-
-class KeyStore:
-    """The edge's read-only view: key -> Principal, re-reading the file when it changes."""
-
-    def __init__(self, path: Path | None, *, defaults: TenantLimits = TenantLimits(),
-                 key_hashes: Iterable[str] = ()) -> None:
-        self.path = path
-        self.defaults = defaults
-        self._env = parse_key_hashes(key_hashes)
-        self._data = KeyFile()
-        self._by_hash: dict[str, KeyRecord] = {}
-        self._stamp: tuple[int, int, int] | None = None
-        self._checked_at = 0.0
-        self.reload(force=True)
-
-    def _file_stamp(self) -> tuple[int, int, int] | None:
-        if self.path is None:
-            return None
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-    def reload(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._checked_at < _RELOAD_EVERY_S:
-            return
-        self._checked_at = now
-        stamp = self._file_stamp()
-        if not force and stamp == self._stamp:
-            return
-        try:
-            data = read_key_file(self.path) if self.path is not None else KeyFile()
-        except KeyStoreError as error:
-            if force:
-                raise
-            log.error("keeping the previous keys: %s", error)  # a bad edit must not lock everyone out
-            return
-        self._data = data
-        self._by_hash = {k.sha256: k for k in data.keys if k.active}
-        self._stamp = stamp
-        log.info("keys: %d active key(s) from %s, %d from settings", len(self._by_hash),
-                 self.path if self.path is not None else "no file", len(self._env))
-
-    @property
-    def active_keys(self) -> int:
-        return len(self._by_hash) + len(self._env)
-
-    def limits_for(self, tenant: str) -> TenantLimits:
-        return self._data.limits_for(tenant, self.defaults)
-
-    def lookup(self, key: str) -> Principal | None:
-        self.reload()
-        digest = hash_key(key)
-        record = self._by_hash.get(digest)
-        if record is not None and hmac.compare_digest(record.sha256, digest):
-            return Principal(record.tenant, record.id, self.limits_for(record.tenant), self._data.log_prompts(record.tenant))
-        tenant = self._env.get(digest)
-        if tenant is not None:
-            return Principal(tenant, f"env-{digest[:8]}", self.limits_for(tenant), self._data.log_prompts(tenant))
-        return None
-
-    def records(self) -> list[KeyRecord]:
-        self.reload(force=True)
-        return list(self._data.keys)

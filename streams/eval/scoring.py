@@ -7,13 +7,14 @@
 """
 from __future__ import annotations
 
-import math
 import re
 import string
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from streams.bench import stats
 
 _PUNCTUATION = re.compile(f"[{re.escape(string.punctuation)}]")
 
@@ -58,13 +59,9 @@ def token_f1(answer: str, reference: str) -> float:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0-100) by linear interpolation between closest ranks; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """The q-th percentile (0-100) as `specstream bench` computes it (linear interpolation between closest ranks);
+    None for no values, which JSON can carry where NaN cannot."""
+    return stats.percentile(values, q) if values else None
 
 
 def mean(values: Sequence[float]) -> float | None:

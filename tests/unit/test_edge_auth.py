@@ -12,8 +12,9 @@ import pytest
 from streams.config import load_settings
 from streams.edge import errors
 from streams.edge.auth import Authenticator, key_from_headers, key_from_subprotocols
+from streams.edge.key_store import KeyStore
 from streams.edge.keys import (
-    KeyStore, KeyStoreError, TenantLimits, create_key, ensure_local_key, hash_key, read_key_file, revoke_keys,
+    KeyStoreError, TenantLimits, create_key, ensure_local_key, hash_key, read_key_file, revoke_keys,
 )
 from streams.edge.keys_cli import curl_auth, main as keys_main, prepare_up
 

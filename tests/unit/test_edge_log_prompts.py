@@ -12,7 +12,8 @@ from streams.config import Settings
 from streams.edge.admission.bodies import ChatCompletionBody
 from streams.edge.admission.build import build_request
 from streams.edge.admission.parse import parse_body
-from streams.edge.keys import KeyStore, KeyStoreError, create_key, read_key_file
+from streams.edge.key_store import KeyStore
+from streams.edge.keys import KeyStoreError, create_key, read_key_file
 from streams.edge.keys_cli import main as keys_main
 from streams.edge.settings import EdgeOptions
 

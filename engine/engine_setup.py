@@ -1,0 +1,77 @@
+"""The parts of an LLMEngine its config decides, built once at start: served length, KV arena, proposer, adapters.
+
+Kept apart from engine.llm_engine so that the engine module reads as what a
+step does; nothing here runs after construction.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.config import EngineConfig, LoRAConfig
+from engine.kv_cache import KVCache, kv_budget_bytes, region_size
+from engine.loader import LoadedModel
+from engine.lora.manager import LoRAManager
+from engine.spec.proposer import Proposer
+
+Progress = Callable[[str], None]
+
+
+def no_progress(_: str) -> None:
+    pass
+
+
+def resolve_max_model_len(requested: int | None, context: int) -> int:
+    """The longest prompt + completion served: as configured, or min(model context, 2048)."""
+    if requested is None:
+        return min(context, 2048)
+    if requested > context:
+        raise ValueError(f"max_model_len {requested} exceeds the model's context of {context} tokens")
+    return requested
+
+
+def build_kv_cache(loaded: LoadedModel, config: EngineConfig, max_len: int, max_draft_tokens: int) -> KVCache:
+    cfg = loaded.model.cfg
+    budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
+    # More than every running sequence at full length could never be used.
+    useful = config.max_sequences * region_size(max_len, max_draft_tokens)
+    return KVCache.from_budget(
+        budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
+    )
+
+
+def build_proposer(loaded: LoadedModel, config: EngineConfig, max_len: int, say: Progress) -> Proposer:
+    spec = config.speculation
+    if spec.method == "ngram":
+        from engine.spec.ngram import NgramProposer
+
+        return NgramProposer(spec.ngram_min, spec.ngram_max)
+    if spec.method == "draft":
+        from engine.spec.draft_model import DraftModelProposer
+
+        say(f"loading draft model {spec.draft_model} ...")
+        return DraftModelProposer.from_engine(
+            spec,
+            loaded,
+            max_model_len=max_len,
+            max_running_requests=config.max_sequences,
+        )
+    if spec.method == "eagle":
+        from engine.spec.eagle import EagleProposer
+
+        say(f"loading draft head {spec.draft_head} ...")
+        eagle = EagleProposer.from_engine(spec, loaded, max_len, config.max_sequences)
+        if not spec.eagle_prompt_lookup:
+            return eagle
+        from engine.spec.combined import LookupThenEagle
+
+        return LookupThenEagle(eagle, spec.ngram_max)
+    raise ValueError(f"unknown speculation method {spec.method!r}")
+
+
+def load_configured_adapters(manager: LoRAManager, config: LoRAConfig, say: Progress) -> None:
+    """Register every configured adapter; load as many as there are slots, the rest on their first request."""
+    for name, path in config.adapters.items():
+        manager.register(name, path)
+        if len(manager.slots) < manager.config.max_loaded:
+            manager.install(manager.read(name, path))
+            say(f"LoRA adapter {name} loaded from {path}")
