@@ -103,8 +103,43 @@ class EagleHead(nn.Module):
         The same layer as forward_flat, written batched so autograd runs through it
         (the flat path writes an inference KV arena in place). cos, sin [L, head_dim].
         """
+        return self.forward_rollout(x, x[..., self.cfg.hidden_size :], cos, sin, depth=1)[0]
+
+    def forward_rollout(
+        self, x: torch.Tensor, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, depth: int
+    ) -> list[torch.Tensor]:
+        """Training-time test (EAGLE-3): what the head outputs at draft depths 1..depth, as serving drafts.
+
+        x [B, L, 2 * hidden]: depth 1's inputs concat(f_j, e(x_{j+1})); emb [B, L, hidden]: e(x_{j+1}).
+        Depth d at position j reads concat(g_{d-1} at j - 1, e(x_{j+1})), the head's own guess of f_j, and
+        attends as the d-th draft does in serving: to depth 1's keys up to j - d + 1 (the committed pairs)
+        and to depth m's key at j - d + m for m = 2..d (the earlier drafts of its chain). Returns
+        [g_1, ..., g_depth], each [B, L, hidden]; g_d at positions j < d - 1 has no chain and is not meaningful.
+        """
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        outs: list[torch.Tensor] = []
+        L = x.shape[1]
+        for d in range(1, depth + 1):
+            if d > 1:
+                prev = F.pad(outs[-1][:, :-1], (0, 0, 1, 0))  # [B, L, H]: g_{d-1} at j - 1, zeros at j = 0
+                x = torch.cat([prev, emb], dim=-1)
+            h = self.fc(x)  # [B, L, hidden]
+            q, k, v = self._train_qkv(h, cos, sin)  # [B, Hq, L, D], [B, Hkv, L, D] x 2
+            keys.append(k)
+            values.append(v)
+            if d == 1:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, Hq, L, D]
+            else:
+                mask = _rollout_mask(L, d, h.device)  # [L, d * L]
+                out = F.scaled_dot_product_attention(
+                    q, torch.cat(keys, dim=2), torch.cat(values, dim=2), attn_mask=mask, enable_gqa=True
+                )
+            outs.append(self._train_finish(h, out))
+        return outs
+
+    def _train_qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
         layer, c = self.layer, self.cfg
-        h = self.fc(x)  # [B, L, hidden]
         a = layer.self_attn
         B, L, _ = h.shape
         qkv = a.qkv_proj(layer.input_layernorm(h))  # [B, L, q + 2kv]
@@ -114,11 +149,23 @@ class EagleHead(nn.Module):
         v = v.view(B, L, c.num_kv_heads, c.head_dim).transpose(1, 2)
         if a.q_norm is not None and a.k_norm is not None:
             q, k = a.q_norm(q), a.k_norm(k)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, Hq, L, D]
-        h = h + a.o_proj(out.transpose(1, 2).reshape(B, L, a.q_size))
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def _train_finish(self, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """h [B, L, hidden], attn_out [B, Hq, L, D] -> the layer's output [B, L, hidden]."""
+        layer = self.layer
+        B, L, _ = h.shape
+        h = h + layer.self_attn.o_proj(attn_out.transpose(1, 2).reshape(B, L, layer.self_attn.q_size))
         return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _rollout_mask(L: int, depth: int, device: torch.device) -> torch.Tensor:
+    """[L, depth * L] bool: query j of draft depth `depth` sees depth 1's keys 0..j - depth + 1 and
+    depth m's key j - depth + m (m = 2..depth). Key block m - 1 holds depth m's keys."""
+    j = torch.arange(L, device=device)[:, None]  # [L, 1]
+    p = torch.arange(L, device=device)[None, :]  # [1, L]
+    blocks = [p <= j - depth + 1] + [p == j - depth + m for m in range(2, depth + 1)]
+    return torch.cat(blocks, dim=1)  # [L, depth * L]; the last block's diagonal is the query's own key
 
 
 def init_from_target(head: EagleHead, target: Decoder) -> None:

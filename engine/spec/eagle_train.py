@@ -9,7 +9,10 @@
    (smooth L1) whose LM-head argmax is the target's label at j + 1 (cross
    entropy over the draft vocabulary). The uniform noise on the input features
    stands in for the head's own imperfect guesses it reads from the second
-   draft position on.
+   draft position on; with `rollout` > 1 the head is also trained on those
+   guesses themselves (EAGLE-3's training-time test, EagleHead.forward_rollout):
+   draft depths 2..rollout read the head's own outputs and attend as serving's
+   later drafts do, each depth's loss weighted equally.
 """
 from __future__ import annotations
 
@@ -48,7 +51,12 @@ class TrainConfig:
     draft_vocab_size: int = 8192
     noise: float = 0.2  # half-width of the uniform noise added to input features (EAGLE-1)
     cls_weight: float = 0.1  # weight of the cross entropy next to the feature regression (EAGLE-1)
+    rollout: int = 1  # draft depths trained on the head's own outputs (1: teacher forcing only)
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rollout < 1:
+            raise ValueError(f"rollout must be >= 1, got {self.rollout}")
 
 
 def bar(done: int, total: int, width: int = 24) -> str:
@@ -152,7 +160,7 @@ def _batches(examples: list[TrainExample], batch_tokens: int, seed: int) -> list
 def _loss(
     head: EagleHead, target: Decoder, batch: list[TrainExample], index_of: torch.Tensor, cfg: TrainConfig
 ) -> tuple[torch.Tensor, int, int]:
-    """Teacher-forced loss of one padded batch; also (correct top-1, counted positions)."""
+    """Loss of one padded batch over the draft depths; also (teacher-forced correct top-1, counted positions)."""
     width = max(len(e.tokens) for e in batch) - 1  # position j pairs with x_{j+1}: L - 1 inputs
     hidden = target.cfg.hidden_size
     feats = torch.zeros(len(batch), width, hidden)  # [B, W, H]: f_j
@@ -172,10 +180,26 @@ def _loss(
     noisy = feats + (torch.rand_like(feats) * 2 - 1) * cfg.noise
     cos = target.rope_cos[:width].float()  # type: ignore[index]  # [W, D]
     sin = target.rope_sin[:width].float()  # type: ignore[index]
-    g = head.forward_train(torch.cat([noisy, emb], dim=-1), cos, sin)  # [B, W, H]
-    reg = F.smooth_l1_loss(g[mask], goal[mask])
-    logits = head.logits(g[mask])  # [N, Vd]
-    valid = labels[mask] >= 0
-    cls = F.cross_entropy(logits, labels[mask], ignore_index=-100) if bool(valid.any()) else logits.sum() * 0.0
-    hits = int((logits.argmax(-1) == labels[mask])[valid].sum())
+    outs = head.forward_rollout(torch.cat([noisy, emb], dim=-1), emb, cos, sin, cfg.rollout)  # depth x [B, W, H]
+    loss = torch.zeros(())
+    hits = counted = 0
+    for depth, g in enumerate(outs, start=1):
+        at = mask.clone()
+        at[:, : depth - 1] = False  # depth d needs d - 1 earlier pairs to chain from
+        depth_loss, depth_hits, depth_counted = _depth_loss(head, g[at], goal[at], labels[at], cfg)
+        loss = loss + depth_loss / len(outs)
+        if depth == 1:  # the reported top-1 stays teacher-forced, comparable across rollout settings
+            hits, counted = depth_hits, depth_counted
+    return loss, hits, counted
+
+
+def _depth_loss(
+    head: EagleHead, g: torch.Tensor, goal: torch.Tensor, labels: torch.Tensor, cfg: TrainConfig
+) -> tuple[torch.Tensor, int, int]:
+    """g, goal [N, H], labels [N] (draft index, -100 outside the draft vocabulary): loss, hits, counted."""
+    reg = F.smooth_l1_loss(g, goal)
+    logits = head.logits(g)  # [N, Vd]
+    valid = labels >= 0
+    cls = F.cross_entropy(logits, labels, ignore_index=-100) if bool(valid.any()) else logits.sum() * 0.0
+    hits = int((logits.argmax(-1) == labels)[valid].sum())
     return reg + cfg.cls_weight * cls, hits, int(valid.sum())

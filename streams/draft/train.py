@@ -31,6 +31,9 @@ class DraftTrainOptions:
     generate: int = 400  # at most this many generated when the log gives fewer than `samples`
     max_new_tokens: int = 192  # per generated answer
     epochs: int = 10
+    rollout: int = 1  # draft depths trained on the head's own outputs (engine.spec.eagle_train.TrainConfig)
+    # A sequences.json an earlier run kept: train on exactly its data (no log read, no generation).
+    sequences: Path | None = None
     draft_vocab_size: int = 8192
     holdout: float = 0.1
     eval_k: int = 6  # drafts per start when measuring acceptance by position
@@ -58,13 +61,17 @@ def run_training(settings: Settings, options: DraftTrainOptions, progress: Progr
     engine_cfg = settings.engine
     loaded = load_model(engine_cfg.model, device=engine_cfg.device, dtype=engine_cfg.dtype, progress=progress)
     timer.lap("load")
-    sequences, log_counts = _log_sequences(settings, options, loaded, progress)
-    timer.lap("read_log")
-    wanted = min(options.generate, options.samples - len(sequences))
-    generated = _generated(loaded, engine_cfg.max_model_len, wanted, options, progress) if wanted > 0 else []
-    timer.lap("generate")
-    sequences += generated
-    _keep_sequences(sequences, options)
+    if options.sequences is not None:
+        sequences, generated = _kept_sequences(options.sequences), []
+        log_counts = {"kept": len(sequences)}
+    else:
+        sequences, log_counts = _log_sequences(settings, options, loaded, progress)
+        timer.lap("read_log")
+        wanted = min(options.generate, options.samples - len(sequences))
+        generated = _generated(loaded, engine_cfg.max_model_len, wanted, options, progress) if wanted > 0 else []
+        timer.lap("generate")
+        sequences += generated
+        _keep_sequences(sequences, options)
     if len(sequences) < 2:
         raise ValueError(f"only {len(sequences)} training sequences (log and generation): need at least 2")
     head, meta, report = _train_and_measure(loaded, sequences, options, progress, timer)
@@ -121,7 +128,8 @@ def _train_and_measure(loaded: Any, sequences: list[Sequence], options: DraftTra
     examples = collect_features(loaded.model, sequences, progress)
     held, train = examples[:n_hold], examples[n_hold:]
     timer.lap("target_pass")
-    cfg = TrainConfig(epochs=options.epochs, draft_vocab_size=options.draft_vocab_size, seed=options.seed)
+    cfg = TrainConfig(epochs=options.epochs, draft_vocab_size=options.draft_vocab_size, rollout=options.rollout,
+                      seed=options.seed)
     head, figures = train_head(loaded.model, train, cfg, progress)
     timer.lap("train")
     acc = acceptance_by_position(head, loaded.model, held, options.eval_k, progress, stride=options.eval_stride)
@@ -132,6 +140,7 @@ def _train_and_measure(loaded: Any, sequences: list[Sequence], options: DraftTra
         hidden_size=loaded.model.cfg.hidden_size, draft_vocab_size=head.vocab_size,
         version=time.strftime("%Y%m%d-%H%M%S", time.gmtime()),
         train={"sequences": len(train), "held_out": len(held), "tokens": tokens, "epochs": options.epochs,
+               "rollout": options.rollout,
                **figures, "acceptance_tested": acc.tested},
         acceptance_by_position=[round(p, 4) for p in acc.by_position()],
     )
@@ -158,6 +167,18 @@ def _keep_sequences(sequences: list[Sequence], options: DraftTrainOptions) -> No
     folder = (options.out_root or default_root()) / options.name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sequences.json").write_text(json.dumps([{"tokens": t, "num_prompt_tokens": n} for t, n in sequences]))
+
+
+def _kept_sequences(path: Path) -> list[Sequence]:
+    """The sequences an earlier run kept (_keep_sequences), in the order it kept them: the same
+    held-out slice follows from the same seed, so heads trained on them compare like for like."""
+    import json
+
+    try:
+        rows = json.loads(path.read_text())
+        return [([int(t) for t in row["tokens"]], int(row["num_prompt_tokens"])) for row in rows]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a sequences.json of draft train ({error})") from error
 
 
 class _Timer:

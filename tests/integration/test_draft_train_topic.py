@@ -108,3 +108,18 @@ def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_targe
     other = load_model(str(_tiny_target(tmp_path / "other", seed=1))).model
     with pytest.raises(DraftHeadMismatch, match="was trained for"):
         load_head(str(head), other, "other")
+
+    # A second run retrains on exactly the kept data, here with the head trained on its own rollouts.
+    kept = tmp_path / "heads" / "tiny" / "sequences.json"
+    code = main(["--config", str(config), "draft", "train", "--sequences", str(kept), "--rollout", "2",
+                 "--epochs", "1", "--name", "tiny", "--out-root", str(tmp_path / "heads")])
+    assert code == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["log"] == {"kept": 3} and again["sequences"] == 3 and again["generated"] == 0
+    config_json = json.loads((Path(again["head"]) / "config.json").read_text())
+    assert config_json["train"]["rollout"] == 2
+
+    kept.write_text("[{\"tokens\": 5}]")
+    assert main(["--config", str(config), "draft", "train", "--sequences", str(kept), "--name", "tiny",
+                 "--out-root", str(tmp_path / "heads")]) == 1
+    assert "not a sequences.json of draft train" in capsys.readouterr().err

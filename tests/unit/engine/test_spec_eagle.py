@@ -20,6 +20,7 @@ from engine.spec.eagle_artifact import (
 )
 from engine.spec.eagle_eval import acceptance_by_position
 from engine.spec.eagle_head import target_fingerprint
+from engine.spec.proposer import ProposalInput
 from engine.spec.eagle_train import (
     TrainConfig,
     TrainExample,
@@ -103,6 +104,39 @@ def test_the_flat_serving_forward_equals_the_batched_training_forward(hf, head_d
     with torch.inference_mode():
         flat = torch.cat([proposer._forward([(st, [int(ex.tokens[j + 1])], ex.features[j : j + 1])]) for j in range(n)])
     torch.testing.assert_close(flat, batched, atol=1e-4, rtol=1e-4)
+
+
+def test_the_rollout_training_forward_equals_the_serving_drafts_at_every_depth(hf, head_dir: Path, examples) -> None:  # type: ignore[no-untyped-def]
+    target = loaded_from_hf(hf).model
+    head, _ = load_head(str(head_dir), target, "tiny")
+    ex = examples[0]
+    n = len(ex.tokens) - 1
+    emb = target.embed_tokens(ex.tokens[1:])  # [n, H]
+    with torch.no_grad():
+        outs = head.forward_rollout(torch.cat([ex.features[:-1], emb], dim=-1)[None], emb[None],
+                                    target.rope_cos[:n], target.rope_sin[:n], depth=3)  # 3 x [1, n, H]
+    proposer = EagleProposer(head, target, kv_cache_tokens=n + 8, max_draft_tokens=K)
+    proposer.observe_hidden("s", 0, ex.features[:n])
+    st = proposer._seqs["s"]
+    st.slot = proposer.kv_cache.allocate(n + 2)
+    c = n - 4  # committed x_0..x_c: the head has pairs 0..c-1, then drafts (when right) x_{c+1}, x_{c+2}
+    tokens = [int(t) for t in ex.tokens]
+    with torch.inference_mode():
+        g = proposer._forward([(st, tokens[1 : c + 1], ex.features[:c])])  # depth 1 at position c - 1
+        torch.testing.assert_close(g[0], outs[0][0, c - 1], atol=1e-4, rtol=1e-4)
+        for depth in (2, 3):  # the chain's next pair: (its own guess, the draft) at the next position
+            j = c - 2 + depth
+            g = proposer._forward([(st, [tokens[j + 1]], g)])
+            torch.testing.assert_close(g[0], outs[depth - 1][0, j], atol=1e-4, rtol=1e-4)
+
+
+def test_a_head_trained_on_its_own_rollouts_trains_and_drafts(hf, examples) -> None:  # type: ignore[no-untyped-def]
+    target = loaded_from_hf(hf).model
+    head, figures = train_head(target, examples[1:], TrainConfig(epochs=1, batch_tokens=256, rollout=3), _quiet)
+    acc = acceptance_by_position(head, target, examples[:1], K, _quiet)
+    assert figures["train_seconds"] > 0 and sum(acc.tested) > 0
+    with pytest.raises(ValueError, match="rollout"):
+        TrainConfig(rollout=0)
 
 
 def _generate(engine, prompts: list[list[int]], sampling: SamplingOptions) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
@@ -193,3 +227,55 @@ def _copy(src: Path, dst: Path) -> Path:
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())
     return dst
+
+
+# ---------------------------------------------------------------- lookup beside the head
+
+PREFIX = list(range(10, 30))  # 20 distinct tokens: no match anywhere in it
+
+
+def _lookup_then_eagle(hf, head_dir: Path, tokens: list[int]):  # type: ignore[no-untyped-def]
+    """The combined proposer over `tokens`, the head shown the target's features of all of them
+    (features are causal, so showing later ones early changes nothing), and a list of the head's calls."""
+    from engine.spec.combined import LookupThenEagle
+
+    target = loaded_from_hf(hf).model
+    head, _ = load_head(str(head_dir), target, "tiny")
+    combined = LookupThenEagle(EagleProposer(head, target, kv_cache_tokens=256, max_draft_tokens=K))
+    combined.observe_hidden("s", 0, collect_features(target, [(tokens, 0)], _quiet)[0].features)
+    head_calls: list[int] = []
+    real = combined.eagle.propose
+
+    def counted(inputs, num_tokens):  # type: ignore[no-untyped-def]
+        head_calls.append(len(inputs))
+        return real(inputs, num_tokens)
+
+    combined.eagle.propose = counted  # type: ignore[method-assign]
+    return combined, head_calls
+
+
+def _draft(combined, tokens: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
+    return combined.propose([ProposalInput("s", tokens, SamplingOptions(max_tokens=16))], [K])[0].tokens
+
+
+def test_a_short_lookup_match_that_missed_hands_the_next_short_match_to_the_head(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    tokens = PREFIX + [15, 20]  # 15 matches once (lookup drafts 16..), the target then committed 20
+    combined, head_calls = _lookup_then_eagle(hf, head_dir, tokens)
+    assert _draft(combined, tokens[:21]) == [16, 17, 18, 19] and head_calls == []
+    # 20 matches once too (lookup would draft 21..), but short matches have missed more than the head.
+    _draft(combined, tokens[:22])
+    assert head_calls == [1]
+
+
+def test_a_short_lookup_match_that_hit_keeps_the_step(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    tokens = PREFIX + [15, 16]
+    combined, head_calls = _lookup_then_eagle(hf, head_dir, tokens)
+    assert _draft(combined, tokens[:21]) == [16, 17, 18, 19]
+    assert _draft(combined, tokens[:22]) == [17, 18, 19, 20] and head_calls == []
+
+
+def test_a_long_lookup_match_takes_the_step_even_after_short_matches_missed(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    tokens = PREFIX + [15, 20, 21, 22]  # the short match missed; then 20 21 22 repeats 3 tokens of the prefix
+    combined, head_calls = _lookup_then_eagle(hf, head_dir, tokens)
+    _draft(combined, tokens[:21])
+    assert _draft(combined, tokens) == [23, 24, 25, 26] and head_calls == []
