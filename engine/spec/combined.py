@@ -15,7 +15,12 @@ and the head drafts. The choice is per sequence and per step:
   short match's rate is scored at every step it had one, taken or not; the
   head's rate at every step it drafted (it always drafts where lookup does not,
   so its rate never goes stale);
-- no match: the head.
+- no match: the head, while its rate on this sequence is at least HEAD_FLOOR;
+  below that (a RAG answer or an edit, where the head's chat-trained guesses
+  miss) the step drafts nothing, as lookup alone would, and every PROBE_EVERY-th
+  such step the head drafts once to be scored again. Drafts that keep missing
+  would otherwise cost head forwards and pull down the acceptance the controller
+  sizes this sequence's drafts by, lookup's long runs included.
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ LONG_MATCH = 3
 # (it is free) and a few misses hand the step to the head.
 RATE_STEP = 0.2
 RATE_START = 0.5
+HEAD_FLOOR = 0.2  # five straight misses from the start
+PROBE_EVERY = 8
 
 
 @dataclass
@@ -46,6 +53,15 @@ class _Rates:
     head: float = RATE_START
     short_guess: _Guess | None = None
     head_guess: _Guess | None = None
+    head_skipped: int = 0  # no-match steps left undrafted since the head last drafted
+
+    def head_drafts(self) -> bool:
+        """Whether the head drafts a step lookup left; counts the steps it sits out."""
+        if self.head >= HEAD_FLOOR or self.head_skipped >= PROBE_EVERY - 1:
+            self.head_skipped = 0
+            return True
+        self.head_skipped += 1
+        return False
 
     def score(self, token_ids: list[int]) -> None:
         """Scores the guesses whose position is now committed."""
@@ -71,7 +87,8 @@ class LookupThenEagle:
         out: list[DraftProposal] = []
         for inp, k in zip(inputs, num_tokens):
             out.append(DraftProposal(tokens=self._lookup_draft(inp, k) if k > 0 else []))
-        rest = [i for i, p in enumerate(out) if p.num_tokens == 0 and num_tokens[i] > 0]
+        rest = [i for i, p in enumerate(out)
+                if p.num_tokens == 0 and num_tokens[i] > 0 and self._rates[inputs[i].seq_id].head_drafts()]
         if rest:
             for i, p in zip(rest, self.eagle.propose([inputs[i] for i in rest], [num_tokens[i] for i in rest])):
                 out[i] = p

@@ -12,7 +12,7 @@
    draft position on; with `rollout` > 1 the head is also trained on those
    guesses themselves (EAGLE-3's training-time test, EagleHead.forward_rollout):
    draft depths 2..rollout read the head's own outputs and attend as serving's
-   later drafts do, each depth's loss weighted equally.
+   later drafts do (the first draft's loss weighs as much as the rest together).
 """
 from __future__ import annotations
 
@@ -187,10 +187,18 @@ def _loss(
         at = mask.clone()
         at[:, : depth - 1] = False  # depth d needs d - 1 earlier pairs to chain from
         depth_loss, depth_hits, depth_counted = _depth_loss(head, g[at], goal[at], labels[at], cfg)
-        loss = loss + depth_loss / len(outs)
+        loss = loss + depth_loss * _depth_weight(depth, len(outs))
         if depth == 1:  # the reported top-1 stays teacher-forced, comparable across rollout settings
             hits, counted = depth_hits, depth_counted
     return loss, hits, counted
+
+
+def _depth_weight(depth: int, depths: int) -> float:
+    """The first draft gets half the weight, the later depths share the rest: no later draft counts unless
+    the first is accepted, and equal weights cost it 0.06 of held-out acceptance (0.47 -> 0.41, 1,000 answers)."""
+    if depths == 1:
+        return 1.0
+    return 0.5 if depth == 1 else 0.5 / (depths - 1)
 
 
 def _depth_loss(

@@ -255,7 +255,7 @@ def _lookup_then_eagle(hf, head_dir: Path, tokens: list[int]):  # type: ignore[n
 
 
 def _draft(combined, tokens: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
-    return combined.propose([ProposalInput("s", tokens, SamplingOptions(max_tokens=16))], [K])[0].tokens
+    return combined.propose([ProposalInput("s", tokens, SamplingOptions(max_tokens=64))], [K])[0].tokens
 
 
 def test_a_short_lookup_match_that_missed_hands_the_next_short_match_to_the_head(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -279,3 +279,19 @@ def test_a_long_lookup_match_takes_the_step_even_after_short_matches_missed(hf, 
     combined, head_calls = _lookup_then_eagle(hf, head_dir, tokens)
     _draft(combined, tokens[:21])
     assert _draft(combined, tokens) == [23, 24, 25, 26] and head_calls == []
+
+
+def test_a_head_that_keeps_missing_sits_out_steps_lookup_left_and_probes_again(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    from engine.spec.combined import PROBE_EVERY
+
+    tokens = list(range(40, 80))  # no token repeats: lookup never matches, every step is the head's or nobody's
+    combined, head_calls = _lookup_then_eagle(hf, head_dir, tokens)
+    drafted = []
+    for t in range(20, 20 + 5 + PROBE_EVERY):
+        calls = len(head_calls)
+        draft = _draft(combined, tokens[:t])
+        drafted.append(len(head_calls) > calls)
+        # The premise: where the head drafts, it misses; where it sits out, nobody drafts.
+        assert (bool(draft) and draft[0] != tokens[t]) if drafted[-1] else draft == []
+    # Five misses take its hit rate from 0.5 below 0.2; then it sits out PROBE_EVERY - 1 steps and probes.
+    assert drafted == [True] * 5 + [False] * (PROBE_EVERY - 1) + [True]
