@@ -63,8 +63,9 @@ def build_proposer(loaded: LoadedModel, config: EngineConfig, max_len: int, say:
         if not spec.eagle_prompt_lookup:
             return eagle
         from engine.spec.combined import LookupThenEagle
+        from engine.spec.ngram import NgramProposer
 
-        return LookupThenEagle(eagle, spec.ngram_max)
+        return LookupThenEagle(eagle, NgramProposer(spec.ngram_min, spec.ngram_max))
     raise ValueError(f"unknown speculation method {spec.method!r}")
 
 

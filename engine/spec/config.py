@@ -42,7 +42,7 @@ class SpeculationConfig:
     # A trained EAGLE head when method == "eagle": a version folder, a head folder
     # (newest version) or a name under ~/.cache/specstream/draft-heads (engine.spec.eagle_artifact).
     draft_head: str | None = None
-    # Method eagle: prompt lookup drafts where the text has a 3+ token match (copying), the head elsewhere.
+    # Method eagle: prompt lookup (ngram_min..ngram_max) drafts wherever it matches, the head elsewhere.
     eagle_prompt_lookup: bool = True
     # How the draft model drafts for sampled requests (DraftSampling above).
     draft_sampling: DraftSampling = "greedy"

@@ -48,12 +48,9 @@ class NgramProposer:
             if k <= 0:
                 out.append(EMPTY_PROPOSAL)
                 continue
-            out.append(DraftProposal(tokens=self.match(inp, k)[0], probs=None))
+            state = self._sync(inp.seq_id, inp.token_ids)
+            out.append(DraftProposal(tokens=self._lookup(state, k), probs=None))
         return out
-
-    def match(self, inp: ProposalInput, k: int) -> tuple[list[int], int]:
-        """Up to k drafts for one sequence and the length of the n-gram they continue (0: no match)."""
-        return self._lookup(self._sync(inp.seq_id, inp.token_ids), k)
 
     def rollback(self, seq_id: str, num_tokens: int) -> None:
         state = self._seqs.get(seq_id)
@@ -94,7 +91,7 @@ class NgramProposer:
         for n in range(self.ngram_min, min(self.ngram_max, pos) + 1):
             state.index[n - self.ngram_min][tuple(tokens[pos - n : pos])] = pos
 
-    def _lookup(self, state: _SeqIndex, k: int) -> tuple[list[int], int]:
+    def _lookup(self, state: _SeqIndex, k: int) -> list[int]:
         tokens = state.tokens
         length = len(tokens)
         for n in range(min(self.ngram_max, length), self.ngram_min - 1, -1):
@@ -109,5 +106,5 @@ class NgramProposer:
             for i in range(k):
                 src = start + i
                 draft.append(tokens[src] if src < length else draft[src - length])
-            return draft, n
-        return [], 0
+            return draft
+        return []

@@ -26,8 +26,8 @@ class SpeculationSettings(Section):
     )
     eagle_prompt_lookup: bool = Field(
         default=True,
-        description="Method eagle: draft by prompt lookup where the text repeats a 3+ token run (code edits, "
-        "quotes), by the head elsewhere.",
+        description="Method eagle: draft by prompt lookup (as method ngram, ngram_min..ngram_max) wherever it "
+        "finds a match, by the head elsewhere.",
     )
     draft_sampling: Literal["greedy", "coupled", "sampled"] = Field(
         default="greedy",
