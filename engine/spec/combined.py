@@ -7,11 +7,10 @@ head drafts. The switch is per sequence and per step: any match of the lookup
 that `method: ngram` would run (engine.speculation.ngram_min..ngram_max) takes
 the step; the head drafts where it finds none.
 
-Measured (docs/benchmarks.md, 2026-12-02): keeping 1- and 2-token matches for
-lookup beats leaving them to the head on all three benchmark workloads, in
-target steps for 128 tokens: open question 103 against 108-118, code edit 30
-against 29-31, RAG 42-44 against 48-49. Rules that gave short matches to the
-head, or to whichever source had hit more often lately, lost on open text too.
+Measured (docs/benchmarks.md, 2026-12-02), in target steps for 128 tokens:
+keeping 1- and 2-token matches for lookup took 103 on the open question and
+42-44 on RAG, where rules that gave them to whichever source had hit more often
+lately took 108-118 and 48-49; code edit was 29-31 under every rule.
 """
 from __future__ import annotations
 

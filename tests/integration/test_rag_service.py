@@ -137,7 +137,12 @@ async def test_a_document_deleted_while_it_is_indexed_leaves_no_points(rig: Rig)
     await rig.add_store("vs_race")
     texts = [f"Note {i}: the harbour crane {i % 7} lifts ferry parts onto pier {i % 5}." for i in range(240)]
     await rig.add_document("vs_race", "file-race", texts, parts=8)
-    await asyncio.sleep(1.0)  # the first parts are being embedded; whatever the timing, nothing may remain
+    # Delete as soon as the first part is indexed, while the others are being embedded (a fixed sleep let a fast
+    # machine finish all 8 parts first, and a document completed before its deletion is rightly reported so).
+    deadline = time.monotonic() + 60
+    while (await rig.ask("count", ["vs_race"], version=1)).points == 0:
+        assert time.monotonic() < deadline, "no part of the document was indexed"
+        await asyncio.sleep(0.05)
     await publish(rig.producer, rig.catalog.documents.name, document_key("vs_race", "file-race"), None)
     indexer = rig.service.services[0]
     deadline = time.monotonic() + 120
