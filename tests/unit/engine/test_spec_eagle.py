@@ -20,13 +20,13 @@ from engine.spec.eagle_artifact import (
 )
 from engine.spec.eagle_eval import acceptance_by_position
 from engine.spec.eagle_head import target_fingerprint
-from engine.spec.proposer import ProposalInput
 from engine.spec.eagle_train import (
     TrainConfig,
     TrainExample,
     collect_features,
     train_head,
 )
+from engine.spec.proposer import ProposalInput
 from tests.unit.engine._engine_factories import (
     greedy_request,
     loaded_from_hf,
@@ -87,38 +87,38 @@ def test_training_a_tiny_head_runs_end_to_end_in_seconds(hf, examples, tmp_path:
     assert torch.equal(loaded.draft_vocab, head.draft_vocab)
 
 
-def test_the_flat_serving_forward_equals_the_batched_training_forward(hf, head_dir: Path, examples) -> None:  # type: ignore[no-untyped-def]
+def _head_and_proposer(hf, head_dir: Path, ex: TrainExample):  # type: ignore[no-untyped-def]
+    """The head, a proposer shown ex's features with a head KV region ready (its sequence state), and the
+    training forward's inputs: embeddings e(x_{j+1}) [n, H] and concat(f_j, e(x_{j+1})) [n, 2H]."""
     target = loaded_from_hf(hf).model
     head, _ = load_head(str(head_dir), target, "tiny")
-    ex = examples[0]
     n = len(ex.tokens) - 1
     emb = target.embed_tokens(ex.tokens[1:])  # [n, H]
-    x = torch.cat([ex.features[:-1], emb], dim=-1)  # [n, 2H]
-    with torch.no_grad():
-        batched = head.forward_train(x[None], target.rope_cos[:n], target.rope_sin[:n])[0]  # [n, H]
     proposer = EagleProposer(head, target, kv_cache_tokens=n + 8, max_draft_tokens=K)
     proposer.observe_hidden("s", 0, ex.features[:n])
-    # Fed one pair at a time, as a decode would, the head's KV must give the same outputs.
     st = proposer._seqs["s"]
     st.slot = proposer.kv_cache.allocate(n + 2)
+    return head, proposer, st, emb, torch.cat([ex.features[:-1], emb], dim=-1)
+
+
+def test_the_flat_serving_forward_equals_the_batched_training_forward(hf, head_dir: Path, examples) -> None:  # type: ignore[no-untyped-def]
+    ex = examples[0]
+    head, proposer, st, _, x = _head_and_proposer(hf, head_dir, ex)
+    n, target = x.shape[0], proposer.target
+    with torch.no_grad():
+        batched = head.forward_train(x[None], target.rope_cos[:n], target.rope_sin[:n])[0]  # [n, H]
+    # Fed one pair at a time, as a decode would, the head's KV must give the same outputs.
     with torch.inference_mode():
         flat = torch.cat([proposer._forward([(st, [int(ex.tokens[j + 1])], ex.features[j : j + 1])]) for j in range(n)])
     torch.testing.assert_close(flat, batched, atol=1e-4, rtol=1e-4)
 
 
 def test_the_rollout_training_forward_equals_the_serving_drafts_at_every_depth(hf, head_dir: Path, examples) -> None:  # type: ignore[no-untyped-def]
-    target = loaded_from_hf(hf).model
-    head, _ = load_head(str(head_dir), target, "tiny")
     ex = examples[0]
-    n = len(ex.tokens) - 1
-    emb = target.embed_tokens(ex.tokens[1:])  # [n, H]
+    head, proposer, st, emb, x = _head_and_proposer(hf, head_dir, ex)
+    n, target = x.shape[0], proposer.target
     with torch.no_grad():
-        outs = head.forward_rollout(torch.cat([ex.features[:-1], emb], dim=-1)[None], emb[None],
-                                    target.rope_cos[:n], target.rope_sin[:n], depth=3)  # 3 x [1, n, H]
-    proposer = EagleProposer(head, target, kv_cache_tokens=n + 8, max_draft_tokens=K)
-    proposer.observe_hidden("s", 0, ex.features[:n])
-    st = proposer._seqs["s"]
-    st.slot = proposer.kv_cache.allocate(n + 2)
+        outs = head.forward_rollout(x[None], emb[None], target.rope_cos[:n], target.rope_sin[:n], depth=3)  # 3 x [1, n, H]
     c = n - 4  # committed x_0..x_c: the head has pairs 0..c-1, then drafts (when right) x_{c+1}, x_{c+2}
     tokens = [int(t) for t in ex.tokens]
     with torch.inference_mode():
