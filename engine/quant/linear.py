@@ -105,27 +105,72 @@ class Int8Kernel:
         return [self.codes, self.scales]
 
 
+PROBE_ROWS = 64  # the widest piece a step is cut into, whatever the CPU allows
+_row_windows: dict[tuple[int, int, int], int] = {}  # (out, in, threads) -> invariant rows
+
+
+def _gemm_call(packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """One oneDNN call; a single row runs as two (the copy's output dropped).
+
+    On some CPUs a 1-row call takes another kernel that sums long reductions in another
+    order; the weight is read once either way (`bench/quant_crossover.py`, "bf16 unpadded")."""
+    if x.shape[0] == 1:
+        return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1).contiguous(), packed, None, "none", [], "")[:1]
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
+
+
+def _measure_row_window(out_features: int, in_features: int) -> int:
+    """The most rows W such that every call of 1..W rows gives each row what it gives alone.
+
+    oneDNN picks its GEMM blocking by the row count, and with it the order in which a long
+    reduction is summed: on the AVX512-BF16 Xeons we run on, calls of up to 32 rows agree
+    bit for bit and wider ones differ by an ulp here and there. The blocking depends on the
+    shape and the thread count, not on the values, so a random weight of the shape answers."""
+    g = torch.Generator().manual_seed(0)
+    packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(out_features, in_features, generator=g).to(ACT_DTYPE))
+    x = torch.randn(PROBE_ROWS, in_features, generator=g).to(ACT_DTYPE)
+    alone = torch.cat([_gemm_call(packed, x[r : r + 1]) for r in range(PROBE_ROWS)])  # [PROBE_ROWS, out]
+    for rows in range(2, PROBE_ROWS + 1):
+        if not torch.equal(_gemm_call(packed, x[:rows]), alone[:rows]):
+            return rows - 1
+    return PROBE_ROWS
+
+
+def bf16_row_window(out_features: int, in_features: int) -> int:
+    """bf16 GEMM rows a call may have for its rows to stay row-count invariant, measured once per shape and
+    thread count in this process."""
+    key = (out_features, in_features, torch.get_num_threads())
+    if key not in _row_windows:
+        with torch.inference_mode():
+            _row_windows[key] = _measure_row_window(out_features, in_features)
+    return _row_windows[key]
+
+
 class Bf16Kernel:
     """A bf16 weight [out, in], oneDNN-prepacked (the packed copy is the only one kept).
 
-    Row-count invariant: a row's output does not depend on how many rows the call has.
-    oneDNN's bf16 GEMM is so for 2 rows and up, but a 1-row call takes another kernel
-    that sums long reductions (in_features 1536, the MLP's down projection) in another
-    order: outputs a few ulps apart, enough to flip seeded samples between a plain
-    decode (1 row) and the verification of its drafts (1 + k rows). So a single row
-    runs as two (the second a copy, its output dropped): the weight is read once either
-    way, and `bench/quant_crossover.py` ("bf16 unpadded") measures what the row costs.
-    """
+    Row-count invariant: a row's output does not depend on how many rows the call has, so a
+    plain decode (1 row), the verification of its drafts (1 + k rows) and a batch or prefill
+    step give a row the same bits and seeded speculation cannot drift from plain decoding.
+    oneDNN is so only within a window of row counts that depends on the CPU
+    (bf16_row_window), so a wider step runs as pieces of at most that many rows; what the
+    pieces cost in prefill is in docs/benchmarks.md ("bf16 row-count invariance")."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(ACT_DTYPE).contiguous())
+        self.out_features, self.in_features = weight.shape
+        self.threads = torch.get_num_threads()
+        self.window = bf16_row_window(self.out_features, self.in_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:
-            two = x.expand(2, -1).contiguous()  # [2, in]
-            return torch.ops.mkldnn._linear_pointwise(two, self.packed, None, "none", [], "")[:1]
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, None, "none", [], "")
+        if torch.get_num_threads() != self.threads:  # the window was measured at another thread count
+            self.threads = torch.get_num_threads()
+            self.window = bf16_row_window(self.out_features, self.in_features)
+        window = self.window
+        if x.shape[0] <= window:
+            return _gemm_call(self.packed, x)
+        return torch.cat([_gemm_call(self.packed, piece) for piece in x.split(window)])
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.packed]

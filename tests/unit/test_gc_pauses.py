@@ -25,7 +25,9 @@ def unfrozen() -> Iterator[None]:
 def test_objects_alive_at_start_up_leave_the_oldest_generation(unfrozen: None) -> None:
     long_lived = [_Node() for _ in range(1000)]
     frozen = freeze_startup_heap("test")
-    assert frozen >= len(long_lived) and gc.get_freeze_count() == frozen
+    # It reports what it froze; frozen objects that die by refcount (another test's thread letting go of
+    # one) only ever lower the count after that.
+    assert frozen >= len(long_lived) and frozen - 100 <= gc.get_freeze_count() <= frozen
     in_oldest = {id(o) for o in gc.get_objects(generation=2)}
     assert not any(id(node) in in_oldest for node in long_lived)
     gc.collect()  # a full collection leaves them frozen (other frozen objects may die by refcount meanwhile)
