@@ -160,10 +160,12 @@ def test_prometheus_acceptance_rate_equals_what_the_completions_reported(scraped
     rate = prometheus.value("sum(specstream:spec_decode_num_accepted_tokens_total)"
                             " / sum(specstream:spec_decode_num_draft_tokens_total)")
     assert rate == pytest.approx(accepted / drafted, rel=1e-9)
-    # The recording rule (what the acceptance-collapse alert reads) is evaluated. It divides two rates, each
-    # extrapolated on its own, so minutes after the counters were born it is near, not at, the exact ratio.
+    # The recording rule (what the acceptance-collapse alert reads) is evaluated on these series. It divides two
+    # rates, each extrapolated on its own from the samples in its window, so it is near, not at, the exact ratio,
+    # and 0 when every accepted draft came before the window's first sample (the warm-up's); promtool's
+    # infra/prometheus/rules_test.yml checks its value on series of known shape.
     recorded = prometheus.value("model_name:specstream_spec_decode_acceptance:ratio_rate5m")
-    assert recorded is not None and recorded > 0
+    assert recorded is not None and 0.0 <= recorded <= 1.0
 
 
 def test_prometheus_ttft_median_equals_the_completions_timings(scraped: tuple[Prometheus, list[dict]]) -> None:
