@@ -18,11 +18,12 @@ import time
 
 import torch
 
+from engine.quant import linear
+from engine.quant.linear import Bf16Kernel, Bf16Linear, QuantizedLinear
 
-def kernels(model: torch.nn.Module) -> list[object]:
-    from engine.quant.linear import Bf16Kernel, Bf16Linear, QuantizedLinear
 
-    found: list[object] = []
+def kernels(model: torch.nn.Module) -> list[Bf16Kernel]:
+    found: list[Bf16Kernel] = []
     for m in model.modules():
         if isinstance(m, Bf16Linear):
             found.append(m.kernel)
@@ -56,17 +57,17 @@ def main(argv: list[str] | None = None) -> int:
     engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", weights=args.weights,
                                                 kv_cache_bytes=256 << 20))
     found = kernels(engine.model)
-    windows = {k.window for k in found}  # type: ignore[attr-defined]
+    windows = {linear.bf16_row_window(k.out_features, k.in_features) for k in found}
     print(f"{args.weights}, {torch.get_num_threads()} threads: {len(found)} bf16 kernels, windows {sorted(windows)}")
+    measured = dict(linear._row_windows)
+    one_call = {key: 1 << 30 for key in measured}  # every step in one oneDNN call, as before the pieces
     lengths = [int(n) for n in args.prompts.split(",")]
     times: dict[tuple[int, str], list[float]] = {(n, how): [] for n in lengths for how in ("pieces", "one call")}
-    measured = {id(k): k.window for k in found}  # type: ignore[attr-defined]
     for r in range(args.rounds):
         for n in lengths:
             ids = [(7 * i + r) % 40000 + 100 for i in range(n)]
             for how in ("pieces", "one call") if r % 2 == 0 else ("one call", "pieces"):
-                for k in found:
-                    k.window = measured[id(k)] if how == "pieces" else 1 << 30  # type: ignore[attr-defined]
+                linear._row_windows.update(measured if how == "pieces" else one_call)
                 times[(n, how)].append(timed_prefill(engine, ids))
     print("| prompt tokens | one call ms | pieces ms | pieces / one call |\n|---|---|---|---|")
     for n in lengths:

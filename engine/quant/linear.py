@@ -160,14 +160,10 @@ class Bf16Kernel:
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(ACT_DTYPE).contiguous())
         self.out_features, self.in_features = weight.shape
-        self.threads = torch.get_num_threads()
-        self.window = bf16_row_window(self.out_features, self.in_features)
+        bf16_row_window(self.out_features, self.in_features)  # measured at load, not in the first step
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if torch.get_num_threads() != self.threads:  # the window was measured at another thread count
-            self.threads = torch.get_num_threads()
-            self.window = bf16_row_window(self.out_features, self.in_features)
-        window = self.window
+        window = bf16_row_window(self.out_features, self.in_features)  # a dict lookup once measured
         if x.shape[0] <= window:
             return _gemm_call(self.packed, x)
         return torch.cat([_gemm_call(self.packed, piece) for piece in x.split(window)])
