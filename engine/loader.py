@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from engine.model import Decoder, DecoderConfig
+from engine.model import Decoder, DecoderConfig, UnsupportedModelError
 
 Progress = Callable[[str], None]
 
@@ -252,6 +253,48 @@ def _eos_ids(tokenizer: Any, generation_config: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
+def _safetensors_files(path: Path) -> list[Path]:
+    """The folder's safetensors checkpoint, one file or the shards its index names; [] when it has none."""
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return [path / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return []
+
+
+def _from_safetensors(path: Path, hf_config: Any, dt: torch.dtype, dev: torch.device, positions: int) -> Decoder | None:
+    """Our decoder straight from the folder's safetensors, or None (no safetensors, or names it does not use).
+
+    Not through transformers' AutoModelForCausalLM: importing its modeling code loads torch._dynamo and
+    triton (5-7 s on 2 cores) and it builds a whole HF module only for us to copy its tensors; a worker
+    that starts in seconds is what scaling on lag needs. Tensors are cast as from_pretrained(dtype=...)
+    casts them; any other layout goes through transformers (the fallback in load_model)."""
+    from safetensors.torch import load_file
+
+    files = _safetensors_files(path)
+    if not files:
+        return None
+    sd: dict[str, torch.Tensor] = {}
+    for file in files:
+        sd.update(load_file(file, device=str(dev)))
+    sd = {k: v.to(dt) if v.is_floating_point() else v for k, v in sd.items()}
+    try:
+        return Decoder.from_checkpoint(hf_config, sd, max_positions=positions)
+    except UnsupportedModelError:
+        return None  # a weight under another name: transformers knows the renames
+
+
+def _generation_config(path: Path, hf_config: Any) -> Any:
+    """What from_pretrained would set as the model's generation_config."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:  # no generation_config.json: derived from config.json, as transformers does
+        return GenerationConfig.from_model_config(hf_config)
+
+
 def load_model(
     name_or_path: str,
     device: str = "auto",
@@ -276,13 +319,17 @@ def load_model(
     say(f"loading tokenizer from {path} ...")
     tokenizer = AutoTokenizer.from_pretrained(path)
     say(f"loading model ({dt}, {dev}) ...")
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=dt).eval()
-    hf.to(dev)
     positions = max_positions or hf_config.max_position_embeddings
-    model = Decoder.from_hf(hf, max_positions=positions)
-    eos = _eos_ids(tokenizer, hf.generation_config)
-    del hf
-    gc.collect()
+    model = _from_safetensors(path, hf_config, dt, dev, positions)
+    if model is not None:
+        eos = _eos_ids(tokenizer, _generation_config(path, hf_config))
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=dt).eval()
+        hf.to(dev)
+        model = Decoder.from_hf(hf, max_positions=positions)
+        eos = _eos_ids(tokenizer, hf.generation_config)
+        del hf
+        gc.collect()
     say(f"model ready in {time.perf_counter() - t0:.1f}s")
     return LoadedModel(
         name=name_or_path,

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kv_cache import KVCache
+from engine.meta_init import skeleton
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
 from engine.rotary import RopeStep, apply_rotary_
 
@@ -364,8 +365,13 @@ class Decoder(nn.Module):
     @classmethod
     def from_hf(cls, hf_model: nn.Module, max_positions: int) -> Decoder:
         """Copy (and fuse) the weights of a loaded HF *ForCausalLM; keeps its device and dtype."""
-        cfg = DecoderConfig.from_hf(hf_model.config)
-        sd = hf_model.state_dict()
+        return cls.from_checkpoint(hf_model.config, hf_model.state_dict(), max_positions)
+
+    @classmethod
+    def from_checkpoint(cls, hf_config: Any, sd: dict[str, torch.Tensor], max_positions: int) -> Decoder:
+        """Fuse an HF checkpoint's tensors (its own names: model.layers.N.self_attn.q_proj.weight, ...) into
+        our layout; keeps their device and dtype."""
+        cfg = DecoderConfig.from_hf(hf_config)
 
         def take(name: str) -> torch.Tensor:
             if name not in sd:
@@ -408,9 +414,9 @@ class Decoder(nn.Module):
                 ours[f"layers.{i}.mlp.down_proj.bias"] = take(m + "down_proj.bias")
 
         # Build on the meta device and adopt the tensors: no second random-initialised copy.
-        with torch.device("meta"):
+        with skeleton():
             model = cls(cfg)
         model.load_state_dict(ours, strict=True, assign=True)
         model.eval().requires_grad_(False)
-        model.init_rope(hf_model.config, max_positions)
+        model.init_rope(hf_config, max_positions)
         return model

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
-from llguidance.torch import fill_next_token_bitmask_par, fill_next_token_bitmask_par_with_draft_tokens
 from torch import Tensor
 
 from engine.grammar.bitmask import bitmask_words, mask_rows_
@@ -84,10 +83,14 @@ class Matchers:
             else:
                 plain.append((c.matcher, len(rows)))
             rows.extend(range(c.first_row, c.first_row + 1 + len(c.drafts)))
+        # The executor writes rows straight into our contiguous int32 bitmask. Not through llguidance.torch's
+        # wrappers of these calls: that module decorates a function with torch.compile at import, which loads
+        # torch._dynamo, inductor and triton, 5-8 s of every worker's start on 2 cores, for nothing we call.
+        row_bytes = bitmask.shape[1] * bitmask.element_size()
         if plain:
-            fill_next_token_bitmask_par(self._llg_executor(), plain, bitmask)
+            self._llg_executor().unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), row_bytes, n_rows)
         if drafted:
-            fill_next_token_bitmask_par_with_draft_tokens(self._llg_executor(), drafted, bitmask)
+            self._llg_executor().unsafe_compute_mask_ptr_with_draft_token(drafted, bitmask.data_ptr(), row_bytes, n_rows)
         mask_rows_(logits, torch.tensor(rows, device=logits.device), bitmask)
 
     def _llg_tokenizer(self) -> LLTokenizer:

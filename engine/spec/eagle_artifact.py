@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine.meta_init import skeleton
 from engine.model import Decoder
 from engine.spec.eagle_head import EagleHead, target_fingerprint
 
@@ -115,7 +116,7 @@ def load_head(ref: str, target: Decoder, target_name: str) -> tuple[EagleHead, H
         raise DraftHeadError(f"draft head weights {weights}: draft_vocab missing or not [{meta.draft_vocab_size}]")
     if int(vocab.max()) >= target.cfg.vocab_size or int(vocab.min()) < 0:
         raise DraftHeadError(f"draft head weights {weights}: draft_vocab holds ids outside the target's vocabulary")
-    with torch.device("meta"):
+    with skeleton():
         head = EagleHead(target.cfg, torch.zeros(meta.draft_vocab_size, dtype=torch.long))
     try:
         head.load_state_dict(tensors, strict=True, assign=True)

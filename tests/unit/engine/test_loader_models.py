@@ -56,6 +56,45 @@ def test_a_local_hf_folder_loads(tiny_folder: tuple[Path, object]) -> None:
     assert out.text == loaded.tokenizer.decode(out.token_ids) and out.text.startswith(f"t{out.token_ids[0]}")
 
 
+@pytest.mark.parametrize("layout", ["sharded safetensors", "pytorch_model.bin"])
+def test_sharded_and_bin_checkpoints_load_the_same_model_as_one_safetensors_file(
+    tiny_folder: tuple[Path, object], tmp_path: Path, layout: str
+) -> None:
+    """Shards are read through their index; a folder without safetensors goes through transformers."""
+    path, hf = tiny_folder
+    import shutil
+
+    for name in os.listdir(path):
+        if not name.startswith("model"):
+            shutil.copy(path / name, tmp_path / name)
+    if layout == "sharded safetensors":
+        hf.save_pretrained(tmp_path, max_shard_size="20KB")
+        assert (tmp_path / "model.safetensors.index.json").is_file()
+    else:
+        torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")  # transformers 5 saves safetensors only
+    one_file, other = load_model(str(path), device="cpu").model, load_model(str(tmp_path), device="cpu").model
+    ours, theirs = one_file.state_dict(), other.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_loading_the_default_model_for_serving_imports_no_torch_compile_machinery() -> None:
+    """torch._dynamo drags inductor and triton in: 5-8 s of every worker's start on 2 cores, for nothing served."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from engine.loader import load_model\n"
+        "import engine.grammar.matchers, engine.llm_engine, engine.spec.eagle_artifact\n"
+        "load_model('smollm2-135m-instruct')\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'triton') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: tuple[Path, object]) -> None:
     path, hf = tiny_folder
     spec = SpeculationConfig(enabled=True, method="draft", draft_model=str(path), max_draft_tokens=3)
