@@ -264,7 +264,7 @@ def _safetensors_files(path: Path) -> list[Path]:
 
 
 def _from_safetensors(path: Path, hf_config: Any, dt: torch.dtype, dev: torch.device, positions: int) -> Decoder | None:
-    """Our decoder straight from the folder's safetensors, or None (no safetensors, or names it does not use).
+    """Our decoder straight from the folder's safetensors, or None (none there, quantized, or names we do not read).
 
     Not through transformers' AutoModelForCausalLM: importing its modeling code loads torch._dynamo and
     triton (5-7 s on 2 cores) and it builds a whole HF module only for us to copy its tensors; a worker
@@ -273,8 +273,8 @@ def _from_safetensors(path: Path, hf_config: Any, dt: torch.dtype, dev: torch.de
     from safetensors.torch import load_file
 
     files = _safetensors_files(path)
-    if not files:
-        return None
+    if not files or getattr(hf_config, "quantization_config", None):
+        return None  # a quantized checkpoint's tensors need its quantizer's dequantization: transformers has it
     sd: dict[str, torch.Tensor] = {}
     for file in files:
         sd.update(load_file(file, device=str(dev)))
