@@ -30,7 +30,8 @@ def start_seconds(checkout: Path, bootstrap: str, env_extra: dict[str, str], tim
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECSTREAM_", "PYTHONPYCACHEPREFIX",
                                                                      "PYTHONDONTWRITEBYTECODE"))}
     env.update({"SPECSTREAM_CONFIG": os.devnull, "SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-                "SPECSTREAM_KAFKA__TOPIC_PREFIX": f"ws-{uuid.uuid4().hex[:8]}", "SPECSTREAM_KAFKA__MANAGE_LOCAL": "false",
+                "SPECSTREAM_KAFKA__TOPIC_PREFIX": f"ws-{uuid.uuid4().hex[:8]}",
+                "SPECSTREAM_KAFKA__MANAGE_LOCAL": "false",
                 "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "96MiB", "PYTHONUNBUFFERED": "1", **env_extra})
     for name in ("SPECSTREAM_CACHE_DIR", "SPECSTREAM_STATE_DIR"):
         if name in os.environ:

@@ -86,11 +86,11 @@ class Matchers:
         # The executor writes rows straight into our contiguous int32 bitmask. Not through llguidance.torch's
         # wrappers of these calls: that module decorates a function with torch.compile at import, which loads
         # torch._dynamo, inductor and triton, 5-8 s of every worker's start on 2 cores, for nothing we call.
-        row_bytes = bitmask.shape[1] * bitmask.element_size()
+        executor, row_bytes = self._llg_executor(), bitmask.shape[1] * bitmask.element_size()
         if plain:
-            self._llg_executor().unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), row_bytes, n_rows)
+            executor.unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), row_bytes, n_rows)
         if drafted:
-            self._llg_executor().unsafe_compute_mask_ptr_with_draft_token(drafted, bitmask.data_ptr(), row_bytes, n_rows)
+            executor.unsafe_compute_mask_ptr_with_draft_token(drafted, bitmask.data_ptr(), row_bytes, n_rows)
         mask_rows_(logits, torch.tensor(rows, device=logits.device), bitmask)
 
     def _llg_tokenizer(self) -> LLTokenizer:
