@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,8 +65,6 @@ def test_sharded_and_bin_checkpoints_load_the_same_model_as_one_safetensors_file
 ) -> None:
     """Shards are read through their index; a folder without safetensors goes through transformers."""
     path, hf = tiny_folder
-    import shutil
-
     for name in os.listdir(path):
         if not name.startswith("model"):
             shutil.copy(path / name, tmp_path / name)
@@ -77,11 +78,9 @@ def test_sharded_and_bin_checkpoints_load_the_same_model_as_one_safetensors_file
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+@pytest.mark.model
 def test_loading_the_default_model_for_serving_imports_no_torch_compile_machinery() -> None:
     """torch._dynamo drags inductor and triton in: 5-8 s of every worker's start on 2 cores, for nothing served."""
-    import subprocess
-    import sys
-
     code = (
         "import sys\n"
         "from engine.loader import load_model\n"
