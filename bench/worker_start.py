@@ -22,38 +22,32 @@ import time
 import uuid
 from pathlib import Path
 
+from streams.testing.stack import Process, _stop, stack_env
+
 READY = "ready: model"
 
 
 def start_seconds(checkout: Path, bootstrap: str, env_extra: dict[str, str], timeout_s: float = 300.0) -> float:
     """Seconds from spawning a worker in `checkout` to its ready line; the worker is stopped then."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECSTREAM_", "PYTHONPYCACHEPREFIX",
-                                                                     "PYTHONDONTWRITEBYTECODE"))}
-    env.update({"SPECSTREAM_CONFIG": os.devnull, "SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS": bootstrap,
-                "SPECSTREAM_KAFKA__TOPIC_PREFIX": f"ws-{uuid.uuid4().hex[:8]}",
-                "SPECSTREAM_KAFKA__MANAGE_LOCAL": "false",
-                "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "96MiB", "PYTHONUNBUFFERED": "1", **env_extra})
-    for name in ("SPECSTREAM_CACHE_DIR", "SPECSTREAM_STATE_DIR"):
-        if name in os.environ:
-            env[name] = os.environ[name]
+    # The stacks' environment (this run's SPECSTREAM_* dropped), without the caller's bytecode settings: the mode's.
+    env = stack_env(bootstrap, f"ws-{uuid.uuid4().hex[:8]}", "unused", 1,
+                    {"SPECSTREAM_ENGINE__KV_CACHE_BYTES": "96MiB"})
+    for name in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE"):
+        env.pop(name, None)
+    env.update(env_extra)
     started = time.monotonic()
-    worker = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker"], cwd=checkout, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    popen = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker"], cwd=checkout, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        assert worker.stdout is not None
-        for line in worker.stdout:
+        assert popen.stdout is not None
+        for line in popen.stdout:
             if READY in line:
                 return time.monotonic() - started
             if time.monotonic() - started > timeout_s:
                 break
-        raise RuntimeError(f"worker in {checkout} never said ready (exit status {worker.poll()})")
+        raise RuntimeError(f"worker in {checkout} never said ready (exit status {popen.poll()})")
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        _stop(Process("worker", popen, Path(os.devnull)), timeout_s=30.0)  # its output is the pipe, no log file
 
 
 def main(argv: list[str] | None = None) -> int:
