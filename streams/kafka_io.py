@@ -35,6 +35,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     for_code,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from schemas.retrieval import AnyReply
@@ -268,26 +269,41 @@ async def start_admin(admin: AIOKafkaAdminClient, kafka: Connectable, timeout_s:
 
 
 async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
-    """Until the broker the admin asks knows every topic with a leader for each partition.
+    """Until every broker knows every topic with a leader for each partition.
 
     The controller acknowledges a creation before every broker has the topic from the
-    metadata log, so a describe or produce right after it may hear UNKNOWN_TOPIC_OR_PARTITION.
+    metadata log, and a describe goes to a random broker, so one broker knowing the
+    topic says nothing about the next: a describe or produce right after may still hear
+    UNKNOWN_TOPIC_OR_PARTITION. Each broker is asked in turn.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    request = MetadataRequest(names)
     while True:
-        described = await admin.describe_topics(names)
-        # A partition is usable once it has a leader (-1 means none elected yet).
-        pending = [
-            d["topic"]
-            for d in described
-            if d.get("error_code") or not d.get("partitions") or any(p.get("leader", -1) < 0 for p in d["partitions"])
-        ]
-        if not pending:
+        # The admin's client holds the cluster's broker list from its bootstrap; there is
+        # no public call that sends a metadata request to one chosen broker.
+        node_ids = [broker.nodeId for broker in admin._client.cluster.brokers()]  # noqa: SLF001
+        pending: set[str] = set()
+        answered = 0
+        for node_id in node_ids:
+            try:
+                described = (await admin._client.send(node_id, request)).to_object()["topics"]  # noqa: SLF001
+            except KafkaError:
+                # A broker that cannot be reached cannot answer a client with stale metadata either.
+                continue
+            answered += 1
+            pending.update(d["topic"] for d in described if not _has_leaders(d))
+        if answered and not pending:
             return
         if loop.time() > deadline:
-            raise KafkaError(f"topics not visible after {timeout_s:.0f}s: {', '.join(pending)}")
+            raise KafkaError(f"topics not visible after {timeout_s:.0f}s: {', '.join(sorted(pending))}")
         await asyncio.sleep(0.1)
+
+
+def _has_leaders(described: dict[str, Any]) -> bool:
+    """A described topic is usable once known with a leader for each partition (-1: none elected yet)."""
+    partitions = described.get("partitions")
+    return not described.get("error_code") and bool(partitions) and all(p.get("leader", -1) >= 0 for p in partitions)
 
 
 async def read_partition(kafka: Connectable, topic: str, *, timeout_s: float = 30.0) -> list[ConsumerRecord]:

@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.protocol.metadata import MetadataRequest
 
 from infra.kafka.broker import ClusterSpec, kill_node, start_node, status
 from streams import kafka_io
@@ -51,6 +52,16 @@ async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[dict[str, 
     (described,) = await admin.describe_topics([topic])
     assert described["error_code"] == 0
     return sorted(described["partitions"], key=lambda partition: partition["partition"])
+
+
+async def _error_codes_by_broker(admin: AIOKafkaAdminClient, topic: str) -> dict[int, int]:
+    """The topic's metadata error code as each broker answers it (a describe asks a random one)."""
+    codes = {}
+    for broker in admin._client.cluster.brokers():  # noqa: SLF001
+        response = await admin._client.send(broker.nodeId, MetadataRequest([topic]))  # noqa: SLF001
+        (described,) = response.to_object()["topics"]
+        codes[broker.nodeId] = described["error_code"]
+    return codes
 
 
 async def _topic_config(admin: AIOKafkaAdminClient, topic: str, name: str) -> str:
@@ -108,6 +119,8 @@ async def test_a_topic_replicated_on_all_three_nodes_delivers_every_record(
     async with _admin(bootstrap) as admin:
         topic = await _create_replicated_topic(admin, partitions=3)
         try:
+            # Visible means visible on every broker, whichever a client happens to ask next.
+            assert await _error_codes_by_broker(admin, topic) == dict.fromkeys(ALL_NODES, 0)
             partitions = await _partitions(admin, topic)
             assert [partition["partition"] for partition in partitions] == [0, 1, 2]
             for partition in partitions:
