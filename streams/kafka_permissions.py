@@ -170,16 +170,19 @@ def _topic_allows(grant: Grant, visible: dict[str, tuple[int, int]], asked: dict
 
 
 async def prepare_service(kafka: Connectable, grants: Sequence[Grant], own_topics: Sequence[Topic] = (), *,
-                          replication_factor: int, min_insync_replicas: int, client_id: str) -> None:
+                          replication_factor: int, min_insync_replicas: int, client_id: str) -> list[str]:
     """A service's start: require every grant it needs, then create the topics it uses that are missing.
 
-    Raises :class:`KafkaAccessError` (wrong credentials, untrusted certificate, missing ACL) in one line.
-    Permissions first: a user who may not even see a topic would otherwise take it for missing and be
-    refused its creation, which names the wrong cause.
+    Returns the names of those topics, which the service's start owns (streams.topic_watch restarts it when
+    they vanish). Raises :class:`KafkaAccessError` (wrong credentials, untrusted certificate, missing ACL) in
+    one line. Permissions first: a user who may not even see a topic would otherwise take it for missing and
+    be refused its creation, which names the wrong cause.
     """
     await require(kafka, grants)
-    await ensure_topics(kafka, [*topics_of(grants), *own_topics], replication_factor=replication_factor,
+    topics = [*topics_of(grants), *own_topics]
+    await ensure_topics(kafka, topics, replication_factor=replication_factor,
                         min_insync_replicas=min_insync_replicas, client_id=client_id)
+    return list(dict.fromkeys(topic.name for topic in topics))
 
 
 async def require(kafka: Connectable, grants: Sequence[Grant]) -> None:

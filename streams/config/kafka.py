@@ -142,6 +142,13 @@ class DeliverySettings(Section):
         "served and its bounded publish decides.",
     )
 
+    missing_topic_restart_s: float = Field(
+        default=30.0, ge=0,
+        description="How long a topic a process created at its start may be missing from the cluster (deleted, or "
+        "the broker's storage reset) before the process starts again to recreate it: an edge reconnects, a consumer "
+        "exits with status 1 for its supervisor to restart it. 0: never.",
+    )
+
     @field_validator("reply_topic_patterns")
     @classmethod
     def _patterns_name_topics(cls, patterns: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ router *before* publishing it, so no reply can arrive unrouted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 
@@ -33,6 +34,7 @@ from streams.kafka_acls import edge_grants
 from streams.service.announcer import Announcer
 from streams.telemetry.logs import bind_request, trace_id_of
 from streams.telemetry.tracing import trace_id_hex
+from streams.topic_watch import gone_topics, watch_topics
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,11 @@ log = logging.getLogger(__name__)
 ANNOUNCE_S = 60.0
 
 
-async def prepare_edge(s: EdgeOptions) -> None:
-    """The edge's permissions, then its topics (its reply topic included); one-line KafkaAccessError if refused."""
-    await prepare_service(
+async def prepare_edge(s: EdgeOptions) -> list[str]:
+    """The edge's permissions, then its topics (its reply topic included); one-line KafkaAccessError if refused.
+
+    Returns the names of those topics."""
+    return await prepare_service(
         s.kafka, edge_grants(s.catalog, s.edge_id), [s.catalog.replies(s.edge_id)],
         replication_factor=s.kafka.replication_factor, min_insync_replicas=s.kafka.min_insync_replicas,
         client_id=f"{s.client_id}-{s.edge_id}-admin",
@@ -69,6 +73,10 @@ class Edge:
         self.last_error: str = "not connected yet"
         self._connect_task: asyncio.Task | None = None
         self._announce_task: asyncio.Task | None = None
+        self._topic_watch: asyncio.Task | None = None
+        self._reconnect_task: asyncio.Task | None = None
+        # The topics the last connection created or found (streams.topic_watch reconnects when they vanish).
+        self._topics: list[str] = []
         self.started_at = time.time()
         # On the services topic with every other service (`specstream status`); the edges topic above is topics gc's.
         self.announcer = Announcer(self._send_announcement, settings.catalog.services.name, kind=EDGE_KIND,
@@ -111,6 +119,10 @@ class Edge:
             self.last_error = ""
             self.connected.set()
             self._announce_task = asyncio.create_task(self._announce_forever(), name=f"edge-announce-{self.edge_id}")
+            self._topic_watch = asyncio.create_task(watch_topics(
+                self.settings.kafka, self._topics, on_gone=self._topics_gone,
+                gone_after_s=self.settings.settings.delivery.missing_topic_restart_s,
+                client_id=f"{self.settings.client_id}-{self.edge_id}-topic-watch"), name=f"edge-topics-{self.edge_id}")
             await self.announcer.announce("ready")
             self.announcer.start_heartbeat()
             log.info("edge %s connected: requests -> %s, replies <- %s",
@@ -118,12 +130,27 @@ class Edge:
             return
 
     async def _connect_once(self) -> None:
-        await prepare_edge(self.settings)
+        self._topics = await prepare_edge(self.settings)
         await self.publisher.start()
         await self.router.start()
         await self.readiness.start()
         await self.files.start()
         await self.batches.start()
+
+    def _topics_gone(self, names: list[str]) -> None:
+        """Topics of this edge vanished: serve 503 naming them, and connect again (which recreates them).
+
+        Requests in flight keep their reply streams: a worker still generating one publishes to the recreated reply
+        topic, which the new connection reads from its end, as at any start.
+        """
+        self.last_error = f"{gone_topics(names)}; connecting again, which recreates them"
+        log.error("edge %s: %s", self.edge_id, self.last_error)
+        self.connected.clear()
+        self._reconnect_task = asyncio.create_task(self._reconnect(), name=f"edge-reconnect-{self.edge_id}")
+
+    async def _reconnect(self) -> None:
+        await self._disconnect(announce=False)
+        self._connect_task = asyncio.create_task(self._connect_forever(), name=f"edge-connect-{self.edge_id}")
 
     async def _announce_forever(self) -> None:
         announcement = EdgeAnnouncement(edge_id=self.edge_id, reply_topic=self.reply_topic, at=0.0)
@@ -149,17 +176,23 @@ class Edge:
                 log.exception("edge %s: stopping %s failed", self.edge_id, type(part).__name__)
 
     async def stop(self) -> None:
-        if self._announce_task is not None:
-            self._announce_task.cancel()
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reconnect_task
+        await self._disconnect(announce=True)
+
+    async def _disconnect(self, *, announce: bool) -> None:
+        for task in (self._announce_task, self._topic_watch):
+            if task is not None:
+                task.cancel()
         self.announcer.stop_heartbeat()
-        if self.connected.is_set():
+        if announce and self.connected.is_set():
             await self.announcer.announce("stopped")
         if self._connect_task is not None:
             self._connect_task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._connect_task
-            except (asyncio.CancelledError, Exception):
-                pass
         self.connected.clear()
         await self._stop_parts()
 

@@ -28,6 +28,7 @@ from streams.rag.search import Searcher
 from streams.service import Consumer, ServiceOptions
 from streams.service.consumer import grants_of
 from streams.service.runner import ConsumerService
+from streams.topic_watch import TopicsGone, gone_topics, watch_topics
 
 log = logging.getLogger("specstream.rag")
 
@@ -112,14 +113,29 @@ def reading_tables(consumer: Consumer[Any]) -> Consumer[Any]:
 
 
 async def run_rag(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM, then drain both consumers and close the index."""
+    """Serve until SIGINT/SIGTERM, then drain both consumers and close the index.
+
+    Raises :class:`TopicsGone`, after the same drain, when topics its start created vanished from the cluster."""
     service = RagService(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    gone: list[str] = []
+
+    def topics_gone(names: list[str]) -> None:
+        log.error("rag: %s: draining, then exiting with status 1 for a restart", gone_topics(names))
+        gone.extend(names)
+        stop.set()
+
     await service.start()
+    watch = asyncio.create_task(watch_topics(
+        settings.kafka, [name for s in service.services for name in s.created_topics], on_gone=topics_gone,
+        gone_after_s=settings.delivery.missing_topic_restart_s, client_id="specstream-rag-topic-watch"))
     try:
         await stop.wait()
     finally:
+        watch.cancel()
         await service.stop()
+    if gone:
+        raise TopicsGone(gone)

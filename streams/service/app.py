@@ -6,6 +6,9 @@ ready; on a signal: drain, stop the Kafka clients, close. With the broker gone,
 aiokafka's clients can take minutes to stop (each waits out its own retries);
 the drain already settled what could be, so a watchdog armed after it exits
 the process once the clients had ``CLIENT_STOP_GRACE_S`` to stop.
+
+Topics the service's start created that vanish from the cluster (streams.topic_watch) end it the same way, with
+status 1: its restart recreates them.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from faststream import FastStream
 from streams.service.gc_pauses import freeze_startup_heap
 from streams.service.logs import faststream_log
 from streams.service.runner import ConsumerService
+from streams.topic_watch import TopicsGone, gone_topics, watch_topics
 
 log = logging.getLogger("specstream.service")
 
@@ -54,23 +58,47 @@ def create_app(service: ConsumerService, *, companions: Sequence[ConsumerService
 
 
 async def serve(service: ConsumerService, *, companions: Sequence[ConsumerService] = ()) -> None:
-    """Serve until SIGINT/SIGTERM, then drain and stop (exit 0, also when the broker is gone)."""
+    """Serve until SIGINT/SIGTERM, then drain and stop (exit 0, also when the broker is gone).
+
+    Raises :class:`TopicsGone`, after the same drain, when topics its start created vanished from the cluster.
+    """
     app = create_app(service, companions=companions)
-    watchdog = threading.Timer(CLIENT_STOP_GRACE_S, _exit_stuck_clients)
+    gone: list[str] = []
+    watchdog = threading.Timer(CLIENT_STOP_GRACE_S, lambda: _exit_stuck_clients(1 if gone else 0))
     watchdog.daemon = True
+    topic_watch: asyncio.Task[None] | None = None
+
+    def topics_gone(names: list[str]) -> None:
+        log.error("%s %s: %s: draining, then exiting with status 1 for a restart", service.kind, service.service_id,
+                  gone_topics(names))
+        gone.extend(names)
+        app.exit()
+
+    @app.after_startup
+    async def _watch_topics() -> None:
+        nonlocal topic_watch
+        names = [name for s in (service, *companions) for name in s.created_topics]
+        topic_watch = asyncio.create_task(watch_topics(
+            service.options.kafka, names, gone_after_s=service.options.missing_topic_restart_s, on_gone=topics_gone,
+            client_id=f"specstream-{service.kind}-{service.service_id}-topic-watch"))
 
     @app.on_shutdown
     async def _arm_watchdog() -> None:
         # Runs after the drain (hooks run in the order they were added).
+        if topic_watch is not None:
+            topic_watch.cancel()
         watchdog.start()
 
     try:
         await app.run()
     finally:
         watchdog.cancel()
+    if gone:
+        raise TopicsGone(gone)
 
 
-def _exit_stuck_clients() -> None:
-    log.warning("Kafka clients did not stop within %.0f s (broker unreachable?); exiting", CLIENT_STOP_GRACE_S)
+def _exit_stuck_clients(status: int) -> None:
+    log.warning("Kafka clients did not stop within %.0f s (broker unreachable, or topics gone?); exiting",
+                CLIENT_STOP_GRACE_S)
     logging.shutdown()
-    os._exit(0)
+    os._exit(status)

@@ -108,6 +108,8 @@ class ServiceOptions:
     publish_timeout_s: float = 10.0
     topic_cache_ttl_s: float = 30.0
     metadata_timeout_s: float = 2.0
+    # Seconds the topics its start created may be missing before the process exits to recreate them (0: never).
+    missing_topic_restart_s: float = 30.0
     # Traces (OTEL_* variables and telemetry.tracing) and metrics (telemetry.metrics) of every message; None: off.
     telemetry: TelemetrySettings | None = None
 
@@ -127,7 +129,8 @@ class ServiceOptions:
             session_timeout_ms=section.session_timeout_ms, heartbeat_interval_ms=section.heartbeat_interval_ms,
             reply_topic_patterns=compile_patterns(delivery.reply_topic_patterns, kafka.topic_prefix),
             publish_timeout_s=delivery.publish_timeout_s, topic_cache_ttl_s=delivery.topic_cache_ttl_s,
-            metadata_timeout_s=delivery.metadata_timeout_s, telemetry=settings.telemetry,
+            metadata_timeout_s=delivery.metadata_timeout_s, missing_topic_restart_s=delivery.missing_topic_restart_s,
+            telemetry=settings.telemetry,
         )
 
 

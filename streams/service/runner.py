@@ -85,6 +85,8 @@ class ConsumerService:
         # Deliveries being handled, by request id: a redelivered copy joins the one held instead of running twice.
         self._held: dict[str, Delivery] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # The topics prepare() created or found: the ones its start owns (streams.topic_watch).
+        self.created_topics: list[str] = []
 
     # --- lifecycle (FastStream's hooks, or start/stop without an app) ------------------------------------------------
 
@@ -97,7 +99,7 @@ class ConsumerService:
         grants = grants_of(self.consumer, o.catalog, self.group_id)
         granted = {g.name for g in grants}
         inputs = [self.consumer.topic, *(listener.topic for listener in self.consumer.listeners)]
-        await prepare_service(
+        self.created_topics = await prepare_service(
             o.kafka, grants, [t for t in inputs if t.name not in granted], client_id=f"{client_id}-admin",
             replication_factor=o.replication_factor, min_insync_replicas=o.min_insync_replicas,
         )

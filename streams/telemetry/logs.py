@@ -83,6 +83,42 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False, default=str)
 
 
+class _ThrottleMissingTopicErrors(logging.Filter):
+    """Reply topics come and go (an edge shuts down, `specstream send` deletes its own), but the producer keeps
+    asking for every topic it ever wrote to and logs an ERROR per metadata refresh (several a second) for each one
+    that is gone; a reader of a topic deleted under it asks in a loop without backoff (thousands a second, until
+    streams.topic_watch restarts the process). Keep one line per topic and interval: enough to see it, not enough
+    to bury everything else."""
+
+    interval_s = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "Topic %s not found in cluster metadata" or not record.args:
+            return True
+        topic = str(record.args[0] if isinstance(record.args, tuple) else record.args)
+        now = time.monotonic()
+        if now - self._last.get(topic, -self.interval_s) < self.interval_s:
+            return False
+        if len(self._last) > 10_000:
+            self._last.clear()
+        self._last[topic] = now
+        return True
+
+
+_missing_topic_throttle = _ThrottleMissingTopicErrors()
+
+
+def throttle_missing_topic_errors() -> None:
+    """Install the throttle on aiokafka's metadata logger; idempotent."""
+    logger = logging.getLogger("aiokafka.cluster")
+    if _missing_topic_throttle not in logger.filters:
+        logger.addFilter(_missing_topic_throttle)
+
+
 def configure_logging(level: str, log_format: str = "text") -> None:
     """Root handler on stderr in the chosen format; replaces handlers an earlier call installed."""
     handler = logging.StreamHandler(sys.stderr)
@@ -93,6 +129,7 @@ def configure_logging(level: str, log_format: str = "text") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    throttle_missing_topic_errors()
     debug = logging.getLevelName(level) <= logging.DEBUG
     for name in _PAYLOAD_LOGGERS:
         # Their DEBUG records carry message bytes (prompts): never below INFO. Above DEBUG they follow their parent

@@ -135,6 +135,28 @@ def test_debug_logging_keeps_the_kafka_clients_payload_loggers_at_info(root_logg
     assert not logging.getLogger("aiokafka.consumer.fetcher").isEnabledFor(logging.DEBUG)
 
 
+def test_every_process_logs_a_missing_topic_once_a_minute_not_per_metadata_refresh(root_logging: None) -> None:
+    cluster_log = logging.getLogger("aiokafka.cluster")
+    cluster_log.removeFilter(logs._missing_topic_throttle)  # what the edge had: nothing had installed it
+    logs.configure_logging("INFO")
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    keep = Keep()
+    root = logging.getLogger()
+    root.addHandler(keep)
+    try:
+        for _ in range(500):  # what aiokafka's fetcher of a deleted topic logs in a fraction of a second
+            cluster_log.error("Topic %s not found in cluster metadata", "watch-test.gone")
+            cluster_log.error("Topic %s not found in cluster metadata", "watch-test.also-gone")
+    finally:
+        root.removeHandler(keep)
+    assert sorted(seen) == [f"Topic watch-test.{name} not found in cluster metadata" for name in ("also-gone", "gone")]
+
+
 def test_trace_ids_are_read_from_a_traceparent_only_when_well_formed() -> None:
     assert logs.trace_id_of(CLIENT_PARENT) == CLIENT_TRACE
     assert logs.trace_id_of("00-short-00f067aa0ba902b7-01") is None

@@ -1,0 +1,44 @@
+"""When the topics a process created at its start count as gone (the log it writes meanwhile: test_telemetry.py).
+
+With real Kafka: tests/integration/test_reliability_topics.py (topics deleted under a running edge and worker).
+"""
+from __future__ import annotations
+
+from streams.topic_watch import MissingTopics, TopicsGone, watch_topics
+
+WINDOW_S = 30.0
+
+
+def test_a_topic_is_gone_only_once_every_lookup_for_the_window_missed_it() -> None:
+    missing = MissingTopics(["requests", "replies"], WINDOW_S)
+    assert missing.observe(["requests"], now=100.0) == []
+    assert missing.observe(["requests"], now=120.0) == []
+    assert missing.observe(["requests"], now=130.0) == ["replies"]
+
+
+def test_a_topic_seen_again_starts_its_window_over() -> None:
+    missing = MissingTopics(["replies"], WINDOW_S)
+    missing.observe([], now=0.0)
+    missing.observe(["replies"], now=20.0)  # a broker that had not replayed the metadata log yet, then one that had
+    assert missing.observe([], now=40.0) == []
+    assert missing.observe([], now=70.0) == ["replies"]
+
+
+def test_topics_other_than_the_watched_ones_do_not_matter() -> None:
+    missing = MissingTopics(["requests"], WINDOW_S)
+    assert missing.observe(["requests"], now=0.0) == []
+    assert missing.observe(["requests", "someone-elses"], now=100.0) == []
+
+
+def test_the_error_names_every_gone_topic_and_the_likely_causes() -> None:
+    message = str(TopicsGone(["p.requests", "p.replies.e1"]))
+    assert "p.requests, p.replies.e1" in message
+    assert "deleted, or the broker's storage was reset" in message
+
+
+async def test_a_zero_window_or_no_topics_watches_nothing() -> None:
+    calls: list[list[str]] = []
+    # No broker at this address: returning at once means no client was even made.
+    await watch_topics("127.0.0.1:1", ["requests"], gone_after_s=0, on_gone=calls.append, client_id="t")
+    await watch_topics("127.0.0.1:1", [], gone_after_s=WINDOW_S, on_gone=calls.append, client_id="t")
+    assert calls == []
