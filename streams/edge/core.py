@@ -149,6 +149,12 @@ class Edge:
         self._reconnect_task = asyncio.create_task(self._reconnect(), name=f"edge-reconnect-{self.edge_id}")
 
     async def _reconnect(self) -> None:
+        # Topics first: what the clients still send there (a heartbeat) is then acknowledged, where their stop would
+        # otherwise wait out the request timeout (~40 s). The connection below creates whatever this could not.
+        try:
+            await prepare_edge(self.settings)
+        except Exception as error:  # noqa: BLE001 - the connection's own start retries and reports it
+            log.debug("edge %s: recreating topics before reconnecting failed: %r", self.edge_id, error)
         await self._disconnect(announce=False)
         self._connect_task = asyncio.create_task(self._connect_forever(), name=f"edge-connect-{self.edge_id}")
 

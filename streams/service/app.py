@@ -29,6 +29,8 @@ log = logging.getLogger("specstream.service")
 
 # After the drain, how long the Kafka clients may take to stop before the process exits anyway.
 CLIENT_STOP_GRACE_S = 10.0
+# The same once its topics are gone: what its clients still try to send there can never be acknowledged.
+GONE_CLIENT_STOP_GRACE_S = 2.0
 
 
 def create_app(service: ConsumerService, *, companions: Sequence[ConsumerService] = ()) -> FastStream:
@@ -64,7 +66,7 @@ async def serve(service: ConsumerService, *, companions: Sequence[ConsumerServic
     """
     app = create_app(service, companions=companions)
     gone: list[str] = []
-    watchdog = threading.Timer(CLIENT_STOP_GRACE_S, lambda: _exit_stuck_clients(1 if gone else 0))
+    watchdog = threading.Timer(CLIENT_STOP_GRACE_S, lambda: _exit_stuck_clients(watchdog.interval, 1 if gone else 0))
     watchdog.daemon = True
     topic_watch: asyncio.Task[None] | None = None
 
@@ -87,6 +89,8 @@ async def serve(service: ConsumerService, *, companions: Sequence[ConsumerServic
         # Runs after the drain (hooks run in the order they were added).
         if topic_watch is not None:
             topic_watch.cancel()
+        if gone:
+            watchdog.interval = GONE_CLIENT_STOP_GRACE_S
         watchdog.start()
 
     try:
@@ -97,8 +101,7 @@ async def serve(service: ConsumerService, *, companions: Sequence[ConsumerServic
         raise TopicsGone(gone)
 
 
-def _exit_stuck_clients(status: int) -> None:
-    log.warning("Kafka clients did not stop within %.0f s (broker unreachable, or topics gone?); exiting",
-                CLIENT_STOP_GRACE_S)
+def _exit_stuck_clients(grace_s: float, status: int) -> None:
+    log.warning("Kafka clients did not stop within %.0f s (broker unreachable, or topics gone?); exiting", grace_s)
     logging.shutdown()
     os._exit(status)
