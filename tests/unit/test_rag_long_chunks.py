@@ -27,7 +27,7 @@ def truncating_vector(embedder: Embedder, text: str) -> np.ndarray:
     """Today's recipe before the windows: one truncated forward, masked mean, L2 norm."""
     encoded = embedder.tokenizer([text], truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
     with torch.inference_mode():
-        hidden = embedder.model(**encoded).last_hidden_state
+        hidden = embedder.model(encoded["input_ids"], encoded["attention_mask"])
     mask = encoded["attention_mask"].unsqueeze(-1).float()
     pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1)
     return torch.nn.functional.normalize(pooled, dim=1)[0].numpy()

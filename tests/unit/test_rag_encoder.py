@@ -1,0 +1,57 @@
+"""The embedding model's encoder (streams/rag/minilm.py) is transformers' BertModel bit for bit, without its imports."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModel, AutoTokenizer
+
+from streams.rag.embedding import MAX_TOKENS, model_dir
+from streams.rag.minilm import BertShape, MiniLM
+
+TEXTS = [
+    "hello world",
+    "Kafka keeps each partition's records in order; consumers in a group share the partitions.",
+    "The spare turbine for the Oskarsund dam is stored in warehouse nineteen. " * 30,  # past the 256-token window
+]
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[MiniLM, torch.nn.Module, object]:
+    folder = model_dir()
+    return MiniLM.load(folder), AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("texts", [TEXTS, TEXTS[:1]], ids=["padded batch", "one text, no padding"])
+def test_the_last_hidden_states_equal_transformers_bert_bit_for_bit(models: tuple, texts: list[str]) -> None:
+    ours, theirs, tokenizer = models
+    encoded = tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt")
+    with torch.inference_mode():
+        expected = theirs(**encoded).last_hidden_state
+        got = ours(encoded["input_ids"], encoded["attention_mask"])
+    real = encoded["attention_mask"].bool()  # padding positions are never pooled
+    assert got.shape == expected.shape
+    assert torch.equal(got[real], expected[real])
+
+
+def test_a_config_that_is_not_bert_with_gelu_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "roberta", "hidden_act": "gelu"}')
+    with pytest.raises(ValueError, match="not a BERT encoder"):
+        BertShape.from_config(tmp_path / "config.json")
+
+
+def test_loading_the_embedder_imports_no_torch_compile_machinery() -> None:
+    """transformers' BERT modeling code imports torch._dynamo (~2.5 s of every rag start on 2 cores)."""
+    code = (
+        "import sys\n"
+        "from streams.rag.embedding import Embedder\n"
+        "Embedder().embed(['hello'])\n"
+        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'triton') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
