@@ -27,6 +27,7 @@ from streams.rag.retriever import Retriever
 from streams.rag.search import Searcher
 from streams.service import Consumer, ServiceOptions
 from streams.service.consumer import grants_of
+from streams.service.app import exit_if_clients_hang
 from streams.service.runner import ConsumerService
 from streams.topic_watch import TopicsGone, gone_topics, watch_topics
 
@@ -113,7 +114,8 @@ def reading_tables(consumer: Consumer[Any]) -> Consumer[Any]:
 
 
 async def run_rag(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM, then drain both consumers and close the index.
+    """Serve until SIGINT/SIGTERM, then drain both consumers and close the index (exit 0, also when the broker is
+    gone: the clients then get streams.service.app's grace to stop).
 
     Raises :class:`TopicsGone`, after the same drain, when topics its start created vanished from the cluster."""
     service = RagService(settings)
@@ -136,6 +138,12 @@ async def run_rag(settings: Settings) -> None:
         await stop.wait()
     finally:
         watch.cancel()
-        await service.stop()
+        # The drains are bounded; stopping the Kafka clients is not when the broker or the topics are gone.
+        await asyncio.gather(*(s.drain() for s in service.services))
+        watchdog = exit_if_clients_hang(topics_gone=bool(gone))
+        try:
+            await service.stop()
+        finally:
+            watchdog.cancel()
     if gone:
         raise TopicsGone(gone)

@@ -66,8 +66,7 @@ async def serve(service: ConsumerService, *, companions: Sequence[ConsumerServic
     """
     app = create_app(service, companions=companions)
     gone: list[str] = []
-    watchdog = threading.Timer(CLIENT_STOP_GRACE_S, lambda: _exit_stuck_clients(watchdog.interval, 1 if gone else 0))
-    watchdog.daemon = True
+    watchdog: threading.Timer | None = None
     topic_watch: asyncio.Task[None] | None = None
 
     def topics_gone(names: list[str]) -> None:
@@ -87,18 +86,27 @@ async def serve(service: ConsumerService, *, companions: Sequence[ConsumerServic
     @app.on_shutdown
     async def _arm_watchdog() -> None:
         # Runs after the drain (hooks run in the order they were added).
+        nonlocal watchdog
         if topic_watch is not None:
             topic_watch.cancel()
-        if gone:
-            watchdog.interval = GONE_CLIENT_STOP_GRACE_S
-        watchdog.start()
+        watchdog = exit_if_clients_hang(topics_gone=bool(gone))
 
     try:
         await app.run()
     finally:
-        watchdog.cancel()
+        if watchdog is not None:
+            watchdog.cancel()
     if gone:
         raise TopicsGone(gone)
+
+
+def exit_if_clients_hang(*, topics_gone: bool) -> threading.Timer:
+    """Armed after a drain: exits the process (0, or 1 when its topics are gone) unless cancelled within the grace."""
+    grace_s = GONE_CLIENT_STOP_GRACE_S if topics_gone else CLIENT_STOP_GRACE_S
+    timer = threading.Timer(grace_s, _exit_stuck_clients, args=(grace_s, 1 if topics_gone else 0))
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _exit_stuck_clients(grace_s: float, status: int) -> None:

@@ -17,9 +17,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from streams.testing.reliability import WORKER_ENV
 from streams.testing.stack import Stack, running_stack, spawn_process, wait_ready
-from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
+from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
+from tests.rag_stack import start_rag, wait_rag_ready
 
-pytestmark = [pytest.mark.kafka, pytest.mark.model]
+pytestmark = [pytest.mark.kafka]
 
 GONE_AFTER_S = 3.0
 WORKER_EXIT_TIMEOUT_S = 60.0
@@ -56,6 +57,7 @@ def _answer(stack: Stack) -> str:
     return str(response.json()["choices"][0]["message"]["content"])
 
 
+@pytest.mark.model
 def test_deleted_topics_are_recreated_by_the_edge_and_by_a_restarted_worker(stack: tuple[Stack, Path]) -> None:
     running, logs = stack
     edge, worker = (next(p for p in running.processes if p.name == name) for name in ("edge", "worker"))
@@ -83,3 +85,19 @@ def test_deleted_topics_are_recreated_by_the_edge_and_by_a_restarted_worker(stac
     running.processes.append(spawn_process("worker-restarted", ["worker"], running.env, logs))
     wait_ready(running, timeout_s=120.0)
     assert _answer(running)
+
+
+def test_the_rag_service_whose_topics_are_deleted_drains_and_exits_1_naming_them(
+        kafka_bootstrap: str, tmp_path: Path) -> None:  # noqa: F811
+    prefix = unique_topic("rag-gone")
+    rag = start_rag(kafka_bootstrap, prefix, tmp_path / "state", tmp_path,
+                    env={"SPECSTREAM_DELIVERY__MISSING_TOPIC_RESTART_S": str(GONE_AFTER_S)})
+    try:
+        wait_rag_ready(rag, kafka_bootstrap, prefix)
+        deleted = asyncio.run(_topics(kafka_bootstrap, prefix, delete=True))
+        assert f"{prefix}.retrieval" in deleted
+        assert rag.popen.wait(WORKER_EXIT_TIMEOUT_S) == 1, rag.tail()
+        assert "topics gone from the cluster:" in rag.tail()
+    finally:
+        if rag.popen.poll() is None:
+            rag.popen.kill()
