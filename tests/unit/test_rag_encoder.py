@@ -1,8 +1,6 @@
 """The embedding model's encoder (streams/rag/minilm.py) is transformers' BertModel bit for bit, without its imports."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,7 @@ from transformers import AutoModel, AutoTokenizer
 
 from streams.rag.embedding import MAX_TOKENS, model_dir
 from streams.rag.minilm import BertShape, MiniLM
+from tests.import_checks import compiler_modules_after
 
 TEXTS = [
     "hello world",
@@ -45,13 +44,4 @@ def test_a_config_that_is_not_bert_with_gelu_is_refused_by_name(tmp_path: Path) 
 
 def test_loading_the_embedder_imports_no_torch_compile_machinery() -> None:
     """transformers' BERT modeling code imports torch._dynamo (~2.5 s of every rag start on 2 cores)."""
-    code = (
-        "import sys\n"
-        "from streams.rag.embedding import Embedder\n"
-        "Embedder().embed(['hello'])\n"
-        "print(sorted(m for m in ('torch._dynamo', 'torch._inductor', 'triton') if m in sys.modules))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[2])
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert compiler_modules_after("from streams.rag.embedding import Embedder\nEmbedder().embed(['hello'])") == []

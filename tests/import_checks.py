@@ -1,0 +1,19 @@
+"""What a fresh interpreter has imported after running some code: for the tests that keep torch's compiler stack
+(torch._dynamo drags inductor and triton in, 5-8 s of a start on 2 cores) out of our processes' starts."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+COMPILER_MODULES = ("torch._dynamo", "torch._inductor", "triton")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def compiler_modules_after(code: str) -> list[str]:
+    """The compiler modules loaded once ``code`` ran in a new interpreter (in the checkout's root)."""
+    probe = f"{code}\nimport sys\nprint(sorted(m for m in {COMPILER_MODULES!r} if m in sys.modules))\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.strip().splitlines()[-1])
