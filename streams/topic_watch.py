@@ -86,6 +86,9 @@ async def watch_topics(kafka: Connectable, names: Collection[str], *, gone_after
             except (KafkaError, OSError, TimeoutError) as error:
                 log.debug("topic watch: look-up failed (%r); not counted", error)
                 continue
+            except Exception as error:  # noqa: BLE001 - a watch that ended here would leave the process unwatched
+                log.warning("topic watch: look-up failed unexpectedly (%r); not counted", error)
+                continue
             gone = missing.observe(existing, time.monotonic())
             if gone:
                 on_gone(gone)

@@ -4,6 +4,12 @@ With real Kafka: tests/integration/test_reliability_topics.py (topics deleted un
 """
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+from aiokafka.errors import KafkaConnectionError
+
+from streams import kafka_io
 from streams.topic_watch import MissingTopics, TopicsGone, watch_topics
 
 WINDOW_S = 30.0
@@ -42,3 +48,32 @@ async def test_a_zero_window_or_no_topics_watches_nothing() -> None:
     await watch_topics("127.0.0.1:1", ["requests"], gone_after_s=0, on_gone=calls.append, client_id="t")
     await watch_topics("127.0.0.1:1", [], gone_after_s=WINDOW_S, on_gone=calls.append, client_id="t")
     assert calls == []
+
+
+class _FlakyAdmin:
+    """An admin client whose look-ups fail, once in a way nobody expected, and then find no topics."""
+
+    def __init__(self) -> None:
+        self.failures: list[Exception] = [KafkaConnectionError("broker restarting"), RuntimeError("surprise")]
+        self.closed = False
+
+    async def start(self) -> None:
+        pass
+
+    async def list_topics(self) -> list[str]:
+        if self.failures:
+            raise self.failures.pop(0)
+        return []
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_failed_lookups_are_not_counted_and_do_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = _FlakyAdmin()
+    monkeypatch.setattr(kafka_io, "make_admin", lambda kafka, client_id: admin)
+    calls: list[list[str]] = []
+    await asyncio.wait_for(watch_topics("unused:9092", ["requests"], gone_after_s=0.15, on_gone=calls.append,
+                                        client_id="t"), timeout=10)
+    assert calls == [["requests"]]
+    assert admin.failures == [] and admin.closed
