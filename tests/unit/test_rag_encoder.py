@@ -1,4 +1,5 @@
-"""The embedding model's encoder (streams/rag/minilm.py) is transformers' BertModel bit for bit, without its imports."""
+"""The embedding model's tokenizer and encoder (streams/rag/minilm.py) give transformers' token ids and BertModel's
+states bit for bit, without importing transformers."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,6 +11,7 @@ from transformers import AutoModel, AutoTokenizer
 from streams.rag.embedding import MAX_TOKENS, model_dir
 from streams.rag.minilm import BertShape, MiniLM
 from tests.import_checks import compiler_modules_after
+from tests.rag_support import shared_embedder
 
 TEXTS = [
     "hello world",
@@ -36,12 +38,25 @@ def test_the_last_hidden_states_equal_transformers_bert_bit_for_bit(models: tupl
     assert torch.equal(got[real], expected[real])
 
 
+def test_the_embedders_token_ids_equal_transformers_tokenizer(models: tuple) -> None:
+    _, _, tokenizer = models
+    texts = [*TEXTS, "Ünïcödé, accents and CJK: 東京 — tabs\tand\nnewlines", "", "   "]
+    embedder = shared_embedder()
+    ours = [encoding.ids for encoding in embedder.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    assert ours == tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
+    assert (embedder.cls_id, embedder.sep_id, embedder.pad_id) == (
+        tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id)
+
+
 def test_a_config_that_is_not_bert_with_gelu_is_refused_by_name(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"model_type": "roberta", "hidden_act": "gelu"}')
     with pytest.raises(ValueError, match="not a BERT encoder"):
         BertShape.from_config(tmp_path / "config.json")
 
 
-def test_loading_the_embedder_imports_no_torch_compile_machinery() -> None:
-    """transformers' BERT modeling code imports torch._dynamo (~2.5 s of every rag start on 2 cores)."""
-    assert compiler_modules_after("from streams.rag.embedding import Embedder\nEmbedder().embed(['hello'])") == []
+def test_loading_the_embedder_imports_neither_transformers_nor_torch_compile_machinery() -> None:
+    """transformers' BERT modeling code imports torch._dynamo (~2.5 s of every rag start on 2 cores); transformers
+    itself takes ~1 s more."""
+    loaded = compiler_modules_after("from streams.rag.embedding import Embedder\nEmbedder().embed(['hello'])\n"
+                                    "import sys\nassert 'transformers' not in sys.modules, 'transformers imported'")
+    assert loaded == []
