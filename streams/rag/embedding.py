@@ -121,7 +121,7 @@ class Embedder:
 
 def _tokenizer(folder: Path) -> Tokenizer:
     """The model's tokenizer.json as the `tokenizers` library reads it (what transformers' fast tokenizer wraps, without
-    importing transformers: ~1 s of a start), with the file's truncation and padding off: windows are cut here."""
+    importing transformers: 1-2 s of a start), with the file's truncation and padding off: windows are cut here."""
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     tokenizer.no_truncation()
     tokenizer.no_padding()
