@@ -278,26 +278,32 @@ async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: 
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    request = MetadataRequest(names)
     while True:
-        # The admin's client holds the cluster's broker list from its bootstrap; there is
-        # no public call that sends a metadata request to one chosen broker.
-        node_ids = [broker.nodeId for broker in admin._client.cluster.brokers()]  # noqa: SLF001
-        pending: set[str] = set()
-        answered = 0
-        for node_id in node_ids:
-            try:
-                described = (await admin._client.send(node_id, request)).to_object()["topics"]  # noqa: SLF001
-            except KafkaError:
-                # A broker that cannot be reached cannot answer a client with stale metadata either.
-                continue
-            answered += 1
-            pending.update(d["topic"] for d in described if not _has_leaders(d))
-        if answered and not pending:
+        by_broker = await metadata_by_broker(admin, names)
+        pending = {d["topic"] for described in by_broker.values() for d in described if not _has_leaders(d)}
+        if by_broker and not pending:
             return
         if loop.time() > deadline:
             raise KafkaError(f"topics not visible after {timeout_s:.0f}s: {', '.join(sorted(pending))}")
         await asyncio.sleep(0.1)
+
+
+async def metadata_by_broker(admin: AIOKafkaAdminClient, names: list[str]) -> dict[int, list[dict[str, Any]]]:
+    """Each reachable broker's own metadata of the topics, by node id (a describe asks a random broker).
+
+    A broker that cannot be reached is left out: it cannot give a client a stale answer either.
+    """
+    request = MetadataRequest(names)
+    answers: dict[int, list[dict[str, Any]]] = {}
+    # The admin's client holds the cluster's broker list from its bootstrap; there is no public
+    # call that sends a metadata request to one chosen broker.
+    for broker in admin._client.cluster.brokers():  # noqa: SLF001
+        try:
+            response = await admin._client.send(broker.nodeId, request)  # noqa: SLF001
+        except KafkaError:
+            continue
+        answers[broker.nodeId] = response.to_object()["topics"]
+    return answers
 
 
 def _has_leaders(described: dict[str, Any]) -> bool:

@@ -12,7 +12,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.protocol.metadata import MetadataRequest
 
 from infra.kafka.broker import ClusterSpec, kill_node, start_node, status
 from streams import kafka_io
@@ -56,12 +55,8 @@ async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[dict[str, 
 
 async def _error_codes_by_broker(admin: AIOKafkaAdminClient, topic: str) -> dict[int, int]:
     """The topic's metadata error code as each broker answers it (a describe asks a random one)."""
-    codes = {}
-    for broker in admin._client.cluster.brokers():  # noqa: SLF001
-        response = await admin._client.send(broker.nodeId, MetadataRequest([topic]))  # noqa: SLF001
-        (described,) = response.to_object()["topics"]
-        codes[broker.nodeId] = described["error_code"]
-    return codes
+    by_broker = await kafka_io.metadata_by_broker(admin, [topic])
+    return {node_id: described["error_code"] for node_id, (described,) in by_broker.items()}
 
 
 async def _topic_config(admin: AIOKafkaAdminClient, topic: str, name: str) -> str:
