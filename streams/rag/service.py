@@ -27,9 +27,8 @@ from streams.rag.retriever import Retriever
 from streams.rag.search import Searcher
 from streams.service import Consumer, ServiceOptions
 from streams.service.consumer import grants_of
-from streams.service.app import exit_if_clients_hang
+from streams.service.app import StartTopics, exit_if_clients_hang
 from streams.service.runner import ConsumerService
-from streams.topic_watch import TopicsGone, gone_topics, watch_topics
 
 log = logging.getLogger("specstream.rag")
 
@@ -123,27 +122,18 @@ async def run_rag(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    gone: list[str] = []
-
-    def topics_gone(names: list[str]) -> None:
-        log.error("rag: %s: draining, then exiting with status 1 for a restart", gone_topics(names))
-        gone.extend(names)
-        stop.set()
-
+    topics = StartTopics(service.services, stop=stop.set)
     await service.start()
-    watch = asyncio.create_task(watch_topics(
-        settings.kafka, [name for s in service.services for name in s.created_topics], on_gone=topics_gone,
-        gone_after_s=settings.delivery.missing_topic_restart_s, client_id="specstream-rag-topic-watch"))
+    topics.watch()
     try:
         await stop.wait()
     finally:
-        watch.cancel()
+        topics.stop_watching()
         # The drains are bounded; stopping the Kafka clients is not when the broker or the topics are gone.
         await asyncio.gather(*(s.drain() for s in service.services))
-        watchdog = exit_if_clients_hang(topics_gone=bool(gone))
+        watchdog = exit_if_clients_hang(topics_gone=bool(topics.gone))
         try:
             await service.stop()
         finally:
             watchdog.cancel()
-    if gone:
-        raise TopicsGone(gone)
+    topics.raise_if_gone()

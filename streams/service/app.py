@@ -16,7 +16,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from faststream import FastStream
 
@@ -65,39 +65,59 @@ async def serve(service: ConsumerService, *, companions: Sequence[ConsumerServic
     Raises :class:`TopicsGone`, after the same drain, when topics its start created vanished from the cluster.
     """
     app = create_app(service, companions=companions)
-    gone: list[str] = []
+    topics = StartTopics([service, *companions], stop=app.exit)
     watchdog: threading.Timer | None = None
-    topic_watch: asyncio.Task[None] | None = None
-
-    def topics_gone(names: list[str]) -> None:
-        log.error("%s %s: %s: draining, then exiting with status 1 for a restart", service.kind, service.service_id,
-                  gone_topics(names))
-        gone.extend(names)
-        app.exit()
 
     @app.after_startup
     async def _watch_topics() -> None:
-        nonlocal topic_watch
-        names = [name for s in (service, *companions) for name in s.created_topics]
-        topic_watch = asyncio.create_task(watch_topics(
-            service.options.kafka, names, gone_after_s=service.options.missing_topic_restart_s, on_gone=topics_gone,
-            client_id=f"specstream-{service.kind}-{service.service_id}-topic-watch"))
+        topics.watch()
 
     @app.on_shutdown
     async def _arm_watchdog() -> None:
         # Runs after the drain (hooks run in the order they were added).
         nonlocal watchdog
-        if topic_watch is not None:
-            topic_watch.cancel()
-        watchdog = exit_if_clients_hang(topics_gone=bool(gone))
+        topics.stop_watching()
+        watchdog = exit_if_clients_hang(topics_gone=bool(topics.gone))
 
     try:
         await app.run()
     finally:
         if watchdog is not None:
             watchdog.cancel()
-    if gone:
-        raise TopicsGone(gone)
+    topics.raise_if_gone()
+
+
+class StartTopics:
+    """The topics a process's services created at their start, watched (streams.topic_watch): once some are gone,
+    it says so once and calls ``stop`` (the process drains); ``raise_if_gone`` then ends it with TopicsGone."""
+
+    def __init__(self, services: Sequence[ConsumerService], *, stop: Callable[[], object]) -> None:
+        self.services = services
+        self.stop = stop
+        self.gone: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def watch(self) -> None:
+        first = self.services[0]
+        names = [name for s in self.services for name in s.created_topics]
+        self._task = asyncio.create_task(watch_topics(
+            first.options.kafka, names, gone_after_s=first.options.missing_topic_restart_s, on_gone=self._gone,
+            client_id=f"specstream-{first.kind}-{first.service_id}-topic-watch"))
+
+    def stop_watching(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def raise_if_gone(self) -> None:
+        if self.gone:
+            raise TopicsGone(self.gone)
+
+    def _gone(self, names: list[str]) -> None:
+        first = self.services[0]
+        log.error("%s %s: %s: draining, then exiting with status 1 for a restart", first.kind, first.service_id,
+                  gone_topics(names))
+        self.gone.extend(names)
+        self.stop()
 
 
 def exit_if_clients_hang(*, topics_gone: bool) -> threading.Timer:

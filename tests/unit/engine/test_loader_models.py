@@ -22,7 +22,7 @@ from engine.loader import (
 )
 from engine.model import UnsupportedModelError
 from engine.request import EngineRequest, SamplingOptions
-from tests.import_checks import compiler_modules_after
+from tests.import_checks import loaded_after
 
 torch.set_num_threads(1)
 
@@ -80,7 +80,7 @@ def test_sharded_and_bin_checkpoints_load_the_same_model_as_one_safetensors_file
 @pytest.mark.model
 def test_loading_the_default_model_for_serving_imports_no_torch_compile_machinery() -> None:
     """torch._dynamo drags inductor and triton in: 5-8 s of every worker's start on 2 cores, for nothing served."""
-    assert compiler_modules_after(
+    assert loaded_after(
         "from engine.loader import load_model\n"
         "import engine.grammar.matchers, engine.llm_engine, engine.spec.eagle_artifact\n"
         "load_model('smollm2-135m-instruct')"
