@@ -215,8 +215,9 @@ class Edge:
         bind_request(request.request_id,
                      trace_id_hex() or trace_id_of(request.trace.traceparent if request.trace is not None else None))
         stream = self.router.open(request.request_id, deadline=request.deadline)
+        timeout_s = self.settings.edge.publish_timeout_s
         try:
-            await asyncio.wait_for(self.publisher.publish_request(request), timeout=10.0)
+            await asyncio.wait_for(self.publisher.publish_request(request), timeout=timeout_s)
         except asyncio.CancelledError:
             # The client went away while we published; the request may be on the bus already.
             stream.close()
@@ -226,8 +227,10 @@ class Edge:
             stream.close()
             # A timed-out send may still reach the broker later: make sure no worker spends time on it.
             self.publisher.cancel_soon(request.request_id, "publishing failed at the edge")
-            log.warning("edge %s: publishing %s failed: %r", self.edge_id, request.request_id, exc)
-            raise errors.not_ready(f"could not publish the request to Kafka: {exc!r}") from None
+            reason = (f"no acknowledgement within edge.publish_timeout_s ({timeout_s:g} s)"
+                      if isinstance(exc, TimeoutError) else repr(exc))
+            log.warning("edge %s: publishing %s failed: %s", self.edge_id, request.request_id, reason)
+            raise errors.not_ready(f"could not publish the request to Kafka: {reason}") from None
         if self.tracer is not None:
             self._trace_relay(stream)
         return stream
