@@ -150,6 +150,23 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+def _onednn_bf16_error() -> str | None:
+    """Why oneDNN cannot pack a bf16 weight on this CPU at all, or None."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16))
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+_BF16_GEMM_ERROR = _onednn_bf16_error()
+# oneDNN's bf16 GEMM (the bf16 format, and the wide copy of int4/int8) refuses CPUs without AVX-512 BW/VL/DQ or
+# AVX-NE-CONVERT outright. The engine never loads those formats there (it falls back to fp32, tested in
+# test_quant_engine), so tests of their arithmetic cannot run on such a CPU.
+needs_bf16_gemm = pytest.mark.skipif(
+    _BF16_GEMM_ERROR is not None, reason=f"this CPU cannot run oneDNN's bf16 GEMM: {_BF16_GEMM_ERROR}")
+
+
 @pytest.fixture(scope="module")
 def every_format_runs() -> Iterator[None]:
     """The CPU reads as one that runs every weight format (AVX-512 with BF16).

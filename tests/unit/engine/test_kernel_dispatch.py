@@ -15,6 +15,7 @@ from _engine_factories import (  # noqa: F401
     kv_bytes_for,
     loaded_from_hf,
     make_engine,
+    needs_bf16_gemm,
     random_prompts,
     single_thread,
     tiny_hf_model,
@@ -178,6 +179,7 @@ def _packed_windows(engine: Any) -> set[PackedRows]:
     return {m._packed.rows for m in engine.model.modules() if isinstance(m, PrepackedLinear)}
 
 
+@needs_bf16_gemm
 def test_fixed_dispatch_keeps_the_old_thresholds() -> None:
     engine = make_engine(tiny_hf_model("llama"), kernel_dispatch="fixed")
     assert _packed_windows(engine) == {PackedRows(4, 48)}
@@ -218,6 +220,7 @@ def _quant_window(engine: LLMEngine) -> int | None:
     return windows.pop()
 
 
+@needs_bf16_gemm
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_auto_dispatch_keeps_speculative_text_equal_to_plain(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fmt: str
@@ -238,6 +241,7 @@ def test_auto_dispatch_keeps_speculative_text_equal_to_plain(
     assert outs[1].spec.drafted > 0
 
 
+@needs_bf16_gemm
 def test_turning_speculation_off_keeps_the_kernels_it_would_verify_on(monkeypatch: pytest.MonkeyPatch) -> None:
     # int8 timings measured on the AMD EPYC: the bf16 copy wins from 4 rows on, a crossover inside one
     # request's 1..9 row steps. An engine with speculation off must choose the window an engine with it on

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from _engine_factories import every_format_runs, single_thread  # noqa: F401  (fixtures)
+from _engine_factories import every_format_runs, needs_bf16_gemm, single_thread  # noqa: F401  (fixtures)
 
 from bench.workloads import CODE_EDIT, OPEN_QUESTION, RAG_ANSWER, Workload
 from engine.config import EngineConfig, SpeculationConfig
@@ -42,6 +42,7 @@ def test_int4_codes_are_the_gguf_files_own_weights() -> None:
             assert torch.equal(int4[name].dequantize(), module.weight), name
 
 
+@needs_bf16_gemm
 def test_int4_weights_stay_within_1_3x_of_the_gguf_file() -> None:
     file_bytes = KNOWN_MODELS[MODEL].locate().stat().st_size
     lean = _engine("int4", speculate=False, wide=False)
@@ -89,7 +90,7 @@ def engine_pair() -> EnginePair:
 @pytest.mark.parametrize(
     ("fmt", "params"),
     [
-        pytest.param(f, p, id=f"{f}-{kind}")
+        pytest.param(f, p, id=f"{f}-{kind}", marks=[] if f == "fp32" else [needs_bf16_gemm])
         for f in ("fp32", "int4", "int8", "bf16")
         for kind, p in (("greedy", PARAMS[0]), ("seeded", PARAMS[1]))
     ],
@@ -107,6 +108,7 @@ def test_speculation_keeps_each_formats_own_tokens_on_the_benchmark_prompts(
     assert drafted > 0
 
 
+@needs_bf16_gemm
 def test_a_bf16_requests_seeded_tokens_do_not_depend_on_prefills_sharing_its_steps(engine_pair: EnginePair) -> None:
     # The scheduler fills a step's token budget with other requests' prefill chunks, so a decode row
     # runs in a call of hundreds of rows; oneDNN rounds such calls differently from a 1-row one on

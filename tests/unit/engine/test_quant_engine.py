@@ -11,6 +11,7 @@ from _engine_factories import (  # noqa: F401  (fixtures)
     every_format_runs,
     loaded_from_hf,
     make_engine,
+    needs_bf16_gemm,
     random_prompts,
     single_thread,
     tiny_hf_model,
@@ -46,6 +47,7 @@ def _tokens(engine: Any, ids: list[int]) -> dict[str, list[int]]:
     return {k: r.token_ids for k, r in res.items()}
 
 
+@needs_bf16_gemm
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_the_requested_format_is_what_runs(target: Any, fmt: str) -> None:
     engine = make_engine(target, weights=fmt)
@@ -57,6 +59,7 @@ def test_the_requested_format_is_what_runs(target: Any, fmt: str) -> None:
     assert not any(isinstance(m, torch.nn.Linear) for m in engine.model.modules())
 
 
+@needs_bf16_gemm
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_speculation_keeps_the_quantized_models_own_tokens_one_request_at_a_time(target: Any, fmt: str) -> None:
     # 1 + 4 drafts stay inside the quantized kernel's row window: the same kernel as plain decoding.
@@ -66,7 +69,7 @@ def test_speculation_keeps_the_quantized_models_own_tokens_one_request_at_a_time
         )
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", [pytest.param("bf16", marks=needs_bf16_gemm), "int8", "int4"])
 def test_with_one_kernel_for_every_row_count_speculation_keeps_the_tokens_in_any_batch(target: Any, fmt: str) -> None:
     # bf16 has one kernel; int4/int8 without the wide copy run every step on the quantized one.
     # Either way a row's output does not depend on the step's other rows. (With the bf16 copy,
@@ -80,6 +83,7 @@ def test_with_one_kernel_for_every_row_count_speculation_keeps_the_tokens_in_any
     }
 
 
+@needs_bf16_gemm
 def test_quantized_models_differ_from_fp32_only_slightly(target: Any) -> None:
     # Not a format silently left at fp32, not a broken one: logits close to fp32's, not equal.
     ids = torch.tensor(PROMPTS[0])

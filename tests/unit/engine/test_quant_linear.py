@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 import torch.nn.functional as F
+from _engine_factories import needs_bf16_gemm
 
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantizedTensor, quantize
@@ -21,7 +22,7 @@ def _reference(qt: QuantizedTensor, x: torch.Tensor, bias: torch.Tensor | None) 
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
-@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("wide", [False, pytest.param(True, marks=needs_bf16_gemm)])  # the wide copy is a bf16 GEMM
 @pytest.mark.parametrize("shape", [(192, 576), (200, 96)])  # the default model's k/v rows; an output not a multiple of 64
 def test_quantized_linear_matches_the_dequantized_matmul_at_every_row_count(
     fmt: str, wide: bool, shape: tuple[int, int]
@@ -46,6 +47,7 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
     torch.set_num_threads(before)
 
 
+@needs_bf16_gemm
 @pytest.mark.parametrize("fmt", ["bf16", "int4", "int8"])
 def test_a_rows_output_does_not_depend_on_how_many_rows_the_step_has(fmt: str, threads: int) -> None:
     # The default model's down projection (in 1536): the shape where oneDNN's 1-row bf16 GEMM
@@ -68,6 +70,7 @@ def test_a_rows_output_does_not_depend_on_how_many_rows_the_step_has(fmt: str, t
             assert torch.equal(layer(x[r : r + 1]), wide[r : r + 1]), f"bf16 row {r} alone"
 
 
+@needs_bf16_gemm
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_few_row_steps_run_the_quantized_kernel_and_wider_steps_the_bf16_copy(fmt: str) -> None:
     layer = QuantizedLinear(quantize(torch.randn(64, 64), fmt), None, wide=True)  # type: ignore[arg-type]
@@ -81,6 +84,7 @@ def test_few_row_steps_run_the_quantized_kernel_and_wider_steps_the_bf16_copy(fm
     assert seen == ["quant", "quant", "bf16", "bf16"]
 
 
+@needs_bf16_gemm
 def test_without_the_wide_copy_every_step_runs_the_quantized_kernel_and_keeps_a_quarter_of_bf16() -> None:
     qt = quantize(torch.randn(256, 512), "int4")
     lean = QuantizedLinear(qt, None, wide=False)
