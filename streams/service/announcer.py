@@ -51,6 +51,7 @@ class Announcer:
         self.started_at = time.time()
         self.state: State = "starting"
         self._heartbeat: asyncio.Task[None] | None = None
+        self.muted: str | None = None  # why announcing stopped (its topic is gone); None: announcing
 
     def current(self) -> ServiceAnnouncement:
         return ServiceAnnouncement(
@@ -59,9 +60,16 @@ class Announcer:
             metrics_url=self.metrics_url, at=time.time(), **self.extra(),
         )
 
+    def mute(self, reason: str) -> None:
+        """Announce nothing more: a send to a topic that is gone could only wait out ANNOUNCE_TIMEOUT_S."""
+        self.muted = reason
+        log.info("%s %s: no more announcements: %s", self.kind, self.service_id, reason)
+
     async def announce(self, state: State | None = None) -> None:
         if state is not None:
             self.state = state
+        if self.muted is not None:
+            return
         value = kafka_io.encode(self.current())
         try:
             await asyncio.wait_for(self._send(self.topic, announcement_key(self.kind, self.service_id), value),

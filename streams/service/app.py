@@ -117,6 +117,9 @@ class StartTopics:
         log.error("%s %s: %s: draining, then exiting with status 1 for a restart", first.kind, first.service_id,
                   gone_topics(names))
         self.gone.extend(names)
+        for service in self.services:
+            if service.announcer.topic in names:  # its drain's announcements could never be acknowledged
+                service.announcer.mute(f"its topic {service.announcer.topic} is gone")
         self.stop()
 
 

@@ -6,6 +6,7 @@ Real broker, real edge and engine worker as subprocesses (streams.testing.stack)
 from __future__ import annotations
 
 import asyncio
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -69,6 +70,8 @@ def test_deleted_topics_are_recreated_by_the_edge_and_by_a_restarted_worker(stac
     # The worker drains and exits with status 1, naming what is gone, for its supervisor to restart it.
     assert worker.popen.wait(WORKER_EXIT_TIMEOUT_S) == 1, worker.tail()
     assert "topics gone from the cluster:" in worker.tail()
+    # Its services topic is gone too: the drain announces nothing (each try would wait out 3 s, unacknowledged).
+    assert not re.search(r"could not announce (draining|stopped)", worker.log.read_text(errors="replace")), worker.tail()
 
     # The edge stays up and connects again, which recreates its topics (its reply topic among them).
     deadline = time.monotonic() + 30.0

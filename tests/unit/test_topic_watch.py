@@ -77,3 +77,30 @@ async def test_failed_lookups_are_not_counted_and_do_not_end_the_watch(monkeypat
                                         client_id="t"), timeout=10)
     assert calls == [["requests"]]
     assert admin.failures == [] and admin.closed
+
+
+async def test_a_service_whose_services_topic_is_gone_announces_nothing_more_while_it_drains() -> None:
+    from types import SimpleNamespace
+
+    from streams.service.announcer import Announcer
+    from streams.service.app import StartTopics
+
+    sent: list[str] = []
+
+    async def send(topic: str, key: bytes, value: bytes) -> None:
+        sent.append(topic)
+
+    def service(services_topic: str) -> SimpleNamespace:
+        return SimpleNamespace(kind="k", service_id="s",
+                               announcer=Announcer(send, services_topic, kind="k", service_id="s", heartbeat_s=1.0))
+
+    gone_topic, kept_topic = service("p.services"), service("q.services")
+    stopped: list[bool] = []
+    topics = StartTopics([gone_topic, kept_topic], stop=lambda: stopped.append(True))  # type: ignore[list-item]
+    topics._gone(["p.requests", "p.services"])
+    await gone_topic.announcer.announce("draining")
+    await kept_topic.announcer.announce("draining")
+    assert sent == ["q.services"] and stopped == [True]
+    assert gone_topic.announcer.muted == "its topic p.services is gone"
+    with pytest.raises(TopicsGone, match="p.requests, p.services"):
+        topics.raise_if_gone()
