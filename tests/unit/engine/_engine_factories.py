@@ -175,7 +175,8 @@ def every_format_runs() -> Iterator[None]:
     int4/int8/bf16: a speed decision (torch runs those kernels there too, as
     slower scalar loops), tested on its own in test_quant_engine. Tests of a
     format's own arithmetic and tokens use this so that they check the format
-    on every CPU, not fp32 under its name.
+    on every CPU, not fp32 under its name; those that need oneDNN's bf16 GEMM
+    are also marked ``needs_bf16_gemm``, the one thing a CPU cannot be made to run.
     """
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True)))
