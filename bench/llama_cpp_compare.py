@@ -98,7 +98,7 @@ def model_files(root: Path, bindir: Path) -> dict[str, Path]:
     F32 is the shipped file dequantized (what our fp32 conversion holds too), made by
     llama-quantize rather than convert_hf_to_gguf.py, which would need sentencepiece.
     """
-    from engine.loader import KNOWN_MODELS
+    from engine.model_ref import KNOWN_MODELS
 
     models = root / "models"
     models.mkdir(parents=True, exist_ok=True)
@@ -201,7 +201,7 @@ def weight_memory() -> list[str]:
     """int4's resident weights (without and with the bf16 copy for wide steps) against the GGUF file."""
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.loader import KNOWN_MODELS
+    from engine.model_ref import KNOWN_MODELS
     from engine.quant.apply import weight_bytes
 
     file_bytes = KNOWN_MODELS[MODEL].locate().stat().st_size

