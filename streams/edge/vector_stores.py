@@ -36,7 +36,7 @@ from streams.edge.vector_store_bodies import (
     search_result,
     store_object,
 )
-from streams.rag.filters import to_qdrant
+from streams.rag.filters import check_filter
 from streams.rag.jobs import new_id, new_store
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); the errors every route may answer:
@@ -241,7 +241,7 @@ async def search(store_id: str, request: Request, caller: Principal = Depends(pr
     """The store's best chunks for a query (`max_num_results`, attribute `filters`)."""
     body = await _body(request, Search)
     try:
-        to_qdrant(body.filters)
+        check_filter(body.filters)
     except ValueError as error:
         raise _invalid(f"Invalid value for 'filters': {error}", "filters") from None
     rag = await _rag(request)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from engine.grammar.constraint import ConstraintError, check_schema
 from schemas.events import OutputConstraint, ToolSpec
 from streams.edge import errors
+from streams.rag.filters import check_filter
 
 MAX_TOOLS = 64  # a longer tool list would crowd out the conversation in a small model's context
 _NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names
@@ -115,10 +116,8 @@ def file_search(tools: list[Tool] | None) -> FileSearchTool | None:
     if len(searches) > 1:
         raise _bad("At most one 'file_search' tool may be given.", "tools")
     if searches and searches[0].filters is not None:
-        from streams.rag.filters import to_qdrant  # qdrant's models only when a filter is given
-
         try:
-            to_qdrant(searches[0].filters)
+            check_filter(searches[0].filters)
         except ValueError as error:
             raise _bad(f"Invalid value for 'tools[].filters': {error}", "tools") from None
     return searches[0] if searches else None
