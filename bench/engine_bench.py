@@ -391,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoConfig
 
-    from engine.loader import load_tokenizer, resolve_model_dir
+    from engine.loader import resolve_model_dir
+    from engine.model_text import load_tokenizer
 
     cfg = AutoConfig.from_pretrained(resolve_model_dir("smollm2-135m-instruct"))
     params = _count_params(cfg)

@@ -45,7 +45,7 @@ TARGETS = ("llama-bench", "llama-lookup", "llama-server", "llama-quantize")
 
 
 def _cache() -> Path:
-    from engine.loader import cache_root
+    from engine.model_ref import cache_root
 
     return cache_root().parent / "llama.cpp"
 
@@ -114,7 +114,7 @@ def model_files(root: Path, bindir: Path) -> dict[str, Path]:
 
 
 def prompts_text() -> dict[str, str]:
-    from engine.loader import load_tokenizer
+    from engine.model_text import load_tokenizer
 
     tok = load_tokenizer(MODEL)
     return {w.name: tok.apply_chat_template(w.messages, add_generation_prompt=True, tokenize=False) for w in ALL}

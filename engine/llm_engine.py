@@ -39,7 +39,8 @@ from engine.engine_setup import (
 from engine.grammar.matchers import ConstrainedRows, Matchers
 from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
-from engine.loader import LoadedModel, apply_weights, cache_root, load_model
+from engine.loader import LoadedModel, apply_weights, load_model
+from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
 from engine.outputs import RequestOutput, RequestOutputAccum, SpecCounters

@@ -17,13 +17,11 @@ place, so a crash or a concurrent start never leaves a half-written model.
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,55 +29,10 @@ from typing import Any
 import torch
 
 from engine.model import Decoder, DecoderConfig, UnsupportedModelError
-from engine.model_ref import check_model_ref, gguf_for, is_model_dir
+from engine.model_ref import cache_root, check_model_ref, converted_dir, gguf_for, is_model_dir
+from engine.model_text import CHATML_TEMPLATE, Progress, noop, tokenizer_from_folder
 
-Progress = Callable[[str], None]
-
-
-# SmolLM2's own ChatML template. The SmolLM2 GGUF carries its template in
-# `tokenizer.chat_template`, so this is only a fallback for GGUF files that lack one.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-def _noop(_: str) -> None:
-    pass
-
-
-def cache_root() -> Path:
-    """Where converted models live: $SPECSTREAM_CACHE_DIR/models, default ~/.cache/specstream/models."""
-    base = os.environ.get("SPECSTREAM_CACHE_DIR")
-    root = Path(base) if base else Path.home() / ".cache" / "specstream"
-    return root / "models"
-
-
-_KEY_SPAN = 4 << 20  # bytes read at each end of a GGUF for its cache key
-
-
-def gguf_fingerprint(gguf: Path) -> str:
-    # Content, not path or mtime: every clone reinstalls the package (new path, new
-    # mtime) and would otherwise convert again. The head holds the GGUF's metadata and
-    # tensor index, the tail the last tensors; with the size that tells files apart
-    # in milliseconds where hashing gigabytes would not.
-    size = gguf.stat().st_size
-    digest = hashlib.sha256(f"{gguf.name}:{size}".encode())
-    with gguf.open("rb") as f:
-        digest.update(f.read(_KEY_SPAN))
-        f.seek(max(0, size - _KEY_SPAN))
-        digest.update(f.read(_KEY_SPAN))
-    return digest.hexdigest()[:12]
-
-
-def converted_dir(gguf: Path, name: str) -> Path:
-    """The cache folder a GGUF converts to (it may not exist yet)."""
-    return cache_root() / f"{name}-{gguf_fingerprint(gguf)}"
-
-
-def convert_gguf(gguf: Path, name: str, progress: Progress = _noop) -> Path:
+def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     """Dequantise a GGUF into a safetensors model folder once; returns the folder."""
     final = converted_dir(gguf, name)
     if is_model_dir(final):
@@ -117,46 +70,13 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = _noop) -> Path:
     return final
 
 
-def resolve_model_dir(name_or_path: str, progress: Progress = _noop) -> Path:
+def resolve_model_dir(name_or_path: str, progress: Progress = noop) -> Path:
     """A local HF model folder for the reference, converting a GGUF on first use."""
     gguf = gguf_for(name_or_path)
     if gguf is not None:
         return convert_gguf(gguf[0], gguf[1], progress)
     check_model_ref(name_or_path)
     return Path(name_or_path).expanduser().resolve()
-
-
-def load_tokenizer(name_or_path: str, progress: Progress = _noop) -> Any:
-    """The tokenizer alone. For a GGUF not converted yet it is read from the GGUF
-    directly (seconds) rather than converting the whole model."""
-    from transformers import AutoTokenizer
-
-    gguf = gguf_for(name_or_path)
-    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
-        progress("loading tokenizer from GGUF ...")
-        tokenizer = AutoTokenizer.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
-        if not tokenizer.chat_template:
-            tokenizer.chat_template = CHATML_TEMPLATE  # see convert_gguf
-        return tokenizer
-    return AutoTokenizer.from_pretrained(resolve_model_dir(name_or_path, progress))
-
-
-def model_context(name_or_path: str) -> int:
-    """The longest sequence the model handles exactly (as LoadedModel.max_context), from its config alone.
-
-    Neither loads weights nor converts a GGUF, so a front end (the edge) can check prompt lengths in seconds.
-    """
-    from transformers import AutoConfig
-
-    gguf = gguf_for(name_or_path)
-    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
-        hf_config = AutoConfig.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
-    else:
-        hf_config = AutoConfig.from_pretrained(resolve_model_dir(name_or_path))
-    cfg = DecoderConfig.from_hf(hf_config)
-    if cfg.attention_window:
-        return min(cfg.max_position_embeddings, cfg.attention_window)
-    return cfg.max_position_embeddings
 
 
 def resolve_device(device: str) -> torch.device:
@@ -265,9 +185,9 @@ def load_model(
 
     max_positions: size of the RoPE tables (default: the model's context).
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    say = progress or _noop
+    say = progress or noop
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     path = resolve_model_dir(name_or_path, say)
@@ -276,7 +196,7 @@ def load_model(
 
     t0 = time.perf_counter()
     say(f"loading tokenizer from {path} ...")
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = tokenizer_from_folder(path)  # as the edge loads it: the same class, the same counts
     say(f"loading model ({dt}, {dev}) ...")
     positions = max_positions or hf_config.max_position_embeddings
     model = _from_safetensors(path, hf_config, dt, dev, positions)
@@ -314,7 +234,7 @@ def apply_weights(loaded: LoadedModel, requested: str, wide: bool, progress: Pro
     from engine.quant.apply import apply_weight_format
     from engine.quant.formats import resolve_weight_format
 
-    say = progress or _noop
+    say = progress or noop
     resolved = resolve_weight_format(requested, loaded.device)  # type: ignore[arg-type]
     if resolved.note:
         logging.getLogger(__name__).warning(resolved.note)

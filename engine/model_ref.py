@@ -2,11 +2,13 @@
 
 The worker checks its model reference with this before it imports the engine, so a reference that names nothing
 fails in a second with one line instead of after torch's import (seconds on 2 cores; a crash-looping worker pays
-them at every restart). engine.loader resolves the same references to a loadable folder.
+them at every restart). engine.loader resolves the same references to a loadable folder; a GGUF's conversion lives in converted_dir.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,3 +58,32 @@ def check_model_ref(name_or_path: str) -> None:
     raise FileNotFoundError(
         f"model {name_or_path!r} is neither a known model ({known}), a model folder with config.json, nor a .gguf file"
     )
+
+
+def cache_root() -> Path:
+    """Where converted models live: $SPECSTREAM_CACHE_DIR/models, default ~/.cache/specstream/models."""
+    base = os.environ.get("SPECSTREAM_CACHE_DIR")
+    root = Path(base) if base else Path.home() / ".cache" / "specstream"
+    return root / "models"
+
+
+_KEY_SPAN = 4 << 20  # bytes read at each end of a GGUF for its cache key
+
+
+def gguf_fingerprint(gguf: Path) -> str:
+    # Content, not path or mtime: every clone reinstalls the package (new path, new
+    # mtime) and would otherwise convert again. The head holds the GGUF's metadata and
+    # tensor index, the tail the last tensors; with the size that tells files apart
+    # in milliseconds where hashing gigabytes would not.
+    size = gguf.stat().st_size
+    digest = hashlib.sha256(f"{gguf.name}:{size}".encode())
+    with gguf.open("rb") as f:
+        digest.update(f.read(_KEY_SPAN))
+        f.seek(max(0, size - _KEY_SPAN))
+        digest.update(f.read(_KEY_SPAN))
+    return digest.hexdigest()[:12]
+
+
+def converted_dir(gguf: Path, name: str) -> Path:
+    """The cache folder a GGUF converts to (it may not exist yet)."""
+    return cache_root() / f"{name}-{gguf_fingerprint(gguf)}"

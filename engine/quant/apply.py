@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.loader import gguf_fingerprint
+from engine.model_ref import gguf_fingerprint
 from engine.model import Decoder
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import WeightFormat

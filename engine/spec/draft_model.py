@@ -153,7 +153,8 @@ class DraftModelProposer:
         """Load cfg.draft_model next to the loaded target (same device and dtype),
         refusing a draft that does not share the target's tokenizer. The
         tokenizers are compared before the draft's weights are loaded."""
-        from engine.loader import load_model, load_tokenizer
+        from engine.loader import load_model
+        from engine.model_text import load_tokenizer
 
         if not cfg.draft_model:
             raise ValueError("speculation method draft needs draft_model (a path or model name)")

@@ -4,8 +4,8 @@ The validate stage (:mod:`streams.edge.admission.validate`) counts prompt
 tokens with them; the websocket relay uses them to tell which characters of a
 chunk came from accepted draft tokens (:meth:`Tokenizers.draft_chars`).
 
-Loading takes seconds (``engine.loader.load_tokenizer`` and
-``engine.loader.model_context``: a GGUF's tokenizer and config are read
+Loading takes seconds (``engine.model_text.load_tokenizer`` and
+``engine.model_text.model_context``, without torch: a GGUF's tokenizer and config are read
 directly, nothing is converted). If it fails (no such model on this machine),
 the edge still serves and leaves the context check to the worker, whose
 ``context_length_exceeded`` reply maps to the same 400.
@@ -50,7 +50,7 @@ class Tokenizers:
 
     def _load(self, model: str) -> ModelText | None:
         try:
-            from engine.loader import load_tokenizer, model_context
+            from engine.model_text import load_tokenizer, model_context
 
             tokenizer = load_tokenizer(model)
             context = self.max_model_len or min(model_context(model), ENGINE_DEFAULT_MAX_MODEL_LEN)

@@ -66,7 +66,7 @@ def _tiny_target(folder: Path, seed: int) -> Path:
     """A random 2-layer Llama speaking SmolLM2's tokenizer (so chat prompts render as the worker renders them)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.loader import load_tokenizer
+    from engine.model_text import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m-instruct")
     torch.manual_seed(seed)

@@ -129,7 +129,7 @@ def tokenizers() -> Tokenizers:
 
 
 async def test_context_counted_with_the_models_tokenizer_and_chat_template(tokenizers: Tokenizers) -> None:
-    from engine.loader import load_tokenizer
+    from engine.model_text import load_tokenizer
     from streams.worker.intake import prompt_token_ids
 
     request = _request(messages=["What is Kafka?"])
@@ -167,9 +167,21 @@ async def test_without_a_tokenizer_the_length_is_left_to_the_worker() -> None:
 
 
 def test_the_context_of_a_model_comes_from_its_config_without_weights() -> None:
-    from engine.loader import model_context
+    from engine.model_text import model_context
 
     assert model_context(MODEL) == 8192  # SmolLM2-135M's max_position_embeddings, no sliding window
+
+
+def test_the_edge_loads_its_tokenizers_without_torch() -> None:
+    """torch (and transformers' config machinery) cost an edge ~5 s of its start and ~450 MB, for nothing it runs."""
+    from tests.import_checks import loaded_after
+
+    code = ("import asyncio\nfrom streams.edge.tokenizers import Tokenizers\n"
+            "async def main():\n"
+            f"    tokenizers = Tokenizers(({MODEL!r},), None)\n    tokenizers.start()\n"
+            f"    assert (await tokenizers.get({MODEL!r})).context == 2048\n"
+            "asyncio.run(main())")
+    assert loaded_after(code, ("torch", "sympy", "qdrant_client")) == []
 
 
 def test_draft_chars_counts_the_drafted_tokens_characters_or_estimates_them(tokenizers: Tokenizers) -> None:

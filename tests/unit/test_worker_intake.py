@@ -15,7 +15,7 @@ def body(**fields: object) -> dict:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from engine.loader import load_tokenizer
+    from engine.model_text import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 

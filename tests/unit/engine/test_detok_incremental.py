@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.loader import load_tokenizer
+from engine.model_text import load_tokenizer
 
 
 @pytest.fixture(scope="module")

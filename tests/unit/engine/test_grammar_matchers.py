@@ -12,7 +12,7 @@ import torch
 from engine.grammar.bitmask import allowed_tokens, bitmask_words
 from engine.grammar.constraint import ConstraintError, ToolFunction, check_schema, json_constraint, tool_calls_constraint
 from engine.grammar.matchers import ConstrainedRows, Matchers
-from engine.loader import load_tokenizer
+from engine.model_text import load_tokenizer
 from engine.request import RequestRejected
 
 VOCAB = 49152

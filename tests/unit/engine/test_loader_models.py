@@ -12,15 +12,9 @@ from _engine_factories import hf_greedy, tiny_hf_model
 
 from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
-from engine.loader import (
-    cache_root,
-    converted_dir,
-    load_model,
-    resolve_device,
-    resolve_dtype,
-    resolve_model_dir,
-)
+from engine.loader import load_model, resolve_device, resolve_dtype, resolve_model_dir
 from engine.model import UnsupportedModelError
+from engine.model_ref import cache_root, converted_dir
 from engine.request import EngineRequest, SamplingOptions
 from tests.import_checks import loaded_after
 

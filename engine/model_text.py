@@ -1,0 +1,118 @@
+"""A model's tokenizer and context, read from its files without importing torch: for front ends (the edge).
+
+transformers' AutoTokenizer and AutoConfig import its configuration machinery, which imports torch (~3 s and
+~450 MB of an edge process on 2 cores) and, for a Llama config, torch.distributed.tensor and sympy. Most
+tokenizers that transformers 5 writes (every GGUF we convert among them) name their class,
+``TokenizersBackend``, in tokenizer_config.json; for the architectures whose AutoTokenizer resolution is that class
+(tested against AutoTokenizer for each), that class loads directly, with the same result. Anything else goes
+through AutoTokenizer as before. The worker loads its tokenizer the same way (engine.loader), so the edge counts
+tokens exactly as the worker does.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.model_ref import check_model_ref, converted_dir, gguf_for, is_model_dir
+
+Progress = Callable[[str], None]
+
+
+def noop(_: str) -> None:
+    pass
+
+
+# SmolLM2's own ChatML template. The SmolLM2 GGUF carries its template in
+# `tokenizer.chat_template`, so this is only a fallback for GGUF files that lack one.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Architectures whose AutoTokenizer resolution of a tokenizer_config.json naming TokenizersBackend is that class
+# itself (transformers 5's rules; tests/unit/engine/test_model_text.py checks each against AutoTokenizer). qwen2
+# and qwen3 are not among them: AutoTokenizer replaces the class their folders name with Qwen2Tokenizer.
+_BACKEND_ARCHITECTURES = ("llama", "mistral")
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def loads_as_backend(folder: Path) -> bool:
+    """Whether AutoTokenizer would load this folder's tokenizer as TokenizersBackend (so it may be loaded directly)."""
+    declared = _json(folder / "tokenizer_config.json")
+    model_type = _json(folder / "config.json").get("model_type")
+    return (declared.get("tokenizer_class") == "TokenizersBackend" and "auto_map" not in declared
+            and (folder / "tokenizer.json").is_file() and model_type in _BACKEND_ARCHITECTURES)
+
+
+def tokenizer_from_folder(folder: Path) -> Any:
+    if loads_as_backend(folder):
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(folder)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def load_tokenizer(name_or_path: str, progress: Progress = noop) -> Any:
+    """The tokenizer alone. For a GGUF not converted yet it is read from the GGUF
+    directly (seconds) rather than converting the whole model."""
+    gguf = gguf_for(name_or_path)
+    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
+        from transformers import AutoTokenizer
+
+        progress("loading tokenizer from GGUF ...")
+        tokenizer = AutoTokenizer.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
+        if not tokenizer.chat_template:
+            tokenizer.chat_template = CHATML_TEMPLATE  # see engine.loader.convert_gguf
+        return tokenizer
+    return tokenizer_from_folder(_folder(name_or_path))
+
+
+def _folder(name_or_path: str) -> Path:
+    gguf = gguf_for(name_or_path)
+    if gguf is not None:
+        return converted_dir(*gguf)
+    check_model_ref(name_or_path)
+    return Path(name_or_path).expanduser().resolve()
+
+
+def _plain_context(config: dict[str, Any]) -> int | None:
+    """max_position_embeddings, for a Llama config that states it: LlamaConfig has no sliding window and no rule
+    that changes it. Others (mistral's window, qwen2/qwen3's use_sliding_window and max_window_layers, which their
+    config classes resolve into layer types) go through AutoConfig: None."""
+    context = config.get("max_position_embeddings")
+    if config.get("model_type") != "llama" or "layer_types" in config or not isinstance(context, int):
+        return None
+    return context
+
+
+def model_context(name_or_path: str) -> int:
+    """The longest sequence the model handles exactly (as engine.loader.LoadedModel.max_context), from its config
+    alone: neither loads weights nor converts a GGUF, so a front end (the edge) can check prompt lengths."""
+    gguf = gguf_for(name_or_path)
+    if gguf is None or is_model_dir(converted_dir(*gguf)):
+        context = _plain_context(_json(_folder(name_or_path) / "config.json"))
+        if context is not None:
+            return context
+    from transformers import AutoConfig
+
+    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
+        hf_config = AutoConfig.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
+    else:
+        hf_config = AutoConfig.from_pretrained(_folder(name_or_path))
+    from engine.model import DecoderConfig  # torch: AutoConfig has imported it already
+
+    cfg = DecoderConfig.from_hf(hf_config)
+    return min(cfg.max_position_embeddings, cfg.attention_window) if cfg.attention_window else cfg.max_position_embeddings
