@@ -2,7 +2,8 @@
 
 The worker checks its model reference with this before it imports the engine, so a reference that names nothing
 fails in a second with one line instead of after torch's import (seconds on 2 cores; a crash-looping worker pays
-them at every restart). engine.loader resolves the same references to a loadable folder; a GGUF's conversion lives in converted_dir.
+them at every restart). engine.loader resolves the same references to a loadable folder; a GGUF's conversion
+lives in converted_dir.
 """
 from __future__ import annotations
 
