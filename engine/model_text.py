@@ -116,4 +116,6 @@ def model_context(name_or_path: str) -> int:
     from engine.model import DecoderConfig  # torch: AutoConfig has imported it already
 
     cfg = DecoderConfig.from_hf(hf_config)
-    return min(cfg.max_position_embeddings, cfg.attention_window) if cfg.attention_window else cfg.max_position_embeddings
+    if cfg.attention_window:
+        return min(cfg.max_position_embeddings, cfg.attention_window)
+    return cfg.max_position_embeddings
