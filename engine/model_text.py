@@ -1,8 +1,8 @@
 """A model's tokenizer and context, read from its files without importing torch: for front ends (the edge).
 
 transformers' AutoTokenizer and AutoConfig import its configuration machinery, which imports torch and, for a
-Llama config, torch.distributed.tensor and sympy: an edge's tokenizer took 14-18 s of CPU on 2 cores and left the
-edge at ~715 MiB resident (docs/benchmarks.md); without them, 1.5-1.9 s and ~163 MiB. Most
+Llama config, torch.distributed.tensor and sympy: an edge's tokenizer took ~5 s on 2 cores and left the edge at
+~710 MiB resident (docs/benchmarks.md); without them, ~1.5 s and ~160 MiB. Most
 tokenizers that transformers 5 writes (every GGUF we convert among them) name their class,
 ``TokenizersBackend``, in tokenizer_config.json; for the architectures whose AutoTokenizer resolution is that class
 (tested against AutoTokenizer for each), that class loads directly, with the same result. Anything else goes

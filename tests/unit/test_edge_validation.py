@@ -173,7 +173,7 @@ def test_the_context_of_a_model_comes_from_its_config_without_weights() -> None:
 
 
 def test_the_edge_loads_its_tokenizers_without_torch() -> None:
-    """torch and transformers' config machinery cost an edge 14-18 s of CPU at start and ~550 MiB, for nothing it runs."""
+    """torch and transformers' config machinery cost an edge ~3.5 s at start and ~550 MiB, for nothing it runs."""
     from tests.import_checks import loaded_after
 
     code = ("import asyncio\nfrom streams.edge.tokenizers import Tokenizers\n"
