@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
@@ -94,13 +95,25 @@ class LoadProbe:
         tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         ends = await consumer.end_offsets(tps)
         starts = await consumer.beginning_offsets(tps)
-        committed = {tp.partition: meta.offset
-                     for tp, meta in (await admin.list_consumer_group_offsets(self.group_id)).items()
+        committed = {tp.partition: meta.offset for tp, meta in (await self._group_offsets(admin)).items()
                      if tp.topic == self.topic and meta.offset >= 0}
         lag = {tp.partition: max(0, ends[tp] - committed.get(tp.partition, starts[tp])) for tp in tps}
         workers, announced = await self._live_workers()
         in_flight = sum(a.in_flight for a in workers.values())
         return Observation(Load(sum(lag.values()), in_flight, len(tps)), lag, workers, announced)
+
+    async def _group_offsets(self, admin: AIOKafkaAdminClient) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets, retrying what Kafka calls retriable for half the observation's time: a
+        new cluster creates its offsets topic at the first group request, and until it has (a second or two) every
+        group's coordinator is "not available"."""
+        deadline = time.monotonic() + self.timeout_s / 2
+        while True:
+            try:
+                return await admin.list_consumer_group_offsets(self.group_id)
+            except KafkaError as error:
+                if not error.retriable or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(0.2)
 
     async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
         if self._admin is None or self._consumer is None:

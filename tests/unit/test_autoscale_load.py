@@ -124,3 +124,36 @@ async def test_in_flight_is_summed_over_live_engine_workers_only(kafka_bootstrap
         await probe.close()
     assert seen.announced and sorted(seen.workers) == ["w1", "w2"]
     assert seen.load.in_flight == 7 + 2
+
+
+class _ColdCoordinator:
+    """An admin client whose group coordinator answers only after `failures` calls, as on a cluster that is still
+    creating its offsets topic (seen on a fresh broker: GroupCoordinatorNotAvailableError at the first request)."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.failures, self.error, self.calls = failures, error, 0
+
+    async def list_consumer_group_offsets(self, group_id: str) -> dict[TopicPartition, OffsetAndMetadata]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return {TopicPartition("t", 0): OffsetAndMetadata(5, "")}
+
+
+async def test_a_coordinator_not_available_yet_is_asked_again_and_other_errors_are_not() -> None:
+    from aiokafka.errors import GroupAuthorizationFailedError, GroupCoordinatorNotAvailableError
+
+    probe = LoadProbe("127.0.0.1:1", "g", "t", "s", timeout_s=10.0)
+    cold = _ColdCoordinator(2, GroupCoordinatorNotAvailableError())
+    assert await probe._group_offsets(cold) == {TopicPartition("t", 0): OffsetAndMetadata(5, "")}  # type: ignore[arg-type]
+    assert cold.calls == 3
+    refused = _ColdCoordinator(1, GroupAuthorizationFailedError())
+    with pytest.raises(GroupAuthorizationFailedError):
+        await probe._group_offsets(refused)  # type: ignore[arg-type]
+    assert refused.calls == 1
+    # Retried for half the observation's time at most, then the error itself (which observe names).
+    never = _ColdCoordinator(10**6, GroupCoordinatorNotAvailableError())
+    started = time.monotonic()
+    with pytest.raises(GroupCoordinatorNotAvailableError):
+        await LoadProbe("127.0.0.1:1", "g", "t", "s", timeout_s=0.8)._group_offsets(never)  # type: ignore[arg-type]
+    assert 0.4 <= time.monotonic() - started < 0.8
