@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.structs import OffsetAndMetadata
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
+from aiokafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
