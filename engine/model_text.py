@@ -66,27 +66,31 @@ def tokenizer_from_folder(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
+def _files(name_or_path: str) -> tuple[Path | None, Path | None]:
+    """(model folder, None), or (None, GGUF file) for a GGUF not converted yet. Once per call: a GGUF's
+    converted_dir reads 8 MB of it for its fingerprint."""
+    gguf = gguf_for(name_or_path)
+    if gguf is None:
+        check_model_ref(name_or_path)
+        return Path(name_or_path).expanduser().resolve(), None
+    folder = converted_dir(*gguf)
+    return (folder, None) if is_model_dir(folder) else (None, gguf[0])
+
+
 def load_tokenizer(name_or_path: str, progress: Progress = noop) -> Any:
     """The tokenizer alone. For a GGUF not converted yet it is read from the GGUF
     directly (seconds) rather than converting the whole model."""
-    gguf = gguf_for(name_or_path)
-    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
-        from transformers import AutoTokenizer
+    folder, gguf = _files(name_or_path)
+    if folder is not None:
+        return tokenizer_from_folder(folder)
+    assert gguf is not None
+    from transformers import AutoTokenizer
 
-        progress("loading tokenizer from GGUF ...")
-        tokenizer = AutoTokenizer.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
-        if not tokenizer.chat_template:
-            tokenizer.chat_template = CHATML_TEMPLATE  # see engine.loader.convert_gguf
-        return tokenizer
-    return tokenizer_from_folder(_folder(name_or_path))
-
-
-def _folder(name_or_path: str) -> Path:
-    gguf = gguf_for(name_or_path)
-    if gguf is not None:
-        return converted_dir(*gguf)
-    check_model_ref(name_or_path)
-    return Path(name_or_path).expanduser().resolve()
+    progress("loading tokenizer from GGUF ...")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = CHATML_TEMPLATE  # see engine.loader.convert_gguf
+    return tokenizer
 
 
 def _plain_context(config: dict[str, Any]) -> int | None:
@@ -102,19 +106,19 @@ def _plain_context(config: dict[str, Any]) -> int | None:
 def model_context(name_or_path: str) -> int:
     """The longest sequence the model handles exactly (as engine.loader.LoadedModel.max_context), from its config
     alone: neither loads weights nor converts a GGUF, so a front end (the edge) can check prompt lengths."""
-    gguf = gguf_for(name_or_path)
-    if gguf is None or is_model_dir(converted_dir(*gguf)):
-        context = _plain_context(_json(_folder(name_or_path) / "config.json"))
-        if context is not None:
-            return context
+    folder, gguf = _files(name_or_path)
+    context = _plain_context(_json(folder / "config.json")) if folder is not None else None
+    if context is not None:
+        return context
     from transformers import AutoConfig
 
-    if gguf is not None and not is_model_dir(converted_dir(*gguf)):
-        hf_config = AutoConfig.from_pretrained(gguf[0].parent, gguf_file=gguf[0].name)
-    else:
-        hf_config = AutoConfig.from_pretrained(_folder(name_or_path))
     from engine.model import DecoderConfig  # torch: AutoConfig has imported it already
 
+    if folder is not None:
+        hf_config = AutoConfig.from_pretrained(folder)
+    else:
+        assert gguf is not None
+        hf_config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     cfg = DecoderConfig.from_hf(hf_config)
     if cfg.attention_window:
         return min(cfg.max_position_embeddings, cfg.attention_window)

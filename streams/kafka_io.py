@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -52,6 +52,7 @@ from streams.kafka_connection import (
 log = logging.getLogger(__name__)
 
 EventT = TypeVar("EventT", bound=BaseModel)
+ResultT = TypeVar("ResultT")
 
 # No linger: a chunk goes out at once. Batching still happens where it pays:
 # while one produce request to a broker is in flight, the chunks of other
@@ -266,6 +267,22 @@ async def start_admin(admin: AIOKafkaAdminClient, kafka: Connectable, timeout_s:
             raise
         reason = "timed out" if isinstance(error, asyncio.TimeoutError) else (error.args[0] if error.args else error)
         raise KafkaConnectionError(f"cannot reach Kafka at {settings_of(kafka).bootstrap_servers}: {reason}") from error
+
+
+async def retrying(call: Callable[[], Awaitable[ResultT]], *, timeout_s: float, pause_s: float = 0.2) -> ResultT:
+    """``call()``, asked again while Kafka calls its error retriable, for at most ``timeout_s``; then that error.
+
+    A new cluster creates its offsets topic at the first group request, and until it has (a second or two) every
+    group's coordinator is "not available": a group lookup on a fresh cluster needs this.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call()
+        except KafkaError as error:
+            if not error.retriable or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(pause_s)
 
 
 async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:

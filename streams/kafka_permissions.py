@@ -15,7 +15,6 @@ Without an authorizer the broker reports every operation as allowed.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,10 +33,10 @@ from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 from schemas.topics import Topic
 from streams.kafka_acls import OPERATION_CODES, Grant, topics_of
 from streams.kafka_connection import Connectable, KafkaAccessError, not_authorized
-from streams.kafka_io import ensure_topics, make_admin, start_admin
+from streams.kafka_io import ensure_topics, make_admin, retrying, start_admin
 
 _PROBE_SUFFIX = "__specstream-acl-probe"
-_COORDINATOR_ATTEMPTS = 40
+_COORDINATOR_WAIT_S = 20.0  # for a fresh cluster's offsets topic
 _TOPIC_AUTHORIZATION_FAILED = TopicAuthorizationFailedError.errno
 
 
@@ -114,24 +113,25 @@ async def _topic_operations(admin: AIOKafkaAdminClient, topics: list[str] | None
 
 
 async def _group_allows(admin: AIOKafkaAdminClient, group: str, operation: str) -> bool:
-    for _attempt in range(_COORDINATOR_ATTEMPTS):
-        try:
-            coordinator = await admin.find_coordinator(group)
-            response: Any = await admin._send_request(_AuthorizedDescribeGroups(group), coordinator)  # noqa: SLF001
-            error, _name, *_rest, operations = response.groups[0]
-            if error:
-                raise for_code(error)(f"describing group {group}")
-            return _allows(operations, operation)
-        except GroupAuthorizationFailedError:
-            return False
-        except GroupIdNotFound:
-            return True  # DESCRIBE was authorized, or the answer would say so; joining will check READ
-        except KafkaError as error:
-            # A fresh cluster creates and loads its offsets topic on the first coordinator lookup.
-            if not error.retriable:
-                raise
-            await asyncio.sleep(0.5)
-    raise KafkaError(f"kafka: no coordinator answered for group {group}")
+    async def operations() -> int:
+        coordinator = await admin.find_coordinator(group)
+        response: Any = await admin._send_request(_AuthorizedDescribeGroups(group), coordinator)  # noqa: SLF001
+        error, _name, *_rest, allowed = response.groups[0]
+        if error:
+            raise for_code(error)(f"describing group {group}")
+        return allowed
+
+    try:
+        # A fresh cluster creates and loads its offsets topic on the first coordinator lookup.
+        return _allows(await retrying(operations, timeout_s=_COORDINATOR_WAIT_S, pause_s=0.5), operation)
+    except GroupAuthorizationFailedError:
+        return False
+    except GroupIdNotFound:
+        return True  # DESCRIBE was authorized, or the answer would say so; joining will check READ
+    except KafkaError as error:
+        if error.retriable:
+            raise KafkaError(f"kafka: no coordinator answered for group {group}") from error
+        raise
 
 
 def _probe_name(grant: Grant) -> str:

@@ -103,17 +103,10 @@ class LoadProbe:
         return Observation(Load(sum(lag.values()), in_flight, len(tps)), lag, workers, announced)
 
     async def _group_offsets(self, admin: AIOKafkaAdminClient) -> dict[TopicPartition, OffsetAndMetadata]:
-        """The group's committed offsets, retrying what Kafka calls retriable for half the observation's time: a
-        new cluster creates its offsets topic at the first group request, and until it has (a second or two) every
-        group's coordinator is "not available"."""
-        deadline = time.monotonic() + self.timeout_s / 2
-        while True:
-            try:
-                return await admin.list_consumer_group_offsets(self.group_id)
-            except KafkaError as error:
-                if not error.retriable or time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(0.2)
+        """The group's committed offsets; a coordinator not available yet is asked again for half the observation's
+        time (kafka_io.retrying)."""
+        return await kafka_io.retrying(lambda: admin.list_consumer_group_offsets(self.group_id),
+                                       timeout_s=self.timeout_s / 2)
 
     async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
         if self._admin is None or self._consumer is None:
