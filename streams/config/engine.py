@@ -156,6 +156,12 @@ class EngineSettings(Section):
         "once, then cached in ~/.cache/specstream/calibration) and logged; fixed: the Intel dev machine's "
         "thresholds (fp32 prepacked for 4-48 rows, int4/int8 kernel up to 9), for reproducible runs.",
     )
+    fused_step: bool = Field(
+        default=True,
+        description="CPU with weights int4/int8: run one request's decode and verification steps as one C++ call "
+        "(compiled with g++ on first use, ~15 s, cached in ~/.cache/specstream/ops), the same results as the layer "
+        "by layer path without its per-op Python; a machine without a compiler says so and runs layer by layer.",
+    )
     weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
         default="fp32",
         description="CPU weight format: int4/int8 weight-only (GGUF Q4_0/Q4_1 codes kept as they are), bf16, "
@@ -191,6 +197,7 @@ class EngineSettings(Section):
             batch_step_tokens=self.batch_step_tokens,
             prepack_weights=self.prepack_weights,
             kernel_dispatch=self.kernel_dispatch,
+            fused_step=self.fused_step,
             weights=self.weights,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
             speculation=SpeculationConfig(**spec.model_dump()),

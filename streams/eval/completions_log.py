@@ -17,7 +17,8 @@ from streams.config import EngineSettings
 # share a step): they change how fast, not what is generated, so two workers differing only in them share a
 # fingerprint.
 _CAPACITY_ONLY = {"device", "kv_cache_bytes", "kv_cache_fraction", "max_running_requests", "max_batched_tokens",
-                  "batch_max_share", "batch_headroom", "batch_step_tokens", "prepack_weights", "kernel_dispatch", "threads"}
+                  "batch_max_share", "batch_headroom", "batch_step_tokens", "prepack_weights", "kernel_dispatch", "fused_step",
+                  "threads"}
 
 
 def config_fingerprint(engine: EngineSettings) -> str:

@@ -103,6 +103,7 @@ def make_engine(
     prepack_weights: bool = True,
     lora: LoRAConfig | None = None,
     kernel_dispatch: str = "fixed",  # tests: the same kernels on every machine, no timing at start
+    fused_step: bool = True,
 ) -> LLMEngine:
     cfg = EngineConfig(
         model="tiny",
@@ -115,6 +116,7 @@ def make_engine(
         prepack_weights=prepack_weights,
         lora=lora,
         kernel_dispatch=kernel_dispatch,
+        fused_step=fused_step,
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller)
 
