@@ -56,8 +56,8 @@ class EngineConfig:
     # engine.kernel_dispatch); "fixed" keeps one Intel machine's thresholds (fp32 packed for
     # 4..48 rows, int4/int8 kernel up to 9), for reproducible runs.
     kernel_dispatch: str = "auto"
-    # CPU, int4/int8 weights: run one sequence's decode and verification steps as one C++ call
-    # (engine.fused.one_sequence; built with g++ once and cached), the same bits as the eager layers.
+    # CPU, int4/int8/bf16 weights: run each step's decoder layers as one C++ call
+    # (engine.fused.decoder_step; built with g++ once and cached), the same bits as the eager layers.
     fused_step: bool = True
     # Weight format: "auto" | "fp32" | "bf16" | "int8" | "int4" (engine.quant.formats). fp32 is
     # the default until the quiet-machine benchmark confirms auto (int4 on AVX-512 + BF16 CPUs).

@@ -37,7 +37,7 @@ from engine.engine_setup import (
     resolve_max_model_len,
 )
 from engine.grammar.matchers import ConstrainedRows, Matchers
-from engine.fused.one_sequence import OneSequenceStep
+from engine.fused.decoder_step import FusedDecoderStep
 from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
@@ -134,8 +134,8 @@ class LLMEngine:
             self.lora = LoRARequests(LoRAManager(self.model, config.lora), self.scheduler.add, self.model_name)
             load_configured_adapters(self.lora.manager, config.lora, say)
         # Last: it reads the linears the weight format, the kernel dispatch and LoRA left.
-        if config.fused_step and self.weight_format in ("int4", "int8"):
-            self.model.one_sequence, line = OneSequenceStep.build(self.model)
+        if config.fused_step and self.weight_format in ("bf16", "int4", "int8"):
+            self.model.fused_step, line = FusedDecoderStep.build(self.model)
             say(line)
         self.committer = Committer(self.scheduler, self.eos_token_ids, self.proposer, self.lora)
         self.matchers = Matchers(loaded.tokenizer, self.vocab_size, self.eos_token_ids)

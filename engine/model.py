@@ -26,7 +26,7 @@ from engine.packed_linear import PackedRows, PrepackedWeight, packing_available,
 from engine.rotary import RopeStep, apply_rotary_
 
 if TYPE_CHECKING:
-    from engine.fused.one_sequence import OneSequenceStep
+    from engine.fused.decoder_step import FusedDecoderStep
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -306,9 +306,9 @@ class Decoder(nn.Module):
         # The LM head's matmul [n, hidden] -> [n, vocab] when its weight (maybe the tied
         # embedding) lives in another form: prepacked (prepack_for_cpu) or quantized (engine.quant.apply).
         self.head_matmul: Callable[[torch.Tensor], torch.Tensor] | None = None
-        # One sequence's decode and verification steps in one C++ call, where the model allows it
-        # (engine.fused.one_sequence; set by the engine after the weight format and kernel dispatch).
-        self.one_sequence: OneSequenceStep | None = None
+        # The layers of a step in one C++ call, where the model allows it (engine.fused.decoder_step;
+        # set by the engine after the weight format, the kernel dispatch and LoRA).
+        self.fused_step: FusedDecoderStep | None = None
 
     def prepack_for_cpu(self, rows: PackedRows = PackedRows()) -> bool:
         """On CPU, give every linear layer and the LM head a oneDNN-prepacked copy for
@@ -350,8 +350,8 @@ class Decoder(nn.Module):
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
         rope = self.rope_step(positions, self.dtype)
         h = self.embed_tokens(input_ids)  # [T, hidden]
-        if self.one_sequence is not None and self.one_sequence.applies(attn, h.shape[0]):
-            return self.one_sequence(h, rope, attn)
+        if self.fused_step is not None:
+            return self.fused_step(h, rope, attn)
         for layer in self.layers:
             h = layer(h, rope, attn)
         return self.norm(h)

@@ -1,0 +1,152 @@
+// The decoder layers of one engine step in one call, for a CPU model in fp32 whose linears are weight-only
+// int4/int8 kernels (with their bf16 copy for wide steps) or bf16 (engine/quant/linear.py).
+//
+// Why C++: at batch 1 the eager step spent as long in Python and in dispatching ~5,500 small ops as in its
+// linears, and a batch adds a Python loop over its sequences in every layer (issue 17, docs/benchmarks.md).
+// The ops here are exactly the eager path's (engine/model.py, engine/rotary.py, engine/quant/linear.py), in the
+// same order, on the same views, with the same kernel chosen for each row count, so every row gets the eager
+// path's bits: speculation stays lossless, and the eager path stays the reference the tests compare with.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kInt4 = 0;  // _weight_int4pack_mm_for_cpu: packed codes, [in / group, out, 2] scale and zero
+constexpr int64_t kInt8 = 1;  // _weight_int8pack_mm: int8 codes, per-row scales
+constexpr int64_t kBf16 = 2;  // oneDNN-prepacked bf16 weight only (the bf16 format)
+
+// engine.quant.linear._gemm_call: one oneDNN call; a single row runs as two, the copy's output dropped.
+at::Tensor gemm_call(const at::Tensor& packed, const at::Tensor& x) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                                         c10::string_view, c10::List<std::optional<c10::Scalar>>,
+                                         std::optional<c10::string_view>)>();
+  const c10::List<std::optional<c10::Scalar>> none;
+  if (x.size(0) == 1) {
+    return op.call(x.expand({2, -1}).contiguous(), packed, std::nullopt, "none", none, "").slice(0, 0, 1);
+  }
+  return op.call(x.contiguous(), packed, std::nullopt, "none", none, "");
+}
+
+// engine.quant.linear.Bf16Kernel: pieces of at most `window` rows keep a row's bits independent of the row count.
+at::Tensor bf16_kernel(const at::Tensor& packed, const at::Tensor& x, int64_t window) {
+  if (x.size(0) <= window) return gemm_call(packed, x);
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& piece : x.split(window)) pieces.push_back(gemm_call(packed, piece));
+  return at::cat(pieces);
+}
+
+struct Linears {
+  at::TensorList wa, wb;                              // the kernel's tensors
+  const c10::List<std::optional<at::Tensor>>& wide;  // the bf16 copy for wide steps, if kept
+  at::IntArrayRef kinds, groups, outs, max_quant_rows, windows;
+
+  // QuantizedLinear.forward / Bf16Linear.forward: x [T, in] fp32 -> [T, out] fp32, bf16 activations inside.
+  at::Tensor operator()(int64_t i, const at::Tensor& x) const {
+    const int64_t rows = x.size(0);
+    at::Tensor xb = x.to(at::kBFloat16);
+    at::Tensor y;
+    if (kinds[i] == kBf16) {
+      y = bf16_kernel(wa[i], xb, windows[i]);
+    } else if (rows > max_quant_rows[i] && wide.get(i).has_value()) {
+      y = bf16_kernel(*wide.get(i), xb, windows[i]);
+    } else if (kinds[i] == kInt4) {
+      y = at::_weight_int4pack_mm_for_cpu(xb, wa[i], groups[i], wb[i]);
+      if (y.size(1) != outs[i]) y = y.slice(1, 0, outs[i]);
+    } else {
+      y = at::_weight_int8pack_mm(xb, wa[i], wb[i]);
+    }
+    return y.to(x.dtype());
+  }
+};
+
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
+                bool causal) {
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, std::nullopt, /*enable_gqa=*/true);
+}
+
+// Attention._attend / _rows_as_decodes for every sequence of the step, from q_heads [Hq, T, D] to [T, Hq * D].
+at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Tensor& k_arena, const at::Tensor& v_arena,
+                  at::IntArrayRef seqs, const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes,
+                  int64_t num_heads, int64_t head_dim) {
+  const int64_t T = qkv.size(0), S = static_cast<int64_t>(masks.size());
+  auto as_decodes = [&](int64_t s) {
+    return rows_as_decodes > 0 && masks.get(s).has_value() && seqs[4 * s + 1] <= rows_as_decodes;
+  };
+  auto region = [&](int64_t s, const at::Tensor& arena, int64_t end) {
+    return arena.slice(1, seqs[4 * s + 2], end);
+  };
+  auto whole = [&](int64_t s) {  // the sequence's rows attending to its region
+    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], end = seqs[4 * s + 2] + seqs[4 * s + 3];
+    const std::optional<at::Tensor> mask = masks.get(s);
+    return sdpa(q_heads.slice(1, q_start, q_start + q_len), region(s, k_arena, end), region(s, v_arena, end), mask,
+                !mask.has_value() && q_len > 1);
+  };
+  if (S == 1 && !as_decodes(0)) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
+  at::Tensor out = qkv.new_empty({T, num_heads, head_dim});
+  at::Tensor out_heads = out.transpose(0, 1);  // [Hq, T, D], writes land in `out`
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1];
+    if (!as_decodes(s)) {
+      out_heads.slice(1, q_start, q_start + q_len).copy_(whole(s));
+      continue;
+    }
+    const int64_t first_end = seqs[4 * s + 2] + seqs[4 * s + 3] - q_len + 1;  // row 0 sees the prefix and itself
+    for (int64_t r = 0; r < q_len; ++r) {
+      const int64_t row = q_start + r;
+      out_heads.slice(1, row, row + 1)
+          .copy_(sdpa(q_heads.slice(1, row, row + 1), region(s, k_arena, first_end + r),
+                      region(s, v_arena, first_end + r), std::nullopt, false));
+    }
+  }
+  return out.view({T, num_heads * head_dim});
+}
+
+}  // namespace
+
+// h [T, hidden] fp32 (the embedded rows); cos, sin_rot [T, 1, D] (RopeStep); slots [T] int64 arena slots;
+// kv [L, 2, Hkv, N, D] the arena. norms: 2 per layer (input, post-attention), then the final one. Per linear (4 a
+// layer: qkv, o, gate_up, down): wa, wb its kernel's tensors, wide its bf16 copy (None: none),
+// kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel), windows (bf16 rows per
+// call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence).
+at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
+                        at::Tensor kv, at::TensorList norms, at::TensorList wa, at::TensorList wb,
+                        const c10::List<std::optional<at::Tensor>>& wide,
+                        at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
+                        at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
+                        const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes, int64_t num_heads,
+                        int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
+  const Linears linear{wa, wb, wide, kinds, groups, outs, max_quant_rows, windows};
+  const int64_t T = h.size(0), L = kv.size(0), hidden = h.size(1);
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t i = 4 * l;
+    at::Tensor x = at::rms_norm(h, {hidden}, norms[2 * l], eps);
+    at::Tensor qkv = linear(i, x);  // [T, q + 2 kv]
+    at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({T, num_heads + num_kv_heads, head_dim});
+    at::Tensor swapped = qk.unflatten(-1, {2, -1}).flip({-2}).flatten(-2);  // engine.rotary.apply_rotary_
+    at::add_out(qk, qk * cos, swapped.mul_(sin_rot));
+    kv[l].index_copy_(2, slots, qkv.slice(1, q_size).view({T, 2, num_kv_heads, head_dim}).permute({1, 2, 0, 3}));
+    at::Tensor q_heads = qk.slice(1, 0, num_heads).transpose(0, 1);  // [Hq, T, D]
+    at::Tensor attn = attend(qkv, q_heads, kv[l][0], kv[l][1], seqs, masks, rows_as_decodes, num_heads, head_dim);
+    h = h + linear(i + 1, attn);
+    x = at::rms_norm(h, {hidden}, norms[2 * l + 1], eps);
+    std::vector<at::Tensor> gate_up = linear(i + 2, x).split(intermediate, -1);
+    h = h + linear(i + 3, at::silu(gate_up[0]) * gate_up[1]);
+  }
+  return at::rms_norm(h, {hidden}, norms[2 * L], eps);
+}
+
+TORCH_LIBRARY(specstream, m) {
+  m.def(
+      "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] wa, "
+      "Tensor[] wb, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, int[] windows, "
+      "int[] seqs, Tensor?[] masks, int rows_as_decodes, int num_heads, int num_kv_heads, int head_dim, "
+      "int intermediate, float eps) -> Tensor",
+      &decoder_step);
+}

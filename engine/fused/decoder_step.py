@@ -1,0 +1,133 @@
+"""The decoder layers of an engine step as one C++ call (engine/fused/decoder_step.cpp).
+
+At batch 1 the eager decoder spent as long in Python and in dispatching ~5,500 small ops a
+step as in its quantized linears, and a batch adds a Python loop over its sequences in every
+layer (issue 17, docs/benchmarks.md). Here the layers run in C++ with the eager path's ops on
+the same views and the same kernel per row count, so each row gets the eager path's bits and
+speculation stays lossless against plain decoding. Embedding, rotary factors and the LM head
+stay in Python: a few ops a step.
+
+Only what it was written for takes it: an fp32 CPU model whose linears are int4/int8 (with or
+without their bf16 copy) or bf16, without biases or q/k norms, with SiLU, and no LoRA wrapper.
+Anything else runs the eager path, which stays the reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from engine.fused.build import load_ops
+from engine.quant.linear import Bf16Kernel, Bf16Linear, Int4Kernel, QuantizedLinear, bf16_row_window
+
+if TYPE_CHECKING:
+    from engine.model import AttentionMetadata, Decoder
+    from engine.rotary import RopeStep
+
+INT4, INT8, BF16 = 0, 1, 2  # the C++ side's kernel codes
+ALWAYS_QUANT = 1 << 62  # max_quant_rows of a linear without a bf16 copy
+
+
+def _why_not(model: Decoder) -> str | None:
+    """Why the model cannot take the fused step (None: it can)."""
+    cfg = model.cfg
+    if model.device.type != "cpu" or model.dtype != torch.float32:
+        return f"the model runs in {model.dtype} on {model.device.type}; the fused step knows fp32 on CPU"
+    if cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.qk_norm or cfg.hidden_act != "silu":
+        return f"{cfg.model_type}'s layers (biases, q/k norms or activation) are not the fused step's"
+    for i, layer in enumerate(model.layers):
+        a, m = layer.self_attn, layer.mlp
+        for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj):
+            if not isinstance(lin, (QuantizedLinear, Bf16Linear)):
+                return f"layer {i} has a {type(lin).__name__}; the fused step runs int4, int8 and bf16 linears"
+        if m.act is not F.silu:
+            return f"layer {i}'s activation is not SiLU"
+    return None
+
+
+@dataclass
+class FusedDecoderStep:
+    """What the C++ step takes that does not change between steps: the weights' tensors and the shapes."""
+
+    norms: list[torch.Tensor] = field(default_factory=list)  # 2 per layer, then the final norm
+    wa: list[torch.Tensor] = field(default_factory=list)  # 4 linears per layer: the kernel's first tensor
+    wb: list[torch.Tensor] = field(default_factory=list)  # ... its second (a bf16 kernel's: unused)
+    wide: list[torch.Tensor | None] = field(default_factory=list)  # the bf16 copy for wide steps
+    kinds: list[int] = field(default_factory=list)
+    groups: list[int] = field(default_factory=list)
+    outs: list[int] = field(default_factory=list)
+    max_quant_rows: list[int] = field(default_factory=list)
+    shapes: list[tuple[int, int]] = field(default_factory=list)  # (out, in): bf16 windows are per shape
+    rows_as_decodes: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    intermediate: int = 0
+    eps: float = 0.0
+    _windows: dict[int, list[int]] = field(default_factory=dict)  # torch threads -> bf16 rows per call
+
+    @classmethod
+    def build(cls, model: Decoder) -> tuple[FusedDecoderStep | None, str]:
+        """(the fused step, what was done) or (None, why not); builds the C++ op on first use."""
+        why = _why_not(model)
+        if why is not None:
+            return None, why
+        built = load_ops("decoder_step")
+        if built.library is None:
+            return None, built.why
+        cfg = model.cfg
+        step = cls(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                   intermediate=cfg.intermediate_size, eps=model.norm.eps,
+                   rows_as_decodes=model.layers[0].self_attn.rows_as_decodes)  # fmt: skip
+        for layer in model.layers:
+            a, m = layer.self_attn, layer.mlp
+            if a.rows_as_decodes != step.rows_as_decodes:
+                return None, "the layers attend verification rows differently (rows_as_decodes)"
+            step.norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj):
+                step._add(lin)
+        step.norms.append(model.norm.weight)
+        step.windows()  # measured now, not in the first step
+        return step, f"fused decoder step ({built.why})"
+
+    def _add(self, lin: QuantizedLinear | Bf16Linear) -> None:
+        if isinstance(lin, Bf16Linear):
+            self._kernel(BF16, lin.kernel.packed, lin.kernel.packed, 0)
+            self.wide.append(None)
+            self.max_quant_rows.append(0)
+        else:
+            k = lin.narrow
+            if isinstance(k, Int4Kernel):
+                self._kernel(INT4, k.packed, k.scales_zeros, k.group_size)
+            else:
+                self._kernel(INT8, k.codes, k.scales, 0)
+            wide = lin.wide
+            self.wide.append(wide.packed if isinstance(wide, Bf16Kernel) else None)
+            self.max_quant_rows.append(ALWAYS_QUANT if wide is None else lin.max_quant_rows)
+        self.outs.append(lin.out_features)
+        self.shapes.append((lin.out_features, lin.in_features))
+
+    def _kernel(self, kind: int, a: torch.Tensor, b: torch.Tensor, group: int) -> None:
+        self.kinds.append(kind), self.wa.append(a), self.wb.append(b), self.groups.append(group)
+
+    def windows(self) -> list[int]:
+        """Per linear, the bf16 rows per call (Bf16Kernel's window) at this process's torch thread count."""
+        threads = torch.get_num_threads()
+        if threads not in self._windows:
+            self._windows[threads] = [
+                bf16_row_window(*shape) if kind == BF16 or wide is not None else 0
+                for kind, wide, shape in zip(self.kinds, self.wide, self.shapes)
+            ]
+        return self._windows[threads]
+
+    def __call__(self, h: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
+        """h [T, hidden] embedded rows -> final-normed hidden states [T, hidden]; writes the rows' KV."""
+        seqs = [v for s in attn.seqs for v in (s.q_start, s.q_len, s.kv_start, s.kv_len)]
+        return torch.ops.specstream.decoder_step(
+            h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb,
+            self.wide, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
+            [s.mask for s in attn.seqs], self.rows_as_decodes, self.num_heads, self.num_kv_heads, self.head_dim,
+            self.intermediate, self.eps,
+        )  # fmt: skip

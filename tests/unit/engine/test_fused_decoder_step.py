@@ -1,0 +1,144 @@
+"""The fused decoder step (engine.fused): an engine step's layers as one C++ call that gives every row and its KV the
+layer-by-layer path's bits, for any mix of decodes, verifications and prefill chunks, so speculation stays lossless;
+a model or machine it cannot serve runs layer by layer and gets the reason."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from _engine_factories import make_engine, needs_bf16_gemm, random_prompts, single_thread, tiny_hf_model  # noqa: F401
+
+from engine.config import LoRAConfig, SpeculationConfig
+from engine.fused import build
+from engine.fused.decoder_step import FusedDecoderStep
+from engine.request import EngineRequest, SamplingOptions
+from engine.runner import FlatBatchBuilder
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+# (format, engine.prepack_weights): int4/int8 with and without their bf16 copy for steps past 9 rows.
+FORMATS = [("int8", True), ("int4", True), ("int4", False), pytest.param("bf16", True, marks=needs_bf16_gemm)]
+NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
+PROMPTS = random_prompts([9, 14, 40], seed=5)
+PROMPTS[1] = PROMPTS[1] * 4  # repetitive: the n-gram proposer drafts, so verification steps run
+PARAMS = [
+    SamplingOptions(max_tokens=24, temperature=0.0, ignore_eos=True),
+    SamplingOptions(max_tokens=24, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True),
+]
+REGION = 128  # arena slots between the test's sequences
+
+# Steps as (rows fed, positions already cached) per sequence, each in its own region.
+STEPS = {
+    "decode": [(1, 20)],
+    "verify-4": [(5, 20)],
+    "verify-8": [(9, 20)],
+    "first-prefill-chunk": [(12, 0)],
+    "later-prefill-chunk": [(16, 20)],
+    "mixed-batch": [(1, 20), (5, 33), (12, 0), (1, 7), (16, 20)],
+}
+
+
+@pytest.fixture(scope="module")
+def llama() -> Any:
+    return tiny_hf_model("llama")
+
+
+def _forward(engine: Any, seqs: list[tuple[int, int]], fused: FusedDecoderStep | None, feed_cached: bool) -> Any:
+    """One step over the test's sequences (sequence i in region i): [rows, hidden]. With feed_cached, first
+    writes every sequence's cached positions (layer by layer)."""
+    engine.model.fused_step = fused
+    tokens = PROMPTS[2] * 2
+    builder = FlatBatchBuilder("cpu")
+    for i, (n, cached) in enumerate(seqs):
+        if feed_cached:
+            builder.add(tokens[:cached], 0, REGION * i) if cached else None
+        else:
+            builder.add(tokens[cached : cached + n], cached, REGION * i)
+    ids, positions, attn = builder.build(engine.kv_cache)
+    with torch.inference_mode():
+        return engine.model(ids, positions, attn) if ids.numel() else None
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    # The arena's unwritten slots hold whatever memory held, NaNs included: compare bits, not values.
+    return t.view(torch.int32)
+
+
+@pytest.mark.parametrize("fmt,wide", FORMATS)
+@pytest.mark.parametrize("step", list(STEPS))
+def test_the_fused_step_gives_each_row_and_its_kv_the_layer_by_layer_bits(
+    llama: Any, fmt: str, wide: bool, step: str
+) -> None:
+    engine = make_engine(llama, weights=fmt, prepack_weights=wide)
+    fused = engine.model.fused_step
+    assert fused is not None
+    _forward(engine, STEPS[step], None, feed_cached=True)
+    before = engine.kv_cache.kv.clone()
+    eager = _forward(engine, STEPS[step], None, feed_cached=False)
+    eager_kv = engine.kv_cache.kv.clone()
+    engine.kv_cache.kv.copy_(before)
+    calls = []
+    real_call = FusedDecoderStep.__call__
+
+    def counted(self: FusedDecoderStep, *args: Any) -> torch.Tensor:
+        calls.append(1)
+        return real_call(self, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FusedDecoderStep, "__call__", counted)
+        out = _forward(engine, STEPS[step], fused, feed_cached=False)
+    assert calls == [1]  # it was the fused step that ran
+    assert torch.equal(out, eager)
+    assert torch.equal(_bits(engine.kv_cache.kv), _bits(eager_kv))
+
+
+@pytest.mark.parametrize("fmt,wide", FORMATS)
+def test_speculation_on_the_fused_step_keeps_the_layer_by_layer_tokens_greedy_and_seeded_in_a_batch(
+    llama: Any, fmt: str, wide: bool
+) -> None:
+    def run(**kw: Any) -> dict[str, Any]:
+        engine = make_engine(llama, weights=fmt, prepack_weights=wide, **kw)
+        assert (engine.model.fused_step is not None) == kw.get("fused_step", True)
+        return engine.generate([EngineRequest(f"r{i}", PROMPTS[i], PARAMS[i % 2]) for i in range(len(PROMPTS))])
+
+    fused, eager = run(speculation=NGRAM), run(speculation=NGRAM, fused_step=False)
+    assert {k: r.token_ids for k, r in fused.items()} == {k: r.token_ids for k, r in eager.items()}
+    assert fused["r1"].stats.spec.drafted > 0  # verification steps did run
+
+
+def test_models_and_formats_it_cannot_serve_are_refused_with_the_reason(llama: Any) -> None:
+    assert make_engine(llama, weights="fp32").model.fused_step is None  # fp32: no build is even tried
+    qwen3 = make_engine(tiny_hf_model("qwen3"), weights="int4", fused_step=False)
+    step, why = FusedDecoderStep.build(qwen3.model)
+    assert step is None and "qwen3" in why and "q/k norms" in why
+    plain = make_engine(llama, weights="int4", fused_step=False)
+    step, why = FusedDecoderStep.build(plain.model)
+    assert step is not None and why.startswith("fused decoder step (")
+
+
+def test_a_model_with_lora_adapters_runs_layer_by_layer(llama: Any, tmp_path: Any) -> None:
+    engine = make_engine(llama, weights="int4", lora=LoRAConfig(adapters={}, max_loaded=2))
+    assert engine.model.fused_step is None
+    step, why = FusedDecoderStep.build(engine.model)
+    assert step is None and "LoRALinear" in why
+
+
+def test_a_machine_without_a_compiler_gets_the_reason_and_the_layer_by_layer_path(
+    llama: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    monkeypatch.setattr(build, "_loaded", {})
+    engine = make_engine(llama, weights="int4", fused_step=False)
+    step, why = FusedDecoderStep.build(engine.model)
+    assert step is None and why == "no C++ compiler (g++ or $CXX) on this machine"
+
+
+def test_a_build_that_fails_says_the_compilers_first_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    (tmp_path / "broken.cpp").write_text("this is not C++\n")
+    monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
+    monkeypatch.setattr(build, "_loaded", {})
+    monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    built = build.load_ops("broken")
+    assert built.library is None and built.why.startswith("building broken.cpp failed")
+    assert "broken.cpp:1:1: error:" in built.why
