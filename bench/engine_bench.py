@@ -4,6 +4,7 @@
     python -m bench.engine_bench --quick    # 32 new tokens, 4 and 8 concurrent: a smoke run
     python -m bench.engine_bench --weights int4 --rows ours_plain,ours_ngram   # a weight format (engine.weights)
     python -m bench.engine_bench --kernel-dispatch fixed ...   # the Intel thresholds instead of this CPU's (A/B)
+    python -m bench.engine_bench --weights int4 --fused-step off ...   # layer by layer instead of one C++ call (A/B)
     python -m bench.engine_bench --rows ours_plain,ours_ngram,ours_eagle,ours_eagle_lookup --concurrency 16 \
         --draft-head smollm2-135m-instruct        # a trained EAGLE head (specstream draft train), issue 16
 
@@ -75,15 +76,23 @@ def _dispatch_line(line: str) -> None:
         print(f"    {line}", file=sys.stderr, flush=True)
 
 
-def _run_ours(
-    method: str | None,
-    workloads: list[str],
-    max_new: int,
-    concurrent: bool,
-    weights: str,
-    draft_head: str | None,
-    kernel_dispatch: str = "auto",
-) -> list[RowResult]:
+@dataclass(frozen=True)
+class OurEngine:
+    """How our rows' engine is set up: the command line's --weights, --draft-head, --kernel-dispatch, --fused-step."""
+
+    weights: str = "fp32"
+    draft_head: str | None = None
+    kernel_dispatch: str = "auto"
+    fused_step: bool = True
+
+    def args(self) -> list[str]:
+        """The same settings as arguments of a row's subprocess."""
+        head = ["--draft-head", self.draft_head] if self.draft_head else []
+        fused = "on" if self.fused_step else "off"
+        return ["--weights", self.weights, "--kernel-dispatch", self.kernel_dispatch, "--fused-step", fused, *head]
+
+
+def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent: bool, ours: OurEngine) -> list[RowResult]:
     from engine.config import EngineConfig, SpeculationConfig
     from engine.llm_engine import LLMEngine
     from engine.loader import resolve_model_dir
@@ -92,7 +101,7 @@ def _run_ours(
     spec = SpeculationConfig(enabled=method is not None, method="ngram")
     if method in ("eagle", "eagle_lookup"):
         # The adaptive controller decides the draft lengths, as in serving: it must back off where drafting costs.
-        spec = SpeculationConfig(method="eagle", draft_head=draft_head, eagle_prompt_lookup=method == "eagle_lookup")
+        spec = SpeculationConfig(method="eagle", draft_head=ours.draft_head, eagle_prompt_lookup=method == "eagle_lookup")
     if method == "draft":
         # A copy of the target as its own draft: full acceptance, the ceiling of the method.
         # Drafting with a copy costs as much as verifying, so the adaptive controller would rightly
@@ -101,7 +110,10 @@ def _run_ours(
             enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")), adaptive=False
         )
     model = "smollm2-135m-instruct"
-    cfg = EngineConfig(model=model, speculation=spec, weights=weights, kernel_dispatch=kernel_dispatch)
+    cfg = EngineConfig(
+        model=model, speculation=spec, weights=ours.weights, kernel_dispatch=ours.kernel_dispatch,
+        fused_step=ours.fused_step,
+    )  # fmt: skip
     engine = LLMEngine.from_config(cfg, progress=_dispatch_line)
     params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
 
@@ -207,18 +219,11 @@ def _run_hf_generate_batch(workloads: list[str], max_new: int) -> list[RowResult
     return [RowResult("", f"concurrent:{len(workloads)}", sum(map(len, toks.values())), secs, toks)]
 
 
-def run_row(
-    row: str,
-    scenario: str,
-    max_new: int,
-    weights: str = "fp32",
-    draft_head: str | None = None,
-    kernel_dispatch: str = "auto",
-) -> list[RowResult]:
+def run_row(row: str, scenario: str, max_new: int, ours: OurEngine = OurEngine()) -> list[RowResult]:
     concurrent = scenario.startswith("concurrent:")
     workloads = _mixed(int(scenario.split(":")[1])) if concurrent else [w.name for w in ALL]
     if row.startswith("ours_"):
-        results = _run_ours(OUR_METHODS[row], workloads, max_new, concurrent, weights, draft_head, kernel_dispatch)
+        results = _run_ours(OUR_METHODS[row], workloads, max_new, concurrent, ours)
     elif row == "hf_generate":
         results = _run_hf_single(workloads, max_new, prompt_lookup=False)
     elif row == "hf_prompt_lookup":
@@ -237,11 +242,9 @@ def run_row(
 # ----------------------------------------------------------------------------- parent side
 
 
-def _spawn(
-    row: str, scenario: str, max_new: int, timeout_s: float, weights: str, draft_head: str | None, dispatch: str
-) -> list[RowResult]:
+def _spawn(row: str, scenario: str, max_new: int, timeout_s: float, ours: OurEngine) -> list[RowResult]:
     cmd = [sys.executable, "-m", "bench.engine_bench", "--row", row, "--scenario", scenario, "--max-new", str(max_new)]
-    cmd += ["--weights", weights, "--kernel-dispatch", dispatch] + (["--draft-head", draft_head] if draft_head else [])
+    cmd += ours.args()
     print(f"  running {row} on {scenario} ...", file=sys.stderr, flush=True)
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(cmd, stdout=out)
@@ -363,13 +366,18 @@ def main(argv: list[str] | None = None) -> int:
         "--kernel-dispatch", default="auto", choices=("auto", "fixed"),
         help="engine.kernel_dispatch of our rows: auto (measured on this CPU) or fixed (the Intel thresholds)",
     )
+    ap.add_argument(
+        "--fused-step", default="on", choices=("on", "off"),
+        help="engine.fused_step of our rows (int4/int8/bf16): each step's layers as one C++ call, or layer by layer",
+    )
     ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    ours = OurEngine(args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on")
 
     if args.row:  # subprocess mode
-        results = run_row(args.row, args.scenario, args.max_new, args.weights, args.draft_head, args.kernel_dispatch)
+        results = run_row(args.row, args.scenario, args.max_new, ours)
         print(json.dumps([asdict(r) for r in results]))
         return 0
 
@@ -385,9 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine benchmark: {len(plan)} runs, {max_new} new tokens, greedy", file=sys.stderr)
     results: list[RowResult] = []
     for row, scenario in plan:
-        results.extend(
-            _spawn(row, scenario, max_new, args.row_timeout, args.weights, args.draft_head, args.kernel_dispatch)
-        )
+        results.extend(_spawn(row, scenario, max_new, args.row_timeout, ours))
 
     from transformers import AutoConfig
 
