@@ -49,6 +49,9 @@ class RowResult:
     peak_rss_mb: float = 0.0
     # Set when the row was stopped at --row-timeout: tokens/s is then an upper bound.
     timed_out: bool = False
+    # Seconds from the start to the first new token (our rows): the rest is decoding, what llama.cpp's
+    # predicted_per_second measures (bench.llama_cpp_compare compares both ways).
+    first_token_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -117,31 +120,33 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
     engine = LLMEngine.from_config(cfg, progress=_dispatch_line)
     params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
 
-    def run(batch: list[tuple[str, list[int]]]) -> tuple[float, dict[str, list[int]], int, int, int]:
+    def run(batch: list[tuple[str, list[int]]]) -> tuple[float, dict[str, list[int]], int, int, int, float]:
         for rid, ids in batch:
             engine.add_request(EngineRequest(request_id=rid, prompt_token_ids=ids, sampling=params))
         tokens: dict[str, list[int]] = {rid: [] for rid, _ in batch}
         drafted = accepted = steps = 0
-        start = time.perf_counter()
+        start, first = time.perf_counter(), 0.0
         while engine.has_unfinished():
             steps += 1
             for out in engine.step():
                 tokens[out.request_id].extend(out.token_ids)
                 drafted += out.spec.drafted
                 accepted += out.spec.accepted
-        return time.perf_counter() - start, tokens, drafted, accepted, steps
+            first = first or (time.perf_counter() - start if any(tokens.values()) else 0.0)
+        return time.perf_counter() - start, tokens, drafted, accepted, steps, first
 
     run([("warmup", _prompts(engine.tokenizer, ["open_question"])[0])])
     results = []
     if concurrent:
         names = workloads
         prompts = _prompts(engine.tokenizer, names)
-        secs, toks, d, a, steps = run([(f"{i}:{n}", p) for i, (n, p) in enumerate(zip(names, prompts))])
-        results.append(RowResult("", f"concurrent:{len(names)}", sum(map(len, toks.values())), secs, toks, d, a, steps))
+        secs, toks, d, a, steps, first = run([(f"{i}:{n}", p) for i, (n, p) in enumerate(zip(names, prompts))])
+        total = sum(map(len, toks.values()))
+        results.append(RowResult("", f"concurrent:{len(names)}", total, secs, toks, d, a, steps, first_token_s=first))
     else:
         for name, prompt in zip(workloads, _prompts(engine.tokenizer, workloads)):
-            secs, toks, d, a, steps = run([(name, prompt)])
-            results.append(RowResult("", f"single:{name}", len(toks[name]), secs, toks, d, a, steps))
+            secs, toks, d, a, steps, first = run([(name, prompt)])
+            results.append(RowResult("", f"single:{name}", len(toks[name]), secs, toks, d, a, steps, first_token_s=first))
     return results
 
 
