@@ -2,7 +2,7 @@
 
 Why not torch.utils.cpp_extension.load: it needs ninja and pybind11's headers for a module we do
 not need; these files only register ops (TORCH_LIBRARY), called as torch.ops.specstream.*. One g++
-call builds a shared library into ~/.cache/specstream/ops/<key>/ (12 s on the 2-core dev machine);
+call builds a shared library into ~/.cache/specstream/ops/<key>/ (10-20 s on the 2-core dev machine);
 a later start loads it. A machine without a C++ compiler, or a failed build, gets the reason back and
 the engine runs its eager path.
 """
@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,8 +30,10 @@ class Built:
 
 
 def ops_cache_dir() -> Path:
-    base = os.environ.get("SPECSTREAM_CACHE_DIR")
-    return (Path(base) if base else Path.home() / ".cache" / "specstream") / "ops"
+    """Beside the converted models: $SPECSTREAM_CACHE_DIR/ops, default ~/.cache/specstream/ops."""
+    from engine.model_ref import cache_root
+
+    return cache_root().parent / "ops"
 
 
 def _compiler() -> str | None:
@@ -70,11 +73,11 @@ def _build_and_load(name: str) -> Built:
     if compiler is None:
         return Built(None, "no C++ compiler (g++ or $CXX) on this machine")
     source = SOURCE_DIR / f"{name}.cpp"
+    if not source.exists():
+        return Built(None, f"{source} is not installed (package data)")
     target = ops_cache_dir() / _key(compiler, source) / f"{name}.so"
     why = "cached"
     if not target.exists():
-        import time
-
         target.parent.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         # Built beside the target and renamed: a concurrent start never loads a half-written library.

@@ -110,7 +110,10 @@ class FusedDecoderStep:
         self.shapes.append((lin.out_features, lin.in_features))
 
     def _kernel(self, kind: int, a: torch.Tensor, b: torch.Tensor, group: int) -> None:
-        self.kinds.append(kind), self.wa.append(a), self.wb.append(b), self.groups.append(group)
+        self.kinds.append(kind)
+        self.wa.append(a)
+        self.wb.append(b)
+        self.groups.append(group)
 
     def windows(self) -> list[int]:
         """Per linear, the bf16 rows per call (Bf16Kernel's window) at this process's torch thread count."""

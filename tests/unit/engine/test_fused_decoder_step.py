@@ -129,7 +129,9 @@ def test_a_machine_without_a_compiler_gets_the_reason_and_the_layer_by_layer_pat
 ) -> None:
     monkeypatch.setenv("CXX", "/nonexistent/g++")
     monkeypatch.setattr(build, "_loaded", {})
-    engine = make_engine(llama, weights="int4", fused_step=False)
+    engine = make_engine(llama, weights="int4")  # engine.fused_step on, nothing to build it with
+    assert engine.model.fused_step is None
+    assert len(engine.generate([EngineRequest("r", PROMPTS[0], PARAMS[0])])["r"].token_ids) == 24
     step, why = FusedDecoderStep.build(engine.model)
     assert step is None and why == "no C++ compiler (g++ or $CXX) on this machine"
 
@@ -142,3 +144,10 @@ def test_a_build_that_fails_says_the_compilers_first_error(monkeypatch: pytest.M
     built = build.load_ops("broken")
     assert built.library is None and built.why.startswith("building broken.cpp failed")
     assert "broken.cpp:1:1: error:" in built.why
+
+
+def test_a_source_missing_from_the_install_is_said(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setattr(build, "SOURCE_DIR", tmp_path)
+    monkeypatch.setattr(build, "_loaded", {})
+    built = build.load_ops("decoder_step")
+    assert built.library is None and built.why == f"{tmp_path / 'decoder_step.cpp'} is not installed (package data)"
