@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from engine.fused.build import load_ops
 from engine.quant.linear import Bf16Kernel, Bf16Linear, Int4Kernel, QuantizedLinear, bf16_row_window
@@ -27,7 +28,12 @@ if TYPE_CHECKING:
     from engine.rotary import RopeStep
 
 INT4, INT8, BF16 = 0, 1, 2  # the C++ side's kernel codes
-ALWAYS_QUANT = 1 << 62  # max_quant_rows of a linear without a bf16 copy
+
+
+def _layer_linears(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """The four linears of a decoder layer, in the order the C++ step takes them."""
+    a, m = layer.self_attn, layer.mlp
+    return a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj
 
 
 def _why_not(model: Decoder) -> str | None:
@@ -38,11 +44,10 @@ def _why_not(model: Decoder) -> str | None:
     if cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.qk_norm or cfg.hidden_act != "silu":
         return f"{cfg.model_type}'s layers (biases, q/k norms or activation) are not the fused step's"
     for i, layer in enumerate(model.layers):
-        a, m = layer.self_attn, layer.mlp
-        for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj):
+        for lin in _layer_linears(layer):
             if not isinstance(lin, (QuantizedLinear, Bf16Linear)):
                 return f"layer {i} has a {type(lin).__name__}; the fused step runs int4, int8 and bf16 linears"
-        if m.act is not F.silu:
+        if layer.mlp.act is not F.silu:
             return f"layer {i}'s activation is not SiLU"
     return None
 
@@ -82,11 +87,10 @@ class FusedDecoderStep:
                    intermediate=cfg.intermediate_size, eps=model.norm.eps,
                    rows_as_decodes=model.layers[0].self_attn.rows_as_decodes)  # fmt: skip
         for layer in model.layers:
-            a, m = layer.self_attn, layer.mlp
-            if a.rows_as_decodes != step.rows_as_decodes:
+            if layer.self_attn.rows_as_decodes != step.rows_as_decodes:
                 return None, "the layers attend verification rows differently (rows_as_decodes)"
             step.norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-            for lin in (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj):
+            for lin in _layer_linears(layer):
                 step._add(lin)
         step.norms.append(model.norm.weight)
         step.windows()  # measured now, not in the first step
@@ -103,9 +107,9 @@ class FusedDecoderStep:
                 self._kernel(INT4, k.packed, k.scales_zeros, k.group_size)
             else:
                 self._kernel(INT8, k.codes, k.scales, 0)
-            wide = lin.wide
-            self.wide.append(wide.packed if isinstance(wide, Bf16Kernel) else None)
-            self.max_quant_rows.append(ALWAYS_QUANT if wide is None else lin.max_quant_rows)
+            # Without a bf16 copy every step runs the quantized kernel: the C++ side reads the bound only with a copy.
+            self.wide.append(lin.wide.packed if isinstance(lin.wide, Bf16Kernel) else None)
+            self.max_quant_rows.append(lin.max_quant_rows)
         self.outs.append(lin.out_features)
         self.shapes.append((lin.out_features, lin.in_features))
 

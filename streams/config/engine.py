@@ -159,7 +159,7 @@ class EngineSettings(Section):
     fused_step: bool = Field(
         default=True,
         description="CPU with weights int4/int8/bf16: run each step's decoder layers as one C++ call (compiled with "
-        "g++ on first use, ~15 s, cached in ~/.cache/specstream/ops), bit for bit the layer-by-layer path's results "
+        "g++ on first use, 10-20 s, cached in ~/.cache/specstream/ops), bit for bit the layer-by-layer path's results "
         "without its per-op Python; a machine without a compiler says so at start and runs layer by layer.",
     )
     weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(

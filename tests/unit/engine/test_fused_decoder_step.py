@@ -51,10 +51,10 @@ def _forward(engine: Any, seqs: list[tuple[int, int]], fused: FusedDecoderStep |
     tokens = PROMPTS[2] * 2
     builder = FlatBatchBuilder("cpu")
     for i, (n, cached) in enumerate(seqs):
-        if feed_cached:
-            builder.add(tokens[:cached], 0, REGION * i) if cached else None
-        else:
+        if not feed_cached:
             builder.add(tokens[cached : cached + n], cached, REGION * i)
+        elif cached:
+            builder.add(tokens[:cached], 0, REGION * i)
     ids, positions, attn = builder.build(engine.kv_cache)
     with torch.inference_mode():
         return engine.model(ids, positions, attn) if ids.numel() else None
@@ -117,7 +117,7 @@ def test_models_and_formats_it_cannot_serve_are_refused_with_the_reason(llama: A
     assert step is not None and why.startswith("fused decoder step (")
 
 
-def test_a_model_with_lora_adapters_runs_layer_by_layer(llama: Any, tmp_path: Any) -> None:
+def test_a_model_with_lora_adapters_runs_layer_by_layer(llama: Any) -> None:
     engine = make_engine(llama, weights="int4", lora=LoRAConfig(adapters={}, max_loaded=2))
     assert engine.model.fused_step is None
     step, why = FusedDecoderStep.build(engine.model)
