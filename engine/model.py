@@ -197,6 +197,9 @@ class Attention(nn.Module):
         # > 0: masked steps of up to this many rows (verifications) attend row by row like decodes
         # (set by engine.quant.apply for bf16-activation formats; see _rows_as_decodes).
         self.rows_as_decodes = 0
+        # With rows_as_decodes: a decode's row and those verification rows in one C++ call whose rows round
+        # alike whatever their count (engine.fused.row_attention, set by the engine); None: SDPA row by row.
+        self.row_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
@@ -215,14 +218,18 @@ class Attention(nn.Module):
         # the sequence's region (prefix + this step's rows), no gather copies.
         k_arena, v_arena = cache.k[self.layer], cache.v[self.layer]  # [Hkv, N, D]
         q_heads = qk[:, : self.num_heads].transpose(0, 1)  # [Hq, T, D]
-        if len(attn.seqs) == 1 and not self._as_decodes(attn.seqs[0]):
+        if len(attn.seqs) == 1 and not self._as_decodes(attn.seqs[0]) and not self._by_kernel(attn.seqs[0]):
             # One sequence (a batch-1 decode or verification): its output is the step's, no buffer to fill.
             out = self._attend(q_heads, k_arena, v_arena, attn.seqs[0]).transpose(0, 1)  # [T, Hq, D]
             return self.o_proj(out.reshape(T, self.q_size))  # [T, hidden]
         out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s in attn.seqs:
-            if self._as_decodes(s):
+            if self.row_attention is not None and self._by_kernel(s):
+                rows, kv = slice(s.q_start, s.q_start + s.q_len), slice(s.kv_start, s.kv_start + s.kv_len)
+                out[rows] = self.row_attention(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv],
+                                               s.kv_len - s.q_len + 1)  # fmt: skip
+            elif self._as_decodes(s):
                 self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
             else:
                 out_heads[:, s.q_start : s.q_start + s.q_len] = self._attend(q_heads, k_arena, v_arena, s)
@@ -230,6 +237,10 @@ class Attention(nn.Module):
 
     def _as_decodes(self, s: SeqAttention) -> bool:
         return bool(self.rows_as_decodes) and s.mask is not None and s.q_len <= self.rows_as_decodes
+
+    def _by_kernel(self, s: SeqAttention) -> bool:
+        """The row kernel takes a decode's row and the rows attended as decodes."""
+        return self.row_attention is not None and (s.q_len == 1 or self._as_decodes(s))
 
     @staticmethod
     def _attend(q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention) -> torch.Tensor:

@@ -56,6 +56,8 @@ def _command(compiler: str, source: Path, target: Path) -> list[str]:
 def _key(compiler: str, source: Path) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     h = hashlib.sha256(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):  # what the sources include
+        h.update(header.read_bytes())
     h.update(f"{torch.__version__}|{torch._C._GLIBCXX_USE_CXX11_ABI}|{version}".encode())
     return h.hexdigest()[:16]
 

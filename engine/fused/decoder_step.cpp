@@ -10,8 +10,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <optional>
 #include <vector>
+
+#include "row_attention.h"
 
 namespace {
 
@@ -70,14 +73,36 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   return at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, std::nullopt, /*enable_gqa=*/true);
 }
 
+// q [rows, Hq, D] (any row stride), k and v [Hkv, n, D] with n >= first_len + rows - 1 -> [rows, Hq, D]:
+// row r attends positions [0, first_len + r) (row_attention.h).
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "row_attention: q, k and v must be 3-d");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "row_attention: fp32 tensors only");
+  const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(0);
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == dim, "row_attention: q's heads must be contiguous");
+  TORCH_CHECK(k.stride(2) == 1 && k.stride(1) == dim && k.strides() == v.strides() && k.sizes() == v.sizes(),
+              "row_attention: k and v must be [Hkv, n, D] with contiguous positions");
+  TORCH_CHECK(heads % kv_heads == 0 && k.size(2) == dim, "row_attention: head counts or sizes do not match");
+  TORCH_CHECK(first_len >= 1 && k.size(1) >= first_len + rows - 1, "row_attention: the region is too short");
+  at::Tensor out = at::empty({rows, heads, dim}, q.options());
+  const specstream::RowAttention a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(),
+                                   k.stride(0), out.data_ptr<float>(), heads * dim, rows, first_len, heads, kv_heads,
+                                   static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)))};
+  TORCH_CHECK(specstream::row_attention(a, dim), "row_attention: no kernel for head size ", dim);
+  return out;
+}
+
 // Attention._attend / _rows_as_decodes for every sequence of the step, from q_heads [Hq, T, D] to [T, Hq * D].
+// With row_kernel, a decode's row and a verification's rows take row_attention (Attention.row_attention).
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Tensor& k_arena, const at::Tensor& v_arena,
                   at::IntArrayRef seqs, const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes,
-                  int64_t num_heads, int64_t head_dim) {
+                  bool row_kernel, int64_t num_heads, int64_t head_dim) {
   const int64_t T = qkv.size(0), S = static_cast<int64_t>(masks.size());
   auto as_decodes = [&](int64_t s) {
     return rows_as_decodes > 0 && masks.get(s).has_value() && seqs[4 * s + 1] <= rows_as_decodes;
   };
+  auto by_kernel = [&](int64_t s) { return row_kernel && (seqs[4 * s + 1] == 1 || as_decodes(s)); };
   auto region = [&](int64_t s, const at::Tensor& arena, int64_t end) {
     return arena.slice(1, seqs[4 * s + 2], end);
   };
@@ -87,11 +112,18 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Te
     return sdpa(q_heads.slice(1, q_start, q_start + q_len), region(s, k_arena, end), region(s, v_arena, end), mask,
                 !mask.has_value() && q_len > 1);
   };
-  if (S == 1 && !as_decodes(0)) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
+  if (S == 1 && !as_decodes(0) && !by_kernel(0)) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
   at::Tensor out = qkv.new_empty({T, num_heads, head_dim});
   at::Tensor out_heads = out.transpose(0, 1);  // [Hq, T, D], writes land in `out`
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1];
+    if (by_kernel(s)) {
+      const int64_t end = seqs[4 * s + 2] + seqs[4 * s + 3];
+      out.slice(0, q_start, q_start + q_len)
+          .copy_(row_attention(q_heads.slice(1, q_start, q_start + q_len).transpose(0, 1),
+                               region(s, k_arena, end), region(s, v_arena, end), seqs[4 * s + 3] - q_len + 1));
+      continue;
+    }
     if (!as_decodes(s)) {
       out_heads.slice(1, q_start, q_start + q_len).copy_(whole(s));
       continue;
@@ -119,8 +151,8 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                         const c10::List<std::optional<at::Tensor>>& wide,
                         at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
-                        const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes, int64_t num_heads,
-                        int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
+                        const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes, bool row_kernel,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
   const Linears linear{wa, wb, wide, kinds, groups, outs, max_quant_rows, windows};
   const int64_t T = h.size(0), L = kv.size(0), hidden = h.size(1);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
@@ -133,7 +165,8 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
     at::add_out(qk, qk * cos, swapped.mul_(sin_rot));
     kv[l].index_copy_(2, slots, qkv.slice(1, q_size).view({T, 2, num_kv_heads, head_dim}).permute({1, 2, 0, 3}));
     at::Tensor q_heads = qk.slice(1, 0, num_heads).transpose(0, 1);  // [Hq, T, D]
-    at::Tensor attn = attend(qkv, q_heads, kv[l][0], kv[l][1], seqs, masks, rows_as_decodes, num_heads, head_dim);
+    at::Tensor attn =
+        attend(qkv, q_heads, kv[l][0], kv[l][1], seqs, masks, rows_as_decodes, row_kernel, num_heads, head_dim);
     h = h + linear(i + 1, attn);
     x = at::rms_norm(h, {hidden}, norms[2 * l + 1], eps);
     std::vector<at::Tensor> gate_up = linear(i + 2, x).split(intermediate, -1);
@@ -146,7 +179,8 @@ TORCH_LIBRARY(specstream, m) {
   m.def(
       "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] wa, "
       "Tensor[] wb, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, int[] windows, "
-      "int[] seqs, Tensor?[] masks, int rows_as_decodes, int num_heads, int num_kv_heads, int head_dim, "
-      "int intermediate, float eps) -> Tensor",
+      "int[] seqs, Tensor?[] masks, int rows_as_decodes, bool row_kernel, int num_heads, int num_kv_heads, "
+      "int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);
+  m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);
 }

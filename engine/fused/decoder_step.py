@@ -66,6 +66,7 @@ class FusedDecoderStep:
     max_quant_rows: list[int] = field(default_factory=list)
     shapes: list[tuple[int, int]] = field(default_factory=list)  # (out, in): bf16 windows are per shape
     rows_as_decodes: int = 0
+    row_kernel: bool = False  # decode-like rows on the row kernel (Attention.row_attention), as the layers do
     num_heads: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
@@ -85,10 +86,12 @@ class FusedDecoderStep:
         cfg = model.cfg
         step = cls(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                    intermediate=cfg.intermediate_size, eps=model.norm.eps,
-                   rows_as_decodes=model.layers[0].self_attn.rows_as_decodes)  # fmt: skip
+                   rows_as_decodes=model.layers[0].self_attn.rows_as_decodes,
+                   row_kernel=model.layers[0].self_attn.row_attention is not None)  # fmt: skip
         for layer in model.layers:
-            if layer.self_attn.rows_as_decodes != step.rows_as_decodes:
-                return None, "the layers attend verification rows differently (rows_as_decodes)"
+            a = layer.self_attn
+            if a.rows_as_decodes != step.rows_as_decodes or (a.row_attention is not None) != step.row_kernel:
+                return None, "the layers attend verification rows differently (rows_as_decodes, row_attention)"
             step.norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             for lin in _layer_linears(layer):
                 step._add(lin)
@@ -135,6 +138,6 @@ class FusedDecoderStep:
         return torch.ops.specstream.decoder_step(
             h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb,
             self.wide, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
-            [s.mask for s in attn.seqs], self.rows_as_decodes, self.num_heads, self.num_kv_heads, self.head_dim,
-            self.intermediate, self.eps,
+            [s.mask for s in attn.seqs], self.rows_as_decodes, self.row_kernel, self.num_heads, self.num_kv_heads,
+            self.head_dim, self.intermediate, self.eps,
         )  # fmt: skip

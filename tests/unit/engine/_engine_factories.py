@@ -104,6 +104,7 @@ def make_engine(
     lora: LoRAConfig | None = None,
     kernel_dispatch: str = "fixed",  # tests: the same kernels on every machine, no timing at start
     fused_step: bool = True,
+    progress: Any = None,  # the lines the engine says at start
 ) -> LLMEngine:
     cfg = EngineConfig(
         model="tiny",
@@ -118,7 +119,7 @@ def make_engine(
         kernel_dispatch=kernel_dispatch,
         fused_step=fused_step,
     )
-    return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller)
+    return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller, progress=progress)
 
 
 def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:

@@ -94,17 +94,25 @@ def test_the_fused_step_gives_each_row_and_its_kv_the_layer_by_layer_bits(
 
 
 @pytest.mark.parametrize("fmt,wide", FORMATS)
-def test_speculation_on_the_fused_step_keeps_the_layer_by_layer_tokens_greedy_and_seeded_in_a_batch(
+def test_speculation_on_the_fused_step_keeps_the_layer_by_layer_and_the_plain_tokens_greedy_and_seeded_in_a_batch(
     llama: Any, fmt: str, wide: bool
 ) -> None:
-    def run(**kw: Any) -> dict[str, Any]:
-        engine = make_engine(llama, weights=fmt, prepack_weights=wide, **kw)
-        assert (engine.model.fused_step is not None) == kw.get("fused_step", True)
-        return engine.generate([EngineRequest(f"r{i}", PROMPTS[i], PARAMS[i % 2]) for i in range(len(PROMPTS))])
+    engine = make_engine(llama, weights=fmt, prepack_weights=wide, speculation=NGRAM)
+    fused = engine.model.fused_step
+    assert fused is not None and fused.row_kernel
 
-    fused, eager = run(speculation=NGRAM), run(speculation=NGRAM, fused_step=False)
-    assert {k: r.token_ids for k, r in fused.items()} == {k: r.token_ids for k, r in eager.items()}
-    assert fused["r1"].stats.spec.drafted > 0  # verification steps did run
+    def run(step: FusedDecoderStep | None, ids: list[int], speculation: bool | None = None) -> dict[str, list[int]]:
+        engine.model.fused_step = step
+        out = engine.generate([EngineRequest(f"r{i}", PROMPTS[i], PARAMS[i % 2], speculation=speculation) for i in ids])
+        if "r1" in out:  # the repetitive prompt: drafts are found exactly when speculation is on
+            assert (out["r1"].stats.spec.drafted > 0) == (speculation is None)
+        return {k: r.token_ids for k, r in out.items()}
+
+    assert run(fused, [0, 1, 2]) == run(None, [0, 1, 2])  # a batch: the same rows, the same bits
+    # Alone, speculative text is plain text. (In a batch the quantized kernels' rounding of a row can follow the
+    # step's row count, so a batch's speculative and plain steps may part at a near tie, fused or not.)
+    for i in range(3):
+        assert run(fused, [i]) == run(fused, [i], speculation=False)
 
 
 def test_models_and_formats_it_cannot_serve_are_refused_with_the_reason(llama: Any) -> None:

@@ -1,0 +1,198 @@
+// Attention of decode-like rows (a decode's row, a verification step's rows) over one sequence's KV region.
+//
+// Why our own kernel: speculation is lossless only if a verification row rounds exactly as the decode of that
+// position would, and SDPA's rounding depends on how many query rows one call has. So the engine ran a
+// verification of k drafts as k + 1 one-row SDPA calls per layer, each reading the sequence's K and V again and
+// paying SDPA's set-up (at 450 positions ~35 us a call here, most of a decode step's attention).
+//
+// Here one call takes all of a sequence's rows. K and V are walked in blocks of 16 positions from position 0;
+// each block is read once and used by every row and every query head of its GQA group. Each (row, head) keeps
+// its own online-softmax state and sees the same blocks, in the same order, through the same code, whatever the
+// other rows are. So a row's bits do not depend on the row count, and a verification row gets its decode's bits.
+//
+// Vectors are GCC's vector extensions (no intrinsics): target_clones compiles the kernel for AVX-512, AVX2 and
+// the baseline, and the loader picks one per CPU, the same one for every call of a process.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace specstream {
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+constexpr int64_t kLanes = 16;  // positions per block = floats per vector
+
+#define SS_INLINE inline __attribute__((always_inline))
+
+SS_INLINE v16 splat(float f) { return v16{} + f; }
+
+SS_INLINE v16 load(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+SS_INLINE void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
+
+// A fixed tree over the lanes: the same order on every call.
+SS_INLINE float hsum(v16 a) {
+  v8 s8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
+          __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 s4 = __builtin_shufflevector(s8, s8, 0, 1, 2, 3) + __builtin_shufflevector(s8, s8, 4, 5, 6, 7);
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+SS_INLINE v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
+
+SS_INLINE float hmax(v16 a) {
+  a = vmax(a, __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));
+  a = vmax(a, __builtin_shufflevector(a, a, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));
+  a = vmax(a, __builtin_shufflevector(a, a, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));
+  a = vmax(a, __builtin_shufflevector(a, a, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14));
+  return a[0];
+}
+
+// x[i] (16 vectors) -> the vector of their 16 lane sums, in i order: four levels of pairwise folding, each lane
+// sum always added up in the same tree (cheaper than 16 separate horizontal sums).
+SS_INLINE v16 hsum16(const v16* x) {
+  v16 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 4; ++i) {
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 2; ++i) {
+    d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  }
+  return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+// e^x lane by lane (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, 2^n from the exponent bits);
+// within 2 ulp of libm for x in [-87, 88]. Inputs here are score - running max <= 0.
+SS_INLINE v16 exp16(v16 x) {
+  x = x < splat(-87.0f) ? splat(-87.0f) : x;
+  x = x > splat(88.0f) ? splat(88.0f) : x;
+  const v16 magic = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to the nearest integer
+  const v16 n = (x * 1.44269504088896341f + magic) - magic;
+  const v16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  v16 y = splat(1.9875691500e-4f);
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+  return y * (v16)bits;  // a same-size vector cast reinterprets the bits
+}
+
+// One call's operands. Row r (0..rows-1) attends positions [0, first_len + r) of the region.
+struct RowAttention {
+  const float* q;       // row r, head h: q + r * q_row + h * head_dim
+  int64_t q_row;
+  const float* k;       // kv head g, position p: k + g * kv_head + p * head_dim (v likewise)
+  const float* v;
+  int64_t kv_head;
+  float* out;           // row r, head h: out + r * out_row + h * head_dim
+  int64_t out_row;
+  int64_t rows, first_len, num_heads, num_kv_heads;
+  float scale;
+};
+
+// C = head_dim / 16 vectors per head. State per (row, head of the group): running max, sum, and output.
+template <int C>
+SS_INLINE void row_attention_impl(const RowAttention& a) {
+  constexpr int64_t D = C * kLanes;
+  const int64_t G = a.num_heads / a.num_kv_heads, pairs = a.rows * G;
+  std::vector<float> max_(pairs), sum_(pairs);
+  std::vector<float> acc(pairs * D);  // vectors loaded and stored unaligned: no over-aligned allocations
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int64_t g = 0; g < a.num_kv_heads; ++g) {
+    std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
+    std::fill(sum_.begin(), sum_.end(), 0.0f);
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    const float* kg = a.k + g * a.kv_head;
+    const float* vg = a.v + g * a.kv_head;
+    const int64_t longest = a.first_len + a.rows - 1;
+    for (int64_t p0 = 0; p0 < longest; p0 += kLanes) {
+      const float* kb = kg + p0 * D;
+      const float* vb = vg + p0 * D;
+      for (int64_t r = 0; r < a.rows; ++r) {
+        const int64_t n = std::min<int64_t>(kLanes, a.first_len + r - p0);  // this row's positions in the block
+        if (n <= 0) continue;
+        for (int64_t j = 0; j < G; ++j) {
+          const int64_t pair = r * G + j;
+          const float* q = a.q + r * a.q_row + (g * G + j) * D;
+          v16 qv[C];
+          for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
+          v16 dots[kLanes];  // per position, the lane-wise products summed over the head's vectors
+          for (int64_t t = 0; t < kLanes; ++t) {
+            if (t >= n) {  // past the row's positions (maybe past the arena): zero, masked below
+              dots[t] = v16{};
+              continue;
+            }
+            dots[t] = qv[0] * load(kb + t * D);
+            for (int c = 1; c < C; ++c) dots[t] += qv[c] * load(kb + t * D + c * kLanes);
+          }
+          const v16 valid = lane < splat(static_cast<float>(n)) ? splat(1.0f) : v16{};
+          const v16 s = valid > 0.0f ? hsum16(dots) * a.scale : splat(-std::numeric_limits<float>::infinity());
+          const float m = std::max(max_[pair], hmax(s));
+          if (m > max_[pair]) {  // rescale what was summed under the old max
+            const float shrink = std::exp(max_[pair] - m);
+            sum_[pair] *= shrink;
+            for (int64_t d = 0; d < D; ++d) acc[pair * D + d] *= shrink;
+            max_[pair] = m;
+          }
+          const v16 e = exp16(s - m);
+          const v16 p = valid > 0.0f ? e : v16{};
+          sum_[pair] += hsum(p);
+          v16 o[C];
+          for (int c = 0; c < C; ++c) o[c] = load(&acc[pair * D + c * kLanes]);
+          for (int64_t t = 0; t < n; ++t) {
+            for (int c = 0; c < C; ++c) o[c] += p[t] * load(vb + t * D + c * kLanes);
+          }
+          for (int c = 0; c < C; ++c) store(&acc[pair * D + c * kLanes], o[c]);
+        }
+      }
+    }
+    for (int64_t r = 0; r < a.rows; ++r) {
+      for (int64_t j = 0; j < G; ++j) {
+        const int64_t pair = r * G + j;
+        float* out = a.out + r * a.out_row + (g * G + j) * D;
+        for (int64_t d = 0; d < D; ++d) out[d] = acc[pair * D + d] / sum_[pair];
+      }
+    }
+  }
+}
+
+#define SS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+SS_CLONES void row_attention_16(const RowAttention& a) { row_attention_impl<1>(a); }
+SS_CLONES void row_attention_32(const RowAttention& a) { row_attention_impl<2>(a); }
+SS_CLONES void row_attention_64(const RowAttention& a) { row_attention_impl<4>(a); }
+SS_CLONES void row_attention_128(const RowAttention& a) { row_attention_impl<8>(a); }
+
+// False where the head size has no kernel (the caller then runs SDPA row by row).
+inline bool row_attention(const RowAttention& a, int64_t head_dim) {
+  switch (head_dim) {
+    case 16: row_attention_16(a); return true;
+    case 32: row_attention_32(a); return true;
+    case 64: row_attention_64(a); return true;
+    case 128: row_attention_128(a); return true;
+    default: return false;
+  }
+}
+
+}  // namespace specstream

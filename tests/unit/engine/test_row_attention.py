@@ -1,0 +1,100 @@
+"""The row kernel (engine/fused/row_attention.h): a decode's row and a verification step's rows attended in one
+call, each row within float rounding of SDPA and bit for bit what the same row gets alone (its decode), for every
+head size it is built for and key counts on both sides of its 16-position blocks; installed on the layers that
+attend verification rows as decodes, and refused with the reason elsewhere."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _engine_factories import make_engine, tiny_hf_model
+
+from engine.fused import build
+from engine.fused.row_attention import HEAD_DIMS, install_row_attention
+
+LENGTHS = [*range(1, 35), 47, 48, 49, 450]
+
+
+@pytest.fixture(scope="module")
+def row_attention() -> Any:
+    built = build.load_ops("decoder_step")
+    assert built.library is not None, built.why
+    return torch.ops.specstream.row_attention
+
+
+def _operands(rows: int, first_len: int, heads: int, kv_heads: int, dim: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    n = first_len + rows - 1 + 3  # the region runs past the last row's keys: they must not be read
+    q = torch.randn(rows, heads, dim, generator=g)
+    k, v = (torch.randn(kv_heads, n, dim, generator=g) * 2 for _ in range(2))
+    return q, k, v
+
+
+def _sdpa_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) -> torch.Tensor:
+    """One decode's attention over the first `length` keys, as the layers ran it before: [1, Hq, D]."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k[:, :length], v[:, :length], enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3)])
+def test_each_row_is_within_float_rounding_of_sdpa(row_attention: Any, dim: int, heads: int, kv_heads: int) -> None:
+    for first_len in LENGTHS:
+        q, k, v = _operands(5, first_len, heads, kv_heads, dim, seed=first_len)
+        out = row_attention(q, k, v, first_len)
+        for r in range(5):
+            torch.testing.assert_close(out[r : r + 1], _sdpa_row(q[r : r + 1], k, v, first_len + r), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+def test_a_verification_row_gets_exactly_the_bits_of_its_decode(row_attention: Any, dim: int) -> None:
+    for first_len in LENGTHS:
+        for rows in (2, 5, 9):
+            q, k, v = _operands(rows, first_len, 9, 3, dim, seed=rows * 1000 + first_len)
+            together = row_attention(q, k, v, first_len)
+            for r in range(rows):
+                alone = row_attention(q[r : r + 1], k, v, first_len + r)
+                assert torch.equal(together[r : r + 1], alone), (dim, first_len, rows, r)
+
+
+def test_rows_read_from_a_view_of_the_qkv_rows_and_an_arena_region(row_attention: Any) -> None:
+    # As the layers call it: q inside the [T, Hq + Hkv, D] qk block, k and v a region in the middle of the arena.
+    qk = torch.randn(6, 9 + 3, 64)
+    arena = torch.randn(2, 3, 200, 64)
+    got = row_attention(qk[1:4, :9], arena[0, :, 50:90], arena[1, :, 50:90], 38)
+    want = row_attention(qk[1:4, :9].contiguous(), arena[0, :, 50:90].contiguous(), arena[1, :, 50:90].contiguous(), 38)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (lambda q, k, v: (q, k, v, 40), "the region is too short"),
+        (lambda q, k, v: (q, k, v, 0), "the region is too short"),
+        (lambda q, k, v: (q.double(), k, v, 3), "fp32 tensors only"),
+        (lambda q, k, v: (q, k[:2], v[:2], 3), "head counts or sizes do not match"),
+        (lambda q, k, v: (q, k.transpose(1, 2), v.transpose(1, 2), 3), "contiguous positions"),
+    ],
+)
+def test_operands_it_cannot_attend_are_refused_naming_the_problem(row_attention: Any, args: Any, message: str) -> None:
+    q, k, v = _operands(2, 30, 9, 3, 64, seed=0)
+    with pytest.raises(RuntimeError, match=message):
+        row_attention(*args(q, k, v))
+
+
+def test_the_engine_installs_it_on_quantized_layers_and_says_so() -> None:
+    lines: list[str] = []
+    engine = make_engine(tiny_hf_model("llama"), weights="int4", progress=lines.append)
+    assert all(layer.self_attn.row_attention is not None for layer in engine.model.layers)
+    assert "row attention: decodes and verification rows in one C++ call per sequence and layer" in lines
+    assert engine.model.fused_step is not None and engine.model.fused_step.row_kernel
+
+
+def test_fp32_layers_and_head_sizes_without_a_kernel_keep_sdpa_with_the_reason() -> None:
+    fp32 = make_engine(tiny_hf_model("llama"), weights="fp32")
+    assert install_row_attention(fp32.model) == "row attention: no layer attends verification rows as decodes"
+    odd = make_engine(tiny_hf_model("llama", head_dim=24), weights="int4", fused_step=False)
+    assert install_row_attention(odd.model) == "row attention: SDPA row by row (no kernel for head size 24)"
+    assert all(layer.self_attn.row_attention is None for layer in odd.model.layers)
