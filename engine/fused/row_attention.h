@@ -31,6 +31,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;  // positions per block = floats per vector
 
 #define SS_INLINE inline __attribute__((always_inline))
+#define SS_UNROLL _Pragma("GCC unroll 16")  // a head's vectors stay in registers, not on the stack
 
 SS_INLINE v16 splat(float f) { return v16{} + f; }
 
@@ -137,6 +138,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a) {
           const int64_t pair = r * G + j;
           const float* q = a.q + r * a.q_row + (g * G + j) * D;
           v16 qv[C];
+          SS_UNROLL
           for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
           v16 dots[kLanes];  // per position, the lane-wise products summed over the head's vectors
           for (int64_t t = 0; t < kLanes; ++t) {
@@ -145,6 +147,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a) {
               continue;
             }
             dots[t] = qv[0] * load(kb + t * D);
+            SS_UNROLL
             for (int c = 1; c < C; ++c) dots[t] += qv[c] * load(kb + t * D + c * kLanes);
           }
           const v16 valid = lane < splat(static_cast<float>(n)) ? splat(1.0f) : v16{};
@@ -160,10 +163,13 @@ SS_INLINE void row_attention_impl(const RowAttention& a) {
           const v16 p = valid > 0.0f ? e : v16{};
           sum_[pair] += hsum(p);
           v16 o[C];
+          SS_UNROLL
           for (int c = 0; c < C; ++c) o[c] = load(&acc[pair * D + c * kLanes]);
           for (int64_t t = 0; t < n; ++t) {
+            SS_UNROLL
             for (int c = 0; c < C; ++c) o[c] += p[t] * load(vb + t * D + c * kLanes);
           }
+          SS_UNROLL
           for (int c = 0; c < C; ++c) store(&acc[pair * D + c * kLanes], o[c]);
         }
       }
