@@ -160,7 +160,8 @@ class EngineSettings(Section):
         default=True,
         description="CPU with weights int4/int8/bf16: run each step's decoder layers as one C++ call (compiled with "
         "g++ on first use, 10-20 s, cached in ~/.cache/specstream/ops), bit for bit the layer-by-layer path's results "
-        "without its per-op Python; a machine without a compiler says so at start and runs layer by layer.",
+        "without its per-op Python, and attend a decode's row and a verification's rows with one C++ kernel call per "
+        "sequence; a machine without a compiler says so at start and runs layer by layer with SDPA.",
     )
     weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
         default="fp32",
