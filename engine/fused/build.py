@@ -20,6 +20,9 @@ from pathlib import Path
 import torch
 
 SOURCE_DIR = Path(__file__).parent
+# -fopenmp: at::parallel_for runs on torch's threads (without it, one thread); the process already holds torch's
+# libgomp, which the library's libgomp.so.1 resolves to.
+FLAGS = ("-O2", "-std=c++20", "-fopenmp", "-fPIC", "-shared", "-Wno-psabi")
 _loaded: dict[str, Built] = {}
 
 
@@ -47,7 +50,7 @@ def _command(compiler: str, source: Path, target: Path) -> list[str]:
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        compiler, "-O2", "-std=c++20", "-fPIC", "-shared", str(source), "-o", str(target),
+        compiler, *FLAGS, str(source), "-o", str(target),
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in include_paths()),
         *(f"-L{p}" for p in library_paths()), "-lc10", "-ltorch_cpu", "-ltorch",
     ]  # fmt: skip
@@ -58,7 +61,7 @@ def _key(compiler: str, source: Path) -> str:
     h = hashlib.sha256(source.read_bytes())
     for header in sorted(source.parent.glob("*.h")):  # what the sources include
         h.update(header.read_bytes())
-    h.update(f"{torch.__version__}|{torch._C._GLIBCXX_USE_CXX11_ABI}|{version}".encode())
+    h.update(f"{torch.__version__}|{torch._C._GLIBCXX_USE_CXX11_ABI}|{version}|{' '.join(FLAGS)}".encode())
     return h.hexdigest()[:16]
 
 

@@ -11,8 +11,11 @@
 // other rows are. So a row's bits do not depend on the row count, and a verification row gets its decode's bits.
 //
 // Vectors are GCC's vector extensions (no intrinsics): target_clones compiles the kernel for AVX-512, AVX2 and
-// the baseline, and the loader picks one per CPU, the same one for every call of a process.
+// the baseline, and the loader picks one per CPU, the same one for every call of a process. Query heads are shared
+// out among torch's threads (OpenMP: the library is built with -fopenmp and uses torch's own libgomp).
 #pragma once
+
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -113,18 +116,18 @@ struct RowAttention {
   float scale;
 };
 
-// C = head_dim / 16 vectors per head. State per (row, head of the group): running max, sum, and output.
+// Query heads h0..h1-1 (one thread's share). C = head_dim / 16 vectors per head. A GQA group's heads in the share
+// walk the blocks together; state per (row, head): running max, sum, and output.
 template <int C>
-SS_INLINE void row_attention_impl(const RowAttention& a) {
+SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1) {
   constexpr int64_t D = C * kLanes;
-  const int64_t G = a.num_heads / a.num_kv_heads, pairs = a.rows * G;
-  std::vector<float> max_(pairs), sum_(pairs);
-  std::vector<float> acc(pairs * D);  // vectors loaded and stored unaligned: no over-aligned allocations
+  const int64_t G = a.num_heads / a.num_kv_heads;
   const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-  for (int64_t g = 0; g < a.num_kv_heads; ++g) {
-    std::fill(max_.begin(), max_.end(), -std::numeric_limits<float>::infinity());
-    std::fill(sum_.begin(), sum_.end(), 0.0f);
-    std::fill(acc.begin(), acc.end(), 0.0f);
+  for (int64_t g = h0 / G; g * G < h1; ++g) {
+    const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
+    const int64_t heads = j1 - j0, pairs = a.rows * heads;
+    std::vector<float> max_(pairs, -std::numeric_limits<float>::infinity()), sum_(pairs, 0.0f);
+    std::vector<float> acc(pairs * D, 0.0f);  // vectors loaded and stored unaligned: no over-aligned allocations
     const float* kg = a.k + g * a.kv_head;
     const float* vg = a.v + g * a.kv_head;
     const int64_t longest = a.first_len + a.rows - 1;
@@ -134,8 +137,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a) {
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t n = std::min<int64_t>(kLanes, a.first_len + r - p0);  // this row's positions in the block
         if (n <= 0) continue;
-        for (int64_t j = 0; j < G; ++j) {
-          const int64_t pair = r * G + j;
+        for (int64_t j = j0; j < j1; ++j) {
+          const int64_t pair = r * heads + j - j0;
           const float* q = a.q + r * a.q_row + (g * G + j) * D;
           v16 qv[C];
           SS_UNROLL
@@ -175,8 +178,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a) {
       }
     }
     for (int64_t r = 0; r < a.rows; ++r) {
-      for (int64_t j = 0; j < G; ++j) {
-        const int64_t pair = r * G + j;
+      for (int64_t j = j0; j < j1; ++j) {
+        const int64_t pair = r * heads + j - j0;
         float* out = a.out + r * a.out_row + (g * G + j) * D;
         for (int64_t d = 0; d < D; ++d) out[d] = acc[pair * D + d] / sum_[pair];
       }
@@ -185,20 +188,29 @@ SS_INLINE void row_attention_impl(const RowAttention& a) {
 }
 
 #define SS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-SS_CLONES void row_attention_16(const RowAttention& a) { row_attention_impl<1>(a); }
-SS_CLONES void row_attention_32(const RowAttention& a) { row_attention_impl<2>(a); }
-SS_CLONES void row_attention_64(const RowAttention& a) { row_attention_impl<4>(a); }
-SS_CLONES void row_attention_128(const RowAttention& a) { row_attention_impl<8>(a); }
+SS_CLONES void row_attention_16(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<1>(a, h0, h1); }
+SS_CLONES void row_attention_32(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<2>(a, h0, h1); }
+SS_CLONES void row_attention_64(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<4>(a, h0, h1); }
+SS_CLONES void row_attention_128(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<8>(a, h0, h1); }
 
-// False where the head size has no kernel (the caller then runs SDPA row by row).
+// Below this much work (rows x keys x heads x head size) one thread: starting a parallel region costs a few us.
+constexpr int64_t kParallelWork = 1 << 16;
+
+// False where the head size has no kernel (the caller then runs SDPA row by row). Query heads are shared out among
+// torch's threads; each (row, head) is computed by one thread from start to end, so threads change no bit.
 inline bool row_attention(const RowAttention& a, int64_t head_dim) {
+  void (*kernel)(const RowAttention&, int64_t, int64_t) = nullptr;
   switch (head_dim) {
-    case 16: row_attention_16(a); return true;
-    case 32: row_attention_32(a); return true;
-    case 64: row_attention_64(a); return true;
-    case 128: row_attention_128(a); return true;
+    case 16: kernel = row_attention_16; break;
+    case 32: kernel = row_attention_32; break;
+    case 64: kernel = row_attention_64; break;
+    case 128: kernel = row_attention_128; break;
     default: return false;
   }
+  const int64_t work = a.rows * (a.first_len + a.rows) * a.num_heads * head_dim;
+  const int64_t grain = work < kParallelWork ? a.num_heads + 1 : 1;
+  at::parallel_for(0, a.num_heads, grain, [&](int64_t h0, int64_t h1) { kernel(a, h0, h1); });
+  return true;
 }
 
 }  // namespace specstream

@@ -59,6 +59,20 @@ def test_a_verification_row_gets_exactly_the_bits_of_its_decode(row_attention: A
                 assert torch.equal(together[r : r + 1], alone), (dim, first_len, rows, r)
 
 
+def test_threads_share_out_the_heads_without_changing_a_bit(row_attention: Any) -> None:
+    before = torch.get_num_threads()
+    try:
+        for first_len in (3, 450):  # one thread below the parallel threshold, the heads shared out above it
+            q, k, v = _operands(9, first_len, 9, 3, 64, seed=first_len)
+            outs = []
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                outs.append(row_attention(q, k, v, first_len))
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_rows_read_from_a_view_of_the_qkv_rows_and_an_arena_region(row_attention: Any) -> None:
     # As the layers call it: q inside the [T, Hq + Hkv, D] qk block, k and v a region in the middle of the arena.
     qk = torch.randn(6, 9 + 3, 64)
