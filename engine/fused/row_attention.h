@@ -6,9 +6,9 @@
 // paying SDPA's set-up (at 450 positions ~35 us a call here, most of a decode step's attention).
 //
 // Here one call takes all of a sequence's rows. K and V are walked in blocks of 16 positions from position 0;
-// each block is read once and used by every row and every query head of its GQA group. Each (row, head) keeps
-// its own online-softmax state and sees the same blocks, in the same order, through the same code, whatever the
-// other rows are. So a row's bits do not depend on the row count, and a verification row gets its decode's bits.
+// each block is read once for every row and for the query heads of its GQA group that one thread holds. Each
+// (row, head) keeps its own online-softmax state and sees the same blocks, in the same order, through the same
+// code, whatever the other rows are. So a row's bits do not depend on the row count, and a verification row gets its decode's bits.
 //
 // Vectors are GCC's vector extensions (no intrinsics): target_clones compiles the kernel for AVX-512, AVX2 and
 // the baseline, and the loader picks one per CPU, the same one for every call of a process. Query heads are shared
