@@ -266,7 +266,8 @@ def check_targets(figures: Figures) -> list[str]:
     for name in ("code_edit", "rag"):
         check(f"int4 lookup >= 1.5x llama-lookup Q4_0 ({name})", f"ours_ngram_int4:single:{name}", f"llama_lookup_Q4_0:single:{name}", 1.5)
     check("int4 16 concurrent >= 2x llama-server Q4_0", "ours_plain_int4:concurrent:16", "llama_server16_Q4_0:concurrent:16", 2)
-    figures.end_to_end["fp32_figure:concurrent:16"] = 110.7  # issue 17's fp32 figure for our engine
+    # issue 17's fp32 figure for our engine, on a copy: it is a target, not a measured row of the output
+    figures = Figures(figures.end_to_end | {"fp32_figure:concurrent:16": 110.7}, figures.decode)
     check("int4 16 concurrent >= 1.5x our fp32 figure", "ours_plain_int4:concurrent:16", "fp32_figure:concurrent:16", 1.5)
     return lines
 

@@ -225,7 +225,7 @@ class Attention(nn.Module):
         out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s in attn.seqs:
-            if self.row_attention is not None and self._by_kernel(s):
+            if self._by_kernel(s) and self.row_attention is not None:  # (is not None: for the type checker)
                 rows, kv = slice(s.q_start, s.q_start + s.q_len), slice(s.kv_start, s.kv_start + s.kv_len)
                 out[rows] = self.row_attention(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv],
                                                s.kv_len - s.q_len + 1)  # fmt: skip

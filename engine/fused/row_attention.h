@@ -153,8 +153,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
             SS_UNROLL
             for (int c = 1; c < C; ++c) dots[t] += qv[c] * load(kb + t * D + c * kLanes);
           }
-          const v16 valid = lane < splat(static_cast<float>(n)) ? splat(1.0f) : v16{};
-          const v16 s = valid > 0.0f ? hsum16(dots) * a.scale : splat(-std::numeric_limits<float>::infinity());
+          const v16i valid = lane < splat(static_cast<float>(n));  // lanes of this row's positions
+          const v16 s = valid ? hsum16(dots) * a.scale : splat(-std::numeric_limits<float>::infinity());
           const float m = std::max(max_[pair], hmax(s));
           if (m > max_[pair]) {  // rescale what was summed under the old max
             const float shrink = std::exp(max_[pair] - m);
@@ -163,7 +163,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
             max_[pair] = m;
           }
           const v16 e = exp16(s - m);
-          const v16 p = valid > 0.0f ? e : v16{};
+          const v16 p = valid ? e : v16{};
           sum_[pair] += hsum(p);
           v16 o[C];
           SS_UNROLL
