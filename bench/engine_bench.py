@@ -5,6 +5,7 @@
     python -m bench.engine_bench --weights int4 --rows ours_plain,ours_ngram   # a weight format (engine.weights)
     python -m bench.engine_bench --kernel-dispatch fixed ...   # the Intel thresholds instead of this CPU's (A/B)
     python -m bench.engine_bench --weights int4 --fused-step off ...   # layer by layer instead of one C++ call (A/B)
+    python -m bench.engine_bench --weights int4 --quant-kernel torch ...   # torch's int4/int8 kernels (A/B)
     python -m bench.engine_bench --rows ours_plain,ours_ngram,ours_eagle,ours_eagle_lookup --concurrency 16 \
         --draft-head smollm2-135m-instruct        # a trained EAGLE head (specstream draft train), issue 16
 
@@ -81,18 +82,23 @@ def _dispatch_line(line: str) -> None:
 
 @dataclass(frozen=True)
 class OurEngine:
-    """How our rows' engine is set up: the command line's --weights, --draft-head, --kernel-dispatch, --fused-step."""
+    """How our rows' engine is set up: the command line's --weights, --draft-head, --kernel-dispatch, --fused-step,
+    --quant-kernel."""
 
     weights: str = "fp32"
     draft_head: str | None = None
     kernel_dispatch: str = "auto"
     fused_step: bool = True
+    quant_kernel: str = "auto"
 
     def args(self) -> list[str]:
         """The same settings as arguments of a row's subprocess."""
         head = ["--draft-head", self.draft_head] if self.draft_head else []
         fused = "on" if self.fused_step else "off"
-        return ["--weights", self.weights, "--kernel-dispatch", self.kernel_dispatch, "--fused-step", fused, *head]
+        return [
+            "--weights", self.weights, "--kernel-dispatch", self.kernel_dispatch, "--fused-step", fused,
+            "--quant-kernel", self.quant_kernel, *head,
+        ]  # fmt: skip
 
 
 def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent: bool, ours: OurEngine) -> list[RowResult]:
@@ -115,7 +121,7 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
     model = "smollm2-135m-instruct"
     cfg = EngineConfig(
         model=model, speculation=spec, weights=ours.weights, kernel_dispatch=ours.kernel_dispatch,
-        fused_step=ours.fused_step,
+        fused_step=ours.fused_step, quant_kernel=ours.quant_kernel,
     )  # fmt: skip
     engine = LLMEngine.from_config(cfg, progress=_dispatch_line)
     params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
@@ -375,11 +381,15 @@ def main(argv: list[str] | None = None) -> int:
         "--fused-step", default="on", choices=("on", "off"),
         help="engine.fused_step of our rows (int4/int8/bf16): each step's layers as one C++ call, or layer by layer",
     )
+    ap.add_argument(
+        "--quant-kernel", default="auto", choices=("auto", "torch"),
+        help="engine.quant_kernel of our int4/int8 rows: auto (ours, int8 activations, where the CPU has VNNI) or torch",
+    )
     ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ours = OurEngine(args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on")
+    ours = OurEngine(args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on", args.quant_kernel)
 
     if args.row:  # subprocess mode
         results = run_row(args.row, args.scenario, args.max_new, ours)

@@ -62,6 +62,9 @@ class EngineConfig:
     # Weight format: "auto" | "fp32" | "bf16" | "int8" | "int4" (engine.quant.formats). fp32 is
     # the default until the quiet-machine benchmark confirms auto (int4 on AVX-512 + BF16 CPUs).
     weights: str = "fp32"
+    # int4/int8: "auto" runs our int8-activation VNNI kernel where the CPU has it (engine.quant.vnni), else
+    # torch's weight-only kernels; "torch" always torch's.
+    quant_kernel: str = "auto"
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     # LoRA adapters (engine.lora); None: the base model only, no adapter can be loaded.
     lora: LoRAConfig | None = None

@@ -105,7 +105,7 @@ class LLMEngine:
 
         # RoPE tables for every position of the longest region: drafts may run past max_model_len - 1.
         self.model.init_rope(loaded.hf_config, region_size(self.max_model_len, self.max_draft_tokens))
-        self.weight_format = apply_weights(loaded, config.weights, config.prepack_weights, say)
+        self.weight_format = apply_weights(loaded, config.weights, config.prepack_weights, say, config.quant_kernel)
         # Which kernel each step size runs on this CPU (measured, or fixed): one line at start. Sized by the
         # configured k even with speculation off, so turning speculation on or off never changes the kernels.
         dispatch = dispatch_kernels(self.model, self.weight_format, config, spec.max_draft_tokens, cache_root().parent)

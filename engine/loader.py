@@ -222,12 +222,14 @@ def load_model(
     )
 
 
-def apply_weights(loaded: LoadedModel, requested: str, wide: bool, progress: Progress | None = None) -> str:
+def apply_weights(
+    loaded: LoadedModel, requested: str, wide: bool, progress: Progress | None = None, kernel: str = "auto"
+) -> str:
     """Install the `engine.weights` format into a loaded model; returns the format in use.
 
     A format this device cannot run is replaced (by fp32, or engine.dtype on CUDA)
     with the reason said, and logged, once at start. wide: keep a bf16 copy for
-    steps of many rows (engine.quant.linear).
+    steps of many rows (engine.quant.linear). kernel: engine.quant_kernel.
     """
     import logging
 
@@ -245,6 +247,6 @@ def apply_weights(loaded: LoadedModel, requested: str, wide: bool, progress: Pro
         return "fp32"
     gguf = gguf_for(loaded.name)
     apply_weight_format(
-        loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say
+        loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say, kernel
     )
     return resolved.fmt

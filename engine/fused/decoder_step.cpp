@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "qgemm.h"
 #include "row_attention.h"
 
 namespace {
@@ -21,6 +22,8 @@ namespace {
 constexpr int64_t kInt4 = 0;  // _weight_int4pack_mm_for_cpu: packed codes, [in / group, out, 2] scale and zero
 constexpr int64_t kInt8 = 1;  // _weight_int8pack_mm: int8 codes, per-row scales
 constexpr int64_t kBf16 = 2;  // oneDNN-prepacked bf16 weight only (the bf16 format)
+constexpr int64_t kQ4 = 3;    // qgemm.h 4-bit: group-layout codes, fp16 scales, fp16 mins (or none)
+constexpr int64_t kQ8 = 4;    // qgemm.h 8-bit: group-layout codes, fp32 scale per output
 
 // engine.quant.linear._gemm_call: one oneDNN call; a single row runs as two, the copy's output dropped.
 at::Tensor gemm_call(const at::Tensor& packed, const at::Tensor& x) {
@@ -44,14 +47,65 @@ at::Tensor bf16_kernel(const at::Tensor& packed, const at::Tensor& x, int64_t wi
   return at::cat(pieces);
 }
 
+// x [T, in] fp32 -> [T, out] fp32 through qgemm.h, on weights packed by engine/quant/vnni.py: 4-bit codes
+// [out, in / 2] with fp16 scales and mins (or no mins: Q4_0-like) [out, in / 32], or 8-bit codes [out, in] with
+// one fp32 scale per output.
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                   const std::optional<at::Tensor>& mins, int64_t bits) {
+  namespace q = specstream::qgemm;
+  TORCH_CHECK(q::supported(), "qlinear: this CPU lacks AVX512-BW or AVX512-VNNI");
+  TORCH_CHECK(bits == 4 || bits == 8, "qlinear: bits must be 4 or 8, got ", bits);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "qlinear: x must be [T, in] fp32");
+  const int64_t rows = x.size(0), in = x.size(1), out = codes.size(0), blocks = in / q::kBlock;
+  const bool four = bits == 4;
+  TORCH_CHECK(in % q::kBlock == 0, "qlinear: in_features ", in, " is not a multiple of 32");
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == (four ? in / 2 : in),
+              "qlinear: codes must be contiguous uint8 [out, ", four ? in / 2 : in, "]");
+  auto check_scales = [&](const at::Tensor& t, const char* what) {
+    const auto dtype = four ? at::kHalf : at::kFloat;
+    TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.numel() == out * (four ? blocks : 1), "qlinear: ",
+                what, " must be contiguous ", four ? "fp16 [out, in / 32]" : "fp32 [out]");
+  };
+  check_scales(scales, "scales");
+  TORCH_CHECK(!mins.has_value() || four, "qlinear: mins are for 4-bit weights");
+  if (mins.has_value()) check_scales(*mins, "mins");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor codes_a = at::empty({rows, in}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({rows, blocks}, x.options()), dsums = at::empty({rows, blocks}, x.options());
+  at::Tensor sums = at::empty({rows, blocks}, x.options().dtype(at::kInt));
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      q::quantize_row(xc.data_ptr<float>() + r * in, in, codes_a.data_ptr<int8_t>() + r * in,
+                      d.data_ptr<float>() + r * blocks, sums.data_ptr<int32_t>() + r * blocks,
+                      dsums.data_ptr<float>() + r * blocks);
+    }
+  });
+  at::Tensor y = at::empty({rows, out}, x.options());
+  const q::QuantRows a{codes_a.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<int32_t>(),
+                       dsums.data_ptr<float>(), rows, in};
+  auto half = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); };
+  const q::QuantWeights w{codes.data_ptr<uint8_t>(),
+                          four ? half(scales) : nullptr,
+                          mins.has_value() ? half(*mins) : nullptr,
+                          four ? nullptr : scales.data_ptr<float>(),
+                          four ? (mins.has_value() ? 0 : 8) : 128,
+                          out, in, four};
+  q::linear(w, a, y.data_ptr<float>());
+  return y;
+}
+
 struct Linears {
   at::TensorList wa, wb;                              // the kernel's tensors
+  const c10::List<std::optional<at::Tensor>>& wc;    // a third one (qgemm.h's 4-bit mins), if any
   const c10::List<std::optional<at::Tensor>>& wide;  // the bf16 copy for wide steps, if kept
   at::IntArrayRef kinds, groups, outs, max_quant_rows, windows;
 
-  // QuantizedLinear.forward / Bf16Linear.forward: x [T, in] fp32 -> [T, out] fp32, bf16 activations inside.
+  // QuantizedLinear.forward / Bf16Linear.forward: x [T, in] fp32 -> [T, out] fp32; bf16 activations inside,
+  // but for qgemm.h, which takes fp32 ones.
   at::Tensor operator()(int64_t i, const at::Tensor& x) const {
     const int64_t rows = x.size(0);
+    const bool quant = kinds[i] != kBf16 && !(rows > max_quant_rows[i] && wide.get(i).has_value());
+    if (quant && (kinds[i] == kQ4 || kinds[i] == kQ8)) return qlinear(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8);
     at::Tensor xb = x.to(at::kBFloat16);
     at::Tensor y;
     if (kinds[i] == kBf16) {
@@ -139,21 +193,23 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Te
   return out.view({T, num_heads * head_dim});
 }
 
+bool qlinear_supported() { return specstream::qgemm::supported(); }
+
 }  // namespace
 
 // h [T, hidden] fp32 (the embedded rows); cos, sin_rot [T, 1, D] (RopeStep); slots [T] int64 arena slots;
 // kv [L, 2, Hkv, N, D] the arena. norms: 2 per layer (input, post-attention), then the final one. Per linear (4 a
-// layer: qkv, o, gate_up, down): wa, wb its kernel's tensors, wide its bf16 copy (None: none),
+// layer: qkv, o, gate_up, down): wa, wb (, wc) its kernel's tensors, wide its bf16 copy (None: none),
 // kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel), windows (bf16 rows per
 // call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence).
 at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
                         at::Tensor kv, at::TensorList norms, at::TensorList wa, at::TensorList wb,
-                        const c10::List<std::optional<at::Tensor>>& wide,
+                        const c10::List<std::optional<at::Tensor>>& wc, const c10::List<std::optional<at::Tensor>>& wide,
                         at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
                         const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes, bool row_kernel,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
-  const Linears linear{wa, wb, wide, kinds, groups, outs, max_quant_rows, windows};
+  const Linears linear{wa, wb, wc, wide, kinds, groups, outs, max_quant_rows, windows};
   const int64_t T = h.size(0), L = kv.size(0), hidden = h.size(1);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   for (int64_t l = 0; l < L; ++l) {
@@ -178,9 +234,11 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
 TORCH_LIBRARY(specstream, m) {
   m.def(
       "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] wa, "
-      "Tensor[] wb, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, int[] windows, "
+      "Tensor[] wb, Tensor?[] wc, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, int[] windows, "
       "int[] seqs, Tensor?[] masks, int rows_as_decodes, bool row_kernel, int num_heads, int num_kv_heads, "
       "int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);
   m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);
+  m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int bits) -> Tensor", &qlinear);
+  m.def("qlinear_supported() -> bool", &qlinear_supported);
 }

@@ -22,12 +22,13 @@ from torch import nn
 
 from engine.fused.build import load_ops
 from engine.quant.linear import Bf16Kernel, Bf16Linear, Int4Kernel, QuantizedLinear, bf16_row_window
+from engine.quant.vnni import VnniKernel
 
 if TYPE_CHECKING:
     from engine.model import AttentionMetadata, Decoder
     from engine.rotary import RopeStep
 
-INT4, INT8, BF16 = 0, 1, 2  # the C++ side's kernel codes
+INT4, INT8, BF16, Q4, Q8 = 0, 1, 2, 3, 4  # the C++ side's kernel codes
 
 
 def _layer_linears(layer: nn.Module) -> tuple[nn.Module, ...]:
@@ -59,6 +60,7 @@ class FusedDecoderStep:
     norms: list[torch.Tensor] = field(default_factory=list)  # 2 per layer, then the final norm
     wa: list[torch.Tensor] = field(default_factory=list)  # 4 linears per layer: the kernel's first tensor
     wb: list[torch.Tensor] = field(default_factory=list)  # ... its second (a bf16 kernel's: unused)
+    wc: list[torch.Tensor | None] = field(default_factory=list)  # ... a third (our 4-bit kernel's mins), or None
     wide: list[torch.Tensor | None] = field(default_factory=list)  # the bf16 copy for wide steps
     kinds: list[int] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)
@@ -106,7 +108,9 @@ class FusedDecoderStep:
             self.max_quant_rows.append(0)
         else:
             k = lin.narrow
-            if isinstance(k, Int4Kernel):
+            if isinstance(k, VnniKernel):
+                self._kernel(Q4 if k.bits == 4 else Q8, k.codes, k.scales, 0, k.mins)
+            elif isinstance(k, Int4Kernel):
                 self._kernel(INT4, k.packed, k.scales_zeros, k.group_size)
             else:
                 self._kernel(INT8, k.codes, k.scales, 0)
@@ -116,10 +120,11 @@ class FusedDecoderStep:
         self.outs.append(lin.out_features)
         self.shapes.append((lin.out_features, lin.in_features))
 
-    def _kernel(self, kind: int, a: torch.Tensor, b: torch.Tensor, group: int) -> None:
+    def _kernel(self, kind: int, a: torch.Tensor, b: torch.Tensor, group: int, c: torch.Tensor | None = None) -> None:
         self.kinds.append(kind)
         self.wa.append(a)
         self.wb.append(b)
+        self.wc.append(c)
         self.groups.append(group)
 
     def windows(self) -> list[int]:
@@ -136,7 +141,7 @@ class FusedDecoderStep:
         """h [T, hidden] embedded rows -> final-normed hidden states [T, hidden]; writes the rows' KV."""
         seqs = [v for s in attn.seqs for v in (s.q_start, s.q_len, s.kv_start, s.kv_len)]
         return torch.ops.specstream.decoder_step(
-            h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb,
+            h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb, self.wc,
             self.wide, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
             [s.mask for s in attn.seqs], self.rows_as_decodes, self.row_kernel, self.num_heads, self.num_kv_heads,
             self.head_dim, self.intermediate, self.eps,

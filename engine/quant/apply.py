@@ -30,6 +30,7 @@ from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import WeightFormat
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
+from engine.quant.vnni import VnniKernel, chosen
 
 Progress = Callable[[str], None]
 HEAD_FORMAT: QuantFormat = "int8"
@@ -58,12 +59,15 @@ def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, module)
 
 
-def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide: bool) -> None:
-    """Replace the linears, the embedding and the LM head by their quantized forms (in place)."""
+def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide: bool, kernel: str = "auto") -> None:
+    """Replace the linears, the embedding and the LM head by their quantized forms (in place).
+    kernel: engine.quant_kernel."""
     for name, lin in _linears(model).items():
-        _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide))
-    model.embed_tokens = QuantizedEmbedding(tensors["embed_tokens"], model.dtype)  # type: ignore[assignment]
-    head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide)
+        _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide, kernel=kernel))
+    head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide, kernel=kernel)
+    # A tied head on our kernel holds the only copy of the codes (in its layout): the lookup reads rows from it.
+    tied = head.narrow if "lm_head" not in tensors and isinstance(head.narrow, VnniKernel) else None
+    model.embed_tokens = QuantizedEmbedding(tensors["embed_tokens"], model.dtype, tied)  # type: ignore[assignment]
     _set_head(model, head)
 
 
@@ -178,13 +182,15 @@ def apply_weight_format(
     cache_root: Path,
     wide: bool,
     say: Progress = _noop,
+    kernel: str = "auto",
 ) -> None:
-    """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32."""
+    """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32; kernel: engine.quant_kernel."""
     if fmt == "bf16":
         install_bf16(model)
     elif fmt in ("int4", "int8"):
         tensors = quantized_tensors(model, fmt, model_dir, gguf, cache_root, say)  # type: ignore[arg-type]
-        install_quantized(model, tensors, wide)
+        say(chosen(kernel)[1])
+        install_quantized(model, tensors, wide, kernel)
     else:
         raise ValueError(f"apply_weight_format: {fmt!r} is not an installable format")
     for layer in model.layers:

@@ -30,7 +30,8 @@ invariant (Bf16Kernel).
 """
 from __future__ import annotations
 
-from typing import Protocol
+import dataclasses
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -38,13 +39,18 @@ from torch import nn
 
 from engine.quant.tensor import QuantizedTensor
 
+if TYPE_CHECKING:
+    from engine.quant.vnni import VnniKernel
+
 ACT_DTYPE = torch.bfloat16  # what the CPU weight-only kernels are fast with
 MAX_QUANT_ROWS = 9  # engine.kernel_dispatch: fixed (1 + the default max_draft_tokens, 8)
 
 
 class Kernel(Protocol):
+    act_dtype: torch.dtype  # what the kernel takes its activations in
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, in] in ACT_DTYPE -> [T, out] in ACT_DTYPE."""
+        """x [T, in] in act_dtype -> [T, out] in act_dtype."""
         ...
 
     def tensors(self) -> list[torch.Tensor]:
@@ -65,6 +71,8 @@ def nbytes(tensors: list[torch.Tensor]) -> int:
 
 class Int4Kernel:
     """torch's _weight_int4pack_mm_for_cpu: 4-bit codes packed two per byte, bf16 scale and zero per group."""
+
+    act_dtype = ACT_DTYPE
 
     def __init__(self, qt: QuantizedTensor) -> None:
         if qt.fmt != "int4":
@@ -91,6 +99,8 @@ class Int4Kernel:
 
 class Int8Kernel:
     """torch's _weight_int8pack_mm: int8 codes [out, in], one bf16 scale per output row."""
+
+    act_dtype = ACT_DTYPE
 
     def __init__(self, qt: QuantizedTensor) -> None:
         if qt.fmt != "int8":
@@ -156,6 +166,8 @@ class Bf16Kernel:
     (bf16_row_window), so a wider step runs as pieces of at most that many rows; what the
     pieces cost in prefill is in docs/benchmarks.md ("bf16 row-count invariance")."""
 
+    act_dtype = ACT_DTYPE
+
     def __init__(self, weight: torch.Tensor) -> None:
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(ACT_DTYPE).contiguous())
@@ -172,7 +184,13 @@ class Bf16Kernel:
         return [self.packed]
 
 
-def quant_kernel(qt: QuantizedTensor) -> Int4Kernel | Int8Kernel:
+def quant_kernel(qt: QuantizedTensor, choice: str = "auto") -> Kernel:
+    """engine.quant_kernel auto: our VNNI kernel (engine/quant/vnni.py) where it runs and fits the tensor, else
+    torch's; torch: torch's."""
+    from engine.quant import vnni
+
+    if choice == "auto" and vnni.fits(qt):
+        return vnni.VnniKernel(qt)
     return Int4Kernel(qt) if qt.fmt == "int4" else Int8Kernel(qt)
 
 
@@ -189,12 +207,13 @@ class QuantizedLinear(nn.Module):
         bias: torch.Tensor | None,
         wide: bool = True,
         max_quant_rows: int = MAX_QUANT_ROWS,
+        kernel: str = "auto",
     ) -> None:
         super().__init__()
         self.out_features, self.in_features = qt.shape
         self.fmt = qt.fmt
         self.max_quant_rows = max_quant_rows
-        self.narrow: Kernel = quant_kernel(qt)
+        self.narrow: Kernel = quant_kernel(qt, kernel)
         self.wide: Kernel | None = Bf16Kernel(qt.dequantize()) if wide else None
         self.register_buffer("bias", bias, persistent=False)
 
@@ -202,7 +221,7 @@ class QuantizedLinear(nn.Module):
         """x [T, in] (model dtype) -> [T, out] (model dtype)."""
         rows = x.shape[0]
         kernel = self.narrow if self.wide is None or rows <= self.max_quant_rows else self.wide
-        y = kernel(x.to(ACT_DTYPE)).to(x.dtype)
+        y = kernel(x.to(kernel.act_dtype)).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     def tensors(self) -> list[torch.Tensor]:
@@ -229,16 +248,23 @@ class Bf16Linear(nn.Module):
 
 
 class QuantizedEmbedding(nn.Module):
-    """Token embeddings kept quantized (they are the tied LM head's weight too); rows dequantized on lookup."""
+    """Token embeddings kept quantized (they are the tied LM head's weight too); rows dequantized on lookup.
 
-    def __init__(self, qt: QuantizedTensor, dtype: torch.dtype) -> None:
+    tied: the tied head's VNNI kernel, whose packed codes are then the only copy kept (read back per row)."""
+
+    def __init__(self, qt: QuantizedTensor, dtype: torch.dtype, tied: VnniKernel | None = None) -> None:
         super().__init__()
-        self.qt = qt
+        self.tied = tied
+        self.qt = qt if tied is None else dataclasses.replace(qt, codes=qt.codes[:0])
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [T] -> [T, hidden] in the model dtype."""
-        return self.qt.rows(ids).dequantize().to(self.dtype)
+        if self.tied is None:
+            return self.qt.rows(ids).dequantize().to(self.dtype)
+        zeros = None if self.qt.zeros is None else self.qt.zeros[ids]
+        qt = QuantizedTensor(self.qt.fmt, self.tied.rows(ids), self.qt.scales[ids], zeros, self.qt.group_size)
+        return qt.dequantize().to(self.dtype)
 
     def tensors(self) -> list[torch.Tensor]:
         qt = self.qt

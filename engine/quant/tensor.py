@@ -75,8 +75,9 @@ def quantize(weight: torch.Tensor, fmt: QuantFormat, group_size: int = INT4_GROU
     if inp % group_size:
         raise ValueError(f"in_features {inp} is not a multiple of the int4 group size {group_size}")
     g = w.view(out, inp // group_size, group_size)  # [out, groups, group]
-    lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [out, groups]
-    scales = ((hi - lo) / 15).clamp_min(1e-12)
+    # Scale and minimum rounded to fp16, as GGUF's Q4_1 stores them (and our VNNI kernel reads them).
+    lo, hi = g.amin(dim=-1).half().float(), g.amax(dim=-1)  # [out, groups]
+    scales = ((hi - lo) / 15).half().float().clamp_min(2**-24)
     q = torch.round((g - lo[..., None]) / scales[..., None]).clamp(0, 15)
     # w = q * scale + lo = (q - 8) * scale + (lo + 8 * scale)
     zeros = lo + 8 * scales

@@ -168,6 +168,12 @@ class EngineSettings(Section):
         description="CPU weight format: int4/int8 weight-only (GGUF Q4_0/Q4_1 codes kept as they are), bf16, "
         "fp32, or auto (int4 where the CPU has AVX-512 and BF16); a CPU lacking them falls back to fp32, saying why.",
     )
+    quant_kernel: Literal["auto", "torch"] = Field(
+        default="auto",
+        description="CPU with weights int4/int8: auto runs our kernel, which quantizes activations to int8 in "
+        "blocks of 32 as llama.cpp does and sums with AVX512-VNNI (built with the fused step's g++, cached), where "
+        "the CPU has it, else torch's weight-only kernels (bf16 activations); torch: always torch's. Said at start.",
+    )
     speculation: SpeculationSettings = Field(default_factory=SpeculationSettings)
     lora: LoRASettings = Field(default_factory=LoRASettings)
 
@@ -200,6 +206,7 @@ class EngineSettings(Section):
             kernel_dispatch=self.kernel_dispatch,
             fused_step=self.fused_step,
             weights=self.weights,
+            quant_kernel=self.quant_kernel,
             # Every setting is a field of the same name; the engine's tuning fields keep their defaults.
             speculation=SpeculationConfig(**spec.model_dump()),
             lora=LoRAConfig(dict(self.lora.adapters), self.lora.max_loaded, self.lora.max_rank)

@@ -104,6 +104,7 @@ def make_engine(
     lora: LoRAConfig | None = None,
     kernel_dispatch: str = "fixed",  # tests: the same kernels on every machine, no timing at start
     fused_step: bool = True,
+    quant_kernel: str = "auto",
     progress: Any = None,  # the lines the engine says at start
 ) -> LLMEngine:
     cfg = EngineConfig(
@@ -118,6 +119,7 @@ def make_engine(
         lora=lora,
         kernel_dispatch=kernel_dispatch,
         fused_step=fused_step,
+        quant_kernel=quant_kernel,
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller, progress=progress)
 
