@@ -39,6 +39,7 @@ from engine.engine_setup import (
 from engine.grammar.matchers import ConstrainedRows, Matchers
 from engine.fused.decoder_step import FusedDecoderStep
 from engine.fused.row_attention import install_row_attention
+from engine.fused.norm import install_norm_kernel
 from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
@@ -137,6 +138,7 @@ class LLMEngine:
         # Last: it reads the linears the weight format, the kernel dispatch and LoRA left.
         if config.fused_step and self.weight_format in ("bf16", "int4", "int8"):
             say(install_row_attention(self.model))  # before the fused step, which attends as the layers do
+            say(install_norm_kernel(self.model))  # ... and normalizes as they do
             self.model.fused_step, line = FusedDecoderStep.build(self.model)
             say(line)
         self.committer = Committer(self.scheduler, self.eos_token_ids, self.proposer, self.lora)

@@ -167,8 +167,12 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        # (x, weight, eps) -> the norm, one C++ loop (engine/fused/norm.py), where the fused step runs; None: ATen's.
+        self.kernel: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # One call instead of seven Python-level ops (61 norms a step); in fp32 it gives
             # exactly the steps below (tests/unit/engine/test_step_ops.py).

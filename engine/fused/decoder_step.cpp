@@ -16,6 +16,7 @@
 
 #include "qgemm.h"
 #include "row_attention.h"
+#include "step_ops.h"
 
 namespace {
 
@@ -70,19 +71,21 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   TORCH_CHECK(!mins.has_value() || four, "qlinear: mins are for 4-bit weights");
   if (mins.has_value()) check_scales(*mins, "mins");
   const at::Tensor xc = x.contiguous();
-  at::Tensor codes_a = at::empty({rows, in}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({rows, blocks}, x.options()), dsums = at::empty({rows, blocks}, x.options());
-  at::Tensor sums = at::empty({rows, blocks}, x.options().dtype(at::kInt));
+  // The quantized rows live in this thread's scratch, grown as needed: a step makes ~120 of these calls, and four
+  // fresh tensors each cost more than quantizing a row.
+  thread_local std::vector<int32_t> scratch;
+  scratch.resize(static_cast<size_t>(rows * (in / 4 + 3 * blocks)));
+  int8_t* codes_a = reinterpret_cast<int8_t*>(scratch.data());  // [rows, in]
+  float* d = reinterpret_cast<float*>(scratch.data() + rows * in / 4);  // [rows, blocks]
+  int32_t* sums = scratch.data() + rows * (in / 4 + blocks);  // [rows, blocks]
+  float* dsums = reinterpret_cast<float*>(scratch.data() + rows * (in / 4 + 2 * blocks));  // [rows, blocks]
+  const float* xp = xc.data_ptr<float>();
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      q::quantize_row(xc.data_ptr<float>() + r * in, in, codes_a.data_ptr<int8_t>() + r * in,
-                      d.data_ptr<float>() + r * blocks, sums.data_ptr<int32_t>() + r * blocks,
-                      dsums.data_ptr<float>() + r * blocks);
-    }
+    for (int64_t r = r0; r < r1; ++r)
+      q::quantize_row(xp + r * in, in, codes_a + r * in, d + r * blocks, sums + r * blocks, dsums + r * blocks);
   });
   at::Tensor y = at::empty({rows, out}, x.options());
-  const q::QuantRows a{codes_a.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<int32_t>(),
-                       dsums.data_ptr<float>(), rows, in};
+  const q::QuantRows a{codes_a, d, sums, dsums, rows, in};
   auto half = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); };
   const q::QuantWeights w{codes.data_ptr<uint8_t>(),
                           four ? half(scales) : nullptr,
@@ -195,6 +198,38 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Te
 
 bool qlinear_supported() { return specstream::qgemm::supported(); }
 
+// x [..., n] fp32 -> [..., n]: RMSNorm with step_ops.h's fixed summation order (engine/fused/norm.py).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "rms_norm: fp32 tensors only");
+  const int64_t n = weight.numel();
+  TORCH_CHECK(x.size(-1) == n && weight.is_contiguous(), "rms_norm: the weight must be [", x.size(-1), "]");
+  const at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty_like(xc);
+  specstream::step_ops::rms_norm(xc.data_ptr<float>(), weight.data_ptr<float>(), y.data_ptr<float>(), xc.numel() / n,
+                                 n, static_cast<float>(eps));
+  return y;
+}
+
+// The layer's norm: ours (fast_norm, engine/fused/norm.py installed it in the layers too) or ATen's.
+at::Tensor norm(const at::Tensor& h, const at::Tensor& weight, double eps, bool fast_norm) {
+  return fast_norm ? rms_norm(h, weight, eps) : at::rms_norm(h, {h.size(1)}, weight, eps);
+}
+
+// kv[l][0 / 1][:, slots[t]] = the K / V heads of row t of qkv [T, q + 2 kv] (index_copy_'s copies, in a loop).
+void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv_layer, const at::Tensor& slots,
+              int64_t kv_heads, int64_t head_dim) {
+  TORCH_CHECK(qkv.stride(1) == 1 && kv_layer.stride(3) == 1, "write_kv: rows must have contiguous heads");
+  const int64_t T = qkv.size(0);
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const float* src = qkv.data_ptr<float>();
+  float* dst = kv_layer.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t which = 0; which < 2; ++which)
+      for (int64_t h = 0; h < kv_heads; ++h)
+        std::memcpy(dst + which * kv_layer.stride(0) + h * kv_layer.stride(1) + slot[t] * kv_layer.stride(2),
+                    src + t * qkv.stride(0) + q_size + (which * kv_heads + h) * head_dim, head_dim * sizeof(float));
+}
+
 }  // namespace
 
 // h [T, hidden] fp32 (the embedded rows); cos, sin_rot [T, 1, D] (RopeStep); slots [T] int64 arena slots;
@@ -208,37 +243,40 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                         at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
                         const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes, bool row_kernel,
-                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
+                        bool fast_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
   const Linears linear{wa, wb, wc, wide, kinds, groups, outs, max_quant_rows, windows};
   const int64_t T = h.size(0), L = kv.size(0), hidden = h.size(1);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  const at::Tensor cos_rows = cos.contiguous(), sin_rows = sin_rot.contiguous(), slot_ids = slots.contiguous();
   for (int64_t l = 0; l < L; ++l) {
     const int64_t i = 4 * l;
-    at::Tensor x = at::rms_norm(h, {hidden}, norms[2 * l], eps);
-    at::Tensor qkv = linear(i, x);  // [T, q + 2 kv]
+    at::Tensor x = norm(h, norms[2 * l], eps, fast_norm);
+    at::Tensor qkv = linear(i, x).contiguous();  // [T, q + 2 kv]
+    TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "decoder_step: the qkv linear gave ", qkv.size(1), " columns");
+    specstream::step_ops::rotary(qkv.data_ptr<float>(), qkv.stride(0), T, num_heads + num_kv_heads, head_dim,
+                                 cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>());  // engine.rotary.apply_rotary_
+    write_kv(qkv, q_size, kv[l], slot_ids, num_kv_heads, head_dim);
     at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({T, num_heads + num_kv_heads, head_dim});
-    at::Tensor swapped = qk.unflatten(-1, {2, -1}).flip({-2}).flatten(-2);  // engine.rotary.apply_rotary_
-    at::add_out(qk, qk * cos, swapped.mul_(sin_rot));
-    kv[l].index_copy_(2, slots, qkv.slice(1, q_size).view({T, 2, num_kv_heads, head_dim}).permute({1, 2, 0, 3}));
     at::Tensor q_heads = qk.slice(1, 0, num_heads).transpose(0, 1);  // [Hq, T, D]
     at::Tensor attn =
         attend(qkv, q_heads, kv[l][0], kv[l][1], seqs, masks, rows_as_decodes, row_kernel, num_heads, head_dim);
     h = h + linear(i + 1, attn);
-    x = at::rms_norm(h, {hidden}, norms[2 * l + 1], eps);
+    x = norm(h, norms[2 * l + 1], eps, fast_norm);
     std::vector<at::Tensor> gate_up = linear(i + 2, x).split(intermediate, -1);
     h = h + linear(i + 3, at::silu(gate_up[0]) * gate_up[1]);
   }
-  return at::rms_norm(h, {hidden}, norms[2 * L], eps);
+  return norm(h, norms[2 * L], eps, fast_norm);
 }
 
 TORCH_LIBRARY(specstream, m) {
   m.def(
       "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] wa, "
       "Tensor[] wb, Tensor?[] wc, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, int[] windows, "
-      "int[] seqs, Tensor?[] masks, int rows_as_decodes, bool row_kernel, int num_heads, int num_kv_heads, "
+      "int[] seqs, Tensor?[] masks, int rows_as_decodes, bool row_kernel, bool fast_norm, int num_heads, int num_kv_heads, "
       "int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);
   m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int bits) -> Tensor", &qlinear);
   m.def("qlinear_supported() -> bool", &qlinear_supported);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
 }

@@ -69,6 +69,7 @@ class FusedDecoderStep:
     shapes: list[tuple[int, int]] = field(default_factory=list)  # (out, in): bf16 windows are per shape
     rows_as_decodes: int = 0
     row_kernel: bool = False  # decode-like rows on the row kernel (Attention.row_attention), as the layers do
+    fast_norm: bool = False  # the norms on step_ops.h's loop (RMSNorm.kernel), as the layers do
     num_heads: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
@@ -89,7 +90,11 @@ class FusedDecoderStep:
         step = cls(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                    intermediate=cfg.intermediate_size, eps=model.norm.eps,
                    rows_as_decodes=model.layers[0].self_attn.rows_as_decodes,
-                   row_kernel=model.layers[0].self_attn.row_attention is not None)  # fmt: skip
+                   row_kernel=model.layers[0].self_attn.row_attention is not None,
+                   fast_norm=model.norm.kernel is not None)  # fmt: skip
+        norms = [n for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        if any((n.kernel is not None) != step.fast_norm for n in norms):
+            return None, "the layers' norms run different kernels (RMSNorm.kernel)"
         for layer in model.layers:
             a = layer.self_attn
             if a.rows_as_decodes != step.rows_as_decodes or (a.row_attention is not None) != step.row_kernel:
@@ -143,6 +148,6 @@ class FusedDecoderStep:
         return torch.ops.specstream.decoder_step(
             h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb, self.wc,
             self.wide, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
-            [s.mask for s in attn.seqs], self.rows_as_decodes, self.row_kernel, self.num_heads, self.num_kv_heads,
+            [s.mask for s in attn.seqs], self.rows_as_decodes, self.row_kernel, self.fast_norm, self.num_heads, self.num_kv_heads,
             self.head_dim, self.intermediate, self.eps,
         )  # fmt: skip
