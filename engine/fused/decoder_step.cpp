@@ -23,8 +23,8 @@ namespace {
 constexpr int64_t kInt4 = 0;  // _weight_int4pack_mm_for_cpu: packed codes, [in / group, out, 2] scale and zero
 constexpr int64_t kInt8 = 1;  // _weight_int8pack_mm: int8 codes, per-row scales
 constexpr int64_t kBf16 = 2;  // oneDNN-prepacked bf16 weight only (the bf16 format)
-constexpr int64_t kQ4 = 3;    // qgemm.h 4-bit: group-layout codes, fp16 scales, fp16 mins (or none)
-constexpr int64_t kQ8 = 4;    // qgemm.h 8-bit: group-layout codes, fp32 scale per output
+constexpr int64_t kQ4 = 3;    // qgemm.h 4-bit: tiled codes, fp16 scales, fp16 mins (or none)
+constexpr int64_t kQ8 = 4;    // qgemm.h 8-bit: tiled codes, fp32 scale per output
 
 // engine.quant.linear._gemm_call: one oneDNN call; a single row runs as two, the copy's output dropped.
 at::Tensor gemm_call(const at::Tensor& packed, const at::Tensor& x) {
@@ -48,24 +48,24 @@ at::Tensor bf16_kernel(const at::Tensor& packed, const at::Tensor& x, int64_t wi
   return at::cat(pieces);
 }
 
-// x [T, in] fp32 -> [T, out] fp32 through qgemm.h, on weights packed by engine/quant/vnni.py: 4-bit codes
-// [out, in / 2] with fp16 scales and mins (or no mins: Q4_0-like) [out, in / 32], or 8-bit codes [out, in] with
-// one fp32 scale per output.
+// x [T, in] fp32 -> [T, out] fp32 through qgemm.h, on weights packed by engine/quant/vnni.py in tiles of 16
+// outputs (out: 16 x tiles, padded): 4-bit codes [tiles, in / 32 * 256] with fp16 scales and mins (or no mins:
+// Q4_0-like) [tiles, in / 32, 16], or 8-bit codes [tiles, in / 32 * 512] with one fp32 scale per output.
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                    const std::optional<at::Tensor>& mins, int64_t bits) {
   namespace q = specstream::qgemm;
   TORCH_CHECK(q::supported(), "qlinear: this CPU lacks AVX512-BW or AVX512-VNNI");
   TORCH_CHECK(bits == 4 || bits == 8, "qlinear: bits must be 4 or 8, got ", bits);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "qlinear: x must be [T, in] fp32");
-  const int64_t rows = x.size(0), in = x.size(1), out = codes.size(0), blocks = in / q::kBlock;
+  const int64_t rows = x.size(0), in = x.size(1), out = codes.size(0) * q::kLanes, blocks = in / q::kBlock;
   const bool four = bits == 4;
   TORCH_CHECK(in % q::kBlock == 0, "qlinear: in_features ", in, " is not a multiple of 32");
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == (four ? in / 2 : in),
-              "qlinear: codes must be contiguous uint8 [out, ", four ? in / 2 : in, "]");
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == blocks * (four ? 256 : 512),
+              "qlinear: codes must be contiguous uint8 [tiles, ", blocks * (four ? 256 : 512), "]");
   auto check_scales = [&](const at::Tensor& t, const char* what) {
     const auto dtype = four ? at::kHalf : at::kFloat;
     TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.numel() == out * (four ? blocks : 1), "qlinear: ",
-                what, " must be contiguous ", four ? "fp16 [out, in / 32]" : "fp32 [out]");
+                what, " must be contiguous ", four ? "fp16 [tiles, in / 32, 16]" : "fp32 [out]");
   };
   check_scales(scales, "scales");
   TORCH_CHECK(!mins.has_value() || four, "qlinear: mins are for 4-bit weights");
@@ -108,7 +108,10 @@ struct Linears {
   at::Tensor operator()(int64_t i, const at::Tensor& x) const {
     const int64_t rows = x.size(0);
     const bool quant = kinds[i] != kBf16 && !(rows > max_quant_rows[i] && wide.get(i).has_value());
-    if (quant && (kinds[i] == kQ4 || kinds[i] == kQ8)) return qlinear(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8);
+    if (quant && (kinds[i] == kQ4 || kinds[i] == kQ8)) {
+      at::Tensor y = qlinear(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8);
+      return y.size(1) == outs[i] ? y : y.slice(1, 0, outs[i]);  // outputs padded to a tile
+    }
     at::Tensor xb = x.to(at::kBFloat16);
     at::Tensor y;
     if (kinds[i] == kBf16) {

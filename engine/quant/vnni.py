@@ -17,12 +17,13 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 import torch
+import torch.nn.functional as F
 
 from engine.fused.build import load_ops
 from engine.quant.tensor import QuantizedTensor
 
 BLOCK = 32  # inputs per activation scale (and per int4 weight scale)
-GROUP = 16  # blocks per vector lane group
+LANES = 16  # outputs per tile
 
 
 QuantKernel = Literal["auto", "torch"]
@@ -65,34 +66,32 @@ def activations_as_used(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks * inv) * (amax / 127.0)).view_as(x)
 
 
-def group_order(in_features: int) -> torch.Tensor:
-    """For each byte of a row in the 8-bit group layout, the input index it holds: packed = row[:, order]."""
-    blocks = in_features // BLOCK
-    parts = []
-    for g0 in range(0, blocks, GROUP):
-        b = min(GROUP, blocks - g0)
-        # element 4k + j of block l at byte 4b*k + 4l + j: index [k, l, j] -> input (g0 + l) * 32 + 4k + j
-        k, lane, j = torch.meshgrid(torch.arange(8), torch.arange(b), torch.arange(4), indexing="ij")
-        parts.append(((g0 + lane) * BLOCK + 4 * k + j).reshape(-1))
-    return torch.cat(parts)
+def _tiles(codes: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] -> [out / 16, blocks, 8, 16, 4]: per tile and block, vector k's lane j holds output j's codes
+    for inputs 4k .. 4k + 3 of the block (outputs padded to a tile with code 0)."""
+    out, inp = codes.shape
+    padded = F.pad(codes, (0, 0, 0, -out % LANES))
+    return padded.view(-1, LANES, inp // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
 
 
 def pack8(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [out, in] (already offset to 0..255) -> the 8-bit group layout [out, in]."""
-    return codes[:, group_order(codes.shape[1])].contiguous()
+    """uint8 codes [out, in] (already offset to 0..255) -> qgemm.h's 8-bit tiles [out / 16, in / 32 * 512]."""
+    tiles = _tiles(codes)
+    return tiles.reshape(tiles.shape[0], -1).contiguous()
 
 
 def pack4(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [out, in] in 0..15 -> [out, in / 2]: vector k's byte in the low nibble, vector k + 4's high."""
-    out, inp = codes.shape
-    ordered = codes[:, group_order(inp)]  # the 8-bit layout: per group 8 vectors of 4b bytes
-    parts, start = [], 0
-    for g0 in range(0, inp // BLOCK, GROUP):
-        size = 32 * min(GROUP, inp // BLOCK - g0)  # the group's bytes in the 8-bit layout
-        vectors = ordered[:, start : start + size].view(out, 2, size // 2)  # [out, low k = 0..3 | high k = 4..7, ...]
-        parts.append(vectors[:, 0] | (vectors[:, 1] << 4))
-        start += size
-    return torch.cat(parts, dim=1).contiguous()
+    """uint8 codes [out, in] in 0..15 -> qgemm.h's 4-bit tiles [out / 16, in / 32 * 256]: vector k (0..3) in the
+    low nibbles, vector k + 4 in the high ones."""
+    tiles = _tiles(codes)
+    packed = tiles[:, :, :4] | (tiles[:, :, 4:] << 4)  # [tiles, blocks, 4, 16, 4]
+    return packed.reshape(tiles.shape[0], -1).contiguous()
+
+
+def pack_block_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[out, blocks] -> fp16 [out / 16, blocks, 16] (padding outputs get 0)."""
+    padded = F.pad(scales.float(), (0, 0, 0, -scales.shape[0] % LANES))
+    return padded.view(-1, LANES, scales.shape[1]).transpose(1, 2).half().contiguous()
 
 
 class VnniKernel:
@@ -109,29 +108,34 @@ class VnniKernel:
         if inp % BLOCK:
             raise ValueError(f"the VNNI kernel needs in_features a multiple of {BLOCK}, got {inp}")
         self.bits = 4 if qt.fmt == "int4" else 8
+        self.out_features = out
         self.mins: torch.Tensor | None = None
         if self.bits == 4:
             if qt.group_size != BLOCK or qt.zeros is None:
                 raise ValueError(f"the VNNI kernel's int4 groups are {BLOCK} inputs, got {qt.group_size}")
             self.codes = pack4(qt.codes)
             # fp16 as in GGUF's blocks (exact for their d and m); quantize() makes its scales fp16 too.
-            self.scales = qt.scales.half().contiguous()
+            self.scales = pack_block_scales(qt.scales)
             if bool(qt.zeros.any()):  # Q4_1-like: w = q * scale + min; else Q4_0's (q - 8) * scale, the 8 in integers
-                self.mins = (qt.zeros.float() - 8 * qt.scales.float()).half().contiguous()
+                self.mins = pack_block_scales(qt.zeros.float() - 8 * qt.scales.float())
         else:
             self.codes = pack8((qt.codes.to(torch.int16) + 128).to(torch.uint8))
-            self.scales = qt.scales.float().contiguous()
-            self._unpack = torch.argsort(group_order(inp))  # packed[:, _unpack] is the row in input order
+            self.scales = F.pad(qt.scales.float(), (0, -out % LANES)).contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out] fp32."""
-        return torch.ops.specstream.qlinear(x.float(), self.codes, self.scales, self.mins, self.bits)
+        y = torch.ops.specstream.qlinear(x.float(), self.codes, self.scales, self.mins, self.bits)
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """8-bit: the int8 codes [len(ids), in] of output rows ids, read back from the packed layout."""
+        """8-bit: the int8 codes [len(ids), in] of output rows ids, read back from the tiles."""
         if self.bits != 8:
             raise ValueError("rows() reads 8-bit codes back; 4-bit rows are not kept in a readable layout")
-        return (self.codes[ids][:, self._unpack].to(torch.int16) - 128).to(torch.int8)
+        inp = self.codes.shape[1] // 16  # 512 bytes a block of 32 inputs
+        i = torch.arange(inp)
+        column = (i // BLOCK) * 512 + (i % BLOCK // 4) * 64 + i % 4  # input i of lane 0, + 4 per lane
+        index = column[None, :] + 4 * (ids % LANES)[:, None]
+        return (self.codes[ids // LANES].gather(1, index).to(torch.int16) - 128).to(torch.int8)
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.codes, self.scales] + ([] if self.mins is None else [self.mins])
