@@ -255,7 +255,8 @@ class QuantizedEmbedding(nn.Module):
     def __init__(self, qt: QuantizedTensor, dtype: torch.dtype, tied: VnniKernel | None = None) -> None:
         super().__init__()
         self.tied = tied
-        self.qt = qt if tied is None else dataclasses.replace(qt, codes=qt.codes[:0])
+        # Not a view of the codes (it would keep them alive): an empty tensor of their kind.
+        self.qt = qt if tied is None else dataclasses.replace(qt, codes=qt.codes.new_empty(0, qt.shape[1]))
         self.dtype = dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,130 @@
+"""Our int4/int8 kernel (engine/fused/qgemm.h through engine/quant/vnni.py): it computes the dequantized
+weight's matmul on the activations as it rounds them, gives a row the same bits whatever the row count and the
+thread count (speculation stays lossless), and refuses malformed weights with the reason."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _engine_factories import loaded_from_hf, tiny_hf_model
+
+from engine.quant import vnni
+from engine.quant.apply import install_quantized
+from engine.quant.linear import Int4Kernel, Int8Kernel, QuantizedEmbedding, QuantizedLinear, nbytes, quant_kernel
+from engine.quant.tensor import QuantizedTensor, quantize
+
+pytestmark = pytest.mark.skipif(not vnni.available()[0], reason=vnni.available()[1])
+
+ROW_COUNTS = [1, 2, 3, 4, 5, 7, 9, 16, 33]  # decode, verification, batches, prefill pieces
+SHAPES = [(960, 576), (576, 1536), (200, 96)]  # the default model's qkv and down; outputs not a multiple of 16
+
+
+def _q4_0(shape: tuple[int, int]) -> QuantizedTensor:
+    """A Q4_0-like tensor (zero 0: w = (q - 8) * scale), as GGUF's Q4_0 blocks load."""
+    qt = quantize(torch.randn(shape) * 0.05, "int4")
+    return QuantizedTensor("int4", qt.codes, qt.scales, torch.zeros_like(qt.zeros), qt.group_size)  # type: ignore[arg-type]
+
+
+def _tensors(shape: tuple[int, int]) -> dict[str, QuantizedTensor]:
+    torch.manual_seed(0)
+    w = torch.randn(shape) * 0.05
+    return {"int4 (Q4_1-like)": quantize(w, "int4"), "int4 (Q4_0-like)": _q4_0(shape), "int8": quantize(w, "int8")}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_row_count_gives_the_dequantized_matmul_of_the_rounded_activations(shape: tuple[int, int]) -> None:
+    for name, qt in _tensors(shape).items():
+        kernel = vnni.VnniKernel(qt)
+        for rows in ROW_COUNTS:
+            x = torch.randn(rows, shape[1])
+            want = F.linear(vnni.activations_as_used(x).double(), qt.dequantize().double()).float()
+            got = kernel(x)
+            assert got.shape == (rows, shape[0])
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"{name} at {rows} rows")
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def test_a_rows_bits_do_not_depend_on_the_row_count_or_the_threads(threads: int) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(max(ROW_COUNTS), 1536)
+    for name, qt in _tensors((576, 1536)).items():
+        kernel = vnni.VnniKernel(qt)
+        alone = torch.cat([kernel(x[r : r + 1]) for r in range(len(x))])
+        torch.set_num_threads(1)
+        one_thread = kernel(x)
+        torch.set_num_threads(threads)
+        for rows in ROW_COUNTS:
+            assert torch.equal(kernel(x[:rows]), alone[:rows]), f"{name} at {rows} rows, {threads} threads"
+        assert torch.equal(one_thread, alone), name
+
+
+def test_activation_rounding_ties_go_to_even_and_zero_blocks_stay_zero() -> None:
+    x = torch.zeros(1, 64)
+    x[0, 0], x[0, 1], x[0, 2] = 127.0, 0.5, 1.5  # block 0's step is 1: 0.5 -> 0, 1.5 -> 2; block 1 all zeros
+    used = vnni.activations_as_used(x)
+    assert used[0, :3].tolist() == [127.0, 0.0, 2.0] and not used[0, 32:].any()
+    qt = quantize(torch.eye(64), "int8")  # one scale a row: the identity exactly
+    assert torch.equal(vnni.VnniKernel(qt)(x), used)
+
+
+def test_the_tied_embedding_reads_its_rows_from_the_heads_tiles_and_keeps_no_second_copy() -> None:
+    torch.manual_seed(4)
+    table = quantize(torch.randn(200, 96), "int8")
+    head = vnni.VnniKernel(table)
+    ids = torch.tensor([0, 15, 16, 199, 7])
+    assert torch.equal(head.rows(ids), table.codes[ids])
+    embedding = QuantizedEmbedding(table, torch.float32, tied=head)
+    assert torch.equal(embedding(ids), table.rows(ids).dequantize())
+    assert embedding.qt.codes.numel() == 0  # the codes live in the head's tiles only
+    with pytest.raises(ValueError, match="4-bit rows"):
+        vnni.VnniKernel(quantize(torch.randn(16, 64), "int4")).rows(ids)
+
+
+def test_a_tied_quantized_model_keeps_its_head_codes_once() -> None:
+    from engine.quant.apply import quantize_decoder
+
+    model = loaded_from_hf(tiny_hf_model("qwen2")).model  # tied embeddings
+    tensors = quantize_decoder(model, "int4")
+    install_quantized(model, tensors, wide=False)
+    head = model.head_kernel.narrow
+    assert isinstance(head, vnni.VnniKernel) and model.embed_tokens.tied is head
+    codes = tensors["embed_tokens"].codes
+    assert nbytes(model.embed_tokens.tensors()) < codes.numel()  # scales only, not the codes again
+
+
+def test_engine_quant_kernel_torch_keeps_torchs_kernels_and_an_unknown_choice_is_refused() -> None:
+    qt4, qt8 = quantize(torch.randn(32, 64), "int4"), quantize(torch.randn(32, 64), "int8")
+    assert isinstance(quant_kernel(qt4, "torch"), Int4Kernel) and isinstance(quant_kernel(qt8, "torch"), Int8Kernel)
+    assert isinstance(quant_kernel(qt4, "auto"), vnni.VnniKernel)
+    assert isinstance(QuantizedLinear(qt8, None, wide=False).narrow, vnni.VnniKernel)
+    assert vnni.chosen("torch") == (False, "int4/int8 kernel: torch's weight-only kernels (engine.quant_kernel: torch)")
+    with pytest.raises(ValueError, match="engine.quant_kernel 'vnni': expected one of auto, torch"):
+        vnni.chosen("vnni")
+
+
+def test_tensors_the_kernel_cannot_take_go_to_torchs() -> None:
+    odd = quantize(torch.randn(16, 64), "int4", group_size=64)  # groups of 64: not the kernel's blocks
+    assert not vnni.fits(odd) and isinstance(quant_kernel(odd), Int4Kernel)
+
+
+def test_malformed_weights_are_refused_naming_the_problem() -> None:
+    k = vnni.VnniKernel(quantize(torch.randn(32, 64), "int4"))
+    op = torch.ops.specstream.qlinear
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="in_features 48 is not a multiple of 32"):
+        op(torch.randn(2, 48), k.codes, k.scales, k.mins, 4)
+    with pytest.raises(RuntimeError, match="bits must be 4 or 8, got 3"):
+        op(x, k.codes, k.scales, k.mins, 3)
+    with pytest.raises(RuntimeError, match="scales must be contiguous fp16"):
+        op(x, k.codes, k.scales.float(), k.mins, 4)
+    with pytest.raises(RuntimeError, match="x must be \\[T, in\\] fp32"):
+        op(x.double(), k.codes, k.scales, k.mins, 4)
