@@ -8,9 +8,11 @@ VNNI, reading each weight once for a tile of rows. Each row's output depends on 
 alone, so a decode and a verification row round alike and speculation stays lossless in any
 batch.
 
-Here: the weights' packing into qgemm.h's group layout (see its header comment), and the
-kernel object QuantizedLinear runs. The numbers are the same QuantizedTensor's: 4-bit
-w = q * scale + min with min = zero - 8 * scale, 8-bit w = (q + 128 - 128) * scale.
+Here: the weights' packing into qgemm.h's tiles of 16 outputs (see its header comment), and the
+kernel object QuantizedLinear runs. The numbers are the QuantizedTensor's own: 4-bit
+w = q * scale + min (min = zero - 8 * scale, kept in fp16 like GGUF's Q4_1 m; for Q4_0, zero 0,
+the kernel takes the 8 off in integers instead), 8-bit w = q * scale with one scale per output.
+The activations are the kernel's: int8 blocks of 32 (activations_as_used gives them in fp32).
 """
 from __future__ import annotations
 
