@@ -138,7 +138,8 @@ def _fp32_timings(model: Decoder, cache_dir: Path) -> Timings:
 def _quant_timings(model: Decoder, fmt: str, cache_dir: Path) -> Timings:
     # Sized by the quantized kernel's bytes (the smaller copy): it too must be timed reading memory. Cached per
     # kernel (ours or torch's, engine.quant_kernel): their crossovers differ.
-    narrow = {getattr(m.narrow, "key", type(m.narrow).__name__) for m in model.modules() if isinstance(m, QuantizedLinear)}
+    linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    narrow = {getattr(m.narrow, "key", type(m.narrow).__name__) for m in linears}
     return _timings(
         model, "+".join([fmt, *sorted(narrow)]), QuantizedLinear, lambda lin: nbytes(lin.narrow.tensors()),
         lambda lin: None if lin.wide is None else KernelPair(lin.in_features, lin.narrow, lin.wide),

@@ -54,7 +54,7 @@ at::Tensor bf16_kernel(const at::Tensor& packed, const at::Tensor& x, int64_t wi
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                    const std::optional<at::Tensor>& mins, int64_t bits) {
   namespace q = specstream::qgemm;
-  TORCH_CHECK(q::supported(), "qlinear: this CPU lacks AVX512-BW or AVX512-VNNI");
+  TORCH_CHECK(q::supported(), "qlinear: this CPU lacks one of AVX512-BW, AVX512-VL, AVX512-VNNI, F16C, FMA");
   TORCH_CHECK(bits == 4 || bits == 8, "qlinear: bits must be 4 or 8, got ", bits);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "qlinear: x must be [T, in] fp32");
   const int64_t rows = x.size(0), in = x.size(1), out = codes.size(0) * q::kLanes, blocks = in / q::kBlock;
@@ -242,13 +242,15 @@ void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv_layer,
 // call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence).
 at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
                         at::Tensor kv, at::TensorList norms, at::TensorList wa, at::TensorList wb,
-                        const c10::List<std::optional<at::Tensor>>& wc, const c10::List<std::optional<at::Tensor>>& wide,
+                        const c10::List<std::optional<at::Tensor>>& wc,
+                        const c10::List<std::optional<at::Tensor>>& wide,
                         at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
                         const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes, bool row_kernel,
-                        bool fast_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
+                        bool fast_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        int64_t intermediate, double eps) {
   const Linears linear{wa, wb, wc, wide, kinds, groups, outs, max_quant_rows, windows};
-  const int64_t T = h.size(0), L = kv.size(0), hidden = h.size(1);
+  const int64_t T = h.size(0), L = kv.size(0);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   const at::Tensor cos_rows = cos.contiguous(), sin_rows = sin_rot.contiguous(), slot_ids = slots.contiguous();
   for (int64_t l = 0; l < L; ++l) {
@@ -256,8 +258,9 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
     at::Tensor x = norm(h, norms[2 * l], eps, fast_norm);
     at::Tensor qkv = linear(i, x).contiguous();  // [T, q + 2 kv]
     TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "decoder_step: the qkv linear gave ", qkv.size(1), " columns");
+    // engine.rotary.apply_rotary_ on q and k
     specstream::step_ops::rotary(qkv.data_ptr<float>(), qkv.stride(0), T, num_heads + num_kv_heads, head_dim,
-                                 cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>());  // engine.rotary.apply_rotary_
+                                 cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>());
     write_kv(qkv, q_size, kv[l], slot_ids, num_kv_heads, head_dim);
     at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({T, num_heads + num_kv_heads, head_dim});
     at::Tensor q_heads = qk.slice(1, 0, num_heads).transpose(0, 1);  // [Hq, T, D]
@@ -274,9 +277,9 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
 TORCH_LIBRARY(specstream, m) {
   m.def(
       "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] wa, "
-      "Tensor[] wb, Tensor?[] wc, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, int[] windows, "
-      "int[] seqs, Tensor?[] masks, int rows_as_decodes, bool row_kernel, bool fast_norm, int num_heads, int num_kv_heads, "
-      "int head_dim, int intermediate, float eps) -> Tensor",
+      "Tensor[] wb, Tensor?[] wc, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, "
+      "int[] windows, int[] seqs, Tensor?[] masks, int rows_as_decodes, bool row_kernel, bool fast_norm, "
+      "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);
   m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int bits) -> Tensor", &qlinear);

@@ -148,6 +148,6 @@ class FusedDecoderStep:
         return torch.ops.specstream.decoder_step(
             h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb, self.wc,
             self.wide, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
-            [s.mask for s in attn.seqs], self.rows_as_decodes, self.row_kernel, self.fast_norm, self.num_heads, self.num_kv_heads,
-            self.head_dim, self.intermediate, self.eps,
+            [s.mask for s in attn.seqs], self.rows_as_decodes, self.row_kernel, self.fast_norm, self.num_heads,
+            self.num_kv_heads, self.head_dim, self.intermediate, self.eps,
         )  # fmt: skip

@@ -146,6 +146,15 @@ def hf_greedy(hf: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """torch's thread count for the test: 1, then 2 (results that must not depend on it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def single_thread() -> Iterator[None]:
     """One torch thread for the module (use with pytestmark = pytest.mark.usefixtures("single_thread"))."""

@@ -3,13 +3,12 @@ weight's matmul (within bf16 activations' precision), the quantized kernel serve
 steps and the bf16 copy the rest, and quantizing stays within half a step of the weights."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _engine_factories import needs_bf16_gemm
+from _engine_factories import needs_bf16_gemm, threads  # noqa: F401
 
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantizedTensor, quantize
@@ -43,14 +42,6 @@ def test_quantized_linear_matches_the_dequantized_matmul_at_every_row_count(
         # torch's kernels round outputs to bf16 (~2^-8 of the largest output); ours sums exactly in fp32
         tol = 1e-4 if isinstance(kernel, VnniKernel) else 2e-2
         torch.testing.assert_close(y, _reference(qt, x, bias, kernel), rtol=tol, atol=tol, msg=f"{fmt} rows={rows}")
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 @needs_bf16_gemm

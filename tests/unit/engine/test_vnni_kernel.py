@@ -3,12 +3,11 @@ weight's matmul on the activations as it rounds them, gives a row the same bits 
 thread count (speculation stays lossless), and refuses malformed weights with the reason."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _engine_factories import loaded_from_hf, tiny_hf_model
+from _engine_factories import loaded_from_hf, threads, tiny_hf_model  # noqa: F401
 
 from engine.quant import vnni
 from engine.quant.apply import install_quantized
@@ -24,7 +23,8 @@ SHAPES = [(960, 576), (576, 1536), (200, 96)]  # the default model's qkv and dow
 def _q4_0(shape: tuple[int, int]) -> QuantizedTensor:
     """A Q4_0-like tensor (zero 0: w = (q - 8) * scale), as GGUF's Q4_0 blocks load."""
     qt = quantize(torch.randn(shape) * 0.05, "int4")
-    return QuantizedTensor("int4", qt.codes, qt.scales, torch.zeros_like(qt.zeros), qt.group_size)  # type: ignore[arg-type]
+    assert qt.zeros is not None
+    return QuantizedTensor("int4", qt.codes, qt.scales, torch.zeros_like(qt.zeros), qt.group_size)
 
 
 def _tensors(shape: tuple[int, int]) -> dict[str, QuantizedTensor]:
@@ -43,14 +43,6 @@ def test_every_row_count_gives_the_dequantized_matmul_of_the_rounded_activations
             got = kernel(x)
             assert got.shape == (rows, shape[0])
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"{name} at {rows} rows")
-
-
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request: pytest.FixtureRequest) -> Iterator[int]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
 
 
 def test_a_rows_bits_do_not_depend_on_the_row_count_or_the_threads(threads: int) -> None:
