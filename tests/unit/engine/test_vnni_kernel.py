@@ -3,7 +3,6 @@ weight's matmul on the activations as it rounds them, gives a row the same bits 
 thread count (speculation stays lossless), and refuses malformed weights with the reason."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn.functional as F
