@@ -66,7 +66,8 @@ def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide:
         _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide, kernel=kernel))
     head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide, kernel=kernel)
     # A tied head on our kernel holds the only copy of the codes (in its layout): the lookup reads rows from it.
-    tied = head.narrow if "lm_head" not in tensors and isinstance(head.narrow, VnniKernel) else None
+    narrow = head.narrow
+    tied = narrow if "lm_head" not in tensors and isinstance(narrow, VnniKernel) and narrow.bits == 8 else None
     model.embed_tokens = QuantizedEmbedding(tensors["embed_tokens"], model.dtype, tied)  # type: ignore[assignment]
     _set_head(model, head)
 

@@ -11,8 +11,8 @@ activations are cast to bf16 for them.
 
 The quantized kernel is ours where the CPU has AVX512-VNNI (engine/quant/vnni.py,
 engine.quant_kernel: auto): int8 activations, exact integer sums, 2.7 ms for the default model's
-layers at one row and 6.0 ms at nine on the same machine, faster than the bf16 copy up to 64
-rows; elsewhere torch's. So a QuantizedLinear runs
+layers at one row and 6.0 ms at nine on the same machine, faster than the bf16 copy at every row
+count the start-up calibration measures there (1-128); elsewhere torch's. So a QuantizedLinear runs
     rows <= max_quant_rows : the quantized kernel (int4 / int8)
     rows >  max_quant_rows : a oneDNN-prepacked bf16 copy of the SAME dequantized
                              weight (verification of long drafts, batches, prefill)
@@ -222,10 +222,13 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] (model dtype) -> [T, out] (model dtype)."""
-        rows = x.shape[0]
-        kernel = self.narrow if self.wide is None or rows <= self.max_quant_rows else self.wide
+        kernel = self.kernel_for(x.shape[0])
         y = kernel(x.to(kernel.act_dtype)).to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+    def kernel_for(self, rows: int) -> Kernel:
+        """The kernel a step of `rows` rows runs: the quantized one, or the bf16 copy beyond max_quant_rows."""
+        return self.narrow if self.wide is None or rows <= self.max_quant_rows else self.wide
 
     def tensors(self) -> list[torch.Tensor]:
         """This layer's weight copies: the narrow kernel's and the wide one (what stays resident)."""

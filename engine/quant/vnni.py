@@ -123,6 +123,8 @@ class VnniKernel:
         else:
             self.codes = pack8((qt.codes.to(torch.int16) + 128).to(torch.uint8))
             self.scales = F.pad(qt.scales.float(), (0, -out % LANES)).contiguous()
+            i = torch.arange(inp)  # rows(): where input i of a tile's lane 0 sits (+ 4 bytes per lane)
+            self._columns = (i // BLOCK) * 512 + (i % BLOCK // 4) * 64 + i % 4
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out] fp32."""
@@ -133,10 +135,7 @@ class VnniKernel:
         """8-bit: the int8 codes [len(ids), in] of output rows ids, read back from the tiles."""
         if self.bits != 8:
             raise ValueError("rows() reads 8-bit codes back; 4-bit rows are not kept in a readable layout")
-        inp = self.codes.shape[1] // 16  # 512 bytes a block of 32 inputs
-        i = torch.arange(inp)
-        column = (i // BLOCK) * 512 + (i % BLOCK // 4) * 64 + i % 4  # input i of lane 0, + 4 per lane
-        index = column[None, :] + 4 * (ids % LANES)[:, None]
+        index = self._columns[None, :] + 4 * (ids % LANES)[:, None]
         return (self.codes[ids // LANES].gather(1, index).to(torch.int16) - 128).to(torch.int8)
 
     def tensors(self) -> list[torch.Tensor]:

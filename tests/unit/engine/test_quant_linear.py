@@ -10,7 +10,10 @@ import torch
 import torch.nn.functional as F
 from _engine_factories import needs_bf16_gemm, threads  # noqa: F401
 
-from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
+from engine.quant import vnni
+from engine.quant.linear import (
+    MAX_QUANT_ROWS, Bf16Linear, Int4Kernel, Int8Kernel, QuantizedEmbedding, QuantizedLinear, nbytes, quant_kernel,
+)  # fmt: skip
 from engine.quant.tensor import QuantizedTensor, quantize
 from engine.quant.vnni import VnniKernel, activations_as_used
 
@@ -38,7 +41,7 @@ def test_quantized_linear_matches_the_dequantized_matmul_at_every_row_count(
         x = torch.randn(rows, shape[1])
         y = layer(x)
         assert y.dtype == torch.float32 and y.shape == (rows, shape[0])
-        kernel = layer.narrow if layer.wide is None or rows <= layer.max_quant_rows else layer.wide
+        kernel = layer.kernel_for(rows)
         # torch's kernels round outputs to bf16 (~2^-8 of the largest output); ours sums exactly in fp32
         tol = 1e-4 if isinstance(kernel, VnniKernel) else 2e-2
         torch.testing.assert_close(y, _reference(qt, x, bias, kernel), rtol=tol, atol=tol, msg=f"{fmt} rows={rows}")
@@ -129,3 +132,19 @@ def test_quantized_embedding_looks_up_the_dequantized_rows() -> None:
     qt = quantize(torch.randn(300, 64), "int8")
     ids = torch.tensor([0, 299, 7, 7])
     torch.testing.assert_close(QuantizedEmbedding(qt, torch.float32)(ids), qt.dequantize()[ids], rtol=0, atol=0)
+
+
+# Where our kernel cannot run or take a tensor (tests/unit/engine/test_vnni_kernel.py covers it where it can).
+
+
+def test_tensors_the_kernel_cannot_take_go_to_torchs() -> None:
+    odd = quantize(torch.randn(16, 64), "int4", group_size=64)  # groups of 64: not the kernel's blocks
+    assert not vnni.fits(odd) and isinstance(quant_kernel(odd), Int4Kernel)
+
+
+def test_a_cpu_without_our_kernel_gets_torchs_with_the_reason_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    why = "torch's weight-only kernels (this CPU lacks AVX512-VNNI for ours)"
+    monkeypatch.setattr(vnni, "available", lambda: (False, why))
+    qt4, qt8 = quantize(torch.randn(32, 64), "int4"), quantize(torch.randn(32, 64), "int8")
+    assert isinstance(quant_kernel(qt4), Int4Kernel) and isinstance(quant_kernel(qt8), Int8Kernel)
+    assert vnni.chosen("auto") == (False, f"int4/int8 kernel: {why}")

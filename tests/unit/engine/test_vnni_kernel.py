@@ -102,11 +102,6 @@ def test_engine_quant_kernel_torch_keeps_torchs_kernels_and_an_unknown_choice_is
         vnni.chosen("vnni")
 
 
-def test_tensors_the_kernel_cannot_take_go_to_torchs() -> None:
-    odd = quantize(torch.randn(16, 64), "int4", group_size=64)  # groups of 64: not the kernel's blocks
-    assert not vnni.fits(odd) and isinstance(quant_kernel(odd), Int4Kernel)
-
-
 def test_malformed_weights_are_refused_naming_the_problem() -> None:
     k = vnni.VnniKernel(quantize(torch.randn(32, 64), "int4"))
     op = torch.ops.specstream.qlinear
