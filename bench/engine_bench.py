@@ -82,9 +82,10 @@ def _dispatch_line(line: str) -> None:
 
 @dataclass(frozen=True)
 class OurEngine:
-    """How our rows' engine is set up: the command line's --weights, --draft-head, --kernel-dispatch, --fused-step,
-    --quant-kernel."""
+    """How our rows' engine is set up: the command line's --model, --weights, --draft-head, --kernel-dispatch,
+    --fused-step, --quant-kernel."""
 
+    model: str = "smollm2-135m-instruct"
     weights: str = "fp32"
     draft_head: str | None = None
     kernel_dispatch: str = "auto"
@@ -96,8 +97,8 @@ class OurEngine:
         head = ["--draft-head", self.draft_head] if self.draft_head else []
         fused = "on" if self.fused_step else "off"
         return [
-            "--weights", self.weights, "--kernel-dispatch", self.kernel_dispatch, "--fused-step", fused,
-            "--quant-kernel", self.quant_kernel, *head,
+            "--model", self.model, "--weights", self.weights, "--kernel-dispatch", self.kernel_dispatch,
+            "--fused-step", fused, "--quant-kernel", self.quant_kernel, *head,
         ]  # fmt: skip
 
 
@@ -118,9 +119,8 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
         spec = SpeculationConfig(
             enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")), adaptive=False
         )
-    model = "smollm2-135m-instruct"
     cfg = EngineConfig(
-        model=model, speculation=spec, weights=ours.weights, kernel_dispatch=ours.kernel_dispatch,
+        model=ours.model, speculation=spec, weights=ours.weights, kernel_dispatch=ours.kernel_dispatch,
         fused_step=ours.fused_step, quant_kernel=ours.quant_kernel,
     )  # fmt: skip
     engine = LLMEngine.from_config(cfg, progress=_dispatch_line)
@@ -370,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/results/engine.json")
     ap.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a row is stopped (reported as a bound)")
     ap.add_argument(
+        "--model", default="smollm2-135m-instruct",
+        help="engine.model of our rows: a known name or a .gguf file (e.g. llama.cpp's Q4_0 of the same model)",
+    )
+    ap.add_argument(
         "--weights", default="fp32", choices=("auto", "fp32", "bf16", "int8", "int4"), help="engine.weights of our rows"
     )
     ap.add_argument("--draft-head", help="trained EAGLE head (folder or name) for the ours_eagle rows")
@@ -389,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    ours = OurEngine(args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on", args.quant_kernel)
+    ours = OurEngine(
+        args.model, args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on", args.quant_kernel
+    )
 
     if args.row:  # subprocess mode
         results = run_row(args.row, args.scenario, args.max_new, ours)

@@ -16,7 +16,9 @@ rendered with the model's own chat template):
   Q8_0 and F32 (the shipped file dequantized by llama-quantize, then quantized);
 * llama.cpp batch 1, prompt lookup: llama-lookup, 8 drafts (--spec-draft-n-max), Q4_0 and Q4_1;
 * llama.cpp 16 concurrent: llama-server -np 16 -cb, tokens/s over the mixed set;
-* ours: bench.engine_bench rows ours_plain / ours_ngram per --ours-weights (16 concurrent);
+* ours: bench.engine_bench rows ours_plain / ours_ngram per --ours-weights (16 concurrent): int4 and
+  int8 on the shipped file, and int4 on llama.cpp's Q4_0 file (int4@Q4_0), so that each llama.cpp
+  int4 row has ours on the same file, at the same bits per weight, beside it;
 * int4's resident weight memory against the GGUF file's size.
 Batch-1 rows are given two ways: end to end (new tokens over the whole request, the prompt's
 processing included) and decode only (over the time after the first token: llama.cpp's own
@@ -211,15 +213,20 @@ def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int)
     return out
 
 
-def our_rows(weights: list[str], max_new: int, out_dir: Path) -> Figures:
+def our_rows(weights: list[str], files: dict[str, Path], max_new: int, out_dir: Path) -> Figures:
+    """Our rows per --ours-weights entry: a format on the shipped file ("int4"), or on one of llama.cpp's files
+    ("int4@Q4_0": the same GGUF its Q4_0 rows read, so both sides read the same bits)."""
     out = Figures()
-    for w in weights:
-        path = out_dir / f"engine-{w}.json"
-        cmd = [sys.executable, "-m", "bench.engine_bench", "--weights", w, "--rows", "ours_plain,ours_ngram",
+    for spec in weights:
+        fmt, _, kind = spec.partition("@")
+        model = ["--model", str(files[kind])] if kind else []
+        label = f"{fmt}_{kind}" if kind else fmt
+        path = out_dir / f"engine-{label}.json"
+        cmd = [sys.executable, "-m", "bench.engine_bench", "--weights", fmt, *model, "--rows", "ours_plain,ours_ngram",
                "--concurrency", "16", "--max-new", str(max_new), "--out", str(path)]  # fmt: skip
         subprocess.run(cmd, check=True)
         for r in json.loads(path.read_text())["results"]:
-            key = f"{r['row']}_{w}:{r['scenario']}"
+            key = f"{r['row']}_{label}:{r['scenario']}"
             out.end_to_end[key] = r["new_tokens"] / r["seconds"]
             if r["scenario"].startswith("single:"):
                 out.decode[key] = (r["new_tokens"] - 1) / (r["seconds"] - r["first_token_s"])
@@ -259,13 +266,23 @@ def check_targets(figures: Figures) -> list[str]:
             verdict = "PASS" if ok else "FAIL"
             lines.append(f"- {label}, {way}: {t[ours]:.1f} vs {factor:g} x {t[theirs]:.1f} -> {verdict}")
 
+    # "At the same bit width": each llama.cpp file against ours on that same file (int4 on the shipped Q4_1, 5 bits
+    # a weight; int4_Q4_0 on llama.cpp's Q4_0, 4.5 bits).
+    same_file = {"Q4_0": "int4_Q4_0", "Q4_1": "int4"}
     for name in BY_NAME:
-        for kind in ("Q4_0", "Q4_1"):
-            check(f"int4 plain >= llama.cpp {kind} ({name})", f"ours_plain_int4:single:{name}", f"llama_{kind}:single:{name}", 1)
+        for kind, ours in same_file.items():
+            label = f"int4 plain >= llama.cpp {kind}, same file ({name})"
+            check(label, f"ours_plain_{ours}:single:{name}", f"llama_{kind}:single:{name}", 1)
         check(f"int8 plain >= llama.cpp Q8_0 ({name})", f"ours_plain_int8:single:{name}", f"llama_Q8_0:single:{name}", 1)
     for name in ("code_edit", "rag"):
-        check(f"int4 lookup >= 1.5x llama-lookup Q4_0 ({name})", f"ours_ngram_int4:single:{name}", f"llama_lookup_Q4_0:single:{name}", 1.5)
-    check("int4 16 concurrent >= 2x llama-server Q4_0", "ours_plain_int4:concurrent:16", "llama_server16_Q4_0:concurrent:16", 2)
+        for kind, ours in same_file.items():
+            label = f"int4 lookup >= 1.5x llama-lookup {kind}, same file ({name})"
+            check(label, f"ours_ngram_{ours}:single:{name}", f"llama_lookup_{kind}:single:{name}", 1.5)
+    for kind, ours in same_file.items():
+        # Plain, and as served: speculation (adaptive prompt lookup) is on by default, llama-server's is off.
+        for row, how in (("plain", "plain"), ("ngram", "as served")):
+            label = f"int4 16 concurrent {how} >= 2x llama-server {kind}, same file"
+            check(label, f"ours_{row}_{ours}:concurrent:16", f"llama_server16_{kind}:concurrent:16", 2)
     # issue 17's fp32 figure for our engine, on a copy: it is a target, not a measured row of the output
     figures = Figures(figures.end_to_end | {"fp32_figure:concurrent:16": 110.7}, figures.decode)
     check("int4 16 concurrent >= 1.5x our fp32 figure", "ours_plain_int4:concurrent:16", "fp32_figure:concurrent:16", 1.5)
@@ -276,17 +293,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--ours-weights", default="int4,int8,fp32")
+    ap.add_argument(
+        "--ours-weights", default="int4,int4@Q4_0,int8",
+        help="our formats, comma-separated; FORMAT@KIND runs FORMAT on llama.cpp's KIND file instead of the shipped one",
+    )
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--out", default="bench/results/llama_cpp_compare.json")
     args = ap.parse_args(argv)
     root = _cache()
     bindir = build(root)
-    figures = llama_rows(bindir, model_files(root, bindir), args.threads, args.max_new)
+    files = model_files(root, bindir)
+    figures = llama_rows(bindir, files, args.threads, args.max_new)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if not args.skip_ours:
-        figures |= our_rows(args.ours_weights.split(","), args.max_new, out.parent)
+        figures |= our_rows(args.ours_weights.split(","), files, args.max_new, out.parent)
     lines = ["| row | scenario | tokens/s end to end | tokens/s decode |", "|---|---|---|---|"]
     for k, v in sorted(figures.end_to_end.items()):
         decode = f"{figures.decode[k]:.1f}" if k in figures.decode else ""
