@@ -36,7 +36,7 @@ namespace specstream::qgemm {
 
 constexpr int64_t kBlock = 32;  // inputs per scale
 constexpr int64_t kLanes = 16;  // outputs per tile: one int32 lane each
-constexpr int64_t kTile = 4;    // activation rows per pass over a tile's weights
+constexpr int64_t kTile = 8;    // activation rows per pass over a tile's weights
 
 // Activation rows as int8 blocks: codes in input order; per block its scale d, its code sum, and d * sum.
 struct QuantRows {
@@ -90,7 +90,8 @@ SS_VNNI __m512 halves(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Outputs 16t .. 16t + 15 for rows r0 .. r0 + R - 1 into y [rows, out].
+// Outputs 16t .. 16t + 15 for rows r0 .. r0 + R - 1 into y [rows, out]. R up to 8 (kTile): 8 accumulators and the
+// 8 weight vectors stay in registers; 8 rows a pass took 9-128-row steps 16-21 % below 4 (bench/qgemm_bench.py).
 template <int R, bool kFour, bool kMins, bool kBlockScales>
 SS_VNNI void tile(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t r0, float* y) {
   const int64_t blocks = w.in / kBlock;
@@ -151,6 +152,10 @@ SS_VNNI_TARGET void tiles(const QuantWeights& w, const QuantRows& a, int64_t t0,
     int64_t r0 = 0;
     for (; r0 + kTile <= a.rows; r0 += kTile) tile<kTile, kFour, kMins, kBlockScales>(w, a, t, r0, y);
     switch (a.rows - r0) {
+      case 7: tile<7, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
+      case 6: tile<6, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
+      case 5: tile<5, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
+      case 4: tile<4, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
       case 3: tile<3, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
       case 2: tile<2, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
       case 1: tile<1, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
