@@ -53,7 +53,7 @@ from engine.sampler import RequestRng
 from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput, draft_cap
 from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
-from engine.spec.proposer import DraftProposal, HiddenStateConsumer, ProposalInput, Proposer
+from engine.spec.proposer import DraftProposal, FollowsWeightFormat, HiddenStateConsumer, ProposalInput, Proposer
 from engine.spec.verifier import verify_batch
 from engine.step_record import StepObserver, StepRecord
 from engine.threads import apply_threads
@@ -107,6 +107,8 @@ class LLMEngine:
         # RoPE tables for every position of the longest region: drafts may run past max_model_len - 1.
         self.model.init_rope(loaded.hf_config, region_size(self.max_model_len, self.max_draft_tokens))
         self.weight_format = apply_weights(loaded, config.weights, config.prepack_weights, say, config.quant_kernel)
+        if isinstance(self.proposer, FollowsWeightFormat):  # a draft head: its weights in the target's format too
+            self.proposer.follow_weight_format(self.weight_format, config.quant_kernel)
         # Which kernel each step size runs on this CPU (measured, or fixed): one line at start. Sized by the
         # configured k even with speculation off, so turning speculation on or off never changes the kernels.
         dispatch = dispatch_kernels(self.model, self.weight_format, config, spec.max_draft_tokens, cache_root().parent)

@@ -72,6 +72,19 @@ def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide:
     _set_head(model, head)
 
 
+def install_in_module(module: nn.Module, fmt: QuantFormat, kernel: str = "auto") -> None:
+    """Every nn.Linear inside `module` (a draft head beside the target) quantized from its float weights, without
+    a wide bf16 copy: a head's steps are a few rows."""
+    for name, lin in [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)]:
+        qt = quantize(lin.weight.detach(), fmt)
+        _set_module(module, name, QuantizedLinear(qt, lin.bias, wide=False, kernel=kernel))
+
+
+def head_matmul(weight: torch.Tensor, fmt: QuantFormat, kernel: str = "auto") -> QuantizedLinear:
+    """An LM head's matmul (x [T, hidden] -> logits [T, rows]) on quantized rows."""
+    return QuantizedLinear(quantize(weight.detach(), fmt), None, wide=False, kernel=kernel)
+
+
 def install_bf16(model: Decoder) -> None:
     """Every linear and the LM head as one prepacked bf16 copy; the embedding lookup stays in the model dtype."""
     for name, lin in _linears(model).items():

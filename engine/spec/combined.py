@@ -26,6 +26,9 @@ class LookupThenEagle:
         self.eagle = eagle
         self.lookup = lookup
 
+    def follow_weight_format(self, fmt: str, kernel: str) -> None:
+        self.eagle.follow_weight_format(fmt, kernel)
+
     def observe_hidden(self, seq_id: str, first_position: int, hidden: Tensor) -> None:
         # The head must see every committed position, also those lookup drafted.
         self.eagle.observe_hidden(seq_id, first_position, hidden)

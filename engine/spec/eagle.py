@@ -76,6 +76,9 @@ class EagleProposer:
             raise ValueError(f"the draft head's KV budget of {budget} bytes holds no token")
         return cls(head, target.model, int(tokens), cfg.max_draft_tokens)
 
+    def follow_weight_format(self, fmt: str, kernel: str) -> None:
+        self.head.follow_weight_format(fmt, kernel)
+
     # ------------------------------------------------------------ hidden states
 
     def observe_hidden(self, seq_id: str, first_position: int, hidden: Tensor) -> None:

@@ -72,6 +72,8 @@ class EagleHead(nn.Module):
         self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
         # [Vd, hidden]: the target's LM-head rows for draft_vocab (bind); not saved, it is the target's.
         self.head_weight: torch.Tensor | None = None
+        # Those rows in the served weight format (follow_weight_format); None: F.linear on head_weight.
+        self.head_matmul: nn.Module | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -83,8 +85,25 @@ class EagleHead(nn.Module):
         rows = weight.detach()[self.draft_vocab.to(weight.device)]  # [Vd, hidden]
         self.head_weight = rows.to(self.fc.weight.device, self.fc.weight.dtype).contiguous()
 
+    def follow_weight_format(self, fmt: str, kernel: str = "auto") -> None:
+        """Serve beside a target in a reduced weight format (engine.weights bf16/int8/int4; after bind): every
+        linear and the draft LM head int8 per row, on the target's int8 kernel. The fp32 head cost 3.7 ms a draft
+        position beside a 5 ms int4 step; int8 ~1 ms, with the same acceptance, where int4 weights lost a third of
+        the accepted tokens (docs/benchmarks.md). Drafts stay this head's argmax: speculation stays lossless."""
+        if self.head_weight is None:
+            raise RuntimeError("EagleHead.bind(target) comes before follow_weight_format")
+        if fmt == "fp32":
+            return
+        from engine.quant.apply import HEAD_FORMAT, head_matmul, install_in_module
+
+        install_in_module(self, HEAD_FORMAT, kernel)
+        self.head_matmul = head_matmul(self.head_weight, HEAD_FORMAT, kernel)
+        self.head_weight = None  # the int8 copy is the only one kept
+
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         """g [..., hidden] -> fp32 logits [..., Vd] over the draft vocabulary."""
+        if self.head_matmul is not None:
+            return self.head_matmul(g).float()
         if self.head_weight is None:
             raise RuntimeError("EagleHead.bind(target) was not called")
         return F.linear(g, self.head_weight).float()

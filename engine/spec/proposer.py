@@ -90,3 +90,13 @@ class HiddenStateConsumer(Protocol):
     def observe_hidden(self, seq_id: str, first_position: int, hidden: Tensor) -> None:
         """hidden [n, hidden_size]: the target's final-normed states of positions first_position.. ."""
         ...
+
+
+@runtime_checkable
+class FollowsWeightFormat(Protocol):
+    """A proposer with weights of its own (a draft head) that serves them in the target's format (engine.weights),
+    told once the engine has put the target in it."""
+
+    def follow_weight_format(self, fmt: str, kernel: str) -> None:
+        """fmt: the resolved format ("fp32", "bf16", "int8", "int4"); kernel: engine.quant_kernel."""
+        ...

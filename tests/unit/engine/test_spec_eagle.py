@@ -182,6 +182,34 @@ def test_prompt_lookup_with_the_head_keeps_the_output_of_plain_and_drafts_by_bot
     assert _generate(engine, prompts, sampling) == _generate(make_engine(hf), prompts, sampling)
 
 
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_beside_a_quantized_target_the_head_serves_int8_and_the_output_stays_plains(hf, head_dir: Path, weights: str) -> None:  # type: ignore[no-untyped-def]
+    from engine.quant.linear import QuantizedLinear
+    from engine.spec.combined import LookupThenEagle
+
+    prompts = random_prompts([5, 9, 12], seed=16)
+    sampling = SamplingOptions(max_tokens=30, ignore_eos=True)
+    # Without the bf16 copy for wide steps: a batch's verification passes 9 rows, where the copy would round
+    # other than the quantized kernel its plain steps run (docs/benchmarks.md, weight formats).
+    engine = make_engine(hf, weights=weights, prepack_weights=False, speculation=_eagle(head_dir, lookup=True))
+    assert isinstance(engine.proposer, LookupThenEagle)
+    head = engine.proposer.eagle.head
+    linears = [m for m in head.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears == [] and head.head_weight is None  # no float copy left beside the format's
+    assert {m.fmt for m in head.modules() if isinstance(m, QuantizedLinear)} == {"int8"}  # int4 lost acceptance
+    assert isinstance(head.head_matmul, QuantizedLinear) and isinstance(head.fc, QuantizedLinear)
+    result = engine.generate([EngineRequest(f"r{i}", p, sampling) for i, p in enumerate(prompts)])
+    plain = _generate(make_engine(hf, weights=weights, prepack_weights=False), prompts, sampling)
+    assert {rid: acc.token_ids for rid, acc in result.items()} == plain
+    assert sum(acc.spec.drafted for acc in result.values()) > 0  # the head really drafted
+
+
+def test_an_fp32_target_keeps_the_heads_float_weights(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    head = make_engine(hf, speculation=_eagle(head_dir)).proposer.head
+    assert head.head_matmul is None and head.head_weight is not None
+    assert isinstance(head.fc, torch.nn.Linear)
+
+
 def test_a_head_trained_for_another_target_is_refused_with_a_clear_message(head_dir: Path) -> None:
     other = tiny_hf_model(seed=5)  # same shapes, other weights
     with pytest.raises(DraftHeadMismatch, match=r"was trained for tiny \(fingerprint [0-9a-f]+\); this worker serves"):
