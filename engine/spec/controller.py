@@ -7,7 +7,8 @@ per request
     With per-token acceptance a, k drafts yield E(k) = 1 + a + ... + a^k =
     (1 - a^(k+1)) / (1 - a) expected tokens per step. The request's draft length
     maximises E(k) / cost(k), where cost(k) is its share of the step plus the
-    marginal cost of its k extra tokens. Below min_acceptance speculation turns
+    marginal cost of its k extra tokens. Below min_acceptance (down to half of it
+    where the measured costs say a draft still pays: `off_below`) speculation turns
     off for the request and probes again later with a short draft (interval
     doubling on each failed probe); EngineRequest.speculation False disables it.
 
@@ -357,16 +358,28 @@ class SpeculationController:
         state.drafted_total += drafted
         state.accepted_total += accepted
         a = self.acceptance(state)
+        floor = self.off_below()
         if state.probing:
             state.probing = False
-            if a >= self.cfg.min_acceptance:
+            if a >= floor:
                 state.off = False
                 state.probe_interval = self.cfg.probe_interval_steps
             else:
                 state.probe_interval = min(2 * state.probe_interval, self.cfg.max_probe_interval_steps)
                 self._switch_off(state)
-        elif not state.off and state.trials >= self.cfg.min_trials and a < self.cfg.min_acceptance:
+        elif not state.off and state.trials >= self.cfg.min_trials and a < floor:
             self._switch_off(state)
+
+    def off_below(self) -> float:
+        """The acceptance below which a request stops drafting: min_acceptance, or down to half of it where the
+        measured costs say drafting still pays. One draft at acceptance a pays when a > m / t (m: its marginal
+        cost, fed and drafted; t: a one-token step): where verification is flat in tokens (bf16, a memory-bound
+        step) that is a few percent, and an EAGLE head at 0.25-0.3 was switched off while paying (a third of its
+        steps, docs/benchmarks.md). Never below half: drafts also cost what the model does not see (KV slots)."""
+        c = self.cost_model.costs()
+        step = c.fixed_s + c.per_token_s
+        break_even = (c.per_token_s + c.draft_per_token_s) / step if step > 0 else 1.0
+        return min(self.cfg.min_acceptance, max(break_even, self.cfg.min_acceptance / 2))
 
     def observe_step(self, num_tokens: int, elapsed_s: float, draft_s: float = 0.0, drafted: int = 0) -> None:
         """After a step: num_tokens fed to the target (drafts included) took

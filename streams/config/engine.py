@@ -40,7 +40,8 @@ class SpeculationSettings(Section):
     )
     min_acceptance: float = Field(
         default=0.3, ge=0.0, lt=1.0,
-        description="Below this acceptance rate a sequence stops speculating (and probes again later).",
+        description="Below this acceptance rate a sequence stops speculating (and probes again later); down to "
+        "half of it where the measured step costs say its drafts still pay.",
     )
     probe_interval_steps: int = Field(
         default=16, gt=0, description="Steps between probes of a sequence that stopped speculating."

@@ -203,6 +203,29 @@ def test_free_drafts_still_switch_off_on_evidence() -> None:
     assert set(ks) == {6} and s.trials >= ctl.cfg.min_trials
 
 
+def _accepting_one_draft_in_four(ctl: SpeculationController) -> SpecState:
+    """A request whose first draft is accepted one step in four (estimate ~0.25, under min_acceptance 0.3)."""
+    s = ctl.new_state("r")
+    for step in range(60):
+        [k] = ctl.plan([s], 1)
+        if k:
+            ctl.observe_acceptance(s, k, 1 if step % 4 == 0 else 0)
+    return s
+
+
+def test_a_request_whose_drafts_still_pay_keeps_drafting_under_min_acceptance() -> None:
+    # Flat verification, a draft costing 2 % of the step: at 0.25 a draft pays, so the gate stays open.
+    paying = _accepting_one_draft_in_four(SpeculationController(cfg(), FixedCostModel(0.02, 0.0, 0.0004)))
+    assert not paying.off and paying.drafted_total >= 60
+    # The same acceptance where a draft costs a third of the step (it pays from 0.33): drafting stops within a few
+    # steps, and the gate stays at min_acceptance.
+    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.004, 0.004))
+    costly = _accepting_one_draft_in_four(ctl)
+    assert costly.drafted_total <= 10 and costly.k == 0 and ctl.off_below() == cfg().min_acceptance
+    # However cheap the drafts, never below half of min_acceptance (free drafts still switch off, above).
+    assert SpeculationController(cfg(), FixedCostModel(0.02, 0.0)).off_below() == cfg().min_acceptance / 2
+
+
 def test_probes_wait_while_no_draft_could_pay() -> None:
     ctl = SpeculationController(cfg(probe_interval_steps=2), FixedCostModel(fixed_s=0.0, per_token_s=0.001))
     s = ctl.new_state("r")
