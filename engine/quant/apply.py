@@ -72,7 +72,7 @@ def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide:
     _set_head(model, head)
 
 
-def install_in_module(module: nn.Module, fmt: QuantFormat, kernel: str = "auto") -> None:
+def quantize_linears(module: nn.Module, fmt: QuantFormat, kernel: str = "auto") -> None:
     """Every nn.Linear inside `module` (a draft head beside the target) quantized from its float weights, without
     a wide bf16 copy: a head's steps are a few rows."""
     for name, lin in [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)]:

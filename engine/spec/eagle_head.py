@@ -94,9 +94,9 @@ class EagleHead(nn.Module):
             raise RuntimeError("EagleHead.bind(target) comes before follow_weight_format")
         if fmt == "fp32":
             return
-        from engine.quant.apply import HEAD_FORMAT, head_matmul, install_in_module
+        from engine.quant.apply import HEAD_FORMAT, head_matmul, quantize_linears
 
-        install_in_module(self, HEAD_FORMAT, kernel)
+        quantize_linears(self, HEAD_FORMAT, kernel)
         self.head_matmul = head_matmul(self.head_weight, HEAD_FORMAT, kernel)
         self.head_weight = None  # the int8 copy is the only one kept
 

@@ -94,8 +94,8 @@ class HiddenStateConsumer(Protocol):
 
 @runtime_checkable
 class FollowsWeightFormat(Protocol):
-    """A proposer with weights of its own (a draft head) that serves them in the target's format (engine.weights),
-    told once the engine has put the target in it."""
+    """A proposer with weights of its own (a draft head) that picks their format to suit the target's
+    (engine.weights), told once the engine has put the target in it."""
 
     def follow_weight_format(self, fmt: str, kernel: str) -> None:
         """fmt: the resolved format ("fp32", "bf16", "int8", "int4"); kernel: engine.quant_kernel."""
