@@ -230,6 +230,8 @@ def our_rows(weights: list[str], files: dict[str, Path], max_new: int, out_dir: 
     out = Figures()
     for spec in weights:
         fmt, _, kind = spec.partition("@")
+        if kind and kind not in files:
+            raise SystemExit(f"--ours-weights {spec}: llama.cpp has no {kind} file here (one of {', '.join(files)})")
         model = ["--model", str(files[kind])] if kind else []
         label = f"{fmt}_{kind}" if kind else fmt
         path = out_dir / f"engine-{label}.json"
