@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/results/engine.json")
     ap.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a row is stopped (reported as a bound)")
     ap.add_argument(
-        "--model", default="smollm2-135m-instruct",
+        "--model", default=OurEngine.model,
         help="engine.model of our rows: a known name or a .gguf file (e.g. llama.cpp's Q4_0 of the same model)",
     )
     ap.add_argument(

@@ -72,17 +72,18 @@ def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide:
     _set_head(model, head)
 
 
+def narrow_linear(
+    weight: torch.Tensor, bias: torch.Tensor | None, fmt: QuantFormat, kernel: str = "auto"
+) -> QuantizedLinear:
+    """A float weight quantized to fmt, on the quantized kernel alone (no wide bf16 copy): for a draft head's
+    layers, whose steps are a few rows."""
+    return QuantizedLinear(quantize(weight.detach(), fmt), bias, wide=False, kernel=kernel)
+
+
 def quantize_linears(module: nn.Module, fmt: QuantFormat, kernel: str = "auto") -> None:
-    """Every nn.Linear inside `module` (a draft head beside the target) quantized from its float weights, without
-    a wide bf16 copy: a head's steps are a few rows."""
+    """Every nn.Linear inside `module` (a draft head beside the target) as a narrow_linear."""
     for name, lin in [(n, m) for n, m in module.named_modules() if isinstance(m, nn.Linear)]:
-        qt = quantize(lin.weight.detach(), fmt)
-        _set_module(module, name, QuantizedLinear(qt, lin.bias, wide=False, kernel=kernel))
-
-
-def head_matmul(weight: torch.Tensor, fmt: QuantFormat, kernel: str = "auto") -> QuantizedLinear:
-    """An LM head's matmul (x [T, hidden] -> logits [T, rows]) on quantized rows."""
-    return QuantizedLinear(quantize(weight.detach(), fmt), None, wide=False, kernel=kernel)
+        _set_module(module, name, narrow_linear(lin.weight, lin.bias, fmt, kernel))
 
 
 def install_bf16(model: Decoder) -> None:

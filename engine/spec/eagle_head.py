@@ -94,10 +94,10 @@ class EagleHead(nn.Module):
             raise RuntimeError("EagleHead.bind(target) comes before follow_weight_format")
         if fmt == "fp32":
             return
-        from engine.quant.apply import HEAD_FORMAT, head_matmul, quantize_linears
+        from engine.quant.apply import HEAD_FORMAT, narrow_linear, quantize_linears
 
         quantize_linears(self, HEAD_FORMAT, kernel)
-        self.head_matmul = head_matmul(self.head_weight, HEAD_FORMAT, kernel)
+        self.head_matmul = narrow_linear(self.head_weight, None, HEAD_FORMAT, kernel)
         self.head_weight = None  # the int8 copy is the only one kept
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
