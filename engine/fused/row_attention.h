@@ -68,14 +68,17 @@ SS_INLINE float hmax(v16 a) {
 // sum always added up in the same tree (cheaper than 16 separate horizontal sums).
 SS_INLINE v16 hsum16(const v16* x) {
   v16 b[8], c[4], d[2];
+  SS_UNROLL
   for (int i = 0; i < 8; ++i) {
     b[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
            __builtin_shufflevector(x[2 * i], x[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
   }
+  SS_UNROLL
   for (int i = 0; i < 4; ++i) {
     c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
            __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
   }
+  SS_UNROLL
   for (int i = 0; i < 2; ++i) {
     d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
            __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
@@ -103,6 +106,51 @@ SS_INLINE v16 exp16(v16 x) {
   return y * (v16)bits;  // a same-size vector cast reinterprets the bits
 }
 
+// Heads of one row whose weighted values one pass over a block's value vectors adds up: their sums stay in registers.
+template <int C>
+constexpr int64_t kValueHeads = std::max(1, std::min(4, 16 / C));
+
+// The lane-wise products of a head's query vectors and one position's key, summed over the vectors.
+template <int C>
+SS_INLINE v16 dot(const v16 (&qv)[C], const float* k) {
+  v16 d = qv[0] * load(k);
+  SS_UNROLL
+  for (int c = 1; c < C; ++c) d += qv[c] * load(k + c * kLanes);
+  return d;
+}
+
+// For H heads of one row (sums acc + h * D, weights p + h * 16): acc += the block's n value vectors, each weighted.
+// Each head's sum takes its positions in order, whatever H is: the bits do not depend on which heads go together.
+template <int C, int H>
+SS_INLINE void add_values(float* acc, const float* p, const float* vb, int64_t n) {
+  constexpr int64_t D = C * kLanes;
+  v16 o[H][C];
+  SS_UNROLL
+  for (int h = 0; h < H; ++h) {
+    SS_UNROLL
+    for (int c = 0; c < C; ++c) o[h][c] = load(acc + h * D + c * kLanes);
+  }
+  auto add = [&](int64_t t) __attribute__((always_inline)) {
+    SS_UNROLL
+    for (int c = 0; c < C; ++c) {
+      const v16 v = load(vb + t * D + c * kLanes);
+      SS_UNROLL
+      for (int h = 0; h < H; ++h) o[h][c] += p[h * kLanes + t] * v;
+    }
+  };
+  if (n == kLanes) {
+    SS_UNROLL
+    for (int64_t t = 0; t < kLanes; ++t) add(t);
+  } else {
+    for (int64_t t = 0; t < n; ++t) add(t);
+  }
+  SS_UNROLL
+  for (int h = 0; h < H; ++h) {
+    SS_UNROLL
+    for (int c = 0; c < C; ++c) store(acc + h * D + c * kLanes, o[h][c]);
+  }
+}
+
 // One call's operands. Row r (0..rows-1) attends positions [0, first_len + r) of the region.
 struct RowAttention {
   const float* q;       // row r, head h: q + r * q_row + h * head_dim
@@ -128,6 +176,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     const int64_t heads = j1 - j0, pairs = a.rows * heads;
     std::vector<float> max_(pairs, -std::numeric_limits<float>::infinity()), sum_(pairs, 0.0f);
     std::vector<float> acc(pairs * D, 0.0f);  // vectors loaded and stored unaligned: no over-aligned allocations
+    std::vector<float> pw(heads * kLanes);  // a row's softmax weights in the block, per head
     const float* kg = a.k + g * a.kv_head;
     const float* vg = a.v + g * a.kv_head;
     const int64_t longest = a.first_len + a.rows - 1;
@@ -144,14 +193,12 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
           SS_UNROLL
           for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
           v16 dots[kLanes];  // per position, the lane-wise products summed over the head's vectors
-          for (int64_t t = 0; t < kLanes; ++t) {
-            if (t >= n) {  // past the row's positions (maybe past the arena): zero, masked below
-              dots[t] = v16{};
-              continue;
-            }
-            dots[t] = qv[0] * load(kb + t * D);
+          if (n == kLanes) {  // a whole block (all but a row's last): unrolled, the dots stay in registers
             SS_UNROLL
-            for (int c = 1; c < C; ++c) dots[t] += qv[c] * load(kb + t * D + c * kLanes);
+            for (int64_t t = 0; t < kLanes; ++t) dots[t] = dot(qv, kb + t * D);
+          } else {
+            for (int64_t t = 0; t < kLanes; ++t)  // past the row's positions (maybe past the arena): zero, masked
+              dots[t] = t < n ? dot(qv, kb + t * D) : v16{};
           }
           const v16i valid = lane < splat(static_cast<float>(n));  // lanes of this row's positions
           const v16 s = valid ? hsum16(dots) * a.scale : splat(-std::numeric_limits<float>::infinity());
@@ -159,21 +206,24 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
           if (m > max_[pair]) {  // rescale what was summed under the old max
             const float shrink = std::exp(max_[pair] - m);
             sum_[pair] *= shrink;
-            for (int64_t d = 0; d < D; ++d) acc[pair * D + d] *= shrink;
+            SS_UNROLL
+            for (int c = 0; c < C; ++c) store(&acc[pair * D + c * kLanes], load(&acc[pair * D + c * kLanes]) * shrink);
             max_[pair] = m;
           }
           const v16 e = exp16(s - m);
           const v16 p = valid ? e : v16{};
           sum_[pair] += hsum(p);
-          v16 o[C];
-          SS_UNROLL
-          for (int c = 0; c < C; ++c) o[c] = load(&acc[pair * D + c * kLanes]);
-          for (int64_t t = 0; t < n; ++t) {
-            SS_UNROLL
-            for (int c = 0; c < C; ++c) o[c] += p[t] * load(vb + t * D + c * kLanes);
+          store(&pw[(j - j0) * kLanes], p);
+        }
+        // The values, for all of the row's heads here at once: each value vector is read once for them.
+        float* row_acc = &acc[r * heads * D];
+        for (int64_t j = 0; j < heads; j += kValueHeads<C>) {
+          switch (std::min<int64_t>(kValueHeads<C>, heads - j)) {
+            case 1: add_values<C, 1>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
+            case 2: add_values<C, 2>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
+            case 3: add_values<C, 3>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
+            default: add_values<C, 4>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
           }
-          SS_UNROLL
-          for (int c = 0; c < C; ++c) store(&acc[pair * D + c * kLanes], o[c]);
         }
       }
     }
@@ -181,7 +231,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
       for (int64_t j = j0; j < j1; ++j) {
         const int64_t pair = r * heads + j - j0;
         float* out = a.out + r * a.out_row + (g * G + j) * D;
-        for (int64_t d = 0; d < D; ++d) out[d] = acc[pair * D + d] / sum_[pair];
+        SS_UNROLL
+        for (int c = 0; c < C; ++c) store(out + c * kLanes, load(&acc[pair * D + c * kLanes]) / sum_[pair]);
       }
     }
   }

@@ -59,6 +59,21 @@ def test_a_verification_row_gets_exactly_the_bits_of_its_decode(row_attention: A
                 assert torch.equal(together[r : r + 1], alone), (dim, first_len, rows, r)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(8, 1), (7, 1), (6, 2), (9, 3)])
+def test_a_heads_bits_do_not_depend_on_the_heads_it_is_attended_with(row_attention: Any, heads: int, kv_heads: int) -> None:
+    # The kernel adds up the values of up to 4 heads of a row in one pass (2 at head size 128): a head alone must
+    # get what it gets beside the others of its group.
+    group = heads // kv_heads
+    for dim in HEAD_DIMS:
+        for first_len in (5, 16, 450):
+            q, k, v = _operands(3, first_len, heads, kv_heads, dim, seed=first_len + heads)
+            together = row_attention(q, k, v, first_len)
+            for h in range(heads):
+                g = h // group
+                alone = row_attention(q[:, h : h + 1].contiguous(), k[g : g + 1], v[g : g + 1], first_len)
+                assert torch.equal(together[:, h : h + 1], alone), (dim, first_len, h)
+
+
 def test_threads_share_out_the_heads_without_changing_a_bit(row_attention: Any) -> None:
     before = torch.get_num_threads()
     try:
