@@ -60,7 +60,9 @@ def test_a_verification_row_gets_exactly_the_bits_of_its_decode(row_attention: A
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(8, 1), (7, 1), (6, 2), (9, 3)])
-def test_a_heads_bits_do_not_depend_on_the_heads_it_is_attended_with(row_attention: Any, heads: int, kv_heads: int) -> None:
+def test_a_heads_bits_do_not_depend_on_the_heads_it_is_attended_with(
+    row_attention: Any, heads: int, kv_heads: int
+) -> None:
     # The kernel adds up the values of up to 4 heads of a row in one pass (2 at head size 128): a head alone must
     # get what it gets beside the others of its group.
     group = heads // kv_heads
