@@ -175,15 +175,27 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Te
   if (S == 1 && !as_decodes(0) && !by_kernel(0)) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
   at::Tensor out = qkv.new_empty({T, num_heads, head_dim});
   at::Tensor out_heads = out.transpose(0, 1);  // [Hq, T, D], writes land in `out`
+  // The kernel's sequences, all in one parallel region, writing straight into `out`.
+  std::vector<specstream::RowAttention> calls;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  for (int64_t s = 0; s < S; ++s) {
+    if (!by_kernel(s)) continue;
+    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
+    calls.push_back({q_heads.data_ptr<float>() + q_start * q_heads.stride(1), q_heads.stride(1),
+                     k_arena.data_ptr<float>() + kv_start * k_arena.stride(1),
+                     v_arena.data_ptr<float>() + kv_start * v_arena.stride(1), k_arena.stride(0),
+                     out.data_ptr<float>() + q_start * num_heads * head_dim, num_heads * head_dim, q_len,
+                     seqs[4 * s + 3] - q_len + 1, num_heads, k_arena.size(0), scale});
+  }
+  if (!calls.empty()) {
+    TORCH_CHECK(q_heads.stride(2) == 1 && q_heads.stride(0) == head_dim && k_arena.stride(2) == 1 &&
+                    k_arena.stride(1) == head_dim && k_arena.strides() == v_arena.strides(),
+                "attend: the row kernel needs contiguous heads and positions");
+    TORCH_CHECK(specstream::row_attention(calls, head_dim), "attend: no row kernel for head size ", head_dim);
+  }
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1];
-    if (by_kernel(s)) {
-      const int64_t end = seqs[4 * s + 2] + seqs[4 * s + 3];
-      out.slice(0, q_start, q_start + q_len)
-          .copy_(row_attention(q_heads.slice(1, q_start, q_start + q_len).transpose(0, 1),
-                               region(s, k_arena, end), region(s, v_arena, end), seqs[4 * s + 3] - q_len + 1));
-      continue;
-    }
+    if (by_kernel(s)) continue;
     if (!as_decodes(s)) {
       out_heads.slice(1, q_start, q_start + q_len).copy_(whole(s));
       continue;

@@ -247,9 +247,12 @@ SS_CLONES void row_attention_128(const RowAttention& a, int64_t h0, int64_t h1) 
 // Below this much work (rows x keys x heads x head size) one thread: starting a parallel region costs a few us.
 constexpr int64_t kParallelWork = 1 << 16;
 
-// False where the head size has no kernel (the caller then runs SDPA row by row). Query heads are shared out among
-// torch's threads; each (row, head) is computed by one thread from start to end, so threads change no bit.
-inline bool row_attention(const RowAttention& a, int64_t head_dim) {
+// Several sequences' calls in one parallel region (a decode batch: one call per sequence and layer, where a region
+// each would cost more than a short sequence's attention). False where the head size has no kernel (the caller then
+// runs SDPA row by row). The (call, query head) items are cut into one run of consecutive items per thread, of
+// about equal work (rows x keys); each (row, head) is computed by one thread from start to end, with the same
+// operands whatever else the region holds, so neither threads nor batching change a bit.
+inline bool row_attention(const std::vector<RowAttention>& calls, int64_t head_dim) {
   void (*kernel)(const RowAttention&, int64_t, int64_t) = nullptr;
   switch (head_dim) {
     case 16: kernel = row_attention_16; break;
@@ -258,10 +261,39 @@ inline bool row_attention(const RowAttention& a, int64_t head_dim) {
     case 128: kernel = row_attention_128; break;
     default: return false;
   }
-  const int64_t work = a.rows * (a.first_len + a.rows) * a.num_heads * head_dim;
-  const int64_t grain = work < kParallelWork ? a.num_heads + 1 : 1;
-  at::parallel_for(0, a.num_heads, grain, [&](int64_t h0, int64_t h1) { kernel(a, h0, h1); });
+  std::vector<int64_t> first_item(calls.size() + 1, 0);  // call c's heads are items first_item[c]..first_item[c + 1]
+  std::vector<int64_t> work_before(1, 0);  // per item boundary: the work of the items before it
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const RowAttention& a = calls[c];
+    first_item[c + 1] = first_item[c] + a.num_heads;
+    const int64_t per_head = a.rows * (a.first_len + a.rows) * head_dim;
+    for (int64_t h = 0; h < a.num_heads; ++h) work_before.push_back(work_before.back() + per_head);
+  }
+  const int64_t items = first_item.back(), work = work_before.back();
+  if (items == 0) return true;
+  const int64_t runs = work < kParallelWork ? 1 : std::min<int64_t>(at::get_num_threads(), items);
+  auto run_items = [&](int64_t i0, int64_t i1) {  // items i0..i1-1, call by call
+    for (size_t c = 0; c < calls.size(); ++c) {
+      const int64_t lo = std::max(i0, first_item[c]), hi = std::min(i1, first_item[c + 1]);
+      if (lo < hi) kernel(calls[c], lo - first_item[c], hi - first_item[c]);
+    }
+  };
+  auto item_at = [&](int64_t r) {  // where run r starts: the first item boundary at r / runs of the work
+    const int64_t target = (work * r + runs - 1) / runs;
+    return static_cast<int64_t>(std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin());
+  };
+  if (runs == 1) {
+    run_items(0, items);
+  } else {
+    at::parallel_for(0, runs, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) run_items(item_at(r), item_at(r + 1));
+    });
+  }
   return true;
+}
+
+inline bool row_attention(const RowAttention& a, int64_t head_dim) {
+  return row_attention(std::vector<RowAttention>{a}, head_dim);
 }
 
 }  // namespace specstream

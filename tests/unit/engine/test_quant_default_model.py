@@ -127,3 +127,33 @@ def test_a_bf16_requests_seeded_tokens_do_not_depend_on_prefills_sharing_its_ste
         if step in (2, 5, 9, 13):  # a long prompt arrives while "a" decodes
             plain.add_request(EngineRequest(f"b{step}", other, SamplingOptions(max_tokens=2, temperature=0.0)))
     assert shared == alone
+
+
+@needs_bf16_gemm
+def test_decodes_attended_together_on_two_threads_keep_their_solo_tokens(engine_pair: EnginePair) -> None:
+    # A step's decodes go to the row kernel in one parallel region, cut into runs of about equal work across
+    # the sequences: a 635-token RAG answer beside a 45-token question. Each must get the tokens it gets alone.
+    plain, _ = engine_pair.of("int4")
+    greedy = SamplingOptions(max_tokens=16, temperature=0.0, ignore_eos=True)
+    prompts = {w.name: _ids(plain, w) for w in (RAG_ANSWER, CODE_EDIT, OPEN_QUESTION)}
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        alone = {name: plain.generate([EngineRequest(name, ids, greedy)])[name].token_ids for name, ids in prompts.items()}
+        together: dict[str, list[int]] = {name: [] for name in prompts}
+
+        def step() -> None:
+            for out in plain.step():
+                together[out.request_id] += out.token_ids
+
+        # One prompt arrives after the other has its first token, so each prefills in the chunks it has alone
+        # (the RAG answer, the only one past a step's budget, first); then all three decode together.
+        for name, ids in prompts.items():
+            plain.add_request(EngineRequest(name, ids, greedy))
+            while not together[name]:
+                step()
+        while plain.has_unfinished():
+            step()
+    finally:
+        torch.set_num_threads(before)
+    assert together == alone
