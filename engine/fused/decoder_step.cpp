@@ -148,7 +148,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   at::Tensor out = at::empty({rows, heads, dim}, q.options());
   const specstream::RowAttention a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(),
                                    k.stride(0), out.data_ptr<float>(), heads * dim, rows, first_len, heads, kv_heads,
-                                   static_cast<float>(1.0 / std::sqrt(static_cast<double>(dim)))};
+                                   specstream::softmax_scale(dim)};
   TORCH_CHECK(specstream::row_attention(a, dim), "row_attention: no kernel for head size ", dim);
   return out;
 }
@@ -177,7 +177,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Te
   at::Tensor out_heads = out.transpose(0, 1);  // [Hq, T, D], writes land in `out`
   // The kernel's sequences, all in one parallel region, writing straight into `out`.
   std::vector<specstream::RowAttention> calls;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  const float scale = specstream::softmax_scale(head_dim);
   for (int64_t s = 0; s < S; ++s) {
     if (!by_kernel(s)) continue;
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];

@@ -164,6 +164,11 @@ struct RowAttention {
   float scale;
 };
 
+// The scores' scale, 1 / sqrt(head size), as SDPA takes it: every caller builds its calls with this one.
+inline float softmax_scale(int64_t head_dim) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
 // Query heads h0..h1-1 (one thread's share). C = head_dim / 16 vectors per head. A GQA group's heads in the share
 // walk the blocks together; state per (row, head): running max, sum, and output.
 template <int C>

@@ -3,6 +3,7 @@ tokenizer, engines wired around them, HF references. No model files needed."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -158,10 +159,19 @@ def threads(request: pytest.FixtureRequest) -> Iterator[int]:
 @pytest.fixture(scope="module")
 def single_thread() -> Iterator[None]:
     """One torch thread for the module (use with pytestmark = pytest.mark.usefixtures("single_thread"))."""
+    with torch_threads(1):
+        yield
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """n torch threads inside the block, the caller's count again after it."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _onednn_bf16_error() -> str | None:

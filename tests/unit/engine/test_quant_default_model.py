@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from _engine_factories import every_format_runs, needs_bf16_gemm, single_thread  # noqa: F401  (fixtures)
+from _engine_factories import every_format_runs, needs_bf16_gemm, single_thread, torch_threads  # noqa: F401  (fixtures)
 
 from bench.workloads import CODE_EDIT, OPEN_QUESTION, RAG_ANSWER, Workload
 from engine.config import EngineConfig, SpeculationConfig
@@ -136,9 +136,7 @@ def test_decodes_attended_together_on_two_threads_keep_their_solo_tokens(engine_
     plain, _ = engine_pair.of("int4")
     greedy = SamplingOptions(max_tokens=16, temperature=0.0, ignore_eos=True)
     prompts = {w.name: _ids(plain, w) for w in (RAG_ANSWER, CODE_EDIT, OPEN_QUESTION)}
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    with torch_threads(2):
         alone = {name: plain.generate([EngineRequest(name, ids, greedy)])[name].token_ids for name, ids in prompts.items()}
         together: dict[str, list[int]] = {name: [] for name in prompts}
 
@@ -154,6 +152,4 @@ def test_decodes_attended_together_on_two_threads_keep_their_solo_tokens(engine_
                 step()
         while plain.has_unfinished():
             step()
-    finally:
-        torch.set_num_threads(before)
     assert together == alone

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _engine_factories import make_engine, tiny_hf_model
+from _engine_factories import make_engine, tiny_hf_model, torch_threads
 
 from engine.fused import build
 from engine.fused.row_attention import HEAD_DIMS, install_row_attention
@@ -77,17 +77,13 @@ def test_a_heads_bits_do_not_depend_on_the_heads_it_is_attended_with(
 
 
 def test_threads_share_out_the_heads_without_changing_a_bit(row_attention: Any) -> None:
-    before = torch.get_num_threads()
-    try:
-        for first_len in (3, 450):  # one thread below the parallel threshold, the heads shared out above it
-            q, k, v = _operands(9, first_len, 9, 3, 64, seed=first_len)
-            outs = []
-            for threads in (1, 2, 3):
-                torch.set_num_threads(threads)
+    for first_len in (3, 450):  # one thread below the parallel threshold, the heads shared out above it
+        q, k, v = _operands(9, first_len, 9, 3, 64, seed=first_len)
+        outs = []
+        for threads in (1, 2, 3):
+            with torch_threads(threads):
                 outs.append(row_attention(q, k, v, first_len))
-            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
-    finally:
-        torch.set_num_threads(before)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 def test_rows_read_from_a_view_of_the_qkv_rows_and_an_arena_region(row_attention: Any) -> None:
