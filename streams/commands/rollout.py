@@ -40,6 +40,8 @@ def add_commands(commands: Any) -> None:
                        "(e.g. 'specstream eval replay ...')")
     start.add_argument("--max-error-rate-increase", type=float, default=0.05)
     start.add_argument("--latency-ratio", type=float, default=1.5, help="candidate p99 TTFT/ITL at most stable's x this")
+    start.add_argument("--latency-slack", default="250ms",
+                       help="added to that limit (a duration): with few answers, a pool's p99 is its slowest one")
     start.add_argument("--min-samples", type=int, default=5, help="answers per pool before latencies are compared")
     start.add_argument("--log-dir", type=Path, help="each candidate worker's output in DIR/<worker-id>.log")
     for name, text in (("status", "every model's rollout state"), ("pause", "freeze the current step"),
@@ -104,7 +106,7 @@ def _start(args: argparse.Namespace, settings: Settings, model: str) -> int:
         ready_timeout_s=duration_s(args.ready_timeout, "--ready-timeout"),
         interval_s=duration_s(args.interval, "--interval"), eval_gate=args.eval_gate, log_dir=args.log_dir,
         gates=Gates(max_error_rate_increase=args.max_error_rate_increase, latency_ratio=args.latency_ratio,
-                    min_samples=args.min_samples))
+                    latency_slack_s=duration_s(args.latency_slack, "--latency-slack"), min_samples=args.min_samples))
     final = asyncio.run(Rollout(settings, plan, say).run())
     return 0 if final.state == "completed" else 1
 

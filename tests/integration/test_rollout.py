@@ -137,8 +137,9 @@ def test_a_candidate_that_never_becomes_ready_fails_the_first_step_and_rolls_bac
 def test_a_healthy_candidate_reaches_100_percent_and_serves_its_share(stack: Stack, tmp_path: Path) -> None:
     with Traffic(stack) as traffic:
         process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "50,100", "--hold", "8s", "--min-samples", "3",
-                           # two workers on two shared cores: latencies vary by more than the default 1.5x
-                           "--latency-ratio", "3")
+                           # two workers on two shared cores: one answer in a few takes 4x the others (CI: candidate
+                           # p99 TTFT 1.09 s against stable's 0.28 s), and with 3 samples p99 is the slowest one
+                           "--latency-ratio", "3", "--latency-slack", "1s")
         code, log = _finish(process, 300)
     try:
         assert code == 0, log
