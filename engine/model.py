@@ -204,6 +204,9 @@ class Attention(nn.Module):
         # With rows_as_decodes: a decode's row and those verification rows in one C++ call whose rows round
         # alike whatever their count (engine.fused.row_attention, set by the engine); None: SDPA row by row.
         self.row_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
+        # Installed with it: a prompt chunk's rows in one C++ call (engine.fused.row_attention), each row's bits
+        # whatever the chunking; None: SDPA.
+        self.chunk_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
         T = x.shape[0]
@@ -222,17 +225,18 @@ class Attention(nn.Module):
         # the sequence's region (prefix + this step's rows), no gather copies.
         k_arena, v_arena = cache.k[self.layer], cache.v[self.layer]  # [Hkv, N, D]
         q_heads = qk[:, : self.num_heads].transpose(0, 1)  # [Hq, T, D]
-        if len(attn.seqs) == 1 and not self._as_decodes(attn.seqs[0]) and not self._by_kernel(attn.seqs[0]):
+        if len(attn.seqs) == 1 and self.chunk_attention is None and not self._by_kernel(attn.seqs[0]) \
+                and not self._as_decodes(attn.seqs[0]):
             # One sequence (a batch-1 decode or verification): its output is the step's, no buffer to fill.
             out = self._attend(q_heads, k_arena, v_arena, attn.seqs[0]).transpose(0, 1)  # [T, Hq, D]
             return self.o_proj(out.reshape(T, self.q_size))  # [T, hidden]
         out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s in attn.seqs:
-            if self._by_kernel(s) and self.row_attention is not None:  # (is not None: for the type checker)
+            kernel = self.row_attention if self._by_kernel(s) else self.chunk_attention
+            if kernel is not None:
                 rows, kv = slice(s.q_start, s.q_start + s.q_len), slice(s.kv_start, s.kv_start + s.kv_len)
-                out[rows] = self.row_attention(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv],
-                                               s.kv_len - s.q_len + 1)  # fmt: skip
+                out[rows] = kernel(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv], s.kv_len - s.q_len + 1)
             elif self._as_decodes(s):
                 self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
             else:

@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "chunk_attention.h"
 #include "qgemm.h"
 #include "row_attention.h"
 #include "step_ops.h"
@@ -134,27 +135,39 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 }
 
 // q [rows, Hq, D] (any row stride), k and v [Hkv, n, D] with n >= first_len + rows - 1 -> [rows, Hq, D]:
-// row r attends positions [0, first_len + r) (row_attention.h).
-at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, "row_attention: q, k and v must be 3-d");
+// row r attends positions [0, first_len + r), by the row kernel (decode-like rows: row_attention.h) or the chunk
+// kernel (a prompt chunk's rows: chunk_attention.h).
+at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len, bool chunk) {
+  const char* name = chunk ? "chunk_attention" : "row_attention";
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, name, ": q, k and v must be 3-d");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "row_attention: fp32 tensors only");
+              name, ": fp32 tensors only");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(0);
-  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == dim, "row_attention: q's heads must be contiguous");
+  TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == dim, name, ": q's heads must be contiguous");
   TORCH_CHECK(k.stride(2) == 1 && k.stride(1) == dim && k.strides() == v.strides() && k.sizes() == v.sizes(),
-              "row_attention: k and v must be [Hkv, n, D] with contiguous positions");
-  TORCH_CHECK(heads % kv_heads == 0 && k.size(2) == dim, "row_attention: head counts or sizes do not match");
-  TORCH_CHECK(first_len >= 1 && k.size(1) >= first_len + rows - 1, "row_attention: the region is too short");
+              name, ": k and v must be [Hkv, n, D] with contiguous positions");
+  TORCH_CHECK(heads % kv_heads == 0 && k.size(2) == dim, name, ": head counts or sizes do not match");
+  TORCH_CHECK(first_len >= 1 && k.size(1) >= first_len + rows - 1, name, ": the region is too short");
   at::Tensor out = at::empty({rows, heads, dim}, q.options());
   const specstream::RowAttention a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(),
                                    k.stride(0), out.data_ptr<float>(), heads * dim, rows, first_len, heads, kv_heads,
                                    specstream::softmax_scale(dim)};
-  TORCH_CHECK(specstream::row_attention(a, dim), "row_attention: no kernel for head size ", dim);
+  const bool done = chunk ? specstream::chunk_attention({a}, dim) : specstream::row_attention(a, dim);
+  TORCH_CHECK(done, name, ": no kernel for head size ", dim);
   return out;
 }
 
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len) {
+  return attend_rows(q, k, v, first_len, false);
+}
+
+at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len) {
+  return attend_rows(q, k, v, first_len, true);
+}
+
 // Attention._attend / _rows_as_decodes for every sequence of the step, from q_heads [Hq, T, D] to [T, Hq * D].
-// With row_kernel, a decode's row and a verification's rows take row_attention (Attention.row_attention).
+// With row_kernel, a decode's row and a verification's rows take row_attention and a prompt chunk's rows
+// chunk_attention (Attention.row_attention / chunk_attention), each kernel's sequences in one parallel region.
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Tensor& k_arena, const at::Tensor& v_arena,
                   at::IntArrayRef seqs, const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes,
                   bool row_kernel, int64_t num_heads, int64_t head_dim) {
@@ -172,30 +185,30 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Te
     return sdpa(q_heads.slice(1, q_start, q_start + q_len), region(s, k_arena, end), region(s, v_arena, end), mask,
                 !mask.has_value() && q_len > 1);
   };
-  if (S == 1 && !as_decodes(0) && !by_kernel(0)) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
+  if (!row_kernel && S == 1 && !as_decodes(0)) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
   at::Tensor out = qkv.new_empty({T, num_heads, head_dim});
   at::Tensor out_heads = out.transpose(0, 1);  // [Hq, T, D], writes land in `out`
-  // The kernel's sequences, all in one parallel region, writing straight into `out`.
-  std::vector<specstream::RowAttention> calls;
-  const float scale = specstream::softmax_scale(head_dim);
-  for (int64_t s = 0; s < S; ++s) {
-    if (!by_kernel(s)) continue;
-    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
-    calls.push_back({q_heads.data_ptr<float>() + q_start * q_heads.stride(1), q_heads.stride(1),
-                     k_arena.data_ptr<float>() + kv_start * k_arena.stride(1),
-                     v_arena.data_ptr<float>() + kv_start * v_arena.stride(1), k_arena.stride(0),
-                     out.data_ptr<float>() + q_start * num_heads * head_dim, num_heads * head_dim, q_len,
-                     seqs[4 * s + 3] - q_len + 1, num_heads, k_arena.size(0), scale});
-  }
-  if (!calls.empty()) {
+  if (row_kernel) {  // every sequence on one of the two kernels, writing straight into `out`
     TORCH_CHECK(q_heads.stride(2) == 1 && q_heads.stride(0) == head_dim && k_arena.stride(2) == 1 &&
                     k_arena.stride(1) == head_dim && k_arena.strides() == v_arena.strides(),
-                "attend: the row kernel needs contiguous heads and positions");
-    TORCH_CHECK(specstream::row_attention(calls, head_dim), "attend: no row kernel for head size ", head_dim);
+                "attend: the row and chunk kernels need contiguous heads and positions");
+    std::vector<specstream::RowAttention> rows, chunks;
+    const float scale = specstream::softmax_scale(head_dim);
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
+      (by_kernel(s) ? rows : chunks)
+          .push_back({q_heads.data_ptr<float>() + q_start * q_heads.stride(1), q_heads.stride(1),
+                      k_arena.data_ptr<float>() + kv_start * k_arena.stride(1),
+                      v_arena.data_ptr<float>() + kv_start * v_arena.stride(1), k_arena.stride(0),
+                      out.data_ptr<float>() + q_start * num_heads * head_dim, num_heads * head_dim, q_len,
+                      seqs[4 * s + 3] - q_len + 1, num_heads, k_arena.size(0), scale});
+    }
+    TORCH_CHECK(specstream::row_attention(rows, head_dim) && specstream::chunk_attention(chunks, head_dim),
+                "attend: no row kernel for head size ", head_dim);
+    return out.view({T, num_heads * head_dim});
   }
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1];
-    if (by_kernel(s)) continue;
     if (!as_decodes(s)) {
       out_heads.slice(1, q_start, q_start + q_len).copy_(whole(s));
       continue;
@@ -294,6 +307,7 @@ TORCH_LIBRARY(specstream, m) {
       "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);
   m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);
+  m.def("chunk_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &chunk_attention);
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int bits) -> Tensor", &qlinear);
   m.def("qlinear_supported() -> bool", &qlinear_supported);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);

@@ -6,6 +6,10 @@ used to make one SDPA call per row, so that each row rounds as its decode does: 
 paid k + 1 calls a layer. The kernel takes all of a sequence's rows in one call, reads K and V once for all
 of them, and gives each row the same bits whatever the row count. The eager layers and the fused step both
 use it, so they stay bit for bit equal, and a verification row still equals its decode.
+
+Installed with it, the chunk kernel (chunk_attention.h) takes a prompt chunk's rows in place of SDPA: half of
+SDPA's work on a causal chunk (which computes the masked half of its square too), and each row's bits do not
+depend on where the prompt was cut into chunks.
 """
 from __future__ import annotations
 
@@ -36,4 +40,6 @@ def install_row_attention(model: Decoder) -> str:
         return f"row attention: SDPA row by row ({built.why})"
     for attention in attentions:
         attention.row_attention = torch.ops.specstream.row_attention
-    return "row attention: decodes and verification rows in one C++ call per sequence and layer"
+        attention.chunk_attention = torch.ops.specstream.chunk_attention
+    return ("row attention: decodes and verification rows in one C++ call per sequence and layer, prompt chunks "
+            "in another (engine/fused/chunk_attention.h)")

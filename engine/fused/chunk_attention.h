@@ -1,0 +1,168 @@
+// Attention of a prompt chunk's rows over its sequence's region: row r attends positions [0, first_len + r).
+//
+// Why our own kernel: SDPA's CPU flash attention splits keys into blocks of 512, so a causal chunk of up to 512
+// rows computes (and then masks) every score of its square, twice the work the triangle needs; on the default
+// model it was 40 % of a 635-token prefill and 16 % of a 16-concurrent run. The row kernel (row_attention.h) skips
+// the masked half but sums each score across 16 lanes, a third of its work.
+//
+// Here each KV head's K is transposed once a call, block by block ([block][dim][16 positions]), so four rows get a
+// block's 16 scores each as broadcast multiply-adds over the head's dimensions, one transposed vector serving the
+// four; the values are added four rows at a time the same way. Each row keeps its own online-softmax state and
+// sums in a fixed order over the same blocks from position 0, whoever shares its tile: a row's bits do not depend
+// on how its prompt was cut into chunks. (They differ from a decode's, as SDPA's did: decodes and verification rows
+// keep the row kernel, which rounds alike for both.)
+#pragma once
+
+#include "row_attention.h"
+
+namespace specstream {
+
+constexpr int64_t kTileRows = 4;
+
+// Kt for one KV head: [blocks][D][16], block b holding positions 16b..16b+15 of k (n positions, [n, D]) laid out
+// dimension-major; the last block's missing positions are zero (their scores are masked).
+inline void transpose_blocks(const float* k, int64_t n, int64_t D, float* kt) {
+  const int64_t blocks = (n + kLanes - 1) / kLanes;
+  for (int64_t b = 0; b < blocks; ++b) {
+    float* dst = kt + b * D * kLanes;
+    const int64_t m = std::min<int64_t>(kLanes, n - b * kLanes);
+    if (m < kLanes) std::memset(dst, 0, sizeof(float) * D * kLanes);
+    for (int64_t t = 0; t < m; ++t) {
+      const float* src = k + (b * kLanes + t) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d * kLanes + t] = src[d];
+    }
+  }
+}
+
+// Rows r0..r0+R-1 (R <= 4) of call a, query head h; kt: the head's KV group's transposed K.
+template <int C>
+SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int64_t r0, int64_t R) {
+  constexpr int64_t D = C * kLanes;
+  const int64_t g = h / (a.num_heads / a.num_kv_heads);
+  const float* vg = a.v + g * a.kv_head;
+  const float* q[kTileRows];
+  for (int64_t r = 0; r < kTileRows; ++r) q[r] = a.q + (r0 + std::min(r, R - 1)) * a.q_row + h * D;  // R < 4: repeats
+  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  v16 o[kTileRows][C] = {};
+  float max_[kTileRows], sum_[kTileRows] = {};
+  for (int64_t r = 0; r < kTileRows; ++r) max_[r] = -std::numeric_limits<float>::infinity();
+  alignas(64) float pw[kTileRows][kLanes];
+  const int64_t longest = a.first_len + r0 + R - 1;  // the tile's last row's positions
+  for (int64_t p0 = 0; p0 < longest; p0 += kLanes) {
+    const float* ktb = kt + (p0 / kLanes) * D * kLanes;
+    v16 s[kTileRows] = {};
+    SS_UNROLL
+    for (int64_t d = 0; d < D; ++d) {
+      const v16 kv = load(ktb + d * kLanes);
+      SS_UNROLL
+      for (int r = 0; r < kTileRows; ++r) s[r] += q[r][d] * kv;
+    }
+    SS_UNROLL
+    for (int r = 0; r < kTileRows; ++r) {
+      const int64_t n = std::min<int64_t>(kLanes, a.first_len + r0 + r - p0);  // this row's positions here
+      const v16i valid = lane < splat(static_cast<float>(n));
+      const v16 sv = valid ? s[r] * a.scale : splat(-std::numeric_limits<float>::infinity());
+      const float m = n > 0 ? std::max(max_[r], hmax(sv)) : max_[r];
+      if (m > max_[r]) {  // rescale what was summed under the old max
+        const float shrink = std::exp(max_[r] - m);
+        sum_[r] *= shrink;
+        SS_UNROLL
+        for (int c = 0; c < C; ++c) o[r][c] *= shrink;
+        max_[r] = m;
+      }
+      const v16 p = valid ? exp16(sv - m) : v16{};
+      sum_[r] += hsum(p);
+      store(pw[r], p);
+    }
+    const float* vb = vg + p0 * D;
+    const int64_t n = std::min<int64_t>(kLanes, longest - p0);  // positions of the block anyone here reads
+    for (int64_t t = 0; t < n; ++t) {
+      SS_UNROLL
+      for (int c = 0; c < C; ++c) {
+        const v16 v = load(vb + t * D + c * kLanes);
+        SS_UNROLL
+        for (int r = 0; r < kTileRows; ++r) o[r][c] += pw[r][t] * v;
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float* out = a.out + (r0 + r) * a.out_row + h * D;
+    SS_UNROLL
+    for (int c = 0; c < C; ++c) store(out + c * kLanes, o[r][c] / sum_[r]);
+  }
+}
+
+template <int C>
+SS_INLINE void chunk_tiles_impl(const RowAttention& a, const float* kt, int64_t kt_head, int64_t i0, int64_t i1) {
+  const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows, G = a.num_heads / a.num_kv_heads;
+  for (int64_t i = i0; i < i1; ++i) {  // item i: head i / tiles, tile i % tiles
+    const int64_t h = i / tiles, r0 = (i % tiles) * kTileRows;
+    chunk_tile<C>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0));
+  }
+}
+
+SS_CLONES void chunk_tiles_16(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<1>(a, kt, kh, i0, i1);
+}
+SS_CLONES void chunk_tiles_32(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<2>(a, kt, kh, i0, i1);
+}
+SS_CLONES void chunk_tiles_64(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<4>(a, kt, kh, i0, i1);
+}
+SS_CLONES void chunk_tiles_128(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<8>(a, kt, kh, i0, i1);
+}
+
+// Several sequences' chunks (one call each) in one parallel region, items (call, head, tile of 4 rows) cut into one
+// run per thread of about equal work. False where the head size has no kernel (the caller then runs SDPA).
+inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head_dim) {
+  void (*kernel)(const RowAttention&, const float*, int64_t, int64_t, int64_t) = nullptr;
+  switch (head_dim) {
+    case 16: kernel = chunk_tiles_16; break;
+    case 32: kernel = chunk_tiles_32; break;
+    case 64: kernel = chunk_tiles_64; break;
+    case 128: kernel = chunk_tiles_128; break;
+    default: return false;
+  }
+  if (calls.empty()) return true;
+  // Each call's K, transposed per KV head (items (call, KV head), in parallel).
+  std::vector<int64_t> kt_at(calls.size() + 1, 0), kt_head(calls.size());
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const int64_t n = calls[c].first_len + calls[c].rows - 1;
+    kt_head[c] = (n + kLanes - 1) / kLanes * kLanes * head_dim;
+    kt_at[c + 1] = kt_at[c] + calls[c].num_kv_heads * kt_head[c];
+  }
+  std::vector<float> kt(kt_at.back());
+  std::vector<std::pair<size_t, int64_t>> groups;
+  for (size_t c = 0; c < calls.size(); ++c)
+    for (int64_t g = 0; g < calls[c].num_kv_heads; ++g) groups.emplace_back(c, g);
+  at::parallel_for(0, static_cast<int64_t>(groups.size()), 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const auto [c, g] = groups[i];
+      const RowAttention& a = calls[c];
+      transpose_blocks(a.k + g * a.kv_head, a.first_len + a.rows - 1, head_dim, kt.data() + kt_at[c] + g * kt_head[c]);
+    }
+  });
+  // Items: per call, head-major, then tiles; a tile's work is its rows x its last row's positions.
+  std::vector<int64_t> first_item(calls.size() + 1, 0), work_before(1, 0);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const RowAttention& a = calls[c];
+    const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows;
+    first_item[c + 1] = first_item[c] + a.num_heads * tiles;
+    for (int64_t h = 0; h < a.num_heads; ++h)
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t rows = std::min(kTileRows, a.rows - t * kTileRows);
+        work_before.push_back(work_before.back() + rows * (a.first_len + t * kTileRows + rows) * head_dim);
+      }
+  }
+  parallel_runs(work_before, [&](int64_t i0, int64_t i1) {
+    for (size_t c = 0; c < calls.size(); ++c) {
+      const int64_t lo = std::max(i0, first_item[c]), hi = std::min(i1, first_item[c + 1]);
+      if (lo < hi) kernel(calls[c], kt.data() + kt_at[c], kt_head[c], lo - first_item[c], hi - first_item[c]);
+    }
+  });
+  return true;
+}
+
+}  // namespace specstream

@@ -1,0 +1,98 @@
+"""The chunk kernel (engine/fused/chunk_attention.h): a prompt chunk's rows, each attending the prefix and the
+chunk's rows up to its own, within float rounding of SDPA; a row's bits do not depend on where its prompt was cut
+into chunks, on the threads, or on the rows it shares a 4-row tile with; it reads no key past its region; and the
+engine's quantized layers use it for prompt chunks in place of SDPA."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _engine_factories import make_engine, tiny_hf_model, torch_threads
+
+from engine.fused import build
+from engine.fused.row_attention import HEAD_DIMS
+
+
+@pytest.fixture(scope="module")
+def chunk_attention() -> Any:
+    built = build.load_ops("decoder_step")
+    assert built.library is not None, built.why
+    return torch.ops.specstream.chunk_attention
+
+
+def _operands(rows: int, prefix: int, heads: int, kv_heads: int, dim: int, seed: int) -> tuple[torch.Tensor, ...]:
+    """q for `rows` rows after `prefix` cached positions; k and v run 5 positions past the last row's, as NaN."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, heads, dim, generator=g)
+    k, v = (torch.randn(kv_heads, prefix + rows + 5, dim, generator=g) * 2 for _ in range(2))
+    k[:, prefix + rows :] = v[:, prefix + rows :] = float("nan")  # past the region: never read
+    return q, k, v
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    """The chunk as the layers attended it before, in float64: [rows, Hq, D]."""
+    rows = q.shape[0]
+    n = prefix + rows
+    mask = torch.ones(rows, n, dtype=torch.bool).tril(prefix)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1).double(), k[:, :n].double(), v[:, :n].double(),
+                                         attn_mask=mask, enable_gqa=True)  # fmt: skip
+    return out.transpose(0, 1).float()
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3), (7, 1)])
+def test_each_row_is_within_float_rounding_of_sdpa(chunk_attention: Any, dim: int, heads: int, kv_heads: int) -> None:
+    for rows, prefix in [(1, 0), (2, 0), (3, 5), (4, 12), (5, 16), (9, 0), (17, 31), (33, 0), (40, 200)]:
+        q, k, v = _operands(rows, prefix, heads, kv_heads, dim, seed=rows * 1000 + prefix)
+        torch.testing.assert_close(chunk_attention(q, k, v, prefix + 1), _sdpa(q, k, v, prefix), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+def test_a_rows_bits_do_not_depend_on_where_the_prompt_was_cut(chunk_attention: Any, dim: int) -> None:
+    rows = 70
+    q, k, v = _operands(rows, 0, 9, 3, dim, seed=dim)
+    whole = chunk_attention(q, k, v, 1)
+    for cuts in ([1], [3, 4], [16, 17, 35], [5, 22, 23, 24, 61], [69]):
+        starts = [0, *cuts]
+        ends = [*cuts, rows]
+        pieces = [chunk_attention(q[a:b].contiguous(), k, v, a + 1) for a, b in zip(starts, ends)]
+        assert torch.equal(torch.cat(pieces), whole), (dim, cuts)
+
+
+def test_threads_share_out_the_tiles_without_changing_a_bit(chunk_attention: Any) -> None:
+    for rows, prefix in [(3, 2), (150, 300)]:  # one thread below the parallel threshold, tiles shared out above it
+        q, k, v = _operands(rows, prefix, 9, 3, 64, seed=rows)
+        outs = []
+        for threads in (1, 2, 3):
+            with torch_threads(threads):
+                outs.append(chunk_attention(q, k, v, prefix + 1))
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_rows_read_from_a_view_of_the_qkv_rows_and_an_arena_region(chunk_attention: Any) -> None:
+    qk = torch.randn(30, 9 + 3, 64)
+    arena = torch.randn(2, 3, 200, 64)
+    got = chunk_attention(qk[2:27, :9], arena[0, :, 50:100], arena[1, :, 50:100], 26)
+    want = chunk_attention(qk[2:27, :9].contiguous(), arena[0, :, 50:100].contiguous(),
+                           arena[1, :, 50:100].contiguous(), 26)  # fmt: skip
+    assert torch.equal(got, want)
+
+
+def test_operands_it_cannot_attend_are_refused_naming_the_problem(chunk_attention: Any) -> None:
+    q, k, v = _operands(4, 10, 9, 3, 64, seed=0)
+    with pytest.raises(RuntimeError, match="chunk_attention: the region is too short"):
+        chunk_attention(q, k, v, 20)
+    with pytest.raises(RuntimeError, match="chunk_attention: fp32 tensors only"):
+        chunk_attention(q.double(), k, v, 3)
+
+
+def test_the_engine_installs_it_with_the_row_kernel_on_quantized_layers_and_says_so() -> None:
+    # (test_fused_decoder_step checks, bit for bit, that the fused step attends prompt chunks as the layers do.)
+    lines: list[str] = []
+    engine = make_engine(tiny_hf_model("llama"), weights="int4", progress=lines.append)
+    assert all(layer.self_attn.chunk_attention is not None for layer in engine.model.layers)
+    assert any("prompt chunks in another (engine/fused/chunk_attention.h)" in line for line in lines)
+    fp32 = make_engine(tiny_hf_model("llama"), weights="fp32")
+    assert all(layer.self_attn.chunk_attention is None for layer in fp32.model.layers)
