@@ -13,6 +13,9 @@
 // keep the row kernel, which rounds alike for both.)
 #pragma once
 
+#include <memory>
+#include <utility>
+
 #include "row_attention.h"
 
 namespace specstream {
@@ -133,7 +136,7 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     kt_head[c] = (n + kLanes - 1) / kLanes * kLanes * head_dim;
     kt_at[c + 1] = kt_at[c] + calls[c].num_kv_heads * kt_head[c];
   }
-  std::vector<float> kt(kt_at.back());
+  std::unique_ptr<float[]> kt(new float[kt_at.back()]);  // every element written below: no zeroing pass
   std::vector<std::pair<size_t, int64_t>> groups;
   for (size_t c = 0; c < calls.size(); ++c)
     for (int64_t g = 0; g < calls[c].num_kv_heads; ++g) groups.emplace_back(c, g);
@@ -141,7 +144,7 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     for (int64_t i = i0; i < i1; ++i) {
       const auto [c, g] = groups[i];
       const RowAttention& a = calls[c];
-      transpose_blocks(a.k + g * a.kv_head, a.first_len + a.rows - 1, head_dim, kt.data() + kt_at[c] + g * kt_head[c]);
+      transpose_blocks(a.k + g * a.kv_head, a.first_len + a.rows - 1, head_dim, kt.get() + kt_at[c] + g * kt_head[c]);
     }
   });
   // Items: per call, head-major, then tiles; a tile's work is its rows x its last row's positions.
@@ -159,7 +162,7 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
   parallel_runs(work_before, [&](int64_t i0, int64_t i1) {
     for (size_t c = 0; c < calls.size(); ++c) {
       const int64_t lo = std::max(i0, first_item[c]), hi = std::min(i1, first_item[c + 1]);
-      if (lo < hi) kernel(calls[c], kt.data() + kt_at[c], kt_head[c], lo - first_item[c], hi - first_item[c]);
+      if (lo < hi) kernel(calls[c], kt.get() + kt_at[c], kt_head[c], lo - first_item[c], hi - first_item[c]);
     }
   });
   return true;
