@@ -56,7 +56,7 @@ def mean_nll(engine: Any, token_ids: list[int]) -> float:
     cfg = model.cfg
     cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, n, model.dtype, model.device)
     ids = torch.tensor(token_ids)
-    attn = AttentionMetadata([SeqAttention(0, n, 0, n)], torch.arange(n), cache)
+    attn = AttentionMetadata([SeqAttention(0, n, 0, n, prompt=True)], torch.arange(n), cache)
     hidden = model(ids, torch.arange(n), attn)  # [n, hidden]
     logits = model.compute_logits(hidden[:-1])  # [n - 1, vocab]
     return float(torch.nn.functional.cross_entropy(logits, ids[1:]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,10 +47,31 @@ class SeqAttention:
     # [q_len, kv_len] bool, True = may attend. None when q_len == 1 (the one query sees
     # everything) or when the rows are the whole sequence (q_len == kv_len: plain causal).
     mask: torch.Tensor | None = None
+    # The rows are a prompt chunk (a prefill), not a decode's row or a verification's rows: with the C++ kernels
+    # (Attention.route) each kind has its kernel whatever its row count, so a row's bits follow what it is.
+    prompt: bool = False
 
     def __post_init__(self) -> None:
         if self.mask is None and self.q_len > 1 and self.q_len != self.kv_len:
             raise ValueError(f"{self.q_len} rows after a cached prefix need a mask (kv_len {self.kv_len})")
+
+
+class Route(IntEnum):
+    """How one sequence's rows attend (the fused step takes the same codes)."""
+
+    SDPA = 0  # one SDPA call: masked after a cached prefix, causal for a whole sequence
+    SDPA_ROWS = 1  # one SDPA call per row, each as the decode of its position (Attention._rows_as_decodes)
+    ROW_KERNEL = 2  # decodes and verification rows (engine/fused/row_attention.h)
+    CHUNK_KERNEL = 3  # prompt chunks (engine/fused/chunk_attention.h)
+
+
+def attention_route(s: SeqAttention, rows_as_decodes: int, kernels: bool) -> Route:
+    """The one place that decides; kernels: the row and chunk kernels are installed (they come together)."""
+    if kernels:
+        return Route.CHUNK_KERNEL if s.prompt else Route.ROW_KERNEL
+    if rows_as_decodes and s.mask is not None and s.q_len <= rows_as_decodes:
+        return Route.SDPA_ROWS
+    return Route.SDPA
 
 
 @dataclass
@@ -201,11 +223,10 @@ class Attention(nn.Module):
         # > 0: masked steps of up to this many rows (verifications) attend row by row like decodes
         # (set by engine.quant.apply for bf16-activation formats; see _rows_as_decodes).
         self.rows_as_decodes = 0
-        # With rows_as_decodes: a decode's row and those verification rows in one C++ call whose rows round
-        # alike whatever their count (engine.fused.row_attention, set by the engine); None: SDPA row by row.
+        # With rows_as_decodes, the C++ kernels (engine.fused.row_attention, set by the engine; see route): a
+        # decode's row and a verification's rows in one call whose rows round alike whatever their count, and a
+        # prompt chunk's rows in another, each row's bits whatever the chunking. None: SDPA.
         self.row_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
-        # Installed with it: a prompt chunk's rows in one C++ call (engine.fused.row_attention), each row's bits
-        # whatever the chunking; None: SDPA.
         self.chunk_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
@@ -225,30 +246,26 @@ class Attention(nn.Module):
         # the sequence's region (prefix + this step's rows), no gather copies.
         k_arena, v_arena = cache.k[self.layer], cache.v[self.layer]  # [Hkv, N, D]
         q_heads = qk[:, : self.num_heads].transpose(0, 1)  # [Hq, T, D]
-        if len(attn.seqs) == 1 and self.chunk_attention is None and not self._by_kernel(attn.seqs[0]) \
-                and not self._as_decodes(attn.seqs[0]):
+        routes = [self.route(s) for s in attn.seqs]
+        if routes == [Route.SDPA]:
             # One sequence (a batch-1 decode or verification): its output is the step's, no buffer to fill.
             out = self._attend(q_heads, k_arena, v_arena, attn.seqs[0]).transpose(0, 1)  # [T, Hq, D]
             return self.o_proj(out.reshape(T, self.q_size))  # [T, hidden]
         out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
-        for s in attn.seqs:
-            kernel = self.row_attention if self._by_kernel(s) else self.chunk_attention
+        for s, route in zip(attn.seqs, routes):
+            kernel = {Route.ROW_KERNEL: self.row_attention, Route.CHUNK_KERNEL: self.chunk_attention}.get(route)
             if kernel is not None:
                 rows, kv = slice(s.q_start, s.q_start + s.q_len), slice(s.kv_start, s.kv_start + s.kv_len)
                 out[rows] = kernel(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv], s.kv_len - s.q_len + 1)
-            elif self._as_decodes(s):
+            elif route == Route.SDPA_ROWS:
                 self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
             else:
                 out_heads[:, s.q_start : s.q_start + s.q_len] = self._attend(q_heads, k_arena, v_arena, s)
         return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
 
-    def _as_decodes(self, s: SeqAttention) -> bool:
-        return bool(self.rows_as_decodes) and s.mask is not None and s.q_len <= self.rows_as_decodes
-
-    def _by_kernel(self, s: SeqAttention) -> bool:
-        """The row kernel takes a decode's row and the rows attended as decodes."""
-        return self.row_attention is not None and (s.q_len == 1 or self._as_decodes(s))
+    def route(self, s: SeqAttention) -> Route:
+        return attention_route(s, self.rows_as_decodes, self.row_attention is not None)
 
     @staticmethod
     def _attend(q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention) -> torch.Tensor:

@@ -33,8 +33,9 @@ class FlatBatchBuilder:
     slots: list[int] = field(default_factory=list)
     seqs: list[SeqAttention] = field(default_factory=list)
 
-    def add(self, tokens: list[int], num_cached: int, region_start: int) -> int:
-        """Append one sequence; returns the batch row of its first token."""
+    def add(self, tokens: list[int], num_cached: int, region_start: int, prompt: bool = False) -> int:
+        """Append one sequence; returns the batch row of its first token. prompt: the tokens are a prompt chunk
+        (SeqAttention.prompt), not a decode's token and its drafts."""
         q_start, n = len(self.input_ids), len(tokens)
         self.input_ids.extend(tokens)
         self.positions.extend(range(num_cached, num_cached + n))
@@ -42,7 +43,7 @@ class FlatBatchBuilder:
         kv_len = num_cached + n
         # A first prefill chunk is the whole sequence so far: SDPA's is_causal, no mask to build.
         mask = causal_mask_at_end(n, kv_len, self.device) if n > 1 and num_cached > 0 else None
-        self.seqs.append(SeqAttention(q_start, n, region_start, kv_len, mask))
+        self.seqs.append(SeqAttention(q_start, n, region_start, kv_len, mask, prompt))
         return q_start
 
     def tensor(self, xs: list[int]) -> torch.Tensor:
@@ -103,7 +104,7 @@ class ModelRunner:
                 tokens = [seq.last_token, *sched.draft_tokens]
             if len(tokens) != n or start + n > seq.kv.region.size:
                 raise RuntimeError(f"{seq.request_id}: {len(tokens)} tokens scheduled as {n}, or past its KV region")
-            q_start = builder.add(tokens, start, seq.kv.region.start)
+            q_start = builder.add(tokens, start, seq.kv.region.start, prompt=sched.is_prefill)
             if sched.needs_logits:
                 logit_rows.extend([q_start + n - 1] if sched.is_prefill else range(q_start, q_start + n))
 

@@ -165,17 +165,17 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   return attend_rows(q, k, v, first_len, true);
 }
 
-// Attention._attend / _rows_as_decodes for every sequence of the step, from q_heads [Hq, T, D] to [T, Hq * D].
-// With row_kernel, a decode's row and a verification's rows take row_attention and a prompt chunk's rows
-// chunk_attention (Attention.row_attention / chunk_attention), each kernel's sequences in one parallel region.
+// How a sequence's rows attend: engine.model.Route, decided by engine.model.attention_route.
+enum Route : int64_t { kSdpa = 0, kSdpaRows = 1, kRowKernel = 2, kChunkKernel = 3 };
+
+// Attention.forward's attention for every sequence of the step, from q_heads [Hq, T, D] to [T, Hq * D]: the
+// sequences on the row kernel in one parallel region, those on the chunk kernel in another, then SDPA's.
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Tensor& k_arena, const at::Tensor& v_arena,
-                  at::IntArrayRef seqs, const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes,
-                  bool row_kernel, int64_t num_heads, int64_t head_dim) {
+                  at::IntArrayRef seqs, const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes,
+                  int64_t num_heads, int64_t head_dim) {
   const int64_t T = qkv.size(0), S = static_cast<int64_t>(masks.size());
-  auto as_decodes = [&](int64_t s) {
-    return rows_as_decodes > 0 && masks.get(s).has_value() && seqs[4 * s + 1] <= rows_as_decodes;
-  };
-  auto by_kernel = [&](int64_t s) { return row_kernel && (seqs[4 * s + 1] == 1 || as_decodes(s)); };
+  TORCH_CHECK(static_cast<int64_t>(routes.size()) == S && static_cast<int64_t>(seqs.size()) == 4 * S,
+              "attend: one route and four positions per sequence");
   auto region = [&](int64_t s, const at::Tensor& arena, int64_t end) {
     return arena.slice(1, seqs[4 * s + 2], end);
   };
@@ -185,40 +185,40 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Te
     return sdpa(q_heads.slice(1, q_start, q_start + q_len), region(s, k_arena, end), region(s, v_arena, end), mask,
                 !mask.has_value() && q_len > 1);
   };
-  if (!row_kernel && S == 1 && !as_decodes(0)) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
+  if (S == 1 && routes[0] == kSdpa) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
   at::Tensor out = qkv.new_empty({T, num_heads, head_dim});
   at::Tensor out_heads = out.transpose(0, 1);  // [Hq, T, D], writes land in `out`
-  if (row_kernel) {  // every sequence on one of the two kernels, writing straight into `out`
+  std::vector<specstream::RowAttention> rows, chunks;  // writing straight into `out`
+  const float scale = specstream::softmax_scale(head_dim);
+  for (int64_t s = 0; s < S; ++s) {
+    if (routes[s] != kRowKernel && routes[s] != kChunkKernel) continue;
+    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
+    (routes[s] == kRowKernel ? rows : chunks)
+        .push_back({q_heads.data_ptr<float>() + q_start * q_heads.stride(1), q_heads.stride(1),
+                    k_arena.data_ptr<float>() + kv_start * k_arena.stride(1),
+                    v_arena.data_ptr<float>() + kv_start * v_arena.stride(1), k_arena.stride(0),
+                    out.data_ptr<float>() + q_start * num_heads * head_dim, num_heads * head_dim, q_len,
+                    seqs[4 * s + 3] - q_len + 1, num_heads, k_arena.size(0), scale});
+  }
+  if (!rows.empty() || !chunks.empty()) {
     TORCH_CHECK(q_heads.stride(2) == 1 && q_heads.stride(0) == head_dim && k_arena.stride(2) == 1 &&
                     k_arena.stride(1) == head_dim && k_arena.strides() == v_arena.strides(),
                 "attend: the row and chunk kernels need contiguous heads and positions");
-    std::vector<specstream::RowAttention> rows, chunks;
-    const float scale = specstream::softmax_scale(head_dim);
-    for (int64_t s = 0; s < S; ++s) {
-      const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
-      (by_kernel(s) ? rows : chunks)
-          .push_back({q_heads.data_ptr<float>() + q_start * q_heads.stride(1), q_heads.stride(1),
-                      k_arena.data_ptr<float>() + kv_start * k_arena.stride(1),
-                      v_arena.data_ptr<float>() + kv_start * v_arena.stride(1), k_arena.stride(0),
-                      out.data_ptr<float>() + q_start * num_heads * head_dim, num_heads * head_dim, q_len,
-                      seqs[4 * s + 3] - q_len + 1, num_heads, k_arena.size(0), scale});
-    }
     TORCH_CHECK(specstream::row_attention(rows, head_dim) && specstream::chunk_attention(chunks, head_dim),
-                "attend: no row kernel for head size ", head_dim);
-    return out.view({T, num_heads * head_dim});
+                "attend: no row or chunk kernel for head size ", head_dim);
   }
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1];
-    if (!as_decodes(s)) {
+    if (routes[s] == kSdpa) {
       out_heads.slice(1, q_start, q_start + q_len).copy_(whole(s));
-      continue;
-    }
-    const int64_t first_end = seqs[4 * s + 2] + seqs[4 * s + 3] - q_len + 1;  // row 0 sees the prefix and itself
-    for (int64_t r = 0; r < q_len; ++r) {
-      const int64_t row = q_start + r;
-      out_heads.slice(1, row, row + 1)
-          .copy_(sdpa(q_heads.slice(1, row, row + 1), region(s, k_arena, first_end + r),
-                      region(s, v_arena, first_end + r), std::nullopt, false));
+    } else if (routes[s] == kSdpaRows) {
+      const int64_t first_end = seqs[4 * s + 2] + seqs[4 * s + 3] - q_len + 1;  // row 0 sees the prefix and itself
+      for (int64_t r = 0; r < q_len; ++r) {
+        const int64_t row = q_start + r;
+        out_heads.slice(1, row, row + 1)
+            .copy_(sdpa(q_heads.slice(1, row, row + 1), region(s, k_arena, first_end + r),
+                        region(s, v_arena, first_end + r), std::nullopt, false));
+      }
     }
   }
   return out.view({T, num_heads * head_dim});
@@ -264,16 +264,16 @@ void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv_layer,
 // kv [L, 2, Hkv, N, D] the arena. norms: 2 per layer (input, post-attention), then the final one. Per linear (4 a
 // layer: qkv, o, gate_up, down): wa, wb (, wc) its kernel's tensors, wide its bf16 copy (None: none),
 // kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel), windows (bf16 rows per
-// call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence).
+// call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence),
+// routes how it attends (engine.model.Route).
 at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
                         at::Tensor kv, at::TensorList norms, at::TensorList wa, at::TensorList wb,
                         const c10::List<std::optional<at::Tensor>>& wc,
                         const c10::List<std::optional<at::Tensor>>& wide,
                         at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
-                        const c10::List<std::optional<at::Tensor>>& masks, int64_t rows_as_decodes, bool row_kernel,
-                        bool fast_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                        int64_t intermediate, double eps) {
+                        const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, bool fast_norm,
+                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
   const Linears linear{wa, wb, wc, wide, kinds, groups, outs, max_quant_rows, windows};
   const int64_t T = h.size(0), L = kv.size(0);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
@@ -289,8 +289,7 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
     write_kv(qkv, q_size, kv[l], slot_ids, num_kv_heads, head_dim);
     at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({T, num_heads + num_kv_heads, head_dim});
     at::Tensor q_heads = qk.slice(1, 0, num_heads).transpose(0, 1);  // [Hq, T, D]
-    at::Tensor attn =
-        attend(qkv, q_heads, kv[l][0], kv[l][1], seqs, masks, rows_as_decodes, row_kernel, num_heads, head_dim);
+    at::Tensor attn = attend(qkv, q_heads, kv[l][0], kv[l][1], seqs, masks, routes, num_heads, head_dim);
     h = h + linear(i + 1, attn);
     x = norm(h, norms[2 * l + 1], eps, fast_norm);
     std::vector<at::Tensor> gate_up = linear(i + 2, x).split(intermediate, -1);
@@ -303,7 +302,7 @@ TORCH_LIBRARY(specstream, m) {
   m.def(
       "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] wa, "
       "Tensor[] wb, Tensor?[] wc, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, "
-      "int[] windows, int[] seqs, Tensor?[] masks, int rows_as_decodes, bool row_kernel, bool fast_norm, "
+      "int[] windows, int[] seqs, Tensor?[] masks, int[] routes, bool fast_norm, "
       "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);
   m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);

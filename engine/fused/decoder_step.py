@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fused.build import load_ops
+from engine.model import attention_route
 from engine.quant.linear import Bf16Kernel, Bf16Linear, Int4Kernel, QuantizedLinear, bf16_row_window
 from engine.quant.vnni import VnniKernel
 
@@ -68,7 +69,7 @@ class FusedDecoderStep:
     max_quant_rows: list[int] = field(default_factory=list)
     shapes: list[tuple[int, int]] = field(default_factory=list)  # (out, in): bf16 windows are per shape
     rows_as_decodes: int = 0
-    row_kernel: bool = False  # decode-like rows on the row kernel (Attention.row_attention), as the layers do
+    row_kernel: bool = False  # the row and chunk kernels (Attention.row_attention / chunk_attention), as the layers
     fast_norm: bool = False  # the norms on step_ops.h's loop (RMSNorm.kernel), as the layers do
     num_heads: int = 0
     num_kv_heads: int = 0
@@ -145,9 +146,10 @@ class FusedDecoderStep:
     def __call__(self, h: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
         """h [T, hidden] embedded rows -> final-normed hidden states [T, hidden]; writes the rows' KV."""
         seqs = [v for s in attn.seqs for v in (s.q_start, s.q_len, s.kv_start, s.kv_len)]
+        routes = [int(attention_route(s, self.rows_as_decodes, self.row_kernel)) for s in attn.seqs]
         return torch.ops.specstream.decoder_step(
             h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb, self.wc,
             self.wide, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
-            [s.mask for s in attn.seqs], self.rows_as_decodes, self.row_kernel, self.fast_norm, self.num_heads,
+            [s.mask for s in attn.seqs], routes, self.fast_norm, self.num_heads,
             self.num_kv_heads, self.head_dim, self.intermediate, self.eps,
         )  # fmt: skip

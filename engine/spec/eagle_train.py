@@ -79,7 +79,8 @@ def collect_features(
             total += len(sequences[batch[-1]][0])
         cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, total, target.dtype, target.device)
         builder = FlatBatchBuilder(target.device)
-        starts = [builder.add(sequences[i][0], 0, start) for i, start in zip(batch, _offsets(sequences, batch))]
+        offsets = _offsets(sequences, batch)
+        starts = [builder.add(sequences[i][0], 0, start, prompt=True) for i, start in zip(batch, offsets)]
         hidden = target(*builder.build(cache))  # [T, hidden]
         labels = torch.cat([target.compute_logits(h).argmax(-1) for h in hidden.split(256)])  # [T]
         for i, s in zip(batch, starts):

@@ -1,7 +1,8 @@
 """The chunk kernel (engine/fused/chunk_attention.h): a prompt chunk's rows, each attending the prefix and the
 chunk's rows up to its own, within float rounding of SDPA; a row's bits do not depend on where its prompt was cut
 into chunks, on the threads, or on the rows it shares a 4-row tile with; it reads no key past its region; and the
-engine's quantized layers use it for prompt chunks in place of SDPA."""
+engine's quantized layers use it for every prompt chunk, and the row kernel for every decode and verification,
+whatever their row counts."""
 from __future__ import annotations
 
 from typing import Any
@@ -13,6 +14,7 @@ from _engine_factories import make_engine, tiny_hf_model, torch_threads
 
 from engine.fused import build
 from engine.fused.row_attention import HEAD_DIMS
+from engine.model import Route, SeqAttention, attention_route, causal_mask_at_end
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +98,16 @@ def test_the_engine_installs_it_with_the_row_kernel_on_quantized_layers_and_says
     assert any("prompt chunks in another (engine/fused/chunk_attention.h)" in line for line in lines)
     fp32 = make_engine(tiny_hf_model("llama"), weights="fp32")
     assert all(layer.self_attn.chunk_attention is None for layer in fp32.model.layers)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 9, 12, 600])
+def test_with_the_kernels_a_sequences_rows_attend_by_what_they_are_not_by_their_count(rows: int) -> None:
+    mask = causal_mask_at_end(rows, 20 + rows, "cpu") if rows > 1 else None
+    chunk = SeqAttention(0, rows, 0, 20 + rows, mask, prompt=True)
+    verification = SeqAttention(0, rows, 0, 20 + rows, mask)
+    assert attention_route(chunk, rows_as_decodes=9, kernels=True) == Route.CHUNK_KERNEL
+    assert attention_route(verification, rows_as_decodes=9, kernels=True) == Route.ROW_KERNEL
+    # Without them (fp32, a head size without a kernel): SDPA, row by row for verifications of up to 9 rows.
+    row_by_row = rows > 1 and rows <= 9
+    assert attention_route(verification, 9, kernels=False) == (Route.SDPA_ROWS if row_by_row else Route.SDPA)
+    assert attention_route(chunk, 0, kernels=False) == Route.SDPA

@@ -28,14 +28,16 @@ PARAMS = [
 ]
 REGION = 128  # arena slots between the test's sequences
 
-# Steps as (rows fed, positions already cached) per sequence, each in its own region.
+# Steps as (rows fed, positions already cached, a prompt chunk?) per sequence, each in its own region.
 STEPS = {
-    "decode": [(1, 20)],
-    "verify-4": [(5, 20)],
-    "verify-8": [(9, 20)],
-    "first-prefill-chunk": [(12, 0)],
-    "later-prefill-chunk": [(16, 20)],
-    "mixed-batch": [(1, 20), (5, 33), (12, 0), (1, 7), (16, 20)],
+    "decode": [(1, 20, False)],
+    "verify-4": [(5, 20, False)],
+    "verify-8": [(9, 20, False)],
+    "verify-11": [(12, 20, False)],  # past rows_as_decodes: still the row kernel, as its decodes
+    "first-prefill-chunk": [(12, 0, True)],
+    "later-prefill-chunk": [(16, 20, True)],
+    "one-row-prefill-chunk": [(1, 20, True)],  # the chunk kernel, as the prompt's other rows
+    "mixed-batch": [(1, 20, False), (5, 33, False), (12, 0, True), (1, 7, False), (16, 20, True), (3, 9, True)],
 }
 
 
@@ -44,17 +46,17 @@ def llama() -> Any:
     return tiny_hf_model("llama")
 
 
-def _forward(engine: Any, seqs: list[tuple[int, int]], fused: FusedDecoderStep | None, feed_cached: bool) -> Any:
+def _forward(engine: Any, seqs: list[tuple[int, int, bool]], fused: FusedDecoderStep | None, feed_cached: bool) -> Any:
     """One step over the test's sequences (sequence i in region i): [rows, hidden]. With feed_cached, first
     writes every sequence's cached positions (layer by layer)."""
     engine.model.fused_step = fused
     tokens = PROMPTS[2] * 2
     builder = FlatBatchBuilder("cpu")
-    for i, (n, cached) in enumerate(seqs):
+    for i, (n, cached, prompt) in enumerate(seqs):
         if not feed_cached:
-            builder.add(tokens[cached : cached + n], cached, REGION * i)
+            builder.add(tokens[cached : cached + n], cached, REGION * i, prompt=prompt)
         elif cached:
-            builder.add(tokens[:cached], 0, REGION * i)
+            builder.add(tokens[:cached], 0, REGION * i, prompt=True)
     ids, positions, attn = builder.build(engine.kv_cache)
     with torch.inference_mode():
         return engine.model(ids, positions, attn) if ids.numel() else None

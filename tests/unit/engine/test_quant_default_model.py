@@ -19,6 +19,7 @@ from engine.model_ref import KNOWN_MODELS
 from engine.quant.apply import weight_bytes
 from engine.quant.gguf_repack import read_gguf_weights
 from engine.request import EngineRequest, SamplingOptions
+from engine.step_record import StepRecord
 
 pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
@@ -130,26 +131,29 @@ def test_a_bf16_requests_seeded_tokens_do_not_depend_on_prefills_sharing_its_ste
 
 
 @needs_bf16_gemm
-def test_decodes_attended_together_on_two_threads_keep_their_solo_tokens(engine_pair: EnginePair) -> None:
-    # A step's decodes go to the row kernel in one parallel region, cut into runs of about equal work across
-    # the sequences: a 635-token RAG answer beside a 45-token question. Each must get the tokens it gets alone.
+def test_requests_prefilled_and_decoded_together_on_two_threads_keep_their_solo_tokens(engine_pair: EnginePair) -> None:
+    # Together, the three prompts are cut into other chunks than alone (the step's budget is shared), and their
+    # decodes go to the row kernel in one parallel region, cut into runs of about equal work across the sequences:
+    # a 635-token RAG answer beside a 45-token question. Each row's bits follow what it is (a prompt's row on the
+    # chunk kernel, a decode's on the row kernel) and the int4 kernel's exact sums, not its step: each request must
+    # get the tokens it gets alone.
     plain, _ = engine_pair.of("int4")
-    greedy = SamplingOptions(max_tokens=16, temperature=0.0, ignore_eos=True)
+    seeded = PARAMS[1]  # flips on any rounding difference (greedy tokens held before prompts had their kernel)
     prompts = {w.name: _ids(plain, w) for w in (RAG_ANSWER, CODE_EDIT, OPEN_QUESTION)}
+    chunks: dict[str, dict[str, list[int]]] = {"alone": {}, "together": {}}  # request -> its prompt's chunks
+    recording: list[str] = []  # the engine is shared with other tests: record only here
+
+    def observe(record: StepRecord) -> None:
+        for s in record.batch.scheduled:
+            if recording and s.is_prefill:
+                chunks[recording[0]].setdefault(s.seq.request_id, []).append(s.num_new_tokens)
+
+    plain.add_step_observer(observe)
     with torch_threads(2):
-        alone = {name: plain.generate([EngineRequest(name, ids, greedy)])[name].token_ids for name, ids in prompts.items()}
-        together: dict[str, list[int]] = {name: [] for name in prompts}
-
-        def step() -> None:
-            for out in plain.step():
-                together[out.request_id] += out.token_ids
-
-        # One prompt arrives after the other has its first token, so each prefills in the chunks it has alone
-        # (the RAG answer, the only one past a step's budget, first); then all three decode together.
-        for name, ids in prompts.items():
-            plain.add_request(EngineRequest(name, ids, greedy))
-            while not together[name]:
-                step()
-        while plain.has_unfinished():
-            step()
-    assert together == alone
+        recording[:] = ["alone"]
+        alone = {name: plain.generate([EngineRequest(name, ids, seeded)])[name].token_ids for name, ids in prompts.items()}
+        recording[:] = ["together"]
+        together = plain.generate([EngineRequest(name, ids, seeded) for name, ids in prompts.items()])
+        recording.clear()
+    assert chunks["together"] != chunks["alone"], chunks  # the prompts were cut otherwise
+    assert {name: out.token_ids for name, out in together.items()} == alone
