@@ -1,10 +1,13 @@
-"""The row kernel (engine/fused/row_attention.h) against SDPA row by row, per layer (docs/benchmarks.md).
+"""The row and chunk kernels (engine/fused/row_attention.h, chunk_attention.h) against SDPA, per layer
+(docs/benchmarks.md).
 
     python -m bench.row_attention_bench --threads 2
 
-Times one layer's attention of a decode (1 row) and of verifications (4 and 9 rows) over 128, 450 and 1000 keys,
-with the default model's heads (9 query, 3 KV, head size 64): one row-kernel call for all rows, against one SDPA
-call per row (what the layers did so that each row rounds as its decode). Best of three rounds.
+Times one layer's attention with the default model's heads (9 query, 3 KV, head size 64). First a decode (1 row)
+and verifications (4 and 9 rows) over 128, 450 and 1000 keys: one row-kernel call for all rows, against one SDPA
+call per row (what the layers did so that each row rounds as its decode). Then prompt chunks, first (causal) and
+after a cached prefix (masked): the chunk kernel, the row kernel and one SDPA call (what the layers did for
+chunks). Best of three rounds.
 """
 from __future__ import annotations
 
@@ -55,6 +58,24 @@ def main() -> None:
             ours = _best_us(lambda: kernel(qs, k, v, keys), args.calls)
             sdpa = _best_us(by_rows, args.calls)
             print(f"| {keys} | {rows} | {ours:.1f} µs | {sdpa:.1f} µs |")
+    _chunks(kernel, torch.ops.specstream.chunk_attention, max(5, args.calls // 50))
+
+
+def _chunks(row_kernel: Callable[..., torch.Tensor], chunk_kernel: Callable[..., torch.Tensor], calls: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    print("\n| prompt chunk rows | cached before it | chunk kernel | row kernel | SDPA, one call |\n|---|---|---|---|---|")
+    for rows, prefix in ((64, 0), (512, 0), (123, 512), (512, 512)):
+        q = torch.randn(rows, 9, 64, generator=g)
+        k, v = torch.randn(3, prefix + rows, 64, generator=g), torch.randn(3, prefix + rows, 64, generator=g)
+        mask = torch.ones(rows, prefix + rows, dtype=torch.bool).tril(prefix) if prefix else None
+
+        def sdpa() -> None:
+            F.scaled_dot_product_attention(q.transpose(0, 1), k, v, attn_mask=mask, is_causal=mask is None,
+                                           enable_gqa=True)  # fmt: skip
+
+        times = [_best_us(fn, calls) / 1000 for fn in (lambda: chunk_kernel(q, k, v, prefix + 1),
+                                                      lambda: row_kernel(q, k, v, prefix + 1), sdpa)]  # fmt: skip
+        print(f"| {rows} | {prefix} | " + " | ".join(f"{t:.2f} ms" for t in times) + " |")
 
 
 if __name__ == "__main__":
