@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "chunk_attention.h"
@@ -168,60 +169,73 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 // How a sequence's rows attend: engine.model.Route, decided by engine.model.attention_route.
 enum Route : int64_t { kSdpa = 0, kSdpaRows = 1, kRowKernel = 2, kChunkKernel = 3 };
 
-// Attention.forward's attention for every sequence of the step, from q_heads [Hq, T, D] to [T, Hq * D]: the
-// sequences on the row kernel in one parallel region, those on the chunk kernel in another, then SDPA's.
-at::Tensor attend(const at::Tensor& qkv, const at::Tensor& q_heads, const at::Tensor& k_arena, const at::Tensor& v_arena,
-                  at::IntArrayRef seqs, const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes,
-                  int64_t num_heads, int64_t head_dim) {
-  const int64_t T = qkv.size(0), S = static_cast<int64_t>(masks.size());
+// Attention.forward's attention for every sequence of the step: q from qkv [T, q + 2 kv] (rotated), K and V from
+// layer l of the arena kv [L, 2, Hkv, N, D], out [T, Hq * D]. The sequences on the row kernel in one parallel region,
+// those on the chunk kernel in another, then SDPA's. The kernels take pointers: a step runs this once a layer, and
+// the ATen views SDPA needs (a dozen a layer) are made only when a sequence takes SDPA.
+at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::IntArrayRef seqs,
+                  const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, int64_t num_heads,
+                  int64_t head_dim) {
+  const int64_t T = qkv.size(0), S = static_cast<int64_t>(masks.size()), q_size = num_heads * head_dim;
   TORCH_CHECK(static_cast<int64_t>(routes.size()) == S && static_cast<int64_t>(seqs.size()) == 4 * S,
               "attend: one route and four positions per sequence");
-  auto region = [&](int64_t s, const at::Tensor& arena, int64_t end) {
-    return arena.slice(1, seqs[4 * s + 2], end);
+  auto views = [&] {  // (q_heads [Hq, T, D], k and v arenas [Hkv, N, D]) for SDPA
+    return std::make_tuple(qkv.slice(1, 0, q_size).view({T, num_heads, head_dim}).transpose(0, 1), kv[l][0], kv[l][1]);
   };
-  auto whole = [&](int64_t s) {  // the sequence's rows attending to its region
-    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], end = seqs[4 * s + 2] + seqs[4 * s + 3];
+  auto whole = [&](int64_t s, const at::Tensor& q_heads, const at::Tensor& k, const at::Tensor& v) {
+    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
+    const int64_t end = kv_start + seqs[4 * s + 3];
     const std::optional<at::Tensor> mask = masks.get(s);
-    return sdpa(q_heads.slice(1, q_start, q_start + q_len), region(s, k_arena, end), region(s, v_arena, end), mask,
-                !mask.has_value() && q_len > 1);
+    return sdpa(q_heads.slice(1, q_start, q_start + q_len), k.slice(1, kv_start, end), v.slice(1, kv_start, end),
+                mask, !mask.has_value() && q_len > 1);
   };
-  if (S == 1 && routes[0] == kSdpa) return whole(0).transpose(0, 1).reshape({T, num_heads * head_dim});
-  at::Tensor out = qkv.new_empty({T, num_heads, head_dim});
-  at::Tensor out_heads = out.transpose(0, 1);  // [Hq, T, D], writes land in `out`
+  if (S == 1 && routes[0] == kSdpa) {
+    const auto [q_heads, k, v] = views();
+    return whole(0, q_heads, k, v).transpose(0, 1).reshape({T, q_size});
+  }
+  at::Tensor out = at::empty({T, q_size}, qkv.options());
   std::vector<specstream::RowAttention> rows, chunks;  // writing straight into `out`
   const float scale = specstream::softmax_scale(head_dim);
+  const float* q = qkv.data_ptr<float>();
+  const float* k = kv.data_ptr<float>() + l * kv.stride(0);
+  const float* v = k + kv.stride(1);
+  const int64_t kv_heads = kv.size(2), head_stride = kv.stride(2), position = kv.stride(3);
+  bool any_sdpa = false;
   for (int64_t s = 0; s < S; ++s) {
-    if (routes[s] != kRowKernel && routes[s] != kChunkKernel) continue;
+    if (routes[s] != kRowKernel && routes[s] != kChunkKernel) {
+      any_sdpa = true;
+      continue;
+    }
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
     (routes[s] == kRowKernel ? rows : chunks)
-        .push_back({q_heads.data_ptr<float>() + q_start * q_heads.stride(1), q_heads.stride(1),
-                    k_arena.data_ptr<float>() + kv_start * k_arena.stride(1),
-                    v_arena.data_ptr<float>() + kv_start * v_arena.stride(1), k_arena.stride(0),
-                    out.data_ptr<float>() + q_start * num_heads * head_dim, num_heads * head_dim, q_len,
-                    seqs[4 * s + 3] - q_len + 1, num_heads, k_arena.size(0), scale});
+        .push_back({q + q_start * qkv.stride(0), qkv.stride(0), k + kv_start * position, v + kv_start * position,
+                    head_stride, out.data_ptr<float>() + q_start * q_size, q_size, q_len, seqs[4 * s + 3] - q_len + 1,
+                    num_heads, kv_heads, scale});
   }
   if (!rows.empty() || !chunks.empty()) {
-    TORCH_CHECK(q_heads.stride(2) == 1 && q_heads.stride(0) == head_dim && k_arena.stride(2) == 1 &&
-                    k_arena.stride(1) == head_dim && k_arena.strides() == v_arena.strides(),
+    TORCH_CHECK(qkv.stride(1) == 1 && kv.stride(4) == 1 && position == head_dim,
                 "attend: the row and chunk kernels need contiguous heads and positions");
     TORCH_CHECK(specstream::row_attention(rows, head_dim) && specstream::chunk_attention(chunks, head_dim),
                 "attend: no row or chunk kernel for head size ", head_dim);
   }
+  if (!any_sdpa) return out;
+  const auto [q_heads, k_arena, v_arena] = views();
+  at::Tensor out_heads = out.view({T, num_heads, head_dim}).transpose(0, 1);  // [Hq, T, D], writes land in `out`
   for (int64_t s = 0; s < S; ++s) {
-    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1];
+    const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
     if (routes[s] == kSdpa) {
-      out_heads.slice(1, q_start, q_start + q_len).copy_(whole(s));
+      out_heads.slice(1, q_start, q_start + q_len).copy_(whole(s, q_heads, k_arena, v_arena));
     } else if (routes[s] == kSdpaRows) {
-      const int64_t first_end = seqs[4 * s + 2] + seqs[4 * s + 3] - q_len + 1;  // row 0 sees the prefix and itself
+      const int64_t first_end = kv_start + seqs[4 * s + 3] - q_len + 1;  // row 0 sees the prefix and itself
       for (int64_t r = 0; r < q_len; ++r) {
         const int64_t row = q_start + r;
         out_heads.slice(1, row, row + 1)
-            .copy_(sdpa(q_heads.slice(1, row, row + 1), region(s, k_arena, first_end + r),
-                        region(s, v_arena, first_end + r), std::nullopt, false));
+            .copy_(sdpa(q_heads.slice(1, row, row + 1), k_arena.slice(1, kv_start, first_end + r),
+                        v_arena.slice(1, kv_start, first_end + r), std::nullopt, false));
       }
     }
   }
-  return out.view({T, num_heads * head_dim});
+  return out;
 }
 
 bool qlinear_supported() { return specstream::qgemm::supported(); }
@@ -244,17 +258,17 @@ at::Tensor norm(const at::Tensor& h, const at::Tensor& weight, double eps, bool 
 }
 
 // kv[l][0 / 1][:, slots[t]] = the K / V heads of row t of qkv [T, q + 2 kv] (index_copy_'s copies, in a loop).
-void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv_layer, const at::Tensor& slots,
+void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv, int64_t l, const at::Tensor& slots,
               int64_t kv_heads, int64_t head_dim) {
-  TORCH_CHECK(qkv.stride(1) == 1 && kv_layer.stride(3) == 1, "write_kv: rows must have contiguous heads");
+  TORCH_CHECK(qkv.stride(1) == 1 && kv.stride(4) == 1, "write_kv: rows must have contiguous heads");
   const int64_t T = qkv.size(0);
   const int64_t* slot = slots.data_ptr<int64_t>();
   const float* src = qkv.data_ptr<float>();
-  float* dst = kv_layer.data_ptr<float>();
+  float* dst = kv.data_ptr<float>() + l * kv.stride(0);  // kv[l] without a view: a step makes 30 of these
   for (int64_t t = 0; t < T; ++t)
     for (int64_t which = 0; which < 2; ++which)
       for (int64_t h = 0; h < kv_heads; ++h)
-        std::memcpy(dst + which * kv_layer.stride(0) + h * kv_layer.stride(1) + slot[t] * kv_layer.stride(2),
+        std::memcpy(dst + which * kv.stride(1) + h * kv.stride(2) + slot[t] * kv.stride(3),
                     src + t * qkv.stride(0) + q_size + (which * kv_heads + h) * head_dim, head_dim * sizeof(float));
 }
 
@@ -286,10 +300,8 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
     // engine.rotary.apply_rotary_ on q and k
     specstream::step_ops::rotary(qkv.data_ptr<float>(), qkv.stride(0), T, num_heads + num_kv_heads, head_dim,
                                  cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>());
-    write_kv(qkv, q_size, kv[l], slot_ids, num_kv_heads, head_dim);
-    at::Tensor qk = qkv.slice(1, 0, q_size + kv_size).view({T, num_heads + num_kv_heads, head_dim});
-    at::Tensor q_heads = qk.slice(1, 0, num_heads).transpose(0, 1);  // [Hq, T, D]
-    at::Tensor attn = attend(qkv, q_heads, kv[l][0], kv[l][1], seqs, masks, routes, num_heads, head_dim);
+    write_kv(qkv, q_size, kv, l, slot_ids, num_kv_heads, head_dim);
+    at::Tensor attn = attend(qkv, kv, l, seqs, masks, routes, num_heads, head_dim);
     h = h + linear(i + 1, attn);
     x = norm(h, norms[2 * l + 1], eps, fast_norm);
     std::vector<at::Tensor> gate_up = linear(i + 2, x).split(intermediate, -1);

@@ -95,6 +95,20 @@ def test_the_fused_step_gives_each_row_and_its_kv_the_layer_by_layer_bits(
     assert torch.equal(_bits(engine.kv_cache.kv), _bits(eager_kv))
 
 
+@pytest.mark.parametrize("step", ["decode", "verify-4", "verify-11", "later-prefill-chunk", "mixed-batch"])
+def test_without_a_kernel_for_its_head_size_the_fused_step_attends_by_sdpa_as_the_layers_do(step: str) -> None:
+    # Head size 24: no row or chunk kernel, so the fused step takes SDPA (row by row for verifications), as the
+    # layers do; its rows must still get the layer-by-layer bits.
+    engine = make_engine(tiny_hf_model("llama", head_dim=24), weights="int4")
+    fused = engine.model.fused_step
+    assert fused is not None and not fused.row_kernel
+    _forward(engine, STEPS[step], None, feed_cached=True)
+    before = engine.kv_cache.kv.clone()
+    eager = _forward(engine, STEPS[step], None, feed_cached=False)
+    engine.kv_cache.kv.copy_(before)
+    assert torch.equal(_forward(engine, STEPS[step], fused, feed_cached=False), eager)
+
+
 @pytest.mark.parametrize("fmt,wide", FORMATS)
 def test_speculation_on_the_fused_step_keeps_the_layer_by_layer_and_the_plain_tokens_greedy_and_seeded_in_a_batch(
     llama: Any, fmt: str, wide: bool
