@@ -254,7 +254,8 @@ class Attention(nn.Module):
         out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
         for s, route in zip(attn.seqs, routes):
-            kernel = {Route.ROW_KERNEL: self.row_attention, Route.CHUNK_KERNEL: self.chunk_attention}.get(route)
+            kernel = self.row_attention if route == Route.ROW_KERNEL else \
+                self.chunk_attention if route == Route.CHUNK_KERNEL else None
             if kernel is not None:
                 rows, kv = slice(s.q_start, s.q_start + s.q_len), slice(s.kv_start, s.kv_start + s.kv_len)
                 out[rows] = kernel(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv], s.kv_len - s.q_len + 1)

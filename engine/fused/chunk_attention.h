@@ -14,7 +14,6 @@
 #pragma once
 
 #include <memory>
-#include <utility>
 
 #include "row_attention.h"
 
@@ -129,7 +128,7 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     default: return false;
   }
   if (calls.empty()) return true;
-  // Each call's K, transposed per KV head (items (call, KV head), in parallel).
+  // Each call's K, transposed per KV head.
   std::vector<int64_t> kt_at(calls.size() + 1, 0), kt_head(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
     const int64_t n = calls[c].first_len + calls[c].rows - 1;
@@ -137,15 +136,15 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     kt_at[c + 1] = kt_at[c] + calls[c].num_kv_heads * kt_head[c];
   }
   std::unique_ptr<float[]> kt(new float[kt_at.back()]);  // every element written below: no zeroing pass
-  std::vector<std::pair<size_t, int64_t>> groups;
-  for (size_t c = 0; c < calls.size(); ++c)
-    for (int64_t g = 0; g < calls[c].num_kv_heads; ++g) groups.emplace_back(c, g);
-  at::parallel_for(0, static_cast<int64_t>(groups.size()), 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const auto [c, g] = groups[i];
-      const RowAttention& a = calls[c];
+  std::vector<int64_t> first_group(calls.size() + 1, 0), group_work(1, 0);  // items (call, KV head)
+  for (size_t c = 0; c < calls.size(); ++c) {
+    first_group[c + 1] = first_group[c] + calls[c].num_kv_heads;
+    for (int64_t g = 0; g < calls[c].num_kv_heads; ++g) group_work.push_back(group_work.back() + kt_head[c]);
+  }
+  parallel_runs(first_group, group_work, [&](size_t c, int64_t g0, int64_t g1) {
+    const RowAttention& a = calls[c];
+    for (int64_t g = g0; g < g1; ++g)
       transpose_blocks(a.k + g * a.kv_head, a.first_len + a.rows - 1, head_dim, kt.get() + kt_at[c] + g * kt_head[c]);
-    }
   });
   // Items: per call, head-major, then tiles; a tile's work is its rows x its last row's positions.
   std::vector<int64_t> first_item(calls.size() + 1, 0), work_before(1, 0);
@@ -159,11 +158,8 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
         work_before.push_back(work_before.back() + rows * (a.first_len + t * kTileRows + rows) * head_dim);
       }
   }
-  parallel_runs(work_before, [&](int64_t i0, int64_t i1) {
-    for (size_t c = 0; c < calls.size(); ++c) {
-      const int64_t lo = std::max(i0, first_item[c]), hi = std::min(i1, first_item[c + 1]);
-      if (lo < hi) kernel(calls[c], kt.get() + kt_at[c], kt_head[c], lo - first_item[c], hi - first_item[c]);
-    }
+  parallel_runs(first_item, work_before, [&](size_t c, int64_t lo, int64_t hi) {
+    kernel(calls[c], kt.get() + kt_at[c], kt_head[c], lo, hi);
   });
   return true;
 }

@@ -252,23 +252,31 @@ SS_CLONES void row_attention_128(const RowAttention& a, int64_t h0, int64_t h1) 
 // Below this much work (rows x keys x heads x head size) one thread: starting a parallel region costs a few us.
 constexpr int64_t kParallelWork = 1 << 16;
 
-// Items 0..n-1 whose work adds up to work_before (n + 1 entries, from 0), cut into one run of consecutive items per
-// thread, of about equal work: run(i0, i1) for each, in one parallel region (or on this thread when the work is small).
+// Items of several calls (call c's are first_item[c]..first_item[c + 1] - 1) whose work adds up to work_before
+// (an entry per item boundary, from 0), cut into one run of consecutive items per thread, of about equal work, in one
+// parallel region (or on this thread when the work is small). run(c, lo, hi): call c's items lo..hi - 1 of a run,
+// numbered within the call.
 template <typename Run>
-void parallel_runs(const std::vector<int64_t>& work_before, const Run& run) {
+void parallel_runs(const std::vector<int64_t>& first_item, const std::vector<int64_t>& work_before, const Run& run) {
   const int64_t items = static_cast<int64_t>(work_before.size()) - 1, work = work_before.back();
   if (items <= 0) return;
+  auto run_items = [&](int64_t i0, int64_t i1) {
+    for (size_t c = 0; c + 1 < first_item.size(); ++c) {
+      const int64_t lo = std::max(i0, first_item[c]), hi = std::min(i1, first_item[c + 1]);
+      if (lo < hi) run(c, lo - first_item[c], hi - first_item[c]);
+    }
+  };
   const int64_t runs = work < kParallelWork ? 1 : std::min<int64_t>(at::get_num_threads(), items);
   auto item_at = [&](int64_t r) {  // where run r starts: the first item boundary at r / runs of the work
     const int64_t target = (work * r + runs - 1) / runs;
     return static_cast<int64_t>(std::lower_bound(work_before.begin(), work_before.end(), target) - work_before.begin());
   };
   if (runs == 1) {
-    run(0, items);
+    run_items(0, items);
     return;
   }
   at::parallel_for(0, runs, 1, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) run(item_at(r), item_at(r + 1));
+    for (int64_t r = r0; r < r1; ++r) run_items(item_at(r), item_at(r + 1));
   });
 }
 
@@ -294,12 +302,7 @@ inline bool row_attention(const std::vector<RowAttention>& calls, int64_t head_d
     const int64_t per_head = a.rows * (a.first_len + a.rows) * head_dim;
     for (int64_t h = 0; h < a.num_heads; ++h) work_before.push_back(work_before.back() + per_head);
   }
-  parallel_runs(work_before, [&](int64_t i0, int64_t i1) {  // items i0..i1-1, call by call
-    for (size_t c = 0; c < calls.size(); ++c) {
-      const int64_t lo = std::max(i0, first_item[c]), hi = std::min(i1, first_item[c + 1]);
-      if (lo < hi) kernel(calls[c], lo - first_item[c], hi - first_item[c]);
-    }
-  });
+  parallel_runs(first_item, work_before, [&](size_t c, int64_t lo, int64_t hi) { kernel(calls[c], lo, hi); });
   return true;
 }
 
