@@ -5,10 +5,13 @@
 // verification of k drafts as k + 1 one-row SDPA calls per layer, each reading the sequence's K and V again and
 // paying SDPA's set-up (at 450 positions ~35 us a call here, most of a decode step's attention).
 //
-// Here one call takes all of a sequence's rows. K and V are walked in blocks of 16 positions from position 0;
-// each block is read once for every row and for the query heads of its GQA group that one thread holds. Each
-// (row, head) keeps its own online-softmax state and sees the same blocks, in the same order, through the same
-// code, whatever the other rows are. So a row's bits do not depend on the row count, and a verification row gets its decode's bits.
+// Here one call takes all of a sequence's rows. For the query heads of a GQA group that one thread holds, K is
+// walked a span of 64 positions at a time (it stays in L1 while every row and head reads it), each (row, head)'s
+// scores are kept, then turned into softmax weights with one max and one sum over all of the row's positions, and
+// the values are added a span at a time. Not an online softmax: its rescaling chains every block to the one before,
+// and this CPU spent more time waiting on that chain than on the multiply-adds. Each (row, head) sees the same
+// positions, in the same order, through the same code, whatever the other rows are. So a row's bits do not depend
+// on the row count, and a verification row gets its decode's bits.
 //
 // Vectors are GCC's vector extensions (no intrinsics): target_clones compiles the kernel for AVX-512, AVX2 and
 // the baseline, and the loader picks one per CPU, the same one for every call of a process. Query heads are shared
@@ -88,7 +91,7 @@ SS_INLINE v16 hsum16(const v16* x) {
 }
 
 // e^x lane by lane (Cephes' expf: x = n ln2 + r, a degree-6 polynomial for e^r, 2^n from the exponent bits);
-// within 2 ulp of libm for x in [-87, 88]. Inputs here are score - running max <= 0.
+// within 2 ulp of libm for x in [-87, 88]. Inputs here are score - max score <= 0.
 SS_INLINE v16 exp16(v16 x) {
   x = x < splat(-87.0f) ? splat(-87.0f) : x;
   x = x > splat(88.0f) ? splat(88.0f) : x;
@@ -106,7 +109,7 @@ SS_INLINE v16 exp16(v16 x) {
   return y * (v16)bits;  // a same-size vector cast reinterprets the bits
 }
 
-// Heads of one row whose weighted values one pass over a block's value vectors adds up: their sums stay in registers.
+// Heads of one row whose weighted values one pass over the value vectors adds up: their sums stay in registers.
 template <int C>
 constexpr int64_t kValueHeads = std::max(1, std::min(4, 16 / C));
 
@@ -119,10 +122,56 @@ SS_INLINE v16 dot(const v16 (&qv)[C], const float* k) {
   return d;
 }
 
-// For H heads of one row (sums acc + h * D, weights p + h * 16): acc += the block's n value vectors, each weighted.
-// Each head's sum takes its positions in order, whatever H is: the bits do not depend on which heads go together.
+// The scores of one (row, head) at the positions [b0, b1) blocks of the row's [0, len): stored to p (lanes past len:
+// -inf), their lane-wise maximum folded into top.
+template <int C>
+SS_INLINE void scores(const float* q, const float* k, int64_t b0, int64_t b1, int64_t len, float scale, float* p,
+                      v16& top) {
+  constexpr int64_t D = C * kLanes;
+  v16 qv[C];
+  SS_UNROLL
+  for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
+  for (int64_t b = b0; b < b1; ++b) {
+    const float* kb = k + b * kLanes * D;
+    const int64_t n = std::min<int64_t>(kLanes, len - b * kLanes);  // the row's positions in the block
+    v16 dots[kLanes];
+    v16 s;
+    if (n == kLanes) {  // a whole block (all but a row's last): unrolled, the dot products stay in registers
+      SS_UNROLL
+      for (int64_t t = 0; t < kLanes; ++t) dots[t] = dot(qv, kb + t * D);
+      s = hsum16(dots) * scale;
+    } else {
+      const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+      for (int64_t t = 0; t < kLanes; ++t) dots[t] = t < n ? dot(qv, kb + t * D) : v16{};  // past it: maybe past the arena
+      const v16i valid = lane < splat(static_cast<float>(n));
+      s = valid ? hsum16(dots) * scale : splat(-std::numeric_limits<float>::infinity());
+    }
+    store(p + b * kLanes, s);
+    top = vmax(top, s);
+  }
+}
+
+// Scores (blocks 0..blocks-1, lanes past the row's positions -inf) -> softmax weights e^(score - max) in place; returns
+// their sum. Every block's exponentials are independent of the others': no chain runs from block to block.
+SS_INLINE float exponentials(float* p, int64_t blocks, v16 top) {
+  const float m = hmax(top);
+  v16 sum = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const v16 s = load(p + b * kLanes);
+    const v16 e = exp16(s - m);
+    const v16i live = s > splat(-std::numeric_limits<float>::infinity());
+    const v16 w = live ? e : v16{};
+    store(p + b * kLanes, w);
+    sum += w;
+  }
+  return hsum(sum);
+}
+
+// For H heads of one row (weights p + h * stride, sums acc + h * D): acc += their weighted value vectors at positions
+// [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions in order, whatever H
+// is and wherever a caller cuts the positions: the bits do not depend on which heads or positions go together.
 template <int C, int H>
-SS_INLINE void add_values(float* acc, const float* p, const float* vb, int64_t n) {
+SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const float* v, int64_t t0, int64_t t1) {
   constexpr int64_t D = C * kLanes;
   v16 o[H][C];
   SS_UNROLL
@@ -130,19 +179,13 @@ SS_INLINE void add_values(float* acc, const float* p, const float* vb, int64_t n
     SS_UNROLL
     for (int c = 0; c < C; ++c) o[h][c] = load(acc + h * D + c * kLanes);
   }
-  auto add = [&](int64_t t) __attribute__((always_inline)) {
+  for (int64_t t = t0; t < t1; ++t) {
     SS_UNROLL
     for (int c = 0; c < C; ++c) {
-      const v16 v = load(vb + t * D + c * kLanes);
+      const v16 x = load(v + t * D + c * kLanes);
       SS_UNROLL
-      for (int h = 0; h < H; ++h) o[h][c] += p[h * kLanes + t] * v;
+      for (int h = 0; h < H; ++h) o[h][c] += p[h * stride + t] * x;
     }
-  };
-  if (n == kLanes) {
-    SS_UNROLL
-    for (int64_t t = 0; t < kLanes; ++t) add(t);
-  } else {
-    for (int64_t t = 0; t < n; ++t) add(t);
   }
   SS_UNROLL
   for (int h = 0; h < H; ++h) {
@@ -169,65 +212,57 @@ inline float softmax_scale(int64_t head_dim) {
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
 }
 
-// Query heads h0..h1-1 (one thread's share). C = head_dim / 16 vectors per head. A GQA group's heads in the share
-// walk the blocks together; state per (row, head): running max, sum, and output.
+// Positions per span: a span's K (or V) vectors of a KV head (16 KB at head size 64) stay in L1 while every row and
+// head of the share reads them.
+constexpr int64_t kSpanBlocks = 4;
+
+// Query heads h0..h1-1 (one thread's share). C = head_dim / 16 vectors per head. For a GQA group's heads in the share:
+// every (row, head)'s scores, a span of key positions at a time; their softmax weights (one max and one sum over all
+// of the row's positions, not an online softmax, whose rescaling chains each block to the one before); then the
+// weighted values, a span of positions at a time, for up to kValueHeads heads of a row at once.
 template <int C>
 SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1) {
   constexpr int64_t D = C * kLanes;
   const int64_t G = a.num_heads / a.num_kv_heads;
-  const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const int64_t longest = a.first_len + a.rows - 1, blocks = (longest + kLanes - 1) / kLanes, stride = blocks * kLanes;
+  // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned).
+  thread_local std::vector<float> weights, acc, sums, tops;
   for (int64_t g = h0 / G; g * G < h1; ++g) {
     const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
-    const int64_t heads = j1 - j0, pairs = a.rows * heads;
-    std::vector<float> max_(pairs, -std::numeric_limits<float>::infinity()), sum_(pairs, 0.0f);
-    std::vector<float> acc(pairs * D, 0.0f);  // vectors loaded and stored unaligned: no over-aligned allocations
-    std::vector<float> pw(heads * kLanes);  // a row's softmax weights in the block, per head
+    const int64_t heads = j1 - j0, pairs = a.rows * heads;  // pair = r * heads + (j - j0)
+    weights.resize(pairs * stride);
+    acc.assign(pairs * D, 0.0f);
+    sums.resize(pairs);
+    tops.assign(pairs * kLanes, -std::numeric_limits<float>::infinity());
     const float* kg = a.k + g * a.kv_head;
     const float* vg = a.v + g * a.kv_head;
-    const int64_t longest = a.first_len + a.rows - 1;
-    for (int64_t p0 = 0; p0 < longest; p0 += kLanes) {
-      const float* kb = kg + p0 * D;
-      const float* vb = vg + p0 * D;
+    auto row_len = [&](int64_t r) { return a.first_len + r; };
+    for (int64_t b0 = 0; b0 < blocks; b0 += kSpanBlocks) {
       for (int64_t r = 0; r < a.rows; ++r) {
-        const int64_t n = std::min<int64_t>(kLanes, a.first_len + r - p0);  // this row's positions in the block
-        if (n <= 0) continue;
-        for (int64_t j = j0; j < j1; ++j) {
+        const int64_t b1 = std::min(b0 + kSpanBlocks, (row_len(r) + kLanes - 1) / kLanes);
+        for (int64_t j = j0; b0 < b1 && j < j1; ++j) {
           const int64_t pair = r * heads + j - j0;
-          const float* q = a.q + r * a.q_row + (g * G + j) * D;
-          v16 qv[C];
-          SS_UNROLL
-          for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
-          v16 dots[kLanes];  // per position, the lane-wise products summed over the head's vectors
-          if (n == kLanes) {  // a whole block (all but a row's last): unrolled, the dots stay in registers
-            SS_UNROLL
-            for (int64_t t = 0; t < kLanes; ++t) dots[t] = dot(qv, kb + t * D);
-          } else {
-            for (int64_t t = 0; t < kLanes; ++t)  // past the row's positions (maybe past the arena): zero, masked
-              dots[t] = t < n ? dot(qv, kb + t * D) : v16{};
-          }
-          const v16i valid = lane < splat(static_cast<float>(n));  // lanes of this row's positions
-          const v16 s = valid ? hsum16(dots) * a.scale : splat(-std::numeric_limits<float>::infinity());
-          const float m = std::max(max_[pair], hmax(s));
-          if (m > max_[pair]) {  // rescale what was summed under the old max
-            const float shrink = std::exp(max_[pair] - m);
-            sum_[pair] *= shrink;
-            SS_UNROLL
-            for (int c = 0; c < C; ++c) store(&acc[pair * D + c * kLanes], load(&acc[pair * D + c * kLanes]) * shrink);
-            max_[pair] = m;
-          }
-          const v16 e = exp16(s - m);
-          const v16 p = valid ? e : v16{};
-          sum_[pair] += hsum(p);
-          store(&pw[(j - j0) * kLanes], p);
+          v16 top = load(&tops[pair * kLanes]);
+          scores<C>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, &weights[pair * stride], top);
+          store(&tops[pair * kLanes], top);
         }
-        // The values, for all of the row's heads here at once: each value vector is read once for them.
-        float* row_acc = &acc[r * heads * D];
+      }
+    }
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      sums[pair] = exponentials(&weights[pair * stride], (row_len(pair / heads) + kLanes - 1) / kLanes,
+                                 load(&tops[pair * kLanes]));
+    for (int64_t t0 = 0; t0 < longest; t0 += kSpanBlocks * kLanes) {
+      for (int64_t r = 0; r < a.rows; ++r) {
+        const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, row_len(r));
+        if (t0 >= t1) continue;
         for (int64_t j = 0; j < heads; j += kValueHeads<C>) {
+          float* o = &acc[(r * heads + j) * D];
+          const float* p = &weights[(r * heads + j) * stride];
           switch (std::min<int64_t>(kValueHeads<C>, heads - j)) {
-            case 1: add_values<C, 1>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
-            case 2: add_values<C, 2>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
-            case 3: add_values<C, 3>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
-            default: add_values<C, 4>(row_acc + j * D, &pw[j * kLanes], vb, n); break;
+            case 1: add_values<C, 1>(o, p, stride, vg, t0, t1); break;
+            case 2: add_values<C, 2>(o, p, stride, vg, t0, t1); break;
+            case 3: add_values<C, 3>(o, p, stride, vg, t0, t1); break;
+            default: add_values<C, 4>(o, p, stride, vg, t0, t1); break;
           }
         }
       }
@@ -237,7 +272,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
         const int64_t pair = r * heads + j - j0;
         float* out = a.out + r * a.out_row + (g * G + j) * D;
         SS_UNROLL
-        for (int c = 0; c < C; ++c) store(out + c * kLanes, load(&acc[pair * D + c * kLanes]) / sum_[pair]);
+        for (int c = 0; c < C; ++c) store(out + c * kLanes, load(&acc[pair * D + c * kLanes]) / sums[pair]);
       }
     }
   }
