@@ -1,6 +1,6 @@
 """The row kernel (engine/fused/row_attention.h): a decode's row and a verification step's rows attended in one
 call, each row within float rounding of SDPA and bit for bit what the same row gets alone (its decode), for every
-head size it is built for and key counts on both sides of its 16-position blocks; installed on the layers that
+head size it is built for and key counts on both sides of its 16-position blocks and 64-position spans; installed on the layers that
 attend verification rows as decodes, and refused with the reason elsewhere."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from _engine_factories import make_engine, tiny_hf_model, torch_threads
 from engine.fused import build
 from engine.fused.row_attention import HEAD_DIMS, install_row_attention
 
-LENGTHS = [*range(1, 35), 47, 48, 49, 450]
+LENGTHS = [*range(1, 35), 47, 48, 49, 60, 63, 64, 65, 127, 128, 129, 450]
 
 
 @pytest.fixture(scope="module")
