@@ -122,7 +122,7 @@ SS_INLINE v16 dot(const v16 (&qv)[C], const float* k) {
   return d;
 }
 
-// The scores of one (row, head) at the positions [b0, b1) blocks of the row's [0, len): stored to p (lanes past len:
+// One (row, head)'s scores over blocks b0..b1-1 of its positions [0, len), scaled: stored to p (lanes past len get
 // -inf), their lane-wise maximum folded into top.
 template <int C>
 SS_INLINE void scores(const float* q, const float* k, int64_t b0, int64_t b1, int64_t len, float scale, float* p,
@@ -167,8 +167,8 @@ SS_INLINE float exponentials(float* p, int64_t blocks, v16 top) {
   return hsum(sum);
 }
 
-// For H heads of one row (weights p + h * stride, sums acc + h * D): acc += their weighted value vectors at positions
-// [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions in order, whatever H
+// For H heads of one row (softmax weights p + h * stride, running sums acc + h * D): acc += their weighted value vectors
+// at positions [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions in order, whatever H
 // is and wherever a caller cuts the positions: the bits do not depend on which heads or positions go together.
 template <int C, int H>
 SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const float* v, int64_t t0, int64_t t1) {
@@ -225,7 +225,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
   constexpr int64_t D = C * kLanes;
   const int64_t G = a.num_heads / a.num_kv_heads;
   const int64_t longest = a.first_len + a.rows - 1, blocks = (longest + kLanes - 1) / kLanes, stride = blocks * kLanes;
-  // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned).
+  // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned); kept by
+  // the thread between calls, so a step's 30 layers do not allocate them again.
   thread_local std::vector<float> weights, acc, sums, tops;
   for (int64_t g = h0 / G; g * G < h1; ++g) {
     const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
