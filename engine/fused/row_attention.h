@@ -241,7 +241,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     for (int64_t b0 = 0; b0 < blocks; b0 += kSpanBlocks) {
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t b1 = std::min(b0 + kSpanBlocks, (row_len(r) + kLanes - 1) / kLanes);
-        for (int64_t j = j0; b0 < b1 && j < j1; ++j) {
+        if (b0 >= b1) continue;  // the row ends before this span
+        for (int64_t j = j0; j < j1; ++j) {
           const int64_t pair = r * heads + j - j0;
           v16 top = load(&tops[pair * kLanes]);
           scores<C>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, &weights[pair * stride], top);
@@ -255,7 +256,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     for (int64_t t0 = 0; t0 < longest; t0 += kSpanBlocks * kLanes) {
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, row_len(r));
-        if (t0 >= t1) continue;
+        if (t0 >= t1) continue;  // the row ends before this span
         for (int64_t j = 0; j < heads; j += kValueHeads<C>) {
           float* o = &acc[(r * heads + j) * D];
           const float* p = &weights[(r * heads + j) * stride];
