@@ -6,6 +6,7 @@ its stdout, stderr and exit status are its output, and a limit that stopped it i
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,8 @@ from streams.tools.calculator import CalculatorError, evaluate
 from streams.tools.sandbox import RunOutcome, Sandbox
 
 _SIGXCPU, _SIGKILL = 24, 9
+# The line a traceback ends with: ``BlockingIOError: [Errno 11] ...``, ``KeyboardInterrupt``, ``a.b.Error: x``.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: |(Error|Exception|Exit|Interrupt)$)")
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,20 @@ def _limit_error(run: RunOutcome, tool: ToolSettings) -> ToolError | None:
         return ToolError(code="timeout", message=f"still running after {tool.timeout_s:g} s (wall clock); killed")
     if status in (128 + _SIGXCPU, 128 + _SIGKILL):  # the CPU limit's soft and hard signals
         return ToolError(code="timeout", message=f"used more than {tool.cpu_s} s of CPU time; killed")
-    last = (run.stderr.strip().splitlines() or [""])[-1]
+    last = exception_line(run.stderr)
     if status != 0 and last.startswith("MemoryError"):
         return ToolError(code="memory_limit", message=f"exceeded its {tool.memory_bytes} bytes of memory")
     if status != 0:
         return ToolError(code="nonzero_exit", message=f"exited with status {status}" + (f": {last}" if last else ""))
     return None
+
+
+def exception_line(stderr: str) -> str:
+    """The last line of stderr that names an exception, else its last line.
+
+    A snippet that forks leaves several processes writing tracebacks to one stderr; when the sandbox ends them,
+    the last line is often a child's unfinished ``Traceback (most recent call last):``, which names nothing.
+    """
+    lines = stderr.strip().splitlines()
+    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (named or lines or [""])[-1]

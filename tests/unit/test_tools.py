@@ -12,6 +12,7 @@ from streams.edge.dedupe import Forwarded
 from streams.edge.tool_calls import finish_reason, parse_message
 from streams.tools.calculator import CalculatorError, evaluate
 from streams.tools.checks import refusal
+from streams.tools.executors import exception_line
 from streams.tools.sandbox.seccomp import filter_bytes
 
 CALL = '<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call>'
@@ -116,3 +117,16 @@ def test_the_tool_topics_are_in_the_catalog_with_the_configured_retention() -> N
     assert catalog.tool_intents.name == "specstream.tool-intents" and catalog.tool_intents.key == "call_id"
     assert catalog.tool_results.retention_ms == 48 * 3_600_000
     assert {catalog.tool_intents.name, catalog.tool_results.name} <= {t.name for t in catalog.shared_topics()}
+
+
+@pytest.mark.parametrize(("stderr", "line"), [
+    ("Traceback (most recent call last):\n  File \"<stdin>\", line 2\nBlockingIOError: [Errno 11] again\n"
+     "Traceback (most recent call last):\n", "BlockingIOError: [Errno 11] again"),
+    ("Traceback (most recent call last):\n  ...\nKeyboardInterrupt\n", "KeyboardInterrupt"),
+    ("Traceback (most recent call last):\n  ...\n__main__.Boom: went off\n", "__main__.Boom: went off"),
+    ("warning: disk almost full\nsomething else\n", "warning: disk almost full"),
+    ("just text\n", "just text"),
+    ("", ""),
+])
+def test_a_failed_snippet_is_summarised_by_its_last_exception_line(stderr: str, line: str) -> None:
+    assert exception_line(stderr) == line
