@@ -37,6 +37,7 @@ namespace specstream::qgemm {
 constexpr int64_t kBlock = 32;  // inputs per scale
 constexpr int64_t kLanes = 16;  // outputs per tile: one int32 lane each
 constexpr int64_t kTile = 8;    // activation rows per pass over a tile's weights
+constexpr int kLastPass = 12;   // the most rows of a tile's last pass (accumulators still fit in registers)
 
 // Activation rows as int8 blocks: codes in input order; per block its scale d, its code sum, and d * sum.
 struct QuantRows {
@@ -66,7 +67,7 @@ inline bool supported() {
 #define SS_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define SS_VNNI SS_VNNI_TARGET __attribute__((always_inline)) inline
 // Unrolled so that the weight vectors and the accumulators stay in registers (GCC at -O2 keeps such loops rolled).
-#define SS_VNNI_UNROLL _Pragma("GCC unroll 8")
+#define SS_VNNI_UNROLL _Pragma("GCC unroll 16")
 
 // x [in] -> one row's codes, d, sums and dsums. Ties round to even (vcvtps2dq under the default rounding mode);
 // every step is exact or one IEEE operation, so a row's codes depend on that row only.
@@ -90,8 +91,9 @@ SS_VNNI __m512 halves(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// Outputs 16t .. 16t + 15 for rows r0 .. r0 + R - 1 into y [rows, out]. R up to 8 (kTile): 8 accumulators and the
-// 8 weight vectors stay in registers; 8 rows a pass took 9-128-row steps 16-21 % below 4 (bench/qgemm_bench.py).
+// Outputs 16t .. 16t + 15 for rows r0 .. r0 + R - 1 into y [rows, out]. R up to 12 (kLastPass): the accumulators
+// and the 8 weight vectors stay in registers; 8 rows a pass took 9-128-row steps 16-21 % below 4, and one pass of
+// 9 rows 8-11 % below 8 + 1 (bench/qgemm_bench.py).
 template <int R, bool kFour, bool kMins, bool kBlockScales>
 SS_VNNI void tile(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t r0, float* y) {
   const int64_t blocks = w.in / kBlock;
@@ -145,22 +147,24 @@ SS_VNNI void tile(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t 
   }
 }
 
-// Tiles t0 .. t1 - 1 for every row.
+// The last pass over a tile: R = left rows, 1 <= left <= R.
+template <int R, bool kFour, bool kMins, bool kBlockScales>
+SS_VNNI void last_pass(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t r0, int64_t left, float* y) {
+  if constexpr (R > 1) {
+    if (left < R) return last_pass<R - 1, kFour, kMins, kBlockScales>(w, a, t, r0, left, y);
+  }
+  tile<R, kFour, kMins, kBlockScales>(w, a, t, r0, y);
+}
+
+// Tiles t0 .. t1 - 1 for every row: passes of kTile rows while more than kLastPass are left, then one pass for the
+// rest. Each pass unpacks the tile's weights again, so the 9 rows of a verification step with 8 drafts take one
+// pass, not 8 + 1 (which cost as much as 2 more rows).
 template <bool kFour, bool kMins, bool kBlockScales>
 SS_VNNI_TARGET void tiles(const QuantWeights& w, const QuantRows& a, int64_t t0, int64_t t1, float* y) {
   for (int64_t t = t0; t < t1; ++t) {
     int64_t r0 = 0;
-    for (; r0 + kTile <= a.rows; r0 += kTile) tile<kTile, kFour, kMins, kBlockScales>(w, a, t, r0, y);
-    switch (a.rows - r0) {
-      case 7: tile<7, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
-      case 6: tile<6, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
-      case 5: tile<5, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
-      case 4: tile<4, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
-      case 3: tile<3, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
-      case 2: tile<2, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
-      case 1: tile<1, kFour, kMins, kBlockScales>(w, a, t, r0, y); break;
-      default: break;
-    }
+    for (; a.rows - r0 > kLastPass; r0 += kTile) tile<kTile, kFour, kMins, kBlockScales>(w, a, t, r0, y);
+    if (r0 < a.rows) last_pass<kLastPass, kFour, kMins, kBlockScales>(w, a, t, r0, a.rows - r0, y);
   }
 }
 

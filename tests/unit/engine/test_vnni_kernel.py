@@ -15,7 +15,8 @@ from engine.quant.tensor import QuantizedTensor, quantize
 
 pytestmark = pytest.mark.skipif(not vnni.available()[0], reason=vnni.available()[1])
 
-ROW_COUNTS = [1, 2, 3, 4, 5, 7, 9, 16, 33]  # decode, verification, batches, prefill pieces
+# decode, verification, batches, prefill pieces; 8 + 12 and 8 + 8 + 5 rows: a tile's passes
+ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 20, 21, 33]
 SHAPES = [(960, 576), (576, 1536), (200, 96)]  # the default model's qkv and down; outputs not a multiple of 16
 
 
