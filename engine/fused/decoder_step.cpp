@@ -7,7 +7,10 @@
 // same order, on the same views, with the same kernel chosen for each row count, so every row gets the eager
 // path's bits: speculation stays lossless, and the eager path stays the reference the tests compare with.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/Version.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -19,6 +22,9 @@
 #include "qgemm.h"
 #include "row_attention.h"
 #include "step_ops.h"
+
+// SLEEF's 16-lane exp, the one ATen's AVX-512 kernels call (libtorch_cpu exports it).
+extern "C" __m512 Sleef_expf16_u10(__m512);
 
 namespace {
 
@@ -53,8 +59,9 @@ at::Tensor bf16_kernel(const at::Tensor& packed, const at::Tensor& x, int64_t wi
 // x [T, in] fp32 -> [T, out] fp32 through qgemm.h, on weights packed by engine/quant/vnni.py in tiles of 16
 // outputs (out: 16 x tiles, padded): 4-bit codes [tiles, in / 32 * 256] with fp16 scales and mins (or no mins:
 // Q4_0-like) [tiles, in / 32, 16], or 8-bit codes [tiles, in / 32 * 512] with one fp32 scale per output.
-at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                   const std::optional<at::Tensor>& mins, int64_t bits) {
+// With a residual [T, out] (out a whole number of tiles), residual + x W^T.
+at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                       const std::optional<at::Tensor>& mins, int64_t bits, const at::Tensor* residual) {
   namespace q = specstream::qgemm;
   TORCH_CHECK(q::supported(), "qlinear: this CPU lacks one of AVX512-BW, AVX512-VL, AVX512-VNNI, F16C, FMA");
   TORCH_CHECK(bits == 4 || bits == 8, "qlinear: bits must be 4 or 8, got ", bits);
@@ -95,8 +102,19 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
                           four ? nullptr : scales.data_ptr<float>(),
                           four ? (mins.has_value() ? 0 : 8) : 128,
                           out, in, four};
-  q::linear(w, a, y.data_ptr<float>());
+  const float* rp = nullptr;
+  if (residual != nullptr) {
+    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->size(0) == rows &&
+                    residual->size(1) == out, "qlinear: the residual must be contiguous fp32 [", rows, ", ", out, "]");
+    rp = residual->data_ptr<float>();
+  }
+  q::linear(w, a, {y.data_ptr<float>(), rp});
   return y;
+}
+
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                   const std::optional<at::Tensor>& mins, int64_t bits) {
+  return qlinear_add(x, codes, scales, mins, bits, nullptr);
 }
 
 struct Linears {
@@ -128,7 +146,47 @@ struct Linears {
     }
     return y.to(x.dtype());
   }
+
+  // h + linear(i, x): on qgemm.h the add is in the kernel's store (the same bits, no ATen add and no fresh h).
+  at::Tensor add(int64_t i, const at::Tensor& x, const at::Tensor& h) const {
+    const bool qgemm = kinds[i] == kQ4 || kinds[i] == kQ8;
+    const bool quant = !(x.size(0) > max_quant_rows[i] && wide.get(i).has_value());
+    if (qgemm && quant && outs[i] % specstream::qgemm::kLanes == 0 && h.is_contiguous()) {
+      return qlinear_add(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8, &h);
+    }
+    return h + (*this)(i, x);
+  }
 };
+
+// out = silu(gate) * up for n floats, n a multiple of 16, as ATen's AVX-512 kernels compute it: silu x / (1 + e^-x)
+// with SLEEF's exp, stored, then the product.
+__attribute__((target("avx512f,avx512dq"))) void silu_mul_avx512(const float* gate, const float* up, float* out,
+                                                                  int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, Sleef_expf16_u10(_mm512_xor_ps(sign, g))));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(silu, _mm512_loadu_ps(up + i)));
+  }
+}
+
+// MLP.forward's act(gate) * up from gate_up [T, 2n]: one loop, where it gives ATen's bits, i.e. where ATen runs its
+// AVX-512 kernels, would not split the rows among threads (under GRAIN_SIZE elements) and has no scalar tail (n a
+// multiple of two vectors). Elsewhere ATen's split, silu and mul (5 ops and 2 fresh tensors a layer).
+at::Tensor silu_mul(const at::Tensor& gate_up, int64_t n) {
+  const int64_t T = gate_up.size(0);
+  static const bool avx512 = at::get_cpu_capability() == "AVX512";  // ATEN_CPU_CAPABILITY may have lowered it
+  const bool exact = avx512 && n % 32 == 0 &&
+                     T * n < at::internal::GRAIN_SIZE && gate_up.is_contiguous() && gate_up.size(1) == 2 * n;
+  if (!exact) {
+    std::vector<at::Tensor> parts = gate_up.split(n, -1);
+    return at::silu(parts[0]) * parts[1];
+  }
+  at::Tensor out = at::empty({T, n}, gate_up.options());
+  const float* gu = gate_up.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) silu_mul_avx512(gu + t * 2 * n, gu + t * 2 * n + n, out.data_ptr<float>() + t * n, n);
+  return out;
+}
 
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
                 bool causal) {
@@ -302,10 +360,9 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                                  cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>());
     write_kv(qkv, q_size, kv, l, slot_ids, num_kv_heads, head_dim);
     at::Tensor attn = attend(qkv, kv, l, seqs, masks, routes, num_heads, head_dim);
-    h = h + linear(i + 1, attn);
+    h = linear.add(i + 1, attn, h);
     x = norm(h, norms[2 * l + 1], eps, fast_norm);
-    std::vector<at::Tensor> gate_up = linear(i + 2, x).split(intermediate, -1);
-    h = h + linear(i + 3, at::silu(gate_up[0]) * gate_up[1]);
+    h = linear.add(i + 3, silu_mul(linear(i + 2, x), intermediate), h);
   }
   return norm(h, norms[2 * L], eps, fast_norm);
 }
@@ -322,4 +379,5 @@ TORCH_LIBRARY(specstream, m) {
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int bits) -> Tensor", &qlinear);
   m.def("qlinear_supported() -> bool", &qlinear_supported);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("silu_mul(Tensor gate_up, int n) -> Tensor", &silu_mul);
 }

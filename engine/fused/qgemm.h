@@ -48,6 +48,13 @@ struct QuantRows {
   int64_t rows, in;
 };
 
+// Where a linear's outputs go: y [rows, out]; with a residual [rows, out], y = residual + x W^T, the eager path's
+// h + linear(x) in one IEEE add (the same bits either way), without ATen's add and its fresh tensor.
+struct Outputs {
+  float* y;
+  const float* residual;  // or null
+};
+
 // w = (code - offset) * scale [+ min], scale per block (fp16) or per output (fp32).
 struct QuantWeights {
   const uint8_t* codes;          // [out / 16, blocks, 256 or 512] tiles
@@ -95,7 +102,7 @@ SS_VNNI __m512 halves(const uint16_t* p) {
 // and the 8 weight vectors stay in registers; 8 rows a pass took 9-128-row steps 16-21 % below 4, and one pass of
 // 9 rows 8-11 % below 8 + 1 (bench/qgemm_bench.py).
 template <int R, bool kFour, bool kMins, bool kBlockScales>
-SS_VNNI void tile(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t r0, float* y) {
+SS_VNNI void tile(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t r0, const Outputs& o) {
   const int64_t blocks = w.in / kBlock;
   const int64_t tile_bytes = kFour ? 256 : 512;
   __m512 acc[R];
@@ -143,41 +150,44 @@ SS_VNNI void tile(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t 
   for (int r = 0; r < R; ++r) {
     __m512 out = acc[r];
     if constexpr (!kBlockScales) out = _mm512_mul_ps(out, _mm512_loadu_ps(w.row_scales + t * kLanes));
-    _mm512_storeu_ps(y + (r0 + r) * w.out + t * kLanes, out);
+    const int64_t at = (r0 + r) * w.out + t * kLanes;
+    if (o.residual != nullptr) out = _mm512_add_ps(_mm512_loadu_ps(o.residual + at), out);
+    _mm512_storeu_ps(o.y + at, out);
   }
 }
 
 // The last pass over a tile: R = left rows, 1 <= left <= R.
 template <int R, bool kFour, bool kMins, bool kBlockScales>
-SS_VNNI void last_pass(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t r0, int64_t left, float* y) {
+SS_VNNI void last_pass(const QuantWeights& w, const QuantRows& a, int64_t t, int64_t r0, int64_t left,
+                       const Outputs& o) {
   if constexpr (R > 1) {
-    if (left < R) return last_pass<R - 1, kFour, kMins, kBlockScales>(w, a, t, r0, left, y);
+    if (left < R) return last_pass<R - 1, kFour, kMins, kBlockScales>(w, a, t, r0, left, o);
   }
-  tile<R, kFour, kMins, kBlockScales>(w, a, t, r0, y);
+  tile<R, kFour, kMins, kBlockScales>(w, a, t, r0, o);
 }
 
 // Tiles t0 .. t1 - 1 for every row: passes of kTile rows while more than kLastPass are left, then one pass for the
 // rest. Each pass unpacks the tile's weights again, so the 9 rows of a verification step with 8 drafts take one
 // pass, not 8 + 1 (which cost as much as 2 more rows).
 template <bool kFour, bool kMins, bool kBlockScales>
-SS_VNNI_TARGET void tiles(const QuantWeights& w, const QuantRows& a, int64_t t0, int64_t t1, float* y) {
+SS_VNNI_TARGET void tiles(const QuantWeights& w, const QuantRows& a, int64_t t0, int64_t t1, const Outputs& o) {
   for (int64_t t = t0; t < t1; ++t) {
     int64_t r0 = 0;
-    for (; a.rows - r0 > kLastPass; r0 += kTile) tile<kTile, kFour, kMins, kBlockScales>(w, a, t, r0, y);
-    if (r0 < a.rows) last_pass<kLastPass, kFour, kMins, kBlockScales>(w, a, t, r0, a.rows - r0, y);
+    for (; a.rows - r0 > kLastPass; r0 += kTile) tile<kTile, kFour, kMins, kBlockScales>(w, a, t, r0, o);
+    if (r0 < a.rows) last_pass<kLastPass, kFour, kMins, kBlockScales>(w, a, t, r0, a.rows - r0, o);
   }
 }
 
-// y [rows, out] for every output, tiles shared out among torch's threads (no bit depends on the split).
-inline void linear(const QuantWeights& w, const QuantRows& a, float* y) {
+// Every output of every row (plus its residual, if any), tiles shared out among torch's threads (no bit depends on the split).
+inline void linear(const QuantWeights& w, const QuantRows& a, const Outputs& o) {
   // The kinds the wrapper makes: 4-bit with block scales (and mins, or not), 8-bit with row scales.
   auto run = [&](int64_t t0, int64_t t1) {
     if (w.four_bit && w.mins != nullptr) {
-      tiles<true, true, true>(w, a, t0, t1, y);
+      tiles<true, true, true>(w, a, t0, t1, o);
     } else if (w.four_bit) {
-      tiles<true, false, true>(w, a, t0, t1, y);
+      tiles<true, false, true>(w, a, t0, t1, o);
     } else {
-      tiles<false, false, false>(w, a, t0, t1, y);
+      tiles<false, false, false>(w, a, t0, t1, o);
     }
   };
   at::parallel_for(0, w.out / kLanes, 1, run);
