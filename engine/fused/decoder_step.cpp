@@ -172,7 +172,7 @@ __attribute__((target("avx512f,avx512dq"))) void silu_mul_avx512(const float* ga
 
 // MLP.forward's act(gate) * up from gate_up [T, 2n]: one loop, where it gives ATen's bits, i.e. where ATen runs its
 // AVX-512 kernels, would not split the rows among threads (under GRAIN_SIZE elements) and has no scalar tail (n a
-// multiple of two vectors). Elsewhere ATen's split, silu and mul (5 ops and 2 fresh tensors a layer).
+// multiple of two vectors). Elsewhere ATen's split, silu and mul, as the eager MLP runs them.
 at::Tensor silu_mul(const at::Tensor& gate_up, int64_t n) {
   const int64_t T = gate_up.size(0);
   static const bool avx512 = at::get_cpu_capability() == "AVX512";  // ATEN_CPU_CAPABILITY may have lowered it

@@ -178,7 +178,8 @@ SS_VNNI_TARGET void tiles(const QuantWeights& w, const QuantRows& a, int64_t t0,
   }
 }
 
-// Every output of every row (plus its residual, if any), tiles shared out among torch's threads (no bit depends on the split).
+// Every output of every row (plus its residual, if any), tiles shared out among torch's threads (no bit depends
+// on the split).
 inline void linear(const QuantWeights& w, const QuantRows& a, const Outputs& o) {
   // The kinds the wrapper makes: 4-bit with block scales (and mins, or not), 8-bit with row scales.
   auto run = [&](int64_t t0, int64_t t1) {
