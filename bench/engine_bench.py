@@ -63,11 +63,7 @@ class RowResult:
 
 
 def _prompts(tokenizer, names: list[str]) -> list[list[int]]:
-    out = []
-    for name in names:
-        enc = tokenizer.apply_chat_template(BY_NAME[name].messages, add_generation_prompt=True, tokenize=True)
-        out.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-    return out
+    return [BY_NAME[name].token_ids(tokenizer) for name in names]
 
 
 def _mixed(n: int) -> list[str]:

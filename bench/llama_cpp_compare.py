@@ -100,6 +100,11 @@ def build(root: Path) -> Path:
     return bindir
 
 
+def made_file(kind: str, root: Path | None = None) -> Path:
+    """Where model_files puts llama-quantize's KIND file (F32, Q8_0, Q4_0) of the default model."""
+    return (root or _cache()) / "models" / f"model-{kind.lower()}.gguf"
+
+
 def model_files(root: Path, bindir: Path) -> dict[str, Path]:
     """Q4_1 (shipped), and F32 / Q8_0 / Q4_0 made from it by llama-quantize.
 
@@ -108,14 +113,13 @@ def model_files(root: Path, bindir: Path) -> dict[str, Path]:
     """
     from engine.model_ref import KNOWN_MODELS
 
-    models = root / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    files = {"Q4_1": KNOWN_MODELS[MODEL].locate(), "F32": models / "model-f32.gguf"}
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    files = {"Q4_1": KNOWN_MODELS[MODEL].locate(), "F32": made_file("F32", root)}
     quantize = str(bindir / "llama-quantize")
     if not files["F32"].exists():
         subprocess.run([quantize, "--allow-requantize", str(files["Q4_1"]), str(files["F32"]), "F32"], check=True)
     for kind in ("Q8_0", "Q4_0"):
-        files[kind] = models / f"model-{kind.lower()}.gguf"
+        files[kind] = made_file(kind, root)
         if not files[kind].exists():
             subprocess.run([quantize, str(files["F32"]), str(files[kind]), kind], check=True)
     return files

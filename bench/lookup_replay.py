@@ -13,15 +13,12 @@ time as steps x --step-ms + drafts x --row-ms. Those two come from a loop of tim
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
+from bench.llama_cpp_compare import made_file
 from engine.request import SamplingOptions
 from engine.spec.ngram import NgramProposer
 from engine.spec.proposer import ProposalInput
-
-Q4_0 = os.path.expanduser("~/.cache/specstream/llama.cpp/models/model-q4_0.gguf")
-
 
 @dataclass(frozen=True)
 class Replay:
@@ -62,13 +59,10 @@ def served(model: str, weights: str, workload: str, max_new: int) -> tuple[list[
     for lookup in (False, True):
         engine = LLMEngine.from_config(EngineConfig(
             model=model, weights=weights, speculation=SpeculationConfig(enabled=lookup, method="ngram")))
-        messages = BY_NAME[workload].messages
-        enc = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompt = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        prompt = BY_NAME[workload].token_ids(engine.tokenizer)
         engine.add_request(EngineRequest("replay", prompt, params))
-        answer: list[int] = []
+        answer = [t for out in engine.step() for t in out.token_ids]  # the prefill's token
         steps = drafted = accepted = 0
-        engine.step()  # the prefill
         while engine.has_unfinished():
             for out in engine.step():
                 answer += out.token_ids
@@ -84,7 +78,8 @@ def served(model: str, weights: str, workload: str, max_new: int) -> tuple[list[
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="rag", help="a bench.workloads name")
-    ap.add_argument("--model", default=Q4_0 if os.path.exists(Q4_0) else "smollm2-135m-instruct")
+    q4_0 = made_file("Q4_0")
+    ap.add_argument("--model", default=str(q4_0) if q4_0.exists() else "smollm2-135m-instruct")
     ap.add_argument("--weights", default="int4", choices=("fp32", "bf16", "int8", "int4"))
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--step-ms", type=float, default=5.8, help="a decode step's time, ms")

@@ -43,11 +43,7 @@ class Row:
 
 
 def _prompts(tokenizer: Any, n: int) -> list[list[int]]:
-    out = []
-    for i in range(n):
-        enc = tokenizer.apply_chat_template(ALL[i % len(ALL)].messages, add_generation_prompt=True, tokenize=True)
-        out.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
-    return out
+    return [ALL[i % len(ALL)].token_ids(tokenizer) for i in range(n)]
 
 
 def _make_adapters(folder: Path, rank: int) -> dict[str, str]:

@@ -59,8 +59,7 @@ def run(name: str, weights: str, workload: str, max_new: int, speculation: objec
 
     engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", weights=weights,
                                                 kv_cache_bytes=64 << 20, speculation=speculation))  # type: ignore[arg-type]
-    enc = engine.tokenizer.apply_chat_template(BY_NAME[workload].messages, add_generation_prompt=True, tokenize=True)
-    ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    ids = BY_NAME[workload].token_ids(engine.tokenizer)
     proposing = [0.0]
     proposer = engine.proposer
     if proposer is not None:

@@ -49,8 +49,7 @@ def profile_steps(weights: str, steps: int, workload: str) -> tuple[dict[str, fl
     from engine.request import EngineRequest, SamplingOptions
 
     engine = _engine(weights)
-    enc = engine.tokenizer.apply_chat_template(BY_NAME[workload].messages, add_generation_prompt=True, tokenize=True)
-    ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+    ids = BY_NAME[workload].token_ids(engine.tokenizer)
     engine.add_request(EngineRequest("p", ids, SamplingOptions(max_tokens=steps + 24, temperature=0.0, ignore_eos=True)))
     for _ in range(16):  # the prefill, then warm decodes
         engine.step()

@@ -7,12 +7,18 @@ most of it for the code edit, quoted sentences for the RAG answer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Workload:
     name: str
     messages: list[dict[str, str]]
+
+    def token_ids(self, tokenizer: Any) -> list[int]:
+        """The prompt through the model's chat template, ready for the assistant's answer."""
+        enc = tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True)
+        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)  # a BatchEncoding in newer transformers
 
 
 OPEN_QUESTION = Workload(
