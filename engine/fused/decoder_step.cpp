@@ -125,10 +125,15 @@ struct Linears {
 
   // QuantizedLinear.forward / Bf16Linear.forward: x [T, in] fp32 -> [T, out] fp32; bf16 activations inside,
   // but for qgemm.h, which takes fp32 ones.
+  // Linear i runs its quantized kernel at this many rows (else the bf16 format or the bf16 copy for wide steps).
+  bool quantized(int64_t i, int64_t rows) const {
+    return kinds[i] != kBf16 && !(rows > max_quant_rows[i] && wide.get(i).has_value());
+  }
+  bool on_qgemm(int64_t i, int64_t rows) const { return (kinds[i] == kQ4 || kinds[i] == kQ8) && quantized(i, rows); }
+
   at::Tensor operator()(int64_t i, const at::Tensor& x) const {
     const int64_t rows = x.size(0);
-    const bool quant = kinds[i] != kBf16 && !(rows > max_quant_rows[i] && wide.get(i).has_value());
-    if (quant && (kinds[i] == kQ4 || kinds[i] == kQ8)) {
+    if (on_qgemm(i, rows)) {
       at::Tensor y = qlinear(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8);
       return y.size(1) == outs[i] ? y : y.slice(1, 0, outs[i]);  // outputs padded to a tile
     }
@@ -136,7 +141,7 @@ struct Linears {
     at::Tensor y;
     if (kinds[i] == kBf16) {
       y = bf16_kernel(wa[i], xb, windows[i]);
-    } else if (rows > max_quant_rows[i] && wide.get(i).has_value()) {
+    } else if (!quantized(i, rows)) {
       y = bf16_kernel(*wide.get(i), xb, windows[i]);
     } else if (kinds[i] == kInt4) {
       y = at::_weight_int4pack_mm_for_cpu(xb, wa[i], groups[i], wb[i]);
@@ -149,9 +154,7 @@ struct Linears {
 
   // h + linear(i, x): on qgemm.h the add is in the kernel's store (the same bits, no ATen add and no fresh h).
   at::Tensor add(int64_t i, const at::Tensor& x, const at::Tensor& h) const {
-    const bool qgemm = kinds[i] == kQ4 || kinds[i] == kQ8;
-    const bool quant = !(x.size(0) > max_quant_rows[i] && wide.get(i).has_value());
-    if (qgemm && quant && outs[i] % specstream::qgemm::kLanes == 0 && h.is_contiguous()) {
+    if (on_qgemm(i, x.size(0)) && outs[i] % specstream::qgemm::kLanes == 0 && h.is_contiguous()) {
       return qlinear_add(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8, &h);
     }
     return h + (*this)(i, x);

@@ -142,7 +142,8 @@ SS_INLINE void scores(const float* q, const float* k, int64_t b0, int64_t b1, in
       s = hsum16(dots) * scale;
     } else {
       const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-      for (int64_t t = 0; t < kLanes; ++t) dots[t] = t < n ? dot(qv, kb + t * D) : v16{};  // past it: maybe past the arena
+      // Past the row's positions (maybe past the arena): zero, masked below.
+      for (int64_t t = 0; t < kLanes; ++t) dots[t] = t < n ? dot(qv, kb + t * D) : v16{};
       const v16i valid = lane < splat(static_cast<float>(n));
       s = valid ? hsum16(dots) * scale : splat(-std::numeric_limits<float>::infinity());
     }
@@ -151,8 +152,8 @@ SS_INLINE void scores(const float* q, const float* k, int64_t b0, int64_t b1, in
   }
 }
 
-// Scores (blocks 0..blocks-1, lanes past the row's positions -inf) -> softmax weights e^(score - max) in place; returns
-// their sum. Every block's exponentials are independent of the others': no chain runs from block to block.
+// Scores (blocks 0..blocks-1, lanes past the row's positions -inf) -> softmax weights e^(score - max) in place;
+// returns their sum. Every block's exponentials are independent of the others': no chain runs from block to block.
 SS_INLINE float exponentials(float* p, int64_t blocks, v16 top) {
   const float m = hmax(top);
   v16 sum = {};
@@ -167,9 +168,10 @@ SS_INLINE float exponentials(float* p, int64_t blocks, v16 top) {
   return hsum(sum);
 }
 
-// For H heads of one row (softmax weights p + h * stride, running sums acc + h * D): acc += their weighted value vectors
-// at positions [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions in order, whatever H
-// is and wherever a caller cuts the positions: the bits do not depend on which heads or positions go together.
+// For H heads of one row (softmax weights p + h * stride, running sums acc + h * D): acc += their weighted value
+// vectors at positions [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions
+// in order, whatever H is and wherever a caller cuts the positions: the bits do not depend on which heads or
+// positions go together.
 template <int C, int H>
 SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const float* v, int64_t t0, int64_t t1) {
   constexpr int64_t D = C * kLanes;
@@ -238,9 +240,10 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     const float* kg = a.k + g * a.kv_head;
     const float* vg = a.v + g * a.kv_head;
     auto row_len = [&](int64_t r) { return a.first_len + r; };
+    auto row_blocks = [&](int64_t r) { return (row_len(r) + kLanes - 1) / kLanes; };
     for (int64_t b0 = 0; b0 < blocks; b0 += kSpanBlocks) {
       for (int64_t r = 0; r < a.rows; ++r) {
-        const int64_t b1 = std::min(b0 + kSpanBlocks, (row_len(r) + kLanes - 1) / kLanes);
+        const int64_t b1 = std::min(b0 + kSpanBlocks, row_blocks(r));
         if (b0 >= b1) continue;  // the row ends before this span
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t pair = r * heads + j - j0;
@@ -251,8 +254,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
       }
     }
     for (int64_t pair = 0; pair < pairs; ++pair)
-      sums[pair] = exponentials(&weights[pair * stride], (row_len(pair / heads) + kLanes - 1) / kLanes,
-                                 load(&tops[pair * kLanes]));
+      sums[pair] = exponentials(&weights[pair * stride], row_blocks(pair / heads), load(&tops[pair * kLanes]));
     for (int64_t t0 = 0; t0 < longest; t0 += kSpanBlocks * kLanes) {
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, row_len(r));
