@@ -2,8 +2,10 @@
 
     python -m bench.quant_quality                 # fp32, bf16, int8, int4; 128 new tokens
     python -m bench.quant_quality --max-new 32    # quicker
+    python -m bench.quant_quality --formats fp32,int4,int4@float32   # int4 with an fp32 KV cache too
 
-Reports, per format (engine.weights):
+Reports, per format (engine.weights; "@float32" / "@bfloat16" sets engine.kv_cache_dtype, else auto: bfloat16
+K and V beside bf16/int8/int4 weights):
 * mean negative log-likelihood (and perplexity) of a fixed text: the benchmark's
   RAG context and code function, teacher-forced through the model;
 * greedy agreement with fp32 over the benchmark prompts: the common prefix
@@ -27,17 +29,19 @@ import torch
 
 from bench.workloads import ALL, CODE_FUNCTION, RAG_CONTEXT
 
-FORMATS = ("fp32", "bf16", "int8", "int4")
+FORMATS = ("fp32", "bf16", "int8", "int4", "int4@float32")
 MODEL = "smollm2-135m-instruct"
 
 
-def _engine(fmt: str, wide: bool) -> Any:
+def _engine(spec: str, wide: bool) -> Any:
     from engine.config import EngineConfig, SpeculationConfig
     from engine.llm_engine import LLMEngine
 
+    fmt, _, kv = spec.partition("@")
     cfg = EngineConfig(
         model=MODEL,
         weights=fmt,
+        kv_cache_dtype=kv or "auto",
         prepack_weights=wide,
         kv_cache_bytes=256 << 20,
         speculation=SpeculationConfig(enabled=False),
@@ -54,7 +58,7 @@ def mean_nll(engine: Any, token_ids: list[int]) -> float:
     model = engine.model
     n = len(token_ids)
     cfg = model.cfg
-    cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, n, model.dtype, model.device)
+    cache = KVCache(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, n, engine.kv_cache.dtype, model.device)
     ids = torch.tensor(token_ids)
     attn = AttentionMetadata([SeqAttention(0, n, 0, n, prompt=True)], torch.arange(n), cache)
     hidden = model(ids, torch.arange(n), attn)  # [n, hidden]
@@ -115,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         lean = _engine(fmt, wide=False)
         text = lean.tokenizer(RAG_CONTEXT + "\n\n" + CODE_FUNCTION)["input_ids"][:1024]
         nll = mean_nll(lean, text)
-        row: dict[str, Any] = {"format": lean.weight_format, "nll": nll, "ppl": math.exp(nll)}
+        kv = str(lean.kv_cache.dtype).removeprefix("torch.")
+        row: dict[str, Any] = {"format": lean.weight_format, "kv": kv, "nll": nll, "ppl": math.exp(nll)}
         row["weights_mib"] = weight_bytes(lean.model) / 2**20
         row["decode_step_read_mib"] = decode_step_bytes(lean.model) / 2**20
         del lean
@@ -133,15 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Fixed text: {len(text)} tokens (RAG context + code function). GGUF file: {gguf_mib:.0f} MiB.",
         "",
-        "| weights | mean NLL | ppl | ΔNLL vs fp32 | resident MiB (x GGUF) | + bf16 wide copy MiB | read per decode step MiB "
+        "| weights | KV | mean NLL | ppl | ΔNLL vs fp32 | resident MiB (x GGUF) | + bf16 wide copy MiB | read per decode step MiB "
         + "".join(f"| {w.name}: prefix / same " for w in ALL) + "|",
-        "|---|---|---|---|---|---|---" + "|---" * len(ALL) + "|",
+        "|---|---|---|---|---|---|---|---" + "|---" * len(ALL) + "|",
     ]
     base = rows.get("fp32", {}).get("nll", float("nan"))
     for fmt, r in rows.items():
         agree = "".join(f"| {p} / {s:.0%} " for p, s in r["agreement"].values())
         lines.append(
-            f"| {fmt} ({r['format']}) | {r['nll']:.4f} | {r['ppl']:.2f} | {r['nll'] - base:+.4f} "
+            f"| {fmt} ({r['format']}) | {r['kv']} | {r['nll']:.4f} | {r['ppl']:.2f} | {r['nll'] - base:+.4f} "
             f"| {r['weights_mib']:.0f} ({r['weights_mib'] / gguf_mib:.2f}x) | {r['weights_with_wide_copy_mib']:.0f} "
             f"| {r['decode_step_read_mib']:.0f} {agree}|"
         )

@@ -36,6 +36,10 @@ class EngineConfig:
     # KV arena size: an absolute budget in bytes wins over the fraction of free memory.
     kv_cache_bytes: int | None = None
     kv_cache_fraction: float = 0.3
+    # The KV arena's element: "auto" | "float32" | "bfloat16" (vLLM's kv_cache_dtype). auto: bfloat16 with the
+    # reduced-precision weight formats (bf16, int8, int4; as llama.cpp keeps f16 K and V beside its quantized
+    # weights), else the model's dtype (engine.engine_setup.kv_cache_dtype).
+    kv_cache_dtype: str = "auto"
     max_running_requests: int = 64
     max_batched_tokens: int = 512
     # Batch work (requests at the lowest priority, 10: offline batch jobs) runs at most this share of

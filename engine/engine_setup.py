@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from engine.config import EngineConfig, LoRAConfig
 from engine.kv_cache import KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel
@@ -29,13 +31,30 @@ def resolve_max_model_len(requested: int | None, context: int) -> int:
     return requested
 
 
-def build_kv_cache(loaded: LoadedModel, config: EngineConfig, max_len: int, max_draft_tokens: int) -> KVCache:
+KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+REDUCED_WEIGHTS = ("bf16", "int8", "int4")  # the formats whose KV is bfloat16 under kv_cache_dtype auto
+
+
+def kv_cache_dtype(setting: str, model_dtype: torch.dtype, weight_format: str) -> torch.dtype:
+    """The KV arena's element type for engine.kv_cache_dtype. auto: bfloat16 beside reduced-precision weights, where
+    fp32 K and V would be a third of the bytes a long-context step reads; the model's dtype with fp32 weights."""
+    if setting == "auto":
+        return torch.bfloat16 if weight_format in REDUCED_WEIGHTS else model_dtype
+    if setting not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be auto, float32 or bfloat16, got {setting!r}")
+    return KV_CACHE_DTYPES[setting]
+
+
+def build_kv_cache(
+    loaded: LoadedModel, config: EngineConfig, max_len: int, max_draft_tokens: int, weight_format: str
+) -> KVCache:
     cfg = loaded.model.cfg
     budget = kv_budget_bytes(loaded.device, config.kv_cache_bytes, config.kv_cache_fraction)
     # More than every running sequence at full length could never be used.
     useful = config.max_sequences * region_size(max_len, max_draft_tokens)
+    dtype = kv_cache_dtype(config.kv_cache_dtype, loaded.dtype, weight_format)
     return KVCache.from_budget(
-        budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, loaded.dtype, loaded.device, max_tokens=useful
+        budget, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, loaded.device, max_tokens=useful
     )
 
 

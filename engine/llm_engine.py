@@ -115,9 +115,9 @@ class LLMEngine:
         if dispatch is not None:
             say(dispatch)
 
-        self.kv_cache = build_kv_cache(loaded, config, self.max_model_len, self.max_draft_tokens)
+        self.kv_cache = build_kv_cache(loaded, config, self.max_model_len, self.max_draft_tokens, self.weight_format)
         usage = self.kv_cache.usage()
-        say(f"KV cache: {usage.total_tokens} tokens, {usage.total_bytes / 2**20:.0f} MiB")
+        say(f"KV cache: {usage.total_tokens} tokens, {usage.total_bytes / 2**20:.0f} MiB, {self.kv_cache.dtype}")
 
         self.scheduler = Scheduler(
             self.kv_cache,

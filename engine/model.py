@@ -206,6 +206,12 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def widened(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A region's K and V in q's dtype for SDPA: a bfloat16 arena's (engine.kv_cache_dtype) widened exactly,
+    as the C++ kernels read it; the views themselves when the dtypes already match."""
+    return k.to(q.dtype), v.to(q.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: DecoderConfig, layer: int) -> None:
         super().__init__()
@@ -275,7 +281,7 @@ class Attention(nn.Module):
         # No mask on several rows means the rows are the whole sequence: plain causal.
         causal = s.mask is None and s.q_len > 1
         return F.scaled_dot_product_attention(
-            q_heads[:, s.q_start : s.q_start + s.q_len], k_arena[:, kv], v_arena[:, kv],
+            q_heads[:, s.q_start : s.q_start + s.q_len], *widened(q_heads, k_arena[:, kv], v_arena[:, kv]),
             attn_mask=s.mask, is_causal=causal, enable_gqa=True,
         )
 
@@ -290,7 +296,7 @@ class Attention(nn.Module):
         for i in range(s.q_len):
             row, kv = s.q_start + i, slice(s.kv_start, first_kv_end + i)
             out_heads[:, row : row + 1] = F.scaled_dot_product_attention(
-                q_heads[:, row : row + 1], k_arena[:, kv], v_arena[:, kv], enable_gqa=True
+                q_heads[:, row : row + 1], *widened(q_heads, k_arena[:, kv], v_arena[:, kv]), enable_gqa=True
             )  # [Hq, 1, D]
 
 

@@ -23,25 +23,26 @@ constexpr int64_t kTileRows = 4;
 
 // Kt for one KV head: [blocks][D][16], block b holding positions 16b..16b+15 of k (n positions, [n, D]) laid out
 // dimension-major; the last block's missing positions are zero (their scores are masked).
-inline void transpose_blocks(const float* k, int64_t n, int64_t D, float* kt) {
+template <typename KV>
+void transpose_blocks(const KV* k, int64_t n, int64_t D, float* kt) {
   const int64_t blocks = (n + kLanes - 1) / kLanes;
   for (int64_t b = 0; b < blocks; ++b) {
     float* dst = kt + b * D * kLanes;
     const int64_t m = std::min<int64_t>(kLanes, n - b * kLanes);
     if (m < kLanes) std::memset(dst, 0, sizeof(float) * D * kLanes);
     for (int64_t t = 0; t < m; ++t) {
-      const float* src = k + (b * kLanes + t) * D;
-      for (int64_t d = 0; d < D; ++d) dst[d * kLanes + t] = src[d];
+      const KV* src = k + (b * kLanes + t) * D;
+      for (int64_t d = 0; d < D; ++d) dst[d * kLanes + t] = widen(src[d]);
     }
   }
 }
 
 // Rows r0..r0+R-1 (R <= 4) of call a, query head h; kt: the head's KV group's transposed K.
-template <int C>
+template <int C, typename KV>
 SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int64_t r0, int64_t R) {
   constexpr int64_t D = C * kLanes;
   const int64_t g = h / (a.num_heads / a.num_kv_heads);
-  const float* vg = a.v + g * a.kv_head;
+  const KV* vg = static_cast<const KV*>(a.v) + g * a.kv_head;
   const float* q[kTileRows];
   for (int64_t r = 0; r < kTileRows; ++r) q[r] = a.q + (r0 + std::min(r, R - 1)) * a.q_row + h * D;  // R < 4: repeats
   const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -76,7 +77,7 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
       sum_[r] += hsum(p);
       store(pw[r], p);
     }
-    const float* vb = vg + p0 * D;
+    const KV* vb = vg + p0 * D;
     const int64_t n = std::min<int64_t>(kLanes, longest - p0);  // positions of the block anyone here reads
     for (int64_t t = 0; t < n; ++t) {
       SS_UNROLL
@@ -94,40 +95,41 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
   }
 }
 
-template <int C>
+template <int C, typename KV>
 SS_INLINE void chunk_tiles_impl(const RowAttention& a, const float* kt, int64_t kt_head, int64_t i0, int64_t i1) {
   const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows, G = a.num_heads / a.num_kv_heads;
   for (int64_t i = i0; i < i1; ++i) {  // item i: head i / tiles, tile i % tiles
     const int64_t h = i / tiles, r0 = (i % tiles) * kTileRows;
-    chunk_tile<C>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0));
+    chunk_tile<C, KV>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0));
   }
 }
 
-SS_CLONES void chunk_tiles_16(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
-  chunk_tiles_impl<1>(a, kt, kh, i0, i1);
-}
-SS_CLONES void chunk_tiles_32(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
-  chunk_tiles_impl<2>(a, kt, kh, i0, i1);
-}
-SS_CLONES void chunk_tiles_64(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
-  chunk_tiles_impl<4>(a, kt, kh, i0, i1);
-}
-SS_CLONES void chunk_tiles_128(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
-  chunk_tiles_impl<8>(a, kt, kh, i0, i1);
-}
+#define SS_CHUNK_KERNEL(C, KV, name)                                                                  \
+  SS_CLONES void name(const RowAttention& a, const float* kt, int64_t kt_head, int64_t i0, int64_t i1) { \
+    chunk_tiles_impl<C, KV>(a, kt, kt_head, i0, i1);                                                  \
+  }
+SS_CHUNK_KERNEL(1, float, chunk_tiles_16)
+SS_CHUNK_KERNEL(2, float, chunk_tiles_32)
+SS_CHUNK_KERNEL(4, float, chunk_tiles_64)
+SS_CHUNK_KERNEL(8, float, chunk_tiles_128)
+SS_CHUNK_KERNEL(1, bf16_bits, chunk_tiles_16_bf16)
+SS_CHUNK_KERNEL(2, bf16_bits, chunk_tiles_32_bf16)
+SS_CHUNK_KERNEL(4, bf16_bits, chunk_tiles_64_bf16)
+SS_CHUNK_KERNEL(8, bf16_bits, chunk_tiles_128_bf16)
 
 // Several sequences' chunks (one call each) in one parallel region, items (call, head, tile of 4 rows) cut into one
 // run per thread of about equal work. False where the head size has no kernel (the caller then runs SDPA).
 inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head_dim) {
+  if (calls.empty()) return true;
+  const bool bf16 = calls[0].kv_type == KvType::kBFloat16;  // one arena: every call's type
   void (*kernel)(const RowAttention&, const float*, int64_t, int64_t, int64_t) = nullptr;
   switch (head_dim) {
-    case 16: kernel = chunk_tiles_16; break;
-    case 32: kernel = chunk_tiles_32; break;
-    case 64: kernel = chunk_tiles_64; break;
-    case 128: kernel = chunk_tiles_128; break;
+    case 16: kernel = bf16 ? chunk_tiles_16_bf16 : chunk_tiles_16; break;
+    case 32: kernel = bf16 ? chunk_tiles_32_bf16 : chunk_tiles_32; break;
+    case 64: kernel = bf16 ? chunk_tiles_64_bf16 : chunk_tiles_64; break;
+    case 128: kernel = bf16 ? chunk_tiles_128_bf16 : chunk_tiles_128; break;
     default: return false;
   }
-  if (calls.empty()) return true;
   // Each call's K, transposed per KV head.
   std::vector<int64_t> kt_at(calls.size() + 1, 0), kt_head(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
@@ -143,8 +145,12 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
   }
   parallel_runs(first_group, group_work, [&](size_t c, int64_t g0, int64_t g1) {
     const RowAttention& a = calls[c];
-    for (int64_t g = g0; g < g1; ++g)
-      transpose_blocks(a.k + g * a.kv_head, a.first_len + a.rows - 1, head_dim, kt.get() + kt_at[c] + g * kt_head[c]);
+    const int64_t n = a.first_len + a.rows - 1;
+    for (int64_t g = g0; g < g1; ++g) {
+      float* dst = kt.get() + kt_at[c] + g * kt_head[c];
+      if (bf16) transpose_blocks(static_cast<const bf16_bits*>(a.k) + g * a.kv_head, n, head_dim, dst);
+      else transpose_blocks(static_cast<const float*>(a.k) + g * a.kv_head, n, head_dim, dst);
+    }
   });
   // Items: per call, head-major, then tiles; a tile's work is its rows x its last row's positions.
   std::vector<int64_t> first_item(calls.size() + 1, 0), work_before(1, 0);

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "chunk_attention.h"
@@ -191,9 +192,15 @@ at::Tensor silu_mul(const at::Tensor& gate_up, int64_t n) {
   return out;
 }
 
+// SDPA over K and V in q's dtype: a bfloat16 arena's region widened first (exactly, as the kernels read it).
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
                 bool causal) {
-  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, causal, std::nullopt, /*enable_gqa=*/true);
+  return at::scaled_dot_product_attention(q, k.to(q.scalar_type()), v.to(q.scalar_type()), mask, 0.0, causal,
+                                          std::nullopt, /*enable_gqa=*/true);
+}
+
+specstream::KvType kv_type(const at::Tensor& kv) {
+  return kv.scalar_type() == at::kBFloat16 ? specstream::KvType::kBFloat16 : specstream::KvType::kFloat;
 }
 
 // q [rows, Hq, D] (any row stride), k and v [Hkv, n, D] with n >= first_len + rows - 1 -> [rows, Hq, D]:
@@ -202,8 +209,9 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
 at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len, bool chunk) {
   const char* name = chunk ? "chunk_attention" : "row_attention";
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, name, ": q, k and v must be 3-d");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              name, ": fp32 tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
+                  (k.scalar_type() == at::kFloat || k.scalar_type() == at::kBFloat16),
+              name, ": q fp32, k and v both fp32 or both bfloat16");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k.size(0);
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == dim, name, ": q's heads must be contiguous");
   TORCH_CHECK(k.stride(2) == 1 && k.stride(1) == dim && k.strides() == v.strides() && k.sizes() == v.sizes(),
@@ -211,7 +219,7 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   TORCH_CHECK(heads % kv_heads == 0 && k.size(2) == dim, name, ": head counts or sizes do not match");
   TORCH_CHECK(first_len >= 1 && k.size(1) >= first_len + rows - 1, name, ": the region is too short");
   at::Tensor out = at::empty({rows, heads, dim}, q.options());
-  const specstream::RowAttention a{q.data_ptr<float>(), q.stride(0), k.data_ptr<float>(), v.data_ptr<float>(),
+  const specstream::RowAttention a{q.data_ptr<float>(), q.stride(0), k.data_ptr(), v.data_ptr(), kv_type(k),
                                    k.stride(0), out.data_ptr<float>(), heads * dim, rows, first_len, heads, kv_heads,
                                    specstream::softmax_scale(dim)};
   const bool done = chunk ? specstream::chunk_attention({a}, dim) : specstream::row_attention(a, dim);
@@ -258,9 +266,10 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
   std::vector<specstream::RowAttention> rows, chunks;  // writing straight into `out`
   const float scale = specstream::softmax_scale(head_dim);
   const float* q = qkv.data_ptr<float>();
-  const float* k = kv.data_ptr<float>() + l * kv.stride(0);
-  const float* v = k + kv.stride(1);
+  const char* k = static_cast<const char*>(kv.data_ptr()) + l * kv.stride(0) * kv.element_size();
+  const char* v = k + kv.stride(1) * kv.element_size();
   const int64_t kv_heads = kv.size(2), head_stride = kv.stride(2), position = kv.stride(3);
+  const int64_t position_bytes = position * kv.element_size();
   bool any_sdpa = false;
   for (int64_t s = 0; s < S; ++s) {
     if (routes[s] != kRowKernel && routes[s] != kChunkKernel) {
@@ -269,8 +278,8 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
     }
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
     (routes[s] == kRowKernel ? rows : chunks)
-        .push_back({q + q_start * qkv.stride(0), qkv.stride(0), k + kv_start * position, v + kv_start * position,
-                    head_stride, out.data_ptr<float>() + q_start * q_size, q_size, q_len, seqs[4 * s + 3] - q_len + 1,
+        .push_back({q + q_start * qkv.stride(0), qkv.stride(0), k + kv_start * position_bytes,
+                    v + kv_start * position_bytes, kv_type(kv), head_stride, out.data_ptr<float>() + q_start * q_size, q_size, q_len, seqs[4 * s + 3] - q_len + 1,
                     num_heads, kv_heads, scale});
   }
   if (!rows.empty() || !chunks.empty()) {
@@ -318,19 +327,30 @@ at::Tensor norm(const at::Tensor& h, const at::Tensor& weight, double eps, bool 
   return fast_norm ? rms_norm(h, weight, eps) : at::rms_norm(h, {h.size(1)}, weight, eps);
 }
 
-// kv[l][0 / 1][:, slots[t]] = the K / V heads of row t of qkv [T, q + 2 kv] (index_copy_'s copies, in a loop).
-void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv, int64_t l, const at::Tensor& slots,
-              int64_t kv_heads, int64_t head_dim) {
-  TORCH_CHECK(qkv.stride(1) == 1 && kv.stride(4) == 1, "write_kv: rows must have contiguous heads");
+// kv[l][0 / 1][:, slots[t]] = the K / V heads of row t of qkv [T, q + 2 kv] (index_copy_'s copies, in a loop); into
+// a bfloat16 arena rounded to nearest even, as Tensor.to(torch.bfloat16) rounds (c10::BFloat16's own conversion).
+template <typename KV>
+void write_kv_as(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv, int64_t l, const at::Tensor& slots,
+                 int64_t kv_heads, int64_t head_dim) {
   const int64_t T = qkv.size(0);
   const int64_t* slot = slots.data_ptr<int64_t>();
   const float* src = qkv.data_ptr<float>();
-  float* dst = kv.data_ptr<float>() + l * kv.stride(0);  // kv[l] without a view: a step makes 30 of these
+  KV* dst = static_cast<KV*>(kv.data_ptr()) + l * kv.stride(0);  // kv[l] without a view: a step makes 30 of these
   for (int64_t t = 0; t < T; ++t)
     for (int64_t which = 0; which < 2; ++which)
-      for (int64_t h = 0; h < kv_heads; ++h)
-        std::memcpy(dst + which * kv.stride(1) + h * kv.stride(2) + slot[t] * kv.stride(3),
-                    src + t * qkv.stride(0) + q_size + (which * kv_heads + h) * head_dim, head_dim * sizeof(float));
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const float* from = src + t * qkv.stride(0) + q_size + (which * kv_heads + h) * head_dim;
+        KV* to = dst + which * kv.stride(1) + h * kv.stride(2) + slot[t] * kv.stride(3);
+        if constexpr (std::is_same_v<KV, float>) std::memcpy(to, from, head_dim * sizeof(float));
+        else for (int64_t d = 0; d < head_dim; ++d) to[d] = KV(from[d]);
+      }
+}
+
+void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv, int64_t l, const at::Tensor& slots,
+              int64_t kv_heads, int64_t head_dim) {
+  TORCH_CHECK(qkv.stride(1) == 1 && kv.stride(4) == 1, "write_kv: rows must have contiguous heads");
+  if (kv.scalar_type() == at::kBFloat16) write_kv_as<c10::BFloat16>(qkv, q_size, kv, l, slots, kv_heads, head_dim);
+  else write_kv_as<float>(qkv, q_size, kv, l, slots, kv_heads, head_dim);
 }
 
 }  // namespace

@@ -16,6 +16,10 @@
 // Vectors are GCC's vector extensions (no intrinsics): target_clones compiles the kernel for AVX-512, AVX2 and
 // the baseline, and the loader picks one per CPU, the same one for every call of a process. Query heads are shared
 // out among torch's threads (OpenMP: the library is built with -fopenmp and uses torch's own libgomp).
+//
+// K and V are read as fp32 or as bfloat16 (engine.kv_cache_dtype): a bfloat16 is the upper half of an fp32, so it
+// widens exactly (a shift), and every sum below runs in fp32 either way. Half the bytes is what matters: at 700
+// cached positions a batch-1 step reads 34 MB of fp32 K and V, as much as a third of the int4 weights.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -45,6 +49,26 @@ SS_INLINE v16 load(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof v);
   return v;
+}
+
+// A bfloat16's bits (the arena's element with engine.kv_cache_dtype bfloat16): no arithmetic, only widened.
+using bf16_bits = uint16_t;
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+// 16 bfloat16 -> their exact fp32 values: each one's bits become the upper half of a float's.
+SS_INLINE v16 load(const bf16_bits* p) {
+  v16h h;
+  std::memcpy(&h, p, sizeof h);
+  return (v16)(__builtin_convertvector(h, v16i) << 16);
+}
+
+SS_INLINE float widen(float x) { return x; }
+
+SS_INLINE float widen(bf16_bits b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 }
 
 SS_INLINE void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
@@ -114,8 +138,8 @@ template <int C>
 constexpr int64_t kValueHeads = std::max(1, std::min(4, 16 / C));
 
 // The lane-wise products of a head's query vectors and one position's key, summed over the vectors.
-template <int C>
-SS_INLINE v16 dot(const v16 (&qv)[C], const float* k) {
+template <int C, typename KV>
+SS_INLINE v16 dot(const v16 (&qv)[C], const KV* k) {
   v16 d = qv[0] * load(k);
   SS_UNROLL
   for (int c = 1; c < C; ++c) d += qv[c] * load(k + c * kLanes);
@@ -124,15 +148,15 @@ SS_INLINE v16 dot(const v16 (&qv)[C], const float* k) {
 
 // One (row, head)'s scores over blocks b0..b1-1 of its positions [0, len), scaled: stored to p (lanes past len get
 // -inf), their lane-wise maximum folded into top.
-template <int C>
-SS_INLINE void scores(const float* q, const float* k, int64_t b0, int64_t b1, int64_t len, float scale, float* p,
+template <int C, typename KV>
+SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64_t len, float scale, float* p,
                       v16& top) {
   constexpr int64_t D = C * kLanes;
   v16 qv[C];
   SS_UNROLL
   for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
   for (int64_t b = b0; b < b1; ++b) {
-    const float* kb = k + b * kLanes * D;
+    const KV* kb = k + b * kLanes * D;
     const int64_t n = std::min<int64_t>(kLanes, len - b * kLanes);  // the row's positions in the block
     v16 dots[kLanes];
     v16 s;
@@ -172,8 +196,8 @@ SS_INLINE float exponentials(float* p, int64_t blocks, v16 top) {
 // vectors at positions [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions
 // in order, whatever H is and wherever a caller cuts the positions: the bits do not depend on which heads or
 // positions go together.
-template <int C, int H>
-SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const float* v, int64_t t0, int64_t t1) {
+template <int C, int H, typename KV>
+SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const KV* v, int64_t t0, int64_t t1) {
   constexpr int64_t D = C * kLanes;
   v16 o[H][C];
   SS_UNROLL
@@ -196,12 +220,16 @@ SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const floa
   }
 }
 
+// The arena's element type.
+enum class KvType { kFloat, kBFloat16 };
+
 // One call's operands. Row r (0..rows-1) attends positions [0, first_len + r) of the region.
 struct RowAttention {
   const float* q;       // row r, head h: q + r * q_row + h * head_dim
   int64_t q_row;
-  const float* k;       // kv head g, position p: k + g * kv_head + p * head_dim (v likewise)
-  const float* v;
+  const void* k;        // kv head g, position p: k + g * kv_head + p * head_dim (v likewise), elements of kv_type
+  const void* v;
+  KvType kv_type;
   int64_t kv_head;
   float* out;           // row r, head h: out + r * out_row + h * head_dim
   int64_t out_row;
@@ -222,7 +250,7 @@ constexpr int64_t kSpanBlocks = 4;
 // every (row, head)'s scores, a span of key positions at a time; their softmax weights (one max and one sum over all
 // of the row's positions, not an online softmax, whose rescaling chains each block to the one before); then the
 // weighted values, a span of positions at a time, for up to kValueHeads heads of a row at once.
-template <int C>
+template <int C, typename KV>
 SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1) {
   constexpr int64_t D = C * kLanes;
   const int64_t G = a.num_heads / a.num_kv_heads;
@@ -237,8 +265,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     acc.assign(pairs * D, 0.0f);
     sums.resize(pairs);
     tops.assign(pairs * kLanes, -std::numeric_limits<float>::infinity());
-    const float* kg = a.k + g * a.kv_head;
-    const float* vg = a.v + g * a.kv_head;
+    const KV* kg = static_cast<const KV*>(a.k) + g * a.kv_head;
+    const KV* vg = static_cast<const KV*>(a.v) + g * a.kv_head;
     auto row_len = [&](int64_t r) { return a.first_len + r; };
     auto row_blocks = [&](int64_t r) { return (row_len(r) + kLanes - 1) / kLanes; };
     for (int64_t b0 = 0; b0 < blocks; b0 += kSpanBlocks) {
@@ -248,7 +276,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t pair = r * heads + j - j0;
           v16 top = load(&tops[pair * kLanes]);
-          scores<C>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, &weights[pair * stride], top);
+          scores<C, KV>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, &weights[pair * stride], top);
           store(&tops[pair * kLanes], top);
         }
       }
@@ -263,10 +291,10 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
           float* o = &acc[(r * heads + j) * D];
           const float* p = &weights[(r * heads + j) * stride];
           switch (std::min<int64_t>(kValueHeads<C>, heads - j)) {
-            case 1: add_values<C, 1>(o, p, stride, vg, t0, t1); break;
-            case 2: add_values<C, 2>(o, p, stride, vg, t0, t1); break;
-            case 3: add_values<C, 3>(o, p, stride, vg, t0, t1); break;
-            default: add_values<C, 4>(o, p, stride, vg, t0, t1); break;
+            case 1: add_values<C, 1, KV>(o, p, stride, vg, t0, t1); break;
+            case 2: add_values<C, 2, KV>(o, p, stride, vg, t0, t1); break;
+            case 3: add_values<C, 3, KV>(o, p, stride, vg, t0, t1); break;
+            default: add_values<C, 4, KV>(o, p, stride, vg, t0, t1); break;
           }
         }
       }
@@ -283,10 +311,17 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
 }
 
 #define SS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-SS_CLONES void row_attention_16(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<1>(a, h0, h1); }
-SS_CLONES void row_attention_32(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<2>(a, h0, h1); }
-SS_CLONES void row_attention_64(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<4>(a, h0, h1); }
-SS_CLONES void row_attention_128(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<8>(a, h0, h1); }
+// The kernel for a head size (16, 32, 64 or 128: C vectors a head) and arena element type, compiled per CPU level.
+#define SS_ROW_KERNEL(C, KV, name) \
+  SS_CLONES void name(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<C, KV>(a, h0, h1); }
+SS_ROW_KERNEL(1, float, row_attention_16)
+SS_ROW_KERNEL(2, float, row_attention_32)
+SS_ROW_KERNEL(4, float, row_attention_64)
+SS_ROW_KERNEL(8, float, row_attention_128)
+SS_ROW_KERNEL(1, bf16_bits, row_attention_16_bf16)
+SS_ROW_KERNEL(2, bf16_bits, row_attention_32_bf16)
+SS_ROW_KERNEL(4, bf16_bits, row_attention_64_bf16)
+SS_ROW_KERNEL(8, bf16_bits, row_attention_128_bf16)
 
 // Below this much work (rows x keys x heads x head size) one thread: starting a parallel region costs a few us.
 constexpr int64_t kParallelWork = 1 << 16;
@@ -325,12 +360,14 @@ void parallel_runs(const std::vector<int64_t>& first_item, const std::vector<int
 // about equal work (rows x keys); each (row, head) is computed by one thread from start to end, with the same
 // operands whatever else the region holds, so neither threads nor batching change a bit.
 inline bool row_attention(const std::vector<RowAttention>& calls, int64_t head_dim) {
+  if (calls.empty()) return true;
+  const bool bf16 = calls[0].kv_type == KvType::kBFloat16;  // one arena: every call's type
   void (*kernel)(const RowAttention&, int64_t, int64_t) = nullptr;
   switch (head_dim) {
-    case 16: kernel = row_attention_16; break;
-    case 32: kernel = row_attention_32; break;
-    case 64: kernel = row_attention_64; break;
-    case 128: kernel = row_attention_128; break;
+    case 16: kernel = bf16 ? row_attention_16_bf16 : row_attention_16; break;
+    case 32: kernel = bf16 ? row_attention_32_bf16 : row_attention_32; break;
+    case 64: kernel = bf16 ? row_attention_64_bf16 : row_attention_64; break;
+    case 128: kernel = bf16 ? row_attention_128_bf16 : row_attention_128; break;
     default: return false;
   }
   std::vector<int64_t> first_item(calls.size() + 1, 0);  // call c's heads are items first_item[c]..first_item[c + 1]

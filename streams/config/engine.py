@@ -122,6 +122,12 @@ class EngineSettings(Section):
     kv_cache_fraction: float = Field(
         default=0.3, gt=0.0, le=0.95, description="KV cache budget as a fraction of free memory."
     )
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="The KV cache's element type (vLLM's kv_cache_dtype). bfloat16 halves what attention reads per "
+        "step and doubles the tokens a budget holds; attention still sums in fp32. auto: bfloat16 with weights "
+        "bf16/int8/int4 (as llama.cpp keeps f16 K and V beside its quantized files), else the model's dtype.",
+    )
     max_running_requests: int = Field(
         default=64, ge=1,
         description="Most requests decoded together in one batch; batch-job lines never take these slots from "
@@ -198,6 +204,7 @@ class EngineSettings(Section):
             max_model_len=self.max_model_len,
             kv_cache_bytes=self.kv_cache_bytes,
             kv_cache_fraction=self.kv_cache_fraction,
+            kv_cache_dtype=self.kv_cache_dtype,
             max_running_requests=self.max_running_requests,
             max_batched_tokens=self.max_batched_tokens,
             batch_max_share=self.batch_max_share,

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from engine import engine_setup
 from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
 from engine.kv_cache import kv_bytes_per_token
 from engine.llm_engine import LLMEngine
@@ -82,11 +83,11 @@ def loaded_from_hf(hf: Any, eos: frozenset[int] = frozenset(), tokenizer: Any = 
     )
 
 
-def kv_bytes_for(hf: Any, tokens: int) -> int:
-    """KV budget (bytes) holding exactly `tokens` token slots of this model."""
+def kv_bytes_for(hf: Any, tokens: int, dtype: torch.dtype = torch.float32) -> int:
+    """KV budget (bytes) holding exactly `tokens` token slots of this model in an arena of `dtype`."""
     c = hf.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return tokens * kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, head_dim, torch.float32)
+    return tokens * kv_bytes_per_token(c.num_hidden_layers, c.num_key_value_heads, head_dim, dtype)
 
 
 def make_engine(
@@ -106,11 +107,14 @@ def make_engine(
     kernel_dispatch: str = "fixed",  # tests: the same kernels on every machine, no timing at start
     fused_step: bool = True,
     quant_kernel: str = "auto",
+    kv_cache_dtype: str = "auto",
     progress: Any = None,  # the lines the engine says at start
 ) -> LLMEngine:
+    kv_dtype = engine_setup.kv_cache_dtype(kv_cache_dtype, torch.float32, weights)
     cfg = EngineConfig(
         model="tiny",
-        kv_cache_bytes=kv_bytes_for(hf, kv_tokens),
+        kv_cache_bytes=kv_bytes_for(hf, kv_tokens, kv_dtype),  # exactly kv_tokens slots, whatever their dtype
+        kv_cache_dtype=kv_cache_dtype,
         max_batched_tokens=max_batched_tokens,
         max_running_requests=max_running_requests,
         max_model_len=max_model_len,

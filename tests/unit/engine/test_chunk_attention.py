@@ -63,6 +63,14 @@ def test_a_rows_bits_do_not_depend_on_where_the_prompt_was_cut(chunk_attention: 
         assert torch.equal(torch.cat(pieces), whole), (dim, cuts)
 
 
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+def test_a_bfloat16_region_gets_exactly_what_its_fp32_widening_gets(chunk_attention: Any, dim: int) -> None:
+    for rows, prefix in [(1, 0), (5, 16), (33, 0), (40, 200)]:
+        q, k, v = _operands(rows, prefix, 9, 3, dim, seed=rows + prefix)
+        kb, vb = k.bfloat16(), v.bfloat16()
+        assert torch.equal(chunk_attention(q, kb, vb, prefix + 1), chunk_attention(q, kb.float(), vb.float(), prefix + 1))
+
+
 def test_threads_share_out_the_tiles_without_changing_a_bit(chunk_attention: Any) -> None:
     for rows, prefix in [(3, 2), (150, 300)]:  # one thread below the parallel threshold, tiles shared out above it
         q, k, v = _operands(rows, prefix, 9, 3, 64, seed=rows)
@@ -86,8 +94,10 @@ def test_operands_it_cannot_attend_are_refused_naming_the_problem(chunk_attentio
     q, k, v = _operands(4, 10, 9, 3, 64, seed=0)
     with pytest.raises(RuntimeError, match="chunk_attention: the region is too short"):
         chunk_attention(q, k, v, 20)
-    with pytest.raises(RuntimeError, match="chunk_attention: fp32 tensors only"):
+    with pytest.raises(RuntimeError, match="chunk_attention: q fp32, k and v both fp32 or both bfloat16"):
         chunk_attention(q.double(), k, v, 3)
+    with pytest.raises(RuntimeError, match="chunk_attention: q fp32, k and v both fp32 or both bfloat16"):
+        chunk_attention(q, k, v.bfloat16(), 3)
 
 
 def test_the_engine_installs_it_with_the_row_kernel_on_quantized_layers_and_says_so() -> None:

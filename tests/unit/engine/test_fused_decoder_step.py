@@ -17,8 +17,10 @@ from engine.runner import FlatBatchBuilder
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# (format, engine.prepack_weights): int4/int8 with and without their bf16 copy for steps past 9 rows.
-FORMATS = [("int8", True), ("int4", True), ("int4", False), pytest.param("bf16", True, marks=needs_bf16_gemm)]
+# (format, engine.prepack_weights, engine.kv_cache_dtype): int4/int8 with and without their bf16 copy for steps past
+# 9 rows; the KV arena in bfloat16 (what auto gives these formats) and in fp32.
+FORMATS = [("int8", True, "auto"), ("int4", True, "auto"), ("int4", False, "float32"),
+           pytest.param("bf16", True, "auto", marks=needs_bf16_gemm)]  # fmt: skip
 NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
 PROMPTS = random_prompts([9, 14, 40], seed=5)
 PROMPTS[1] = PROMPTS[1] * 4  # repetitive: the n-gram proposer drafts, so verification steps run
@@ -64,15 +66,16 @@ def _forward(engine: Any, seqs: list[tuple[int, int, bool]], fused: FusedDecoder
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     # The arena's unwritten slots hold whatever memory held, NaNs included: compare bits, not values.
-    return t.view(torch.int32)
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
 
 
-@pytest.mark.parametrize("fmt,wide", FORMATS)
+@pytest.mark.parametrize("fmt,wide,kv", FORMATS)
 @pytest.mark.parametrize("step", list(STEPS))
 def test_the_fused_step_gives_each_row_and_its_kv_the_layer_by_layer_bits(
-    llama: Any, fmt: str, wide: bool, step: str
+    llama: Any, fmt: str, wide: bool, kv: str, step: str
 ) -> None:
-    engine = make_engine(llama, weights=fmt, prepack_weights=wide)
+    engine = make_engine(llama, weights=fmt, prepack_weights=wide, kv_cache_dtype=kv)
+    assert engine.kv_cache.dtype == (torch.float32 if kv == "float32" else torch.bfloat16)
     fused = engine.model.fused_step
     assert fused is not None
     _forward(engine, STEPS[step], None, feed_cached=True)
@@ -109,11 +112,11 @@ def test_without_a_kernel_for_its_head_size_the_fused_step_attends_by_sdpa_as_th
     assert torch.equal(_forward(engine, STEPS[step], fused, feed_cached=False), eager)
 
 
-@pytest.mark.parametrize("fmt,wide", FORMATS)
+@pytest.mark.parametrize("fmt,wide,kv", FORMATS)
 def test_speculation_on_the_fused_step_keeps_the_layer_by_layer_and_the_plain_tokens_greedy_and_seeded_in_a_batch(
-    llama: Any, fmt: str, wide: bool
+    llama: Any, fmt: str, wide: bool, kv: str
 ) -> None:
-    engine = make_engine(llama, weights=fmt, prepack_weights=wide, speculation=NGRAM)
+    engine = make_engine(llama, weights=fmt, prepack_weights=wide, speculation=NGRAM, kv_cache_dtype=kv)
     fused = engine.model.fused_step
     assert fused is not None and fused.row_kernel
 

@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from engine.engine_setup import kv_cache_dtype
 from engine.kv_cache import (
     ArenaAllocator,
     CacheSlot,
@@ -105,3 +106,31 @@ def test_rollback_only_lowers_the_cached_count() -> None:
     assert slot.num_cached == 5
     with pytest.raises(ValueError):
         slot.rollback(6)  # cannot roll forward
+
+
+@pytest.mark.parametrize(
+    "setting,weights,expected",
+    [
+        ("auto", "int4", torch.bfloat16), ("auto", "int8", torch.bfloat16), ("auto", "bf16", torch.bfloat16),
+        ("auto", "fp32", torch.float32), ("float32", "int4", torch.float32), ("bfloat16", "fp32", torch.bfloat16),
+    ],
+)  # fmt: skip
+def test_the_kv_dtype_is_bfloat16_beside_reduced_precision_weights_unless_set(
+    setting: str, weights: str, expected: torch.dtype
+) -> None:
+    assert kv_cache_dtype(setting, torch.float32, weights) == expected
+
+
+def test_an_unknown_kv_dtype_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype must be auto, float32 or bfloat16, got 'fp8'"):
+        kv_cache_dtype("fp8", torch.float32, "int4")
+
+
+def test_a_bfloat16_arena_holds_twice_the_tokens_of_a_budget_and_rounds_writes_to_nearest_even() -> None:
+    fp32 = KVCache.from_budget(1 << 20, 2, 1, 64, torch.float32, "cpu")
+    bf16 = KVCache.from_budget(1 << 20, 2, 1, 64, torch.bfloat16, "cpu")
+    assert bf16.num_tokens == 2 * fp32.num_tokens and bf16.usage().total_bytes == fp32.usage().total_bytes
+    kv = torch.randn(3, 2, 1, 64)  # [T, K/V, kv_heads, head_dim]
+    bf16.write(1, torch.tensor([4, 0, 9]), kv)
+    k, v = bf16.view(1, 0, 10)
+    assert torch.equal(k[0, 4], kv[0, 0, 0].bfloat16()) and torch.equal(v[0, 9], kv[2, 1, 0].bfloat16())

@@ -95,12 +95,26 @@ def test_rows_read_from_a_view_of_the_qkv_rows_and_an_arena_region(row_attention
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+def test_a_bfloat16_region_gets_exactly_what_its_fp32_widening_gets(row_attention: Any, dim: int) -> None:
+    # engine.kv_cache_dtype bfloat16: K and V are widened exactly and summed in fp32, so the only rounding is the
+    # arena's own; a verification row still gets its decode's bits.
+    for first_len in (1, 17, 64, 65, 450):
+        q, k, v = _operands(5, first_len, 9, 3, dim, seed=first_len)
+        kb, vb = k.bfloat16(), v.bfloat16()
+        together = row_attention(q, kb, vb, first_len)
+        assert torch.equal(together, row_attention(q, kb.float(), vb.float(), first_len)), (dim, first_len)
+        for r in range(5):
+            assert torch.equal(together[r : r + 1], row_attention(q[r : r + 1], kb, vb, first_len + r))
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
         (lambda q, k, v: (q, k, v, 40), "the region is too short"),
         (lambda q, k, v: (q, k, v, 0), "the region is too short"),
-        (lambda q, k, v: (q.double(), k, v, 3), "fp32 tensors only"),
+        (lambda q, k, v: (q.double(), k, v, 3), "q fp32, k and v both fp32 or both bfloat16"),
+        (lambda q, k, v: (q, k.bfloat16(), v, 3), "q fp32, k and v both fp32 or both bfloat16"),
         (lambda q, k, v: (q, k[:2], v[:2], 3), "head counts or sizes do not match"),
         (lambda q, k, v: (q, k.transpose(1, 2), v.transpose(1, 2), 3), "contiguous positions"),
     ],
