@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"Fixed text: {len(text)} tokens (RAG context + code function). GGUF file: {gguf_mib:.0f} MiB.",
         "",
-        "| weights | KV | mean NLL | ppl | ΔNLL vs fp32 | resident MiB (x GGUF) | + bf16 wide copy MiB | read per decode step MiB "
-        + "".join(f"| {w.name}: prefix / same " for w in ALL) + "|",
+        "| weights | KV | mean NLL | ppl | ΔNLL vs fp32 | resident MiB (x GGUF) | + bf16 wide copy MiB "
+        "| read per decode step MiB " + "".join(f"| {w.name}: prefix / same " for w in ALL) + "|",
         "|---|---|---|---|---|---|---|---" + "|---" * len(ALL) + "|",
     ]
     base = rows.get("fp32", {}).get("nll", float("nan"))

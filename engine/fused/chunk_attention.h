@@ -11,6 +11,9 @@
 // sums in a fixed order over the same blocks from position 0, whoever shares its tile: a row's bits do not depend
 // on how its prompt was cut into chunks. (They differ from a decode's, as SDPA's did: decodes and verification rows
 // keep the row kernel, which rounds alike for both.)
+//
+// A bfloat16 arena (engine.kv_cache_dtype) is widened once a call: K as it is transposed, V into a buffer of its own,
+// so the tiles read fp32 as they would from an fp32 arena and get the bits its widening gets.
 #pragma once
 
 #include <memory>
@@ -38,11 +41,11 @@ void transpose_blocks(const KV* k, int64_t n, int64_t D, float* kt) {
 }
 
 // Rows r0..r0+R-1 (R <= 4) of call a, query head h; kt: the head's KV group's transposed K.
-template <int C, typename KV>
+template <int C>
 SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int64_t r0, int64_t R) {
   constexpr int64_t D = C * kLanes;
   const int64_t g = h / (a.num_heads / a.num_kv_heads);
-  const KV* vg = static_cast<const KV*>(a.v) + g * a.kv_head;
+  const float* vg = static_cast<const float*>(a.v) + g * a.kv_head;  // fp32: a bfloat16 arena is widened first
   const float* q[kTileRows];
   for (int64_t r = 0; r < kTileRows; ++r) q[r] = a.q + (r0 + std::min(r, R - 1)) * a.q_row + h * D;  // R < 4: repeats
   const v16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -77,7 +80,7 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
       sum_[r] += hsum(p);
       store(pw[r], p);
     }
-    const KV* vb = vg + p0 * D;
+    const float* vb = vg + p0 * D;
     const int64_t n = std::min<int64_t>(kLanes, longest - p0);  // positions of the block anyone here reads
     for (int64_t t = 0; t < n; ++t) {
       SS_UNROLL
@@ -95,41 +98,41 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
   }
 }
 
-template <int C, typename KV>
+template <int C>
 SS_INLINE void chunk_tiles_impl(const RowAttention& a, const float* kt, int64_t kt_head, int64_t i0, int64_t i1) {
   const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows, G = a.num_heads / a.num_kv_heads;
   for (int64_t i = i0; i < i1; ++i) {  // item i: head i / tiles, tile i % tiles
     const int64_t h = i / tiles, r0 = (i % tiles) * kTileRows;
-    chunk_tile<C, KV>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0));
+    chunk_tile<C>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0));
   }
 }
 
-#define SS_CHUNK_KERNEL(C, KV, name)                                                                  \
-  SS_CLONES void name(const RowAttention& a, const float* kt, int64_t kt_head, int64_t i0, int64_t i1) { \
-    chunk_tiles_impl<C, KV>(a, kt, kt_head, i0, i1);                                                  \
-  }
-SS_CHUNK_KERNEL(1, float, chunk_tiles_16)
-SS_CHUNK_KERNEL(2, float, chunk_tiles_32)
-SS_CHUNK_KERNEL(4, float, chunk_tiles_64)
-SS_CHUNK_KERNEL(8, float, chunk_tiles_128)
-SS_CHUNK_KERNEL(1, bf16_bits, chunk_tiles_16_bf16)
-SS_CHUNK_KERNEL(2, bf16_bits, chunk_tiles_32_bf16)
-SS_CHUNK_KERNEL(4, bf16_bits, chunk_tiles_64_bf16)
-SS_CHUNK_KERNEL(8, bf16_bits, chunk_tiles_128_bf16)
+SS_CLONES void chunk_tiles_16(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<1>(a, kt, kh, i0, i1);
+}
+SS_CLONES void chunk_tiles_32(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<2>(a, kt, kh, i0, i1);
+}
+SS_CLONES void chunk_tiles_64(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<4>(a, kt, kh, i0, i1);
+}
+SS_CLONES void chunk_tiles_128(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<8>(a, kt, kh, i0, i1);
+}
 
 // Several sequences' chunks (one call each) in one parallel region, items (call, head, tile of 4 rows) cut into one
 // run per thread of about equal work. False where the head size has no kernel (the caller then runs SDPA).
 inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head_dim) {
-  if (calls.empty()) return true;
-  const bool bf16 = calls[0].kv_type == KvType::kBFloat16;  // one arena: every call's type
   void (*kernel)(const RowAttention&, const float*, int64_t, int64_t, int64_t) = nullptr;
   switch (head_dim) {
-    case 16: kernel = bf16 ? chunk_tiles_16_bf16 : chunk_tiles_16; break;
-    case 32: kernel = bf16 ? chunk_tiles_32_bf16 : chunk_tiles_32; break;
-    case 64: kernel = bf16 ? chunk_tiles_64_bf16 : chunk_tiles_64; break;
-    case 128: kernel = bf16 ? chunk_tiles_128_bf16 : chunk_tiles_128; break;
+    case 16: kernel = chunk_tiles_16; break;
+    case 32: kernel = chunk_tiles_32; break;
+    case 64: kernel = chunk_tiles_64; break;
+    case 128: kernel = chunk_tiles_128; break;
     default: return false;
   }
+  if (calls.empty()) return true;
+  const bool bf16 = calls[0].kv_type == KvType::kBFloat16;  // one arena: every call's type
   // Each call's K, transposed per KV head.
   std::vector<int64_t> kt_at(calls.size() + 1, 0), kt_head(calls.size());
   for (size_t c = 0; c < calls.size(); ++c) {
@@ -138,6 +141,14 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     kt_at[c + 1] = kt_at[c] + calls[c].num_kv_heads * kt_head[c];
   }
   std::unique_ptr<float[]> kt(new float[kt_at.back()]);  // every element written below: no zeroing pass
+  // A bfloat16 arena's V widened ([n, D] per KV head, at the same offsets as kt), and calls that read it there.
+  std::unique_ptr<float[]> vt(bf16 ? new float[kt_at.back()] : nullptr);
+  std::vector<RowAttention> widened = calls;
+  for (size_t c = 0; bf16 && c < calls.size(); ++c) {
+    widened[c].v = vt.get() + kt_at[c];
+    widened[c].kv_head = kt_head[c];
+    widened[c].kv_type = KvType::kFloat;
+  }
   std::vector<int64_t> first_group(calls.size() + 1, 0), group_work(1, 0);  // items (call, KV head)
   for (size_t c = 0; c < calls.size(); ++c) {
     first_group[c + 1] = first_group[c] + calls[c].num_kv_heads;
@@ -147,9 +158,14 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     const RowAttention& a = calls[c];
     const int64_t n = a.first_len + a.rows - 1;
     for (int64_t g = g0; g < g1; ++g) {
-      float* dst = kt.get() + kt_at[c] + g * kt_head[c];
-      if (bf16) transpose_blocks(static_cast<const bf16_bits*>(a.k) + g * a.kv_head, n, head_dim, dst);
-      else transpose_blocks(static_cast<const float*>(a.k) + g * a.kv_head, n, head_dim, dst);
+      const int64_t at = kt_at[c] + g * kt_head[c];
+      if (!bf16) {
+        transpose_blocks(static_cast<const float*>(a.k) + g * a.kv_head, n, head_dim, kt.get() + at);
+        continue;
+      }
+      transpose_blocks(static_cast<const bf16_bits*>(a.k) + g * a.kv_head, n, head_dim, kt.get() + at);
+      const bf16_bits* v = static_cast<const bf16_bits*>(a.v) + g * a.kv_head;
+      for (int64_t i = 0; i < n * head_dim; i += kLanes) store(vt.get() + at + i, load(v + i));
     }
   });
   // Items: per call, head-major, then tiles; a tile's work is its rows x its last row's positions.
@@ -165,7 +181,7 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
       }
   }
   parallel_runs(first_item, work_before, [&](size_t c, int64_t lo, int64_t hi) {
-    kernel(calls[c], kt.get() + kt_at[c], kt_head[c], lo, hi);
+    kernel(widened[c], kt.get() + kt_at[c], kt_head[c], lo, hi);
   });
   return true;
 }

@@ -279,8 +279,8 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
     const int64_t q_start = seqs[4 * s], q_len = seqs[4 * s + 1], kv_start = seqs[4 * s + 2];
     (routes[s] == kRowKernel ? rows : chunks)
         .push_back({q + q_start * qkv.stride(0), qkv.stride(0), k + kv_start * position_bytes,
-                    v + kv_start * position_bytes, kv_type(kv), head_stride, out.data_ptr<float>() + q_start * q_size, q_size, q_len, seqs[4 * s + 3] - q_len + 1,
-                    num_heads, kv_heads, scale});
+                    v + kv_start * position_bytes, kv_type(kv), head_stride, out.data_ptr<float>() + q_start * q_size,
+                    q_size, q_len, seqs[4 * s + 3] - q_len + 1, num_heads, kv_heads, scale});
   }
   if (!rows.empty() || !chunks.empty()) {
     TORCH_CHECK(qkv.stride(1) == 1 && kv.stride(4) == 1 && position == head_dim,

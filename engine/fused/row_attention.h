@@ -73,6 +73,14 @@ SS_INLINE float widen(bf16_bits b) {
 
 SS_INLINE void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
 
+// `count` (a multiple of 16) bfloat16 K or V elements widened into `buf` once, so that every row and head of a span
+// reads fp32 from L1 instead of widening the span again each time.
+SS_INLINE const float* as_fp32(const bf16_bits* p, int64_t count, std::vector<float>& buf) {
+  buf.resize(count);
+  for (int64_t i = 0; i < count; i += kLanes) store(&buf[i], load(p + i));
+  return buf.data();
+}
+
 // A fixed tree over the lanes: the same order on every call.
 SS_INLINE float hsum(v16 a) {
   v8 s8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) +
@@ -147,7 +155,7 @@ SS_INLINE v16 dot(const v16 (&qv)[C], const KV* k) {
 }
 
 // One (row, head)'s scores over blocks b0..b1-1 of its positions [0, len), scaled: stored to p (lanes past len get
-// -inf), their lane-wise maximum folded into top.
+// -inf), their lane-wise maximum folded into top. k: the keys from block b0 on.
 template <int C, typename KV>
 SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64_t len, float scale, float* p,
                       v16& top) {
@@ -156,7 +164,7 @@ SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64
   SS_UNROLL
   for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
   for (int64_t b = b0; b < b1; ++b) {
-    const KV* kb = k + b * kLanes * D;
+    const KV* kb = k + (b - b0) * kLanes * D;
     const int64_t n = std::min<int64_t>(kLanes, len - b * kLanes);  // the row's positions in the block
     v16 dots[kLanes];
     v16 s;
@@ -195,7 +203,7 @@ SS_INLINE float exponentials(float* p, int64_t blocks, v16 top) {
 // For H heads of one row (softmax weights p + h * stride, running sums acc + h * D): acc += their weighted value
 // vectors at positions [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions
 // in order, whatever H is and wherever a caller cuts the positions: the bits do not depend on which heads or
-// positions go together.
+// positions go together. v: the value vectors from position t0 on.
 template <int C, int H, typename KV>
 SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const KV* v, int64_t t0, int64_t t1) {
   constexpr int64_t D = C * kLanes;
@@ -208,7 +216,7 @@ SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const KV* 
   for (int64_t t = t0; t < t1; ++t) {
     SS_UNROLL
     for (int c = 0; c < C; ++c) {
-      const v16 x = load(v + t * D + c * kLanes);
+      const v16 x = load(v + (t - t0) * D + c * kLanes);
       SS_UNROLL
       for (int h = 0; h < H; ++h) o[h][c] += p[h * stride + t] * x;
     }
@@ -249,15 +257,17 @@ constexpr int64_t kSpanBlocks = 4;
 // Query heads h0..h1-1 (one thread's share). C = head_dim / 16 vectors per head. For a GQA group's heads in the share:
 // every (row, head)'s scores, a span of key positions at a time; their softmax weights (one max and one sum over all
 // of the row's positions, not an online softmax, whose rescaling chains each block to the one before); then the
-// weighted values, a span of positions at a time, for up to kValueHeads heads of a row at once.
-template <int C, typename KV>
+// weighted values, a span of positions at a time, for up to kValueHeads heads of a row at once. KV: the arena's
+// element; kWiden: a bfloat16 span is widened once into a buffer (worth it when several (row, head) pairs read it),
+// else widened as each vector is loaded. Either way every product sees the same fp32 values: the same bits.
+template <int C, typename KV, bool kWiden>
 SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1) {
   constexpr int64_t D = C * kLanes;
   const int64_t G = a.num_heads / a.num_kv_heads;
   const int64_t longest = a.first_len + a.rows - 1, blocks = (longest + kLanes - 1) / kLanes, stride = blocks * kLanes;
   // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned); kept by
   // the thread between calls, so a step's 30 layers do not allocate them again.
-  thread_local std::vector<float> weights, acc, sums, tops;
+  thread_local std::vector<float> weights, acc, sums, tops, span;
   for (int64_t g = h0 / G; g * G < h1; ++g) {
     const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
     const int64_t heads = j1 - j0, pairs = a.rows * heads;  // pair = r * heads + (j - j0)
@@ -267,16 +277,30 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     tops.assign(pairs * kLanes, -std::numeric_limits<float>::infinity());
     const KV* kg = static_cast<const KV*>(a.k) + g * a.kv_head;
     const KV* vg = static_cast<const KV*>(a.v) + g * a.kv_head;
+    auto span_of = [&](const KV* x, int64_t t0) {  // positions [t0, t0 + a span) of the group's K or V
+      if constexpr (kWiden) {
+        // The next span is asked for now: the widening pass would otherwise wait on each of its lines in turn.
+        const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, longest);
+        const int64_t t2 = std::min(t1 + kSpanBlocks * kLanes, longest);
+        const char* next = reinterpret_cast<const char*>(x + t1 * D);
+        for (int64_t i = 0; i < (t2 - t1) * D * static_cast<int64_t>(sizeof(KV)); i += 64) __builtin_prefetch(next + i);
+        return as_fp32(x + t0 * D, (t1 - t0) * D, span);
+      } else {
+        return x + t0 * D;
+      }
+    };
     auto row_len = [&](int64_t r) { return a.first_len + r; };
     auto row_blocks = [&](int64_t r) { return (row_len(r) + kLanes - 1) / kLanes; };
     for (int64_t b0 = 0; b0 < blocks; b0 += kSpanBlocks) {
+      const auto* ks = span_of(kg, b0 * kLanes);
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t b1 = std::min(b0 + kSpanBlocks, row_blocks(r));
         if (b0 >= b1) continue;  // the row ends before this span
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t pair = r * heads + j - j0;
           v16 top = load(&tops[pair * kLanes]);
-          scores<C, KV>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, &weights[pair * stride], top);
+          scores<C>(a.q + r * a.q_row + (g * G + j) * D, ks, b0, b1, row_len(r), a.scale, &weights[pair * stride],
+                    top);
           store(&tops[pair * kLanes], top);
         }
       }
@@ -284,6 +308,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     for (int64_t pair = 0; pair < pairs; ++pair)
       sums[pair] = exponentials(&weights[pair * stride], row_blocks(pair / heads), load(&tops[pair * kLanes]));
     for (int64_t t0 = 0; t0 < longest; t0 += kSpanBlocks * kLanes) {
+      const auto* vs = span_of(vg, t0);
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, row_len(r));
         if (t0 >= t1) continue;  // the row ends before this span
@@ -291,10 +316,10 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
           float* o = &acc[(r * heads + j) * D];
           const float* p = &weights[(r * heads + j) * stride];
           switch (std::min<int64_t>(kValueHeads<C>, heads - j)) {
-            case 1: add_values<C, 1, KV>(o, p, stride, vg, t0, t1); break;
-            case 2: add_values<C, 2, KV>(o, p, stride, vg, t0, t1); break;
-            case 3: add_values<C, 3, KV>(o, p, stride, vg, t0, t1); break;
-            default: add_values<C, 4, KV>(o, p, stride, vg, t0, t1); break;
+            case 1: add_values<C, 1>(o, p, stride, vs, t0, t1); break;
+            case 2: add_values<C, 2>(o, p, stride, vs, t0, t1); break;
+            case 3: add_values<C, 3>(o, p, stride, vs, t0, t1); break;
+            default: add_values<C, 4>(o, p, stride, vs, t0, t1); break;
           }
         }
       }
@@ -312,16 +337,37 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
 
 #define SS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 // The kernel for a head size (16, 32, 64 or 128: C vectors a head) and arena element type, compiled per CPU level.
-#define SS_ROW_KERNEL(C, KV, name) \
-  SS_CLONES void name(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<C, KV>(a, h0, h1); }
-SS_ROW_KERNEL(1, float, row_attention_16)
-SS_ROW_KERNEL(2, float, row_attention_32)
-SS_ROW_KERNEL(4, float, row_attention_64)
-SS_ROW_KERNEL(8, float, row_attention_128)
-SS_ROW_KERNEL(1, bf16_bits, row_attention_16_bf16)
-SS_ROW_KERNEL(2, bf16_bits, row_attention_32_bf16)
-SS_ROW_KERNEL(4, bf16_bits, row_attention_64_bf16)
-SS_ROW_KERNEL(8, bf16_bits, row_attention_128_bf16)
+#define SS_ROW_KERNEL(C, KV, WIDEN, name) \
+  SS_CLONES void name(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<C, KV, WIDEN>(a, h0, h1); }
+SS_ROW_KERNEL(1, float, false, row_attention_16)
+SS_ROW_KERNEL(2, float, false, row_attention_32)
+SS_ROW_KERNEL(4, float, false, row_attention_64)
+SS_ROW_KERNEL(8, float, false, row_attention_128)
+SS_ROW_KERNEL(1, bf16_bits, false, row_attention_16_bf16)
+SS_ROW_KERNEL(2, bf16_bits, false, row_attention_32_bf16)
+SS_ROW_KERNEL(4, bf16_bits, false, row_attention_64_bf16)
+SS_ROW_KERNEL(8, bf16_bits, false, row_attention_128_bf16)
+SS_ROW_KERNEL(1, bf16_bits, true, row_attention_16_bf16_spans)
+SS_ROW_KERNEL(2, bf16_bits, true, row_attention_32_bf16_spans)
+SS_ROW_KERNEL(4, bf16_bits, true, row_attention_64_bf16_spans)
+SS_ROW_KERNEL(8, bf16_bits, true, row_attention_128_bf16_spans)
+
+using RowKernel = void (*)(const RowAttention&, int64_t, int64_t);
+
+// The kernel for a call, or null where the head size has none. A bfloat16 span is widened into a buffer once for
+// the (row, head) pairs of a group when there are several rows; a decode's one row widens as it loads (cheaper for
+// three pairs, measured in a RAG step: docs/benchmarks.md).
+inline RowKernel row_kernel(const RowAttention& a, int64_t head_dim) {
+  const RowKernel float_kv[] = {row_attention_16, row_attention_32, row_attention_64, row_attention_128};
+  const RowKernel loads[] = {row_attention_16_bf16, row_attention_32_bf16, row_attention_64_bf16,
+                             row_attention_128_bf16};
+  const RowKernel spans[] = {row_attention_16_bf16_spans, row_attention_32_bf16_spans, row_attention_64_bf16_spans,
+                             row_attention_128_bf16_spans};
+  const int i = head_dim == 16 ? 0 : head_dim == 32 ? 1 : head_dim == 64 ? 2 : head_dim == 128 ? 3 : -1;
+  if (i < 0) return nullptr;
+  if (a.kv_type == KvType::kFloat) return float_kv[i];
+  return a.rows > 1 ? spans[i] : loads[i];
+}
 
 // Below this much work (rows x keys x heads x head size) one thread: starting a parallel region costs a few us.
 constexpr int64_t kParallelWork = 1 << 16;
@@ -360,16 +406,7 @@ void parallel_runs(const std::vector<int64_t>& first_item, const std::vector<int
 // about equal work (rows x keys); each (row, head) is computed by one thread from start to end, with the same
 // operands whatever else the region holds, so neither threads nor batching change a bit.
 inline bool row_attention(const std::vector<RowAttention>& calls, int64_t head_dim) {
-  if (calls.empty()) return true;
-  const bool bf16 = calls[0].kv_type == KvType::kBFloat16;  // one arena: every call's type
-  void (*kernel)(const RowAttention&, int64_t, int64_t) = nullptr;
-  switch (head_dim) {
-    case 16: kernel = bf16 ? row_attention_16_bf16 : row_attention_16; break;
-    case 32: kernel = bf16 ? row_attention_32_bf16 : row_attention_32; break;
-    case 64: kernel = bf16 ? row_attention_64_bf16 : row_attention_64; break;
-    case 128: kernel = bf16 ? row_attention_128_bf16 : row_attention_128; break;
-    default: return false;
-  }
+  if (row_kernel(RowAttention{}, head_dim) == nullptr) return false;
   std::vector<int64_t> first_item(calls.size() + 1, 0);  // call c's heads are items first_item[c]..first_item[c + 1]
   std::vector<int64_t> work_before(1, 0);  // per item boundary: the work of the items before it
   for (size_t c = 0; c < calls.size(); ++c) {
@@ -378,7 +415,9 @@ inline bool row_attention(const std::vector<RowAttention>& calls, int64_t head_d
     const int64_t per_head = a.rows * (a.first_len + a.rows) * head_dim;
     for (int64_t h = 0; h < a.num_heads; ++h) work_before.push_back(work_before.back() + per_head);
   }
-  parallel_runs(first_item, work_before, [&](size_t c, int64_t lo, int64_t hi) { kernel(calls[c], lo, hi); });
+  std::vector<RowKernel> kernels;
+  for (const RowAttention& a : calls) kernels.push_back(row_kernel(a, head_dim));
+  parallel_runs(first_item, work_before, [&](size_t c, int64_t lo, int64_t hi) { kernels[c](calls[c], lo, hi); });
   return true;
 }
 

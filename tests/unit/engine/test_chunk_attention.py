@@ -68,7 +68,8 @@ def test_a_bfloat16_region_gets_exactly_what_its_fp32_widening_gets(chunk_attent
     for rows, prefix in [(1, 0), (5, 16), (33, 0), (40, 200)]:
         q, k, v = _operands(rows, prefix, 9, 3, dim, seed=rows + prefix)
         kb, vb = k.bfloat16(), v.bfloat16()
-        assert torch.equal(chunk_attention(q, kb, vb, prefix + 1), chunk_attention(q, kb.float(), vb.float(), prefix + 1))
+        widened = chunk_attention(q, kb.float(), vb.float(), prefix + 1)
+        assert torch.equal(chunk_attention(q, kb, vb, prefix + 1), widened), (dim, rows, prefix)
 
 
 def test_threads_share_out_the_tiles_without_changing_a_bit(chunk_attention: Any) -> None:
