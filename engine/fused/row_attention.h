@@ -19,7 +19,9 @@
 //
 // K and V are read as fp32 or as bfloat16 (engine.kv_cache_dtype): a bfloat16 is the upper half of an fp32, so it
 // widens exactly (a shift), and every sum below runs in fp32 either way. Half the bytes is what matters: at 700
-// cached positions a batch-1 step reads 34 MB of fp32 K and V, as much as a third of the int4 weights.
+// cached positions a batch-1 step reads 34 MB of fp32 K and V, as much as a third of the int4 weights. A bfloat16
+// head is read in pairs of neighbouring elements (kv_vec), so its scores sum the dims in another order than an fp32
+// arena's: other bits, the same for a row whatever the row count.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -29,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace specstream {
@@ -72,14 +75,6 @@ SS_INLINE float widen(bf16_bits b) {
 }
 
 SS_INLINE void store(float* p, v16 v) { std::memcpy(p, &v, sizeof v); }
-
-// `count` (a multiple of 16) bfloat16 K or V elements widened into `buf` once, so that every row and head of a span
-// reads fp32 from L1 instead of widening the span again each time.
-SS_INLINE const float* as_fp32(const bf16_bits* p, int64_t count, std::vector<float>& buf) {
-  buf.resize(count);
-  for (int64_t i = 0; i < count; i += kLanes) store(&buf[i], load(p + i));
-  return buf.data();
-}
 
 // A fixed tree over the lanes: the same order on every call.
 SS_INLINE float hsum(v16 a) {
@@ -145,12 +140,65 @@ SS_INLINE v16 exp16(v16 x) {
 template <int C>
 constexpr int64_t kValueHeads = std::max(1, std::min(4, 16 / C));
 
+// How a bfloat16 arena's vectors are read when a head has an even number of them: 32 elements in one 64-byte load,
+// each 32-bit lane holding two neighbours, the even one widened by a shift, the odd one by a mask. Two cheap
+// operations per 32 elements, where widening them in order takes four and two half-width loads. A head's vectors
+// then come in the order (even dims of 0..31, odd dims of 0..31, even dims of 32..63, ...): q is put in that
+// order once per (row, head), and the value sums are put back in dim order once at the end.
+template <int C, typename KV>
+constexpr bool kSplit = std::is_same_v<KV, bf16_bits> && C % 2 == 0;
+
+// Vector c (0..C-1) of one position's K or V row, in the order above.
+template <int C, typename KV>
+SS_INLINE v16 kv_vec(const KV* row, int c) {
+  if constexpr (kSplit<C, KV>) {
+    v16i w;
+    std::memcpy(&w, row + (c / 2) * 2 * kLanes, sizeof w);
+    return (v16)(c % 2 == 0 ? w << 16 : w & (v16i{} + static_cast<int32_t>(0xFFFF0000u)));
+  } else {
+    return load(row + c * kLanes);
+  }
+}
+
+// A head's C query vectors in kv_vec's order.
+template <int C, typename KV>
+SS_INLINE void q_vecs(const float* q, v16 (&qv)[C]) {
+  SS_UNROLL
+  for (int c = 0; c < C; ++c) {
+    if constexpr (kSplit<C, KV>) {
+      const v16 a = load(q + (c / 2) * 2 * kLanes), b = load(q + (c / 2) * 2 * kLanes + kLanes);
+      qv[c] = c % 2 == 0 ? __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+                         : __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    } else {
+      qv[c] = load(q + c * kLanes);
+    }
+  }
+}
+
+// out[0..D) = a head's C value sums (in kv_vec's order) over `sum`, in dim order.
+template <int C, typename KV>
+SS_INLINE void store_head(float* out, const float* acc, float sum) {
+  SS_UNROLL
+  for (int c = 0; c < C; ++c) {
+    if constexpr (kSplit<C, KV>) {
+      if (c % 2) continue;
+      const v16 even = load(acc + c * kLanes) / sum, odd = load(acc + (c + 1) * kLanes) / sum;
+      store(out + c * kLanes,
+            __builtin_shufflevector(even, odd, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23));
+      store(out + (c + 1) * kLanes,
+            __builtin_shufflevector(even, odd, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+    } else {
+      store(out + c * kLanes, load(acc + c * kLanes) / sum);
+    }
+  }
+}
+
 // The lane-wise products of a head's query vectors and one position's key, summed over the vectors.
 template <int C, typename KV>
 SS_INLINE v16 dot(const v16 (&qv)[C], const KV* k) {
-  v16 d = qv[0] * load(k);
+  v16 d = qv[0] * kv_vec<C>(k, 0);
   SS_UNROLL
-  for (int c = 1; c < C; ++c) d += qv[c] * load(k + c * kLanes);
+  for (int c = 1; c < C; ++c) d += qv[c] * kv_vec<C>(k, c);
   return d;
 }
 
@@ -161,8 +209,7 @@ SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64
                       v16& top) {
   constexpr int64_t D = C * kLanes;
   v16 qv[C];
-  SS_UNROLL
-  for (int c = 0; c < C; ++c) qv[c] = load(q + c * kLanes);
+  q_vecs<C, KV>(q, qv);
   for (int64_t b = b0; b < b1; ++b) {
     const KV* kb = k + (b - b0) * kLanes * D;
     const int64_t n = std::min<int64_t>(kLanes, len - b * kLanes);  // the row's positions in the block
@@ -216,7 +263,7 @@ SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const KV* 
   for (int64_t t = t0; t < t1; ++t) {
     SS_UNROLL
     for (int c = 0; c < C; ++c) {
-      const v16 x = load(v + (t - t0) * D + c * kLanes);
+      const v16 x = kv_vec<C>(v + (t - t0) * D, c);
       SS_UNROLL
       for (int h = 0; h < H; ++h) o[h][c] += p[h * stride + t] * x;
     }
@@ -258,16 +305,15 @@ constexpr int64_t kSpanBlocks = 4;
 // every (row, head)'s scores, a span of key positions at a time; their softmax weights (one max and one sum over all
 // of the row's positions, not an online softmax, whose rescaling chains each block to the one before); then the
 // weighted values, a span of positions at a time, for up to kValueHeads heads of a row at once. KV: the arena's
-// element; kWiden: a bfloat16 span is widened once into a buffer (worth it when several (row, head) pairs read it),
-// else widened as each vector is loaded. Either way every product sees the same fp32 values: the same bits.
-template <int C, typename KV, bool kWiden>
+// element (a bfloat16 one read as kv_vec reads it).
+template <int C, typename KV>
 SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1) {
   constexpr int64_t D = C * kLanes;
   const int64_t G = a.num_heads / a.num_kv_heads;
   const int64_t longest = a.first_len + a.rows - 1, blocks = (longest + kLanes - 1) / kLanes, stride = blocks * kLanes;
   // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned); kept by
   // the thread between calls, so a step's 30 layers do not allocate them again.
-  thread_local std::vector<float> weights, acc, sums, tops, span;
+  thread_local std::vector<float> weights, acc, sums, tops;
   for (int64_t g = h0 / G; g * G < h1; ++g) {
     const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
     const int64_t heads = j1 - j0, pairs = a.rows * heads;  // pair = r * heads + (j - j0)
@@ -277,22 +323,10 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     tops.assign(pairs * kLanes, -std::numeric_limits<float>::infinity());
     const KV* kg = static_cast<const KV*>(a.k) + g * a.kv_head;
     const KV* vg = static_cast<const KV*>(a.v) + g * a.kv_head;
-    auto span_of = [&](const KV* x, int64_t t0) {  // positions [t0, t0 + a span) of the group's K or V
-      if constexpr (kWiden) {
-        // The next span is asked for now: the widening pass would otherwise wait on each of its lines in turn.
-        const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, longest);
-        const int64_t t2 = std::min(t1 + kSpanBlocks * kLanes, longest);
-        const char* next = reinterpret_cast<const char*>(x + t1 * D);
-        for (int64_t i = 0; i < (t2 - t1) * D * static_cast<int64_t>(sizeof(KV)); i += 64) __builtin_prefetch(next + i);
-        return as_fp32(x + t0 * D, (t1 - t0) * D, span);
-      } else {
-        return x + t0 * D;
-      }
-    };
     auto row_len = [&](int64_t r) { return a.first_len + r; };
     auto row_blocks = [&](int64_t r) { return (row_len(r) + kLanes - 1) / kLanes; };
     for (int64_t b0 = 0; b0 < blocks; b0 += kSpanBlocks) {
-      const auto* ks = span_of(kg, b0 * kLanes);
+      const KV* ks = kg + b0 * kLanes * D;
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t b1 = std::min(b0 + kSpanBlocks, row_blocks(r));
         if (b0 >= b1) continue;  // the row ends before this span
@@ -308,7 +342,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     for (int64_t pair = 0; pair < pairs; ++pair)
       sums[pair] = exponentials(&weights[pair * stride], row_blocks(pair / heads), load(&tops[pair * kLanes]));
     for (int64_t t0 = 0; t0 < longest; t0 += kSpanBlocks * kLanes) {
-      const auto* vs = span_of(vg, t0);
+      const KV* vs = vg + t0 * D;
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, row_len(r));
         if (t0 >= t1) continue;  // the row ends before this span
@@ -327,9 +361,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     for (int64_t r = 0; r < a.rows; ++r) {
       for (int64_t j = j0; j < j1; ++j) {
         const int64_t pair = r * heads + j - j0;
-        float* out = a.out + r * a.out_row + (g * G + j) * D;
-        SS_UNROLL
-        for (int c = 0; c < C; ++c) store(out + c * kLanes, load(&acc[pair * D + c * kLanes]) / sums[pair]);
+        store_head<C, KV>(a.out + r * a.out_row + (g * G + j) * D, &acc[pair * D], sums[pair]);
       }
     }
   }
@@ -337,36 +369,27 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
 
 #define SS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 // The kernel for a head size (16, 32, 64 or 128: C vectors a head) and arena element type, compiled per CPU level.
-#define SS_ROW_KERNEL(C, KV, WIDEN, name) \
-  SS_CLONES void name(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<C, KV, WIDEN>(a, h0, h1); }
-SS_ROW_KERNEL(1, float, false, row_attention_16)
-SS_ROW_KERNEL(2, float, false, row_attention_32)
-SS_ROW_KERNEL(4, float, false, row_attention_64)
-SS_ROW_KERNEL(8, float, false, row_attention_128)
-SS_ROW_KERNEL(1, bf16_bits, false, row_attention_16_bf16)
-SS_ROW_KERNEL(2, bf16_bits, false, row_attention_32_bf16)
-SS_ROW_KERNEL(4, bf16_bits, false, row_attention_64_bf16)
-SS_ROW_KERNEL(8, bf16_bits, false, row_attention_128_bf16)
-SS_ROW_KERNEL(1, bf16_bits, true, row_attention_16_bf16_spans)
-SS_ROW_KERNEL(2, bf16_bits, true, row_attention_32_bf16_spans)
-SS_ROW_KERNEL(4, bf16_bits, true, row_attention_64_bf16_spans)
-SS_ROW_KERNEL(8, bf16_bits, true, row_attention_128_bf16_spans)
+#define SS_ROW_KERNEL(C, KV, name) \
+  SS_CLONES void name(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<C, KV>(a, h0, h1); }
+SS_ROW_KERNEL(1, float, row_attention_16)
+SS_ROW_KERNEL(2, float, row_attention_32)
+SS_ROW_KERNEL(4, float, row_attention_64)
+SS_ROW_KERNEL(8, float, row_attention_128)
+SS_ROW_KERNEL(1, bf16_bits, row_attention_16_bf16)
+SS_ROW_KERNEL(2, bf16_bits, row_attention_32_bf16)
+SS_ROW_KERNEL(4, bf16_bits, row_attention_64_bf16)
+SS_ROW_KERNEL(8, bf16_bits, row_attention_128_bf16)
 
 using RowKernel = void (*)(const RowAttention&, int64_t, int64_t);
 
-// The kernel for a call, or null where the head size has none. A bfloat16 span is widened into a buffer once for
-// the (row, head) pairs of a group when there are several rows; a decode's one row widens as it loads (cheaper for
-// three pairs, measured in a RAG step: docs/benchmarks.md).
+// The kernel for a call's head size and arena element, or null where the head size has none.
 inline RowKernel row_kernel(const RowAttention& a, int64_t head_dim) {
-  const RowKernel float_kv[] = {row_attention_16, row_attention_32, row_attention_64, row_attention_128};
-  const RowKernel loads[] = {row_attention_16_bf16, row_attention_32_bf16, row_attention_64_bf16,
-                             row_attention_128_bf16};
-  const RowKernel spans[] = {row_attention_16_bf16_spans, row_attention_32_bf16_spans, row_attention_64_bf16_spans,
-                             row_attention_128_bf16_spans};
+  const RowKernel fp32[] = {row_attention_16, row_attention_32, row_attention_64, row_attention_128};
+  const RowKernel bf16[] = {row_attention_16_bf16, row_attention_32_bf16, row_attention_64_bf16,
+                            row_attention_128_bf16};
   const int i = head_dim == 16 ? 0 : head_dim == 32 ? 1 : head_dim == 64 ? 2 : head_dim == 128 ? 3 : -1;
   if (i < 0) return nullptr;
-  if (a.kv_type == KvType::kFloat) return float_kv[i];
-  return a.rows > 1 ? spans[i] : loads[i];
+  return a.kv_type == KvType::kFloat ? fp32[i] : bf16[i];
 }
 
 // Below this much work (rows x keys x heads x head size) one thread: starting a parallel region costs a few us.
