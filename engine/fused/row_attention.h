@@ -203,7 +203,7 @@ SS_INLINE v16 dot(const v16 (&qv)[C], const KV* k) {
 }
 
 // One (row, head)'s scores over blocks b0..b1-1 of its positions [0, len), scaled: stored to p (lanes past len get
-// -inf), their lane-wise maximum folded into top. k: the keys from block b0 on.
+// -inf), their lane-wise maximum folded into top.
 template <int C, typename KV>
 SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64_t len, float scale, float* p,
                       v16& top) {
@@ -211,7 +211,7 @@ SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64
   v16 qv[C];
   q_vecs<C, KV>(q, qv);
   for (int64_t b = b0; b < b1; ++b) {
-    const KV* kb = k + (b - b0) * kLanes * D;
+    const KV* kb = k + b * kLanes * D;
     const int64_t n = std::min<int64_t>(kLanes, len - b * kLanes);  // the row's positions in the block
     v16 dots[kLanes];
     v16 s;
@@ -250,7 +250,7 @@ SS_INLINE float exponentials(float* p, int64_t blocks, v16 top) {
 // For H heads of one row (softmax weights p + h * stride, running sums acc + h * D): acc += their weighted value
 // vectors at positions [t0, t1). Each value vector is read once for the H heads; each head's sum takes the positions
 // in order, whatever H is and wherever a caller cuts the positions: the bits do not depend on which heads or
-// positions go together. v: the value vectors from position t0 on.
+// positions go together.
 template <int C, int H, typename KV>
 SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const KV* v, int64_t t0, int64_t t1) {
   constexpr int64_t D = C * kLanes;
@@ -263,7 +263,7 @@ SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const KV* 
   for (int64_t t = t0; t < t1; ++t) {
     SS_UNROLL
     for (int c = 0; c < C; ++c) {
-      const v16 x = kv_vec<C>(v + (t - t0) * D, c);
+      const v16 x = kv_vec<C>(v + t * D, c);
       SS_UNROLL
       for (int h = 0; h < H; ++h) o[h][c] += p[h * stride + t] * x;
     }
@@ -326,14 +326,13 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     auto row_len = [&](int64_t r) { return a.first_len + r; };
     auto row_blocks = [&](int64_t r) { return (row_len(r) + kLanes - 1) / kLanes; };
     for (int64_t b0 = 0; b0 < blocks; b0 += kSpanBlocks) {
-      const KV* ks = kg + b0 * kLanes * D;
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t b1 = std::min(b0 + kSpanBlocks, row_blocks(r));
         if (b0 >= b1) continue;  // the row ends before this span
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t pair = r * heads + j - j0;
           v16 top = load(&tops[pair * kLanes]);
-          scores<C>(a.q + r * a.q_row + (g * G + j) * D, ks, b0, b1, row_len(r), a.scale, &weights[pair * stride],
+          scores<C>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, &weights[pair * stride],
                     top);
           store(&tops[pair * kLanes], top);
         }
@@ -342,7 +341,6 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
     for (int64_t pair = 0; pair < pairs; ++pair)
       sums[pair] = exponentials(&weights[pair * stride], row_blocks(pair / heads), load(&tops[pair * kLanes]));
     for (int64_t t0 = 0; t0 < longest; t0 += kSpanBlocks * kLanes) {
-      const KV* vs = vg + t0 * D;
       for (int64_t r = 0; r < a.rows; ++r) {
         const int64_t t1 = std::min(t0 + kSpanBlocks * kLanes, row_len(r));
         if (t0 >= t1) continue;  // the row ends before this span
@@ -350,10 +348,10 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
           float* o = &acc[(r * heads + j) * D];
           const float* p = &weights[(r * heads + j) * stride];
           switch (std::min<int64_t>(kValueHeads<C>, heads - j)) {
-            case 1: add_values<C, 1>(o, p, stride, vs, t0, t1); break;
-            case 2: add_values<C, 2>(o, p, stride, vs, t0, t1); break;
-            case 3: add_values<C, 3>(o, p, stride, vs, t0, t1); break;
-            default: add_values<C, 4>(o, p, stride, vs, t0, t1); break;
+            case 1: add_values<C, 1>(o, p, stride, vg, t0, t1); break;
+            case 2: add_values<C, 2>(o, p, stride, vg, t0, t1); break;
+            case 3: add_values<C, 3>(o, p, stride, vg, t0, t1); break;
+            default: add_values<C, 4>(o, p, stride, vg, t0, t1); break;
           }
         }
       }
