@@ -20,6 +20,7 @@ from engine.request import SamplingOptions
 from engine.spec.ngram import NgramProposer
 from engine.spec.proposer import ProposalInput
 
+
 @dataclass(frozen=True)
 class Replay:
     name: str

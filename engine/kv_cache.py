@@ -167,7 +167,6 @@ class KVCache:
             raise ValueError(f"the KV arena needs at least one token slot, got {num_tokens}")
         self.num_layers = num_layers
         self.num_tokens = num_tokens
-        self.dtype = dtype
         self.bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
         # torch.empty: on CPU the pages are only committed when first written, and
         # positions past a sequence's num_cached are never read, so no zeroing is needed.
@@ -205,11 +204,16 @@ class KVCache:
         self.allocator.free(slot.region)
         slot.num_cached = 0
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The arena's element (engine.kv_cache_dtype)."""
+        return self.kv.dtype
+
     def write(self, layer: int, slot_mapping: torch.Tensor, kv: torch.Tensor) -> None:
         """Store the new tokens' K and V: slot_mapping [T] arena slots; kv [T, 2, kv_heads, head_dim]."""
         # One index_copy_ per layer for the whole flat batch, K and V together (rounded to a bfloat16 arena's
         # dtype first, to nearest even, as the fused step's write rounds).
-        self.kv[layer].index_copy_(2, slot_mapping, kv.permute(1, 2, 0, 3).to(self.kv.dtype))
+        self.kv[layer].index_copy_(2, slot_mapping, kv.permute(1, 2, 0, 3).to(self.dtype))
 
     def view(self, layer: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of arena slots [start, start + length): views, each [kv_heads, length, head_dim]."""

@@ -159,13 +159,13 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     const int64_t n = a.first_len + a.rows - 1;
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t at = kt_at[c] + g * kt_head[c];
-      if (!bf16) {
+      if (bf16) {
+        transpose_blocks(static_cast<const bf16_bits*>(a.k) + g * a.kv_head, n, head_dim, kt.get() + at);
+        const bf16_bits* v = static_cast<const bf16_bits*>(a.v) + g * a.kv_head;
+        for (int64_t i = 0; i < n * head_dim; i += kLanes) store(vt.get() + at + i, load(v + i));
+      } else {
         transpose_blocks(static_cast<const float*>(a.k) + g * a.kv_head, n, head_dim, kt.get() + at);
-        continue;
       }
-      transpose_blocks(static_cast<const bf16_bits*>(a.k) + g * a.kv_head, n, head_dim, kt.get() + at);
-      const bf16_bits* v = static_cast<const bf16_bits*>(a.v) + g * a.kv_head;
-      for (int64_t i = 0; i < n * head_dim; i += kLanes) store(vt.get() + at + i, load(v + i));
     }
   });
   // Items: per call, head-major, then tiles; a tile's work is its rows x its last row's positions.

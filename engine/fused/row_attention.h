@@ -380,14 +380,14 @@ SS_ROW_KERNEL(8, bf16_bits, row_attention_128_bf16)
 
 using RowKernel = void (*)(const RowAttention&, int64_t, int64_t);
 
-// The kernel for a call's head size and arena element, or null where the head size has none.
-inline RowKernel row_kernel(const RowAttention& a, int64_t head_dim) {
+// The kernel for a head size and arena element, or null where the head size has none.
+inline RowKernel row_kernel(KvType kv_type, int64_t head_dim) {
   const RowKernel fp32[] = {row_attention_16, row_attention_32, row_attention_64, row_attention_128};
   const RowKernel bf16[] = {row_attention_16_bf16, row_attention_32_bf16, row_attention_64_bf16,
                             row_attention_128_bf16};
   const int i = head_dim == 16 ? 0 : head_dim == 32 ? 1 : head_dim == 64 ? 2 : head_dim == 128 ? 3 : -1;
   if (i < 0) return nullptr;
-  return a.kv_type == KvType::kFloat ? fp32[i] : bf16[i];
+  return kv_type == KvType::kFloat ? fp32[i] : bf16[i];
 }
 
 // Below this much work (rows x keys x heads x head size) one thread: starting a parallel region costs a few us.
@@ -427,7 +427,9 @@ void parallel_runs(const std::vector<int64_t>& first_item, const std::vector<int
 // about equal work (rows x keys); each (row, head) is computed by one thread from start to end, with the same
 // operands whatever else the region holds, so neither threads nor batching change a bit.
 inline bool row_attention(const std::vector<RowAttention>& calls, int64_t head_dim) {
-  if (row_kernel(RowAttention{}, head_dim) == nullptr) return false;
+  // One arena: every call's element type is the first's.
+  const RowKernel kernel = row_kernel(calls.empty() ? KvType::kFloat : calls[0].kv_type, head_dim);
+  if (kernel == nullptr) return false;
   std::vector<int64_t> first_item(calls.size() + 1, 0);  // call c's heads are items first_item[c]..first_item[c + 1]
   std::vector<int64_t> work_before(1, 0);  // per item boundary: the work of the items before it
   for (size_t c = 0; c < calls.size(); ++c) {
@@ -436,9 +438,7 @@ inline bool row_attention(const std::vector<RowAttention>& calls, int64_t head_d
     const int64_t per_head = a.rows * (a.first_len + a.rows) * head_dim;
     for (int64_t h = 0; h < a.num_heads; ++h) work_before.push_back(work_before.back() + per_head);
   }
-  std::vector<RowKernel> kernels;
-  for (const RowAttention& a : calls) kernels.push_back(row_kernel(a, head_dim));
-  parallel_runs(first_item, work_before, [&](size_t c, int64_t lo, int64_t hi) { kernels[c](calls[c], lo, hi); });
+  parallel_runs(first_item, work_before, [&](size_t c, int64_t lo, int64_t hi) { kernel(calls[c], lo, hi); });
   return true;
 }
 
