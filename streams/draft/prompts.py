@@ -2,7 +2,7 @@
 
 Chat questions of the kinds an assistant gets (open questions, explanations,
 advice, lists, short writing, code), built from templates and topics so about
-fifteen hundred differ. The benchmark's own prompts (bench/workloads.py) are not among
+three thousand differ. The benchmark's own prompts (bench/workloads.py) are not among
 them: the benchmark measures a head on text it was not trained on.
 """
 from __future__ import annotations
@@ -51,6 +51,18 @@ TOPICS = (
     "composting", "learning history", "playing the guitar", "origami", "hiking with a dog", "ice skating",
     "starting a small business", "making friends as an adult", "bird feeders", "learning statistics",
     "repairing a bicycle", "sailing",
+    "learning to dance", "woodworking", "keeping houseplants alive", "running a book club", "learning sign language",
+    "train spotting", "making cheese", "skiing", "electric cars", "planning a wedding", "learning to juggle",
+    "collecting stamps", "bird photography", "minimalism", "renting a first flat", "cold water swimming",
+    "learning calligraphy", "making jam", "amateur astronomy", "community gardens", "learning to sew",
+    "playing the violin", "caring for an elderly parent", "surfing", "making pasta from scratch",
+    "foraging for mushrooms", "building a personal website", "learning to sail a dinghy", "trail running",
+    "caring for chickens", "improv theatre", "learning to budget", "mountain biking", "keeping an aquarium",
+    "learning chemistry", "archery", "reading poetry aloud", "beekeeping in a city", "restoring old furniture",
+    "learning to type fast", "tabletop role-playing games", "wild camping", "kayaking", "learning to bake cakes",
+    "making candles", "cross-country skiing", "podcasting", "learning geography", "growing herbs indoors",
+    "martial arts", "wine tasting", "making a family tree", "learning to knit socks", "going to the opera",
+    "speed reading", "bird migration",
 )
 
 CODE_TASKS = (
