@@ -53,7 +53,14 @@ from engine.sampler import RequestRng
 from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput, draft_cap
 from engine.sequence import Sequence
 from engine.spec.controller import SpeculationController
-from engine.spec.proposer import DraftProposal, FollowsWeightFormat, HiddenStateConsumer, ProposalInput, Proposer
+from engine.spec.proposer import (
+    DraftProposal,
+    DraftSources,
+    FollowsWeightFormat,
+    HiddenStateConsumer,
+    ProposalInput,
+    Proposer,
+)
 from engine.spec.verifier import verify_batch
 from engine.step_record import StepObserver, StepRecord
 from engine.threads import apply_threads
@@ -67,6 +74,16 @@ def _grammatical(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
     if n == proposal.num_tokens:
         return proposal
     return DraftProposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n])
+
+
+def _proposal_input(seq: Sequence) -> ProposalInput:
+    return ProposalInput(
+        seq_id=seq.request_id,
+        token_ids=seq.all_token_ids(),
+        params=seq.params,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        rng=seq.rng,
+    )
 
 
 class LLMEngine:
@@ -294,8 +311,24 @@ class LLMEngine:
         n_decode = len(self.scheduler.decoding())
         base = min(self.config.max_batched_tokens, n_decode + self.scheduler.pending_prefill_tokens())
         caps = [draft_cap(s, self.max_draft_tokens) for s in decoding]
+        if isinstance(self.proposer, DraftSources):
+            self._follow_sources(self.proposer, self.controller, decoding)
         ks = self.controller.plan([s.spec_state for s in decoding if s.spec_state is not None], base, caps)
         return {s.request_id: k for s, k in zip(decoding, ks) if k > 0}
+
+    @staticmethod
+    def _follow_sources(proposer: DraftSources, controller: SpeculationController, decoding: list[Sequence]) -> None:
+        """Point each sequence's spec_state at the state of the source that drafts for it this step."""
+        for seq in decoding:
+            if seq.spec_state is None:
+                continue
+            source = proposer.source(_proposal_input(seq))
+            if not seq.spec_states:  # the first step: the state add_request made becomes this source's
+                seq.spec_states[source] = seq.spec_state
+            state = seq.spec_states.get(source)
+            if state is None:
+                state = seq.spec_states[source] = controller.new_state(seq.request_id, seq.request.speculation)
+            seq.spec_state = state
 
     def _propose(self, scheduled: list[ScheduledSequence]) -> float:
         """Set the drafts of the scheduled decodes; returns the proposer's seconds."""
@@ -303,16 +336,7 @@ class LLMEngine:
         if self.proposer is None or not todo:
             return 0.0
         t0 = time.perf_counter()
-        inputs = [
-            ProposalInput(
-                seq_id=s.seq.request_id,
-                token_ids=s.seq.all_token_ids(),
-                params=s.seq.params,
-                num_prompt_tokens=s.seq.num_prompt_tokens,
-                rng=s.seq.rng,
-            )
-            for s in todo
-        ]
+        inputs = [_proposal_input(s.seq) for s in todo]
         for sched, proposal in zip(todo, self.proposer.propose(inputs, [s.draft_budget for s in todo])):
             sched.set_drafts(_grammatical(sched.seq, proposal))
         return time.perf_counter() - t0

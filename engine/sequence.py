@@ -33,6 +33,9 @@ class Sequence:
     speculate: bool = False
     # The speculation controller's per-sequence state (None without speculation).
     spec_state: SpecState | None = None
+    # With a proposer of several sources (DraftSources): a state per source; spec_state is the one of the
+    # source drafting this step (the engine picks it before planning).
+    spec_states: dict[str, SpecState] = field(default_factory=dict)
     # Position-keyed sampling randomness and the incremental detokenizer: the
     # engine sets both in add_request (scheduler tests run without them).
     rng: RequestRng | None = None

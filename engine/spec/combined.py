@@ -11,6 +11,11 @@ Measured (docs/benchmarks.md, 2026-12-02), in target steps for 128 tokens:
 keeping 1- and 2-token matches for lookup took 103 on the open question and
 42-44 on RAG, where rules that gave them to whichever source had hit more often
 lately took 108-118 and 48-49; code edit was 29-31 under every rule.
+
+The two sources are `DraftSources` to the engine: the controller keeps an
+acceptance estimate per source and sequence. With one estimate for both, a
+head that missed on a code edit (acceptance 0.04) shortened lookup's drafts
+there: 32-33 target steps where lookup alone took 28 (2026-12-05).
 """
 from __future__ import annotations
 
@@ -32,6 +37,9 @@ class LookupThenEagle:
     def observe_hidden(self, seq_id: str, first_position: int, hidden: Tensor) -> None:
         # The head must see every committed position, also those lookup drafted.
         self.eagle.observe_hidden(seq_id, first_position, hidden)
+
+    def source(self, inp: ProposalInput) -> str:
+        return "lookup" if self.lookup.matches(inp) else "head"
 
     def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
         out = self.lookup.propose(inputs, num_tokens)

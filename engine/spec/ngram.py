@@ -52,6 +52,10 @@ class NgramProposer:
             out.append(DraftProposal(tokens=self._lookup(state, k), probs=None))
         return out
 
+    def matches(self, inp: ProposalInput) -> bool:
+        """Whether propose would draft for this sequence now (some n-gram of its suffix occurred before)."""
+        return bool(self._lookup(self._sync(inp.seq_id, inp.token_ids), 1))
+
     def rollback(self, seq_id: str, num_tokens: int) -> None:
         state = self._seqs.get(seq_id)
         if state is not None and num_tokens < len(state.tokens):

@@ -100,3 +100,14 @@ class FollowsWeightFormat(Protocol):
     def follow_weight_format(self, fmt: str, kernel: str) -> None:
         """fmt: the resolved format ("fp32", "bf16", "int8", "int4"); kernel: engine.quant_kernel."""
         ...
+
+
+@runtime_checkable
+class DraftSources(Protocol):
+    """A proposer made of sources that draft with different acceptance (prompt lookup where the text repeats
+    itself, a draft head elsewhere): the controller keeps a speculation state per source, so a source that keeps
+    missing does not shorten, or switch off, the drafts of one that hits."""
+
+    def source(self, inp: ProposalInput) -> str:
+        """Which source would draft for this sequence now (the next propose call, same committed tokens)."""
+        ...

@@ -291,9 +291,11 @@ def _draft(combined, tokens: list[int]) -> list[int]:  # type: ignore[no-untyped
 def test_a_one_token_lookup_match_takes_the_step_from_the_head(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
     tokens = PREFIX + [15]  # 15 occurred once, followed by 16..
     combined, head_calls = _lookup_then_eagle(hf, head_dir, tokens)
+    assert combined.source(ProposalInput("s", tokens, SamplingOptions(max_tokens=64))) == "lookup"
     assert _draft(combined, tokens) == [16, 17, 18, 19] and head_calls == []
 
 
 def test_the_head_drafts_where_lookup_finds_no_match(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
     combined, head_calls = _lookup_then_eagle(hf, head_dir, PREFIX)
+    assert combined.source(ProposalInput("s", PREFIX, SamplingOptions(max_tokens=64))) == "head"
     assert len(_draft(combined, PREFIX)) == K and head_calls == [1]

@@ -1,0 +1,78 @@
+"""A proposer of several sources (prompt lookup and a draft head): the controller keeps an acceptance estimate
+per source, so a source that keeps missing neither shortens nor switches off the drafts of one that hits, and
+the output stays plain decoding's."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.spec.config import SpeculationConfig
+from engine.spec.controller import FixedCostModel, SpeculationController
+from engine.spec.proposer import DraftProposal, ProposalInput
+from tests.unit.engine._engine_factories import VOCAB, greedy_request, make_engine, random_prompts, tiny_hf_model
+
+MAX_NEW = 120
+K = 4
+
+
+class _HitOrMiss:
+    """Drafts plain decoding's own continuation ("hit") when the committed length is a multiple of 4, wrong
+    tokens ("miss") otherwise; records the draft lengths the engine asked of each source."""
+
+    def __init__(self, reference: list[int]) -> None:
+        self.reference = reference
+        self.asked: dict[str, list[int]] = {"hit": [], "miss": []}
+
+    def _source(self, inp: ProposalInput) -> str:
+        return "hit" if len(inp.token_ids) % 4 == 0 else "miss"
+
+    def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
+        out = []
+        for inp, k in zip(inputs, num_tokens):
+            source, at = self._source(inp), len(inp.token_ids)
+            self.asked[source].append(k)
+            truth = self.reference[at : at + k]
+            out.append(DraftProposal(truth if source == "hit" else [(t + 1) % VOCAB for t in truth], None))
+        return out
+
+    def rollback(self, seq_id: str, num_tokens: int) -> None:
+        pass
+
+    def release(self, seq_id: str) -> None:
+        pass
+
+
+class _TwoSources(_HitOrMiss):
+    def source(self, inp: ProposalInput) -> str:  # DraftSources
+        return self._source(inp)
+
+
+@pytest.fixture(scope="module")
+def target() -> Any:
+    return tiny_hf_model()
+
+
+def _run(target: Any, proposer: _HitOrMiss, prompt: list[int]) -> list[int]:
+    spec = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=K)
+    # Drafting pays (a fed token costs a tenth of a step), so only acceptance decides each source's k.
+    controller = SpeculationController(spec, FixedCostModel(fixed_s=1.0, per_token_s=0.1))
+    engine = make_engine(target, speculation=spec, proposer=proposer, controller=controller)
+    return engine.generate([greedy_request("r", prompt, MAX_NEW)])["r"].token_ids
+
+
+def test_a_missing_source_does_not_shorten_the_drafts_of_a_hitting_one(target: Any) -> None:
+    prompt = random_prompts([9], seed=5)[0]
+    plain = make_engine(target).generate([greedy_request("r", prompt, MAX_NEW)])["r"].token_ids
+    reference = prompt + plain
+
+    shared, split = _HitOrMiss(reference), _TwoSources(reference)
+    assert _run(target, shared, prompt) == plain
+    assert _run(target, split, prompt) == plain
+
+    # After its first step (the prior's estimate) the hitting source drafts all K every time ...
+    assert len(split.asked["hit"]) > 5 and split.asked["hit"][1:] == [K] * (len(split.asked["hit"]) - 1), split.asked
+    # ... and the missing one is switched off: it drafts in far fewer steps (only its probes after the switch).
+    assert len(split.asked["miss"]) < len(shared.asked["miss"]) / 1.5, (split.asked, shared.asked)
+    # With one estimate for both, the misses pull the hitting source's drafts down.
+    assert max(shared.asked["hit"]) < K, shared.asked
