@@ -71,7 +71,7 @@ def run_training(settings: Settings, options: DraftTrainOptions, progress: Progr
         sequences, generated = _kept_sequences(options.sequences), []
         log_counts = {"kept": len(sequences)}
     else:
-        sequences, log_counts = _log_sequences(settings, options, loaded, progress)
+        sequences, log_counts = _log_sequences(settings, options, served, progress)
         timer.lap("read_log")
         wanted = min(options.generate, options.samples - len(sequences))
         generated = _generated(served, wanted, options, progress) if wanted > 0 else []
@@ -111,7 +111,7 @@ def _served_target(settings: Settings, progress: Progress) -> Any:
 
 
 def _log_sequences(
-    settings: Settings, options: DraftTrainOptions, loaded: Any, progress: Progress
+    settings: Settings, options: DraftTrainOptions, served: Any, progress: Progress
 ) -> tuple[list[Sequence], dict[str, int]]:
     if options.topic is None:
         return [], {}
@@ -120,8 +120,9 @@ def _log_sequences(
 
     progress(f"reading {topic} from its beginning ...")
     try:
-        got = asyncio.run(from_completions_log(settings.kafka, topic, loaded.tokenizer, limit=options.samples,
-                                               max_len=loaded.max_context))
+        # At most the served context: the target pass runs on the served engine's RoPE tables.
+        got = asyncio.run(from_completions_log(settings.kafka, topic, served.tokenizer, limit=options.samples,
+                                               max_len=served.max_model_len))
     except SourceError as error:  # no such topic yet: nothing recorded, which generation makes up for
         progress(f"no log to read: {error}")
         return [], {}
