@@ -37,6 +37,11 @@ def _tiny_target(folder: Path) -> Path:
     return folder
 
 
+def _served_as_bf16(target: str) -> Settings:
+    return Settings.model_validate(
+        {"engine": {"model": target, "max_model_len": 256, "kv_cache_bytes": "8MiB", "weights": "bf16"}})
+
+
 def _greedy(model: str, weights: str, prompts: list[str], max_tokens: int) -> list[list[int]]:
     loaded = load_model(model)
     engine = LLMEngine(loaded, EngineConfig(model=model, max_model_len=256, kv_cache_bytes=8 << 20, weights=weights,
@@ -49,11 +54,9 @@ def _greedy(model: str, weights: str, prompts: list[str], max_tokens: int) -> li
 
 def test_generated_answers_are_the_configured_formats_greedy_answers(tmp_path: Path) -> None:
     target = str(_tiny_target(tmp_path / "target"))
-    settings = Settings.model_validate(
-        {"engine": {"model": target, "max_model_len": 256, "kv_cache_bytes": "8MiB", "weights": "bf16"}})
     options = DraftTrainOptions(max_new_tokens=24)
 
-    served = _served_target(settings, lambda _: None)
+    served = _served_target(_served_as_bf16(target), lambda _: None)
     got = _generated(served, 4, options, lambda _: None)
 
     expected = _greedy(target, "bf16", builtin_prompts(4, options.seed), 24)
@@ -63,10 +66,7 @@ def test_generated_answers_are_the_configured_formats_greedy_answers(tmp_path: P
 
 
 def test_the_target_pass_labels_each_answer_position_with_the_served_formats_greedy_token(tmp_path: Path) -> None:
-    target = str(_tiny_target(tmp_path / "target"))
-    settings = Settings.model_validate(
-        {"engine": {"model": target, "max_model_len": 256, "kv_cache_bytes": "8MiB", "weights": "bf16"}})
-    served = _served_target(settings, lambda _: None)
+    served = _served_target(_served_as_bf16(str(_tiny_target(tmp_path / "target"))), lambda _: None)
     sequences = _generated(served, 3, DraftTrainOptions(max_new_tokens=24), lambda _: None)
 
     examples = collect_features(served.model, sequences, lambda _: None)
