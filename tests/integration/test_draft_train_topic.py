@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
@@ -26,6 +25,7 @@ from streams import kafka_io
 from streams.cli import main
 from streams.eval.completions_log import completion_record
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
+from tests.tiny_targets import tiny_chat_target
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(600)]
 
@@ -62,22 +62,6 @@ async def _publish(bootstrap: str, topic: str, records: list[Any]) -> None:
         await producer.stop()
 
 
-def _tiny_target(folder: Path, seed: int) -> Path:
-    """A random 2-layer Llama speaking SmolLM2's tokenizer (so chat prompts render as the worker renders them)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from engine.model_text import load_tokenizer
-
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_target(
     kafka_bootstrap: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]  # noqa: F811
 ) -> None:
@@ -85,7 +69,7 @@ def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_targe
     records = [_record(i, q, a) for i, (q, a) in enumerate(ANSWERS.items())]
     records.append(_record(9, "a private question", "a private answer", log_prompt=False))  # tenant opted out
     asyncio.run(_publish(kafka_bootstrap, f"{prefix}.completions", records))
-    target = _tiny_target(tmp_path / "target", seed=0)
+    target = tiny_chat_target(tmp_path / "target", seed=0)
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"kafka": {"bootstrap_servers": kafka_bootstrap, "topic_prefix": prefix},
                                   "engine": {"model": str(target), "max_model_len": 256, "kv_cache_bytes": "8MiB"}}))
@@ -105,7 +89,7 @@ def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_targe
     from engine.spec.eagle_artifact import DraftHeadMismatch, load_head
 
     load_head(str(head.parent), load_model(str(target)).model, "tiny")  # newest version, fits its target
-    other = load_model(str(_tiny_target(tmp_path / "other", seed=1))).model
+    other = load_model(str(tiny_chat_target(tmp_path / "other", seed=1))).model
     with pytest.raises(DraftHeadMismatch, match="was trained for"):
         load_head(str(head), other, "other")
 

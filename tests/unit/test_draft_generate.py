@@ -6,35 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
 from engine.request import EngineRequest, SamplingOptions
+from engine.spec.eagle_train import collect_features
 from streams.config import Settings
 from streams.draft.prompts import builtin_prompts
 from streams.draft.source import chat_prompt_ids
-from engine.spec.eagle_train import collect_features
 from streams.draft.train import DraftTrainOptions, _generated, _served_target
+from tests.tiny_targets import tiny_chat_target
 
 pytestmark = [pytest.mark.model]
-
-
-def _tiny_target(folder: Path) -> Path:
-    """A random 2-layer Llama speaking SmolLM2's tokenizer (chat prompts render as the worker renders them)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from engine.model_text import load_tokenizer
-
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                      tie_word_embeddings=True, initializer_range=0.2)  # sharp logits: bf16 flips some
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def _served_as_bf16(target: str) -> Settings:
@@ -53,7 +37,7 @@ def _greedy(model: str, weights: str, prompts: list[str], max_tokens: int) -> li
 
 
 def test_generated_answers_are_the_configured_formats_greedy_answers(tmp_path: Path) -> None:
-    target = str(_tiny_target(tmp_path / "target"))
+    target = str(tiny_chat_target(tmp_path / "target", initializer_range=0.2))
     options = DraftTrainOptions(max_new_tokens=24)
 
     served = _served_target(_served_as_bf16(target), lambda _: None)
@@ -66,7 +50,7 @@ def test_generated_answers_are_the_configured_formats_greedy_answers(tmp_path: P
 
 
 def test_the_target_pass_labels_each_answer_position_with_the_served_formats_greedy_token(tmp_path: Path) -> None:
-    served = _served_target(_served_as_bf16(str(_tiny_target(tmp_path / "target"))), lambda _: None)
+    served = _served_target(_served_as_bf16(str(tiny_chat_target(tmp_path / "target", initializer_range=0.2))), lambda _: None)
     sequences = _generated(served, 3, DraftTrainOptions(max_new_tokens=24), lambda _: None)
 
     examples = collect_features(served.model, sequences, lambda _: None)
