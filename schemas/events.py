@@ -341,6 +341,13 @@ class RolloutState(Event):
     step: int = Field(default=0, ge=0, description="Index of the current step in steps.")
     reason: str = Field(default="", description="Why the rollout is in this state (the failed gate, who aborted).")
     at: float = Field(description="Unix time of this state.")
+    controller_host: str = Field(default="", description="Host of the `specstream rollout start` process stepping it.")
+    controller_pid: int | None = Field(
+        default=None, description="That process's id: it owns the candidate workers it started, and drains them when "
+        "the rollout ends (`rollout abort`, a failed gate, or a SIGINT/SIGTERM to it).")
+    local_workers: int = Field(
+        default=0, ge=0, description="Candidate workers that process started on its host (0: the candidate pool runs "
+        "elsewhere, e.g. a Deployment its operator owns).")
 
 
 class EdgeAnnouncement(Event):

@@ -4,8 +4,10 @@
     specstream rollout status
     specstream rollout pause|resume|abort [--reason TEXT]
 
-``start`` exits 0 when every step held (the candidate serves 100 %), 1 when it rolled back or was aborted, 2 on
-bad input (an unreadable candidate configuration names its key).
+``start`` owns the candidate workers it starts: at 100 % it stays in the foreground until the rollout is ended
+(``rollout abort`` or Ctrl-C: all traffic back to stable, then its workers drain and stop). It exits 0 when every
+step held, 1 when it rolled back or was aborted before 100 %, 2 on bad input (an unreadable candidate configuration
+names its key). ``status`` says which processes serve each pool and how to stop them.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schemas.events import ENGINE_WORKER_KIND, RolloutState, ServiceAnnouncement
 from streams.commands.common import describe, format_duration, say
 from streams.config import ConfigError, Settings, load_settings
 
@@ -97,7 +100,7 @@ def _start(args: argparse.Namespace, settings: Settings, model: str) -> int:
     from streams.ops.rollout import Rollout, RolloutPlan
     from streams.ops.rollout_gates import Gates
 
-    load_settings(str(args.candidate))  # a bad candidate configuration stops here, naming its key
+    candidate = load_settings(str(args.candidate))  # a bad candidate configuration stops here, naming its key
     if args.workers < 0:
         raise ValueError(f"--workers must not be negative, got {args.workers}")
     plan = RolloutPlan(
@@ -105,10 +108,12 @@ def _start(args: argparse.Namespace, settings: Settings, model: str) -> int:
         hold_s=duration_s(args.hold, "--hold"), workers=args.workers,
         ready_timeout_s=duration_s(args.ready_timeout, "--ready-timeout"),
         interval_s=duration_s(args.interval, "--interval"), eval_gate=args.eval_gate, log_dir=args.log_dir,
+        drain_timeout_s=candidate.worker.drain_timeout_s,
         gates=Gates(max_error_rate_increase=args.max_error_rate_increase, latency_ratio=args.latency_ratio,
                     latency_slack_s=duration_s(args.latency_slack, "--latency-slack"), min_samples=args.min_samples))
-    final = asyncio.run(Rollout(settings, plan, say).run())
-    return 0 if final.state == "completed" else 1
+    rollout = Rollout(settings, plan, say)
+    asyncio.run(rollout.run())
+    return 0 if rollout.completed else 1
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> int:
@@ -124,7 +129,53 @@ def _status(args: argparse.Namespace, settings: Settings) -> int:
         steps = ",".join(f"{p:g}" for p in s.steps)
         print(f"{s.model}: {s.state}, {s.percent:g} % to the candidate ({s.candidate}, topics {s.candidate_prefix}.*), "
               f"step {s.step + 1} of [{steps}], {format_duration(time.time() - s.at)} ago: {s.reason}")
+        for line in asyncio.run(_pool_lines(settings, s)):
+            print(f"  {line}")
     return 0
+
+
+async def _pool_lines(settings: Settings, state: RolloutState) -> list[str]:
+    """Who serves each pool of the rollout's model, and how each is stopped."""
+    from schemas.topics import TopicCatalog
+
+    stale_after_s = settings.edge.ready_heartbeats * settings.worker.heartbeat_s
+    ended = state.state in ("rolled_back", "aborted")
+    if state.controller_pid is None:
+        lines = []
+    elif state.local_workers and not ended:
+        lines = [f"controller: `rollout start` pid {state.controller_pid} on {state.controller_host}, owning the "
+                 f"{state.local_workers} candidate worker(s) it started: `specstream rollout abort` (or Ctrl-C there) "
+                 "puts all traffic on stable and drains them"]
+    else:
+        lines = [f"controller: `rollout start` pid {state.controller_pid} on {state.controller_host}"
+                 + ("" if state.local_workers else "; the candidate pool runs elsewhere (scale its Deployment)")]
+    for pool, catalog in (("candidate", TopicCatalog(state.candidate_prefix)), ("stable", settings.catalog)):
+        # The candidate prefix is the rollout's own; stable's services topic also lists other models' workers.
+        model = state.model if pool == "stable" else None
+        workers = await _serving_workers(settings, catalog.services.name, model, stale_after_s)
+        if not workers:
+            lines.append(f"{pool} pool: no engine worker announced")
+        for w in workers:
+            how = ("SIGTERM to it drains it (it outlived its rollout)" if pool == "candidate" and ended
+                   else "drained by `rollout abort`" if pool == "candidate" and state.local_workers
+                   else "SIGTERM to it drains it")
+            lines.append(f"{pool} pool: {w.service_id} {w.state} on {w.host or '?'}/{w.pid or '?'}: {how}")
+    return lines
+
+
+async def _serving_workers(settings: Settings, topic: str, model: str | None,
+                           stale_after_s: float) -> list[ServiceAnnouncement]:
+    """The engine workers announced on ``topic`` (serving ``model``, if given), neither stopped nor stale."""
+    from streams import kafka_io
+    from streams.commands.status import read_announcements
+
+    if topic not in await kafka_io.list_topics(settings.kafka):
+        return []
+    announcements, _ = await read_announcements(settings.kafka, topic)
+    now = time.time()
+    return sorted((a for a in announcements.values() if a.kind == ENGINE_WORKER_KIND and a.state != "stopped"
+                   and (model is None or model in a.models) and now - a.at <= stale_after_s),
+                  key=lambda a: a.service_id)
 
 
 def _transition(args: argparse.Namespace, settings: Settings, model: str) -> int:

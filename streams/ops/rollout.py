@@ -11,20 +11,25 @@ itself when one fails.
    checking the gates every ``interval_s`` (:mod:`streams.ops.rollout_gates`; figures from Prometheus when
    ``ops.rollout.prometheus_url`` is set, :mod:`streams.ops.rollout_prometheus`, else from the bus), then run the
    optional eval gate (a command whose exit status decides, e.g. ``specstream eval replay ...``);
-4. all steps held: ``completed`` (100 %: the candidate pool serves the model; promote its configuration to stable,
-   then end the rollout with ``rollout abort``);
+4. all steps held: ``completed`` (100 %: the candidate pool serves the model). A pool this process started stays
+   its to own: it keeps running in the foreground until the rollout is ended (``rollout abort``, a newer rollout of
+   the model, Ctrl-C or SIGTERM here: all traffic back to stable, then the pool is drained), so no candidate worker
+   outlives the command that started it. With ``--workers 0`` the pool is its operator's and this process exits;
 5. a failed gate: ``rolled_back`` (0 %) with the gate's reason, at once, then the candidate pool is drained.
 
 ``rollout pause`` freezes the step (the hold clock stops, the share stays), ``resume`` continues, ``abort`` sets 0 %
 itself (edges follow within a poll, whether or not this process still runs) and makes this process drain the pool.
-Ctrl-C or SIGTERM of this process rolls back: no share stays on a candidate that nothing watches.
+Ctrl-C or SIGTERM of this process rolls back: no share stays on a candidate that nothing watches. Every state names
+this process (host, pid) and how many workers it started, so ``rollout status`` can say who stops what.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -56,6 +61,7 @@ class RolloutPlan:
     gates: Gates = field(default_factory=Gates)
     eval_gate: str | None = None  # a shell command run at the end of each step; non-zero fails it
     log_dir: Path | None = None
+    drain_timeout_s: float = 30.0  # the candidate's worker.drain_timeout_s: how long its workers may take to drain
 
 
 class Stopped(Exception):
@@ -69,7 +75,10 @@ class Rollout:
         prefix = candidate_prefix(settings.kafka.topic_prefix)
         self.candidate = TopicCatalog(prefix, settings.kafka.request_partitions)
         self.state = RolloutState(model=plan.model, rollout_id=uuid.uuid4().hex[:12], candidate=str(plan.candidate_config),
-                                  candidate_prefix=prefix, state="starting", percent=0.0, steps=plan.steps, at=time.time())
+                                  candidate_prefix=prefix, state="starting", percent=0.0, steps=plan.steps, at=time.time(),
+                                  controller_host=socket.gethostname(), controller_pid=os.getpid(),
+                                  local_workers=plan.workers)
+        self.completed = False  # every step held its gates (whatever ended the rollout afterwards)
         self.fleet = LocalFleet(service_argv(str(plan.candidate_config), "worker"), say,
                                 id_prefix=f"candidate-{os.getpid()}", env=self._candidate_env(), log_dir=plan.log_dir)
         self.watch = RolloutWatch(settings.kafka, settings.catalog, self.candidate)
@@ -106,18 +115,53 @@ class Rollout:
                 for index, percent in enumerate(self.plan.steps):
                     await self._step(index, percent)
                 await self._publish("completed", self.plan.steps[-1], "every step held its gates")
+                self.completed = True
             except Stopped as outcome:
                 self.say(f"rollout {self.state.rollout_id}: {outcome}")
             finally:
                 await self.watch.stop()
-            if self.state.state != "completed":
-                await asyncio.to_thread(self.fleet.stop_all, STOP_TIMEOUT_S)
-            elif self.fleet.serving:
-                pids = ", ".join(str(w.pid) for w in self.fleet.serving)
-                self.say(f"the candidate pool serves 100 % (pids {pids}); `rollout abort` ends it, SIGTERM drains it")
+            if self.completed and self.plan.workers:
+                await self._own_completed_pool()
+            await asyncio.to_thread(self.fleet.stop_all, self._stop_timeout_s())
             return self.state
         finally:
             await self.store.stop()
+
+    async def _own_completed_pool(self) -> None:
+        """Keep the pool this process started until the rollout ends; the share leaves the pool before the pool goes."""
+        pids = ", ".join(str(w.pid) for w in self.fleet.serving)
+        self.say(f"the candidate pool serves 100 % (pids {pids}) and this process owns it: `specstream rollout abort` "
+                 "(or Ctrl-C here) puts all traffic back on stable and drains it")
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.interrupted.wait(), self.plan.interval_s)
+            if self.interrupted.is_set():
+                await self._publish("aborted", 0.0, "interrupted (SIGINT/SIGTERM) at 100 %; all traffic back on stable")
+                return
+            ended = self._ended_elsewhere()
+            if ended is not None:
+                self.say(f"rollout {self.state.rollout_id}: {ended}; draining the candidate pool")
+                return
+            self.fleet.reap()
+            if not self.fleet.serving:
+                await self._publish("rolled_back", 0.0, "the candidate pool has no worker left (they exited) at 100 %")
+                return
+
+    def _ended_elsewhere(self) -> str | None:
+        """Why the completed rollout was ended from outside this process (None: it was not)."""
+        latest = self.store.latest(self.plan.model)
+        if latest is None or latest.at < self.state.at:
+            return None
+        if latest.rollout_id != self.state.rollout_id:
+            return f"a newer rollout of {self.plan.model} ({latest.rollout_id}) took over the candidate topics"
+        if latest.state == "aborted":
+            self.state = latest
+            return f"aborted ({latest.reason}); all traffic on stable"
+        return None
+
+    def _stop_timeout_s(self) -> float:
+        """A draining worker gets its drain time, plus what committing, leaving the group and exiting take."""
+        return max(STOP_TIMEOUT_S, self.plan.drain_timeout_s + 15.0)
 
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.plan.ready_timeout_s

@@ -92,12 +92,38 @@ def _rollout(stack: Stack, tmp: Path, candidate: dict, *flags: str, env: dict[st
 def _rollout_at_50_percent(stack: Stack, tmp: Path) -> Process:
     """A rollout of a healthy candidate, once it runs its first step (50 %, held for 10 minutes)."""
     process = _rollout(stack, tmp, CANDIDATE, "--steps", "50,100", "--hold", "10m")
-    deadline = time.monotonic() + 240
     # This process's own line (its follower also logs the states of earlier rollouts of the model).
-    while not re.search(r"^rollout \w+: running, 50 %", process.log.read_text(errors="replace"), re.MULTILINE):
-        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail(40)
-        time.sleep(0.5)
+    _wait_for_line(process, r"^rollout \w+: running, 50 %", 240)
     return process
+
+
+OWNS_POOL = r"^the candidate pool serves 100 % \(pids [\d, ]+\) and this process owns it"
+
+
+def _wait_for_line(process: Process, pattern: str, timeout_s: float) -> str:
+    """The rollout's log once a line of it matches ``pattern`` (the process must still run until then)."""
+    deadline = time.monotonic() + timeout_s
+    while not re.search(pattern, log := process.log.read_text(errors="replace"), re.MULTILINE):
+        assert time.monotonic() < deadline and process.popen.poll() is None, process.tail(60)
+        time.sleep(0.5)
+    return log
+
+
+def _candidate_pids(tmp: Path) -> list[int]:
+    """The candidate workers this test's rollout started, from its log."""
+    return [int(found.group(1)) for found in re.finditer(r"^candidate-\S+: started \(pid (\d+)\)",
+                                                           (tmp / "rollout.log").read_text(errors="replace"),
+                                                           re.MULTILINE)]
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _finish(process: Process, timeout_s: float) -> tuple[int, str]:
@@ -134,24 +160,58 @@ def test_a_candidate_that_never_becomes_ready_fails_the_first_step_and_rolls_bac
     assert "never became ready" in state.reason and "never became ready" in log
 
 
-def test_a_healthy_candidate_reaches_100_percent_and_serves_its_share(stack: Stack, tmp_path: Path) -> None:
+def test_a_healthy_candidate_reaches_100_percent_serves_its_share_and_is_drained_by_abort(
+        stack: Stack, tmp_path: Path) -> None:
     with Traffic(stack) as traffic:
         process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "50,100", "--hold", "8s", "--min-samples", "3",
                            # two workers on two shared cores: one answer in a few takes 4x the others (CI: candidate
                            # p99 TTFT 1.09 s against stable's 0.28 s), and with 3 samples p99 is the slowest one
                            "--latency-ratio", "3", "--latency-slack", "1s")
-        code, log = _finish(process, 300)
+        log = _wait_for_line(process, OWNS_POOL, 300)
     try:
-        assert code == 0, log
         state = _state(stack)
         assert (state.state, state.percent) == ("completed", 100.0), state
+        assert (state.controller_pid, state.local_workers) == (process.popen.pid, 1)
         assert [s for s in traffic.answers if s[1] != 200] == []
         assert _candidate_requests(stack) > 0
         assert "step 50 % held 8 s" in log and "step 100 % held 8 s" in log
+        # At 100 % the rollout process stays: it owns the worker it started, and status says who stops what.
+        assert process.popen.poll() is None
+        [worker] = _candidate_pids(tmp_path)
+        status = subprocess.run([*_cli(stack), "rollout", "status"], env=stack.env, capture_output=True, text=True,
+                                check=True).stdout
+        assert f"controller: `rollout start` pid {process.popen.pid}" in status and "rollout abort" in status, status
+        assert re.search(rf"candidate pool: candidate-\S+ ready on \S+/{worker}: drained by `rollout abort`", status), \
+            status
+        assert re.search(r"stable pool: \S+ ready on \S+/\d+", status), status
+        subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "test over"], env=stack.env, check=True)
+        code, log = _finish(process, 90)
+        assert code == 0 and "aborted (test over)" in log, log
+        assert re.search(r"candidate-\S+ \(pid \d+\) drained: exited with status 0", log), log
+        assert not _alive(worker)
+        assert (_state(stack).state, _state(stack).percent) == ("aborted", 0.0)
     finally:
-        # End the rollout: everything back on stable, and the candidate pool (left serving at 100 %) drained,
-        # whatever failed above: a candidate worker must never outlive its test.
+        # Whatever failed above, a candidate worker must never outlive its test.
         subprocess.run([*_cli(stack), "rollout", "abort", "--reason", "test over"], env=stack.env, check=False)
+        _drain_candidates(tmp_path)
+
+
+def test_ctrl_c_of_a_completed_rollout_puts_traffic_on_stable_and_drains_its_workers(stack: Stack,
+                                                                                      tmp_path: Path) -> None:
+    import signal
+
+    process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "100", "--hold", "2s")
+    try:
+        _wait_for_line(process, OWNS_POOL, 300)
+        [worker] = _candidate_pids(tmp_path)
+        process.popen.send_signal(signal.SIGINT)
+        code, log = _finish(process, 90)
+        assert code == 0, log  # every step held; the interrupt ended a completed rollout
+        state = _state(stack)
+        assert (state.state, state.percent) == ("aborted", 0.0) and state.reason.startswith("interrupted"), state
+        assert re.search(r"candidate-\S+ \(pid \d+\) drained: exited with status 0", log), log
+        assert not _alive(worker)
+    finally:
         _drain_candidates(tmp_path)
 
 
@@ -237,24 +297,19 @@ def _cli(stack: Stack) -> list[str]:
 
 
 def _drain_candidates(tmp: Path) -> None:
-    """The candidate workers a completed rollout left serving: SIGTERM each (they drain) and wait."""
+    """The candidate workers a failed test may have left: SIGTERM each (they drain) and wait."""
     import os
     import signal
 
-    for line in (tmp / "rollout.log").read_text(errors="replace").splitlines():
-        found = re.search(r"^(candidate-\S+): started \(pid (\d+)\)", line)
-        if found:
-            pid = int(found.group(2))
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            for _ in range(120):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.5)
+    for pid in _candidate_pids(tmp):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        for _ in range(120):
+            if not _alive(pid):
+                break
+            time.sleep(0.5)
 
 
 def test_stopping_the_rollout_process_rolls_back(stack: Stack, tmp_path: Path) -> None:
