@@ -1,6 +1,6 @@
 """Lag-driven autoscaling against fixed replicas, simulated on a synthetic day (diurnal curve plus bursts).
 
-    python -m bench.autoscale_sim                     # the figures in docs/benchmarks.md
+    python -m bench.autoscale_sim                     # the figures in docs/performance.md
     python -m bench.autoscale_sim --hours 2 --out sim.json
 
 The model and its assumptions are in :mod:`streams.ops.simulation`; the decision is the real one

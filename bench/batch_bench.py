@@ -18,7 +18,7 @@ Each round's own figures are kept in the result.
 
 Targets (issue 18): interactive p99 TTFT with the batch at most 1.2x without; the batch uses at least 70 % of the
 capacity the interactive load leaves idle, i.e. batch tok/s >= 0.7 x (capacity tok/s - interactive tok/s).
-Results: a JSON file (--out) and a table on stdout. docs/benchmarks.md has the command and a run.
+Results: a JSON file (--out) and a table on stdout. docs/performance.md has the command and the figures.
 """
 from __future__ import annotations
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.result_files import default_out
 from bench.workloads import ALL, BY_NAME
 
 SINGLE_ROWS = ("ours_plain", "ours_ngram", "ours_draft", "ours_eagle", "ours_eagle_lookup", "hf_generate",
@@ -363,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="", help="comma-separated subset of rows")
     ap.add_argument("--only", choices=("single", "concurrent"), help="run only the batch-1 or the concurrent part")
     ap.add_argument("--concurrency", default="", help="comma-separated concurrent batch sizes (default 16,64; --quick 4,8)")
-    ap.add_argument("--out", default="bench/results/engine.json")
+    ap.add_argument("--out", default=default_out("engine"))
     ap.add_argument("--row-timeout", type=float, default=600.0, help="seconds before a row is stopped (reported as a bound)")
     ap.add_argument(
         "--model", default=OurEngine.model,

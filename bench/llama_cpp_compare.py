@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
+from bench.result_files import default_out
 from bench.workloads import ALL, BY_NAME
 
 MODEL = "smollm2-135m-instruct"
@@ -316,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of every row, alternating; figures are the medians")
-    ap.add_argument("--out", default="bench/results/llama_cpp_compare.json")
+    ap.add_argument("--out", default=default_out("llama_cpp_compare"))
     args = ap.parse_args(argv)
     root = _cache()
     bindir = build(root)
@@ -324,14 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rounds: list[Figures] = []
+    # Each round's engine_bench files are scratch (the medians land in --out), so they stay out of bench/results.
+    scratch = Path(tempfile.mkdtemp(prefix="llama-cpp-compare-"))
     for r in range(args.rounds):
         # Rounds alternate llama.cpp's rows and ours, so that a shared machine's drift between minutes falls on
         # both sides: the medians are set against each other, not one side's good minutes against the other's bad.
         print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
         figures = llama_rows(bindir, files, args.threads, args.max_new)
         if not args.skip_ours:
-            figures |= our_rows(args.ours_weights.split(","), files, args.max_new, out.parent)
+            figures |= our_rows(args.ours_weights.split(","), files, args.max_new, scratch)
         rounds.append(figures)
+    shutil.rmtree(scratch, ignore_errors=True)
     figures = Figures.median(rounds)
     lines = ["| row | scenario | tokens/s end to end | tokens/s decode |", "|---|---|---|---|"]
     for k, v in sorted(figures.end_to_end.items()):

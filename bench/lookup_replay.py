@@ -8,7 +8,7 @@ the adaptive controller (as served) and counts that run's steps, drafts and acce
 fixed draft length k and smallest n-gram, it feeds the n-gram proposer (engine/spec/ngram.py) the prompt plus the
 answer so far, accepts drafts while they equal the answer (the greedy verifier's rule), and models the decode
 time as steps x --step-ms + drafts x --row-ms. Those two come from a loop of timed steps on the target machine
-(docs/benchmarks.md, "What a verification row costs"); the counts do not depend on the machine.
+(54e26a1:docs/benchmarks.md, "What a verification row costs"); the counts do not depend on the machine.
 """
 from __future__ import annotations
 

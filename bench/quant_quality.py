@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from bench.result_files import default_out
 from bench.workloads import ALL, CODE_FUNCTION, RAG_CONTEXT
 
 FORMATS = ("fp32", "bf16", "int8", "int4", "int4@float32")
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--formats", default=",".join(FORMATS))
-    ap.add_argument("--out", default="bench/results/quant_quality.json")
+    ap.add_argument("--out", default=default_out("quant_quality"))
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
 

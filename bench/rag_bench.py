@@ -1,6 +1,6 @@
 """Documents and retrieval on the bus, measured end to end in one run (issue 11).
 
-    python -m bench.rag_bench                                   # the full run (docs/benchmarks.md)
+    python -m bench.rag_bench                                   # the full run (docs/performance.md)
     python -m bench.rag_bench --docs 4 --pages 2 --questions 8 --no-generation   # a smoke run
     python -m bench.rag_bench --embedder-only                   # only the embedder row (bus vs plain loop)
 

@@ -1,5 +1,5 @@
 """The row and chunk kernels (engine/fused/row_attention.h, chunk_attention.h) against SDPA, per layer
-(docs/benchmarks.md).
+(54e26a1:docs/benchmarks.md).
 
     python -m bench.row_attention_bench --threads 2
 

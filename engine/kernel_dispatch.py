@@ -13,7 +13,7 @@ model's real linears; `fixed` keeps the thresholds measured once on the Intel de
 (fp32 packed for 4..48 rows, quantized kernel up to 9), for reproducible benchmarks and tests.
 The LM head follows its layers' decision (it is not timed: one matrix, same kernels).
 
-Exactness (docs/benchmarks.md, "lossless per format"): int4/int8 speculative text equals
+Exactness (54e26a1:docs/benchmarks.md, "lossless per format"): int4/int8 speculative text equals
 plain text bit for bit only while all of one request's steps (a 1-row decode, a 1 + k-row
 verification) run on one kernel. So the quantized window is either empty (every step on the
 bf16 copy, which is row-count invariant: Bf16Kernel) or reaches 1 + max_draft_tokens rows; a

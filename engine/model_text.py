@@ -2,7 +2,7 @@
 
 transformers' AutoTokenizer and AutoConfig import its configuration machinery, which imports torch and, for a
 Llama config, torch.distributed.tensor and sympy: an edge's tokenizer took ~5 s on 2 cores and left the edge at
-~710 MiB resident (docs/benchmarks.md); without them, ~1.5 s and ~160 MiB. Most
+~710 MiB resident (54e26a1:docs/benchmarks.md); without them, ~1.5 s and ~160 MiB. Most
 tokenizers that transformers 5 writes (every GGUF we convert among them) name their class,
 ``TokenizersBackend``, in tokenizer_config.json; for the architectures whose AutoTokenizer resolution is that class
 (tested against AutoTokenizer for each), that class loads directly, with the same result. Anything else goes

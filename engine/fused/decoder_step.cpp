@@ -2,7 +2,7 @@
 // int4/int8 kernels (with their bf16 copy for wide steps) or bf16 (engine/quant/linear.py).
 //
 // Why C++: at batch 1 the eager step spent as long in Python and in dispatching ~5,500 small ops as in its
-// linears, and a batch adds a Python loop over its sequences in every layer (issue 17, docs/benchmarks.md).
+// linears, and a batch adds a Python loop over its sequences in every layer (issue 17, 54e26a1:docs/benchmarks.md).
 // The ops here are exactly the eager path's (engine/model.py, engine/rotary.py, engine/quant/linear.py), in the
 // same order, on the same views, with the same kernel chosen for each row count, so every row gets the eager
 // path's bits: speculation stays lossless, and the eager path stays the reference the tests compare with.

@@ -2,7 +2,7 @@
 
 At batch 1 the eager decoder spent as long in Python and in dispatching ~5,500 small ops a
 step as in its quantized linears, and a batch adds a Python loop over its sequences in every
-layer (issue 17, docs/benchmarks.md). Here the layers run in C++ with the eager path's ops on
+layer (issue 17, 54e26a1:docs/benchmarks.md). Here the layers run in C++ with the eager path's ops on
 the same views and the same kernel per row count, so each row gets the eager path's bits and
 speculation stays lossless against plain decoding. Embedding, rotary factors and the LM head
 stay in Python: a few ops a step.

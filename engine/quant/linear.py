@@ -167,7 +167,7 @@ class Bf16Kernel:
     step give a row the same bits and seeded speculation cannot drift from plain decoding.
     oneDNN is so only within a window of row counts that depends on the CPU
     (bf16_row_window), so a wider step runs as pieces of at most that many rows; what the
-    pieces cost in prefill is in docs/benchmarks.md ("bf16 row-count invariance")."""
+    pieces cost in prefill is in 54e26a1:docs/benchmarks.md ("bf16 row-count invariance")."""
 
     act_dtype = ACT_DTYPE
 

@@ -2,7 +2,7 @@
 
 torch's weight-only kernels dequantize each weight to bf16 in their inner loop: at one row they
 are memory bound, but a verification step of 9 rows costs ~4x a decode, and int8 loses to the
-bf16 copy from 3 rows on (docs/benchmarks.md). qgemm.h quantizes each activation row to int8
+bf16 copy from 3 rows on (54e26a1:docs/benchmarks.md). qgemm.h quantizes each activation row to int8
 blocks of 32, as llama.cpp does against its Q4_0/Q8_0 weights, and sums codes with AVX-512
 VNNI, reading each weight once for a tile of rows. Each row's output depends on that row
 alone, so a decode and a verification row round alike and speculation stays lossless in any

@@ -7,7 +7,7 @@ head drafts. The switch is per sequence and per step: any match of the lookup
 that `method: ngram` would run (engine.speculation.ngram_min..ngram_max) takes
 the step; the head drafts where it finds none.
 
-Measured (docs/benchmarks.md, 2026-12-02), in target steps for 128 tokens:
+Measured (54e26a1:docs/benchmarks.md, 2026-12-02), in target steps for 128 tokens:
 keeping 1- and 2-token matches for lookup took 103 on the open question and
 42-44 on RAG, where rules that gave them to whichever source had hit more often
 lately took 108-118 and 48-49; code edit was 29-31 under every rule.

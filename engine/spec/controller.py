@@ -375,7 +375,8 @@ class SpeculationController:
         measured costs say drafting still pays. One draft at acceptance a pays when a > m / t (m: its marginal
         cost, fed and drafted; t: a one-token step): where verification is flat in tokens (bf16, a memory-bound
         step) that is a few percent, and an EAGLE head at 0.25-0.3 was switched off while paying (a third of its
-        steps, docs/benchmarks.md). Never below half: drafts also cost what the model does not see (KV slots)."""
+        steps, 54e26a1:docs/benchmarks.md). Never below half: drafts also cost what the model does not see
+        (KV slots)."""
         c = self.cost_model.costs()
         step = c.fixed_s + c.per_token_s
         break_even = (c.per_token_s + c.draft_per_token_s) / step if step > 0 else 1.0

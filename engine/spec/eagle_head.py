@@ -90,7 +90,7 @@ class EagleHead(nn.Module):
         linear and the draft LM head int8 per row, on the target's int8 kernel. The fp32 head cost 3.7 ms a draft
         position beside a 5 ms int4 step, int8 ~1 ms with the same acceptance, where int4 weights lost a third of
         the accepted tokens; beside an fp32 target three fp32 drafts took 10.8 ms of a 43 ms step, int8 2.4 ms
-        (docs/benchmarks.md). Drafts stay this head's argmax: speculation stays lossless."""
+        (54e26a1:docs/benchmarks.md). Drafts stay this head's argmax: speculation stays lossless."""
         if self.head_weight is None:
             raise RuntimeError("EagleHead.bind(target) comes before follow_weight_format")
         if self.fc.weight.device.type != "cpu":

@@ -100,7 +100,7 @@ def run_result(outcome: RunOutcome, slo: dict[str, float], backend_info: dict[st
         "e2e_ms": summarize([r.e2e for r in ok if r.e2e is not None], 1000),
         "server_ttft_ms": summarize(server_ttft, 1000),
         # What the client saw minus what the server reported for the same request: the time spent outside the
-        # server's clock (see docs/benchmarks.md for what each backend's server clock covers).
+        # server's clock (see docs/bench.md for what each backend's server clock covers).
         "client_minus_server_ttft_ms": summarize(transport_ttft, 1000),
         "client_minus_server_e2e_ms": summarize(transport_e2e, 1000),
         "spec": {

@@ -27,14 +27,15 @@ from streams.draft.source import (
 class DraftTrainOptions:
     name: str = "default"
     topic: str | None = None  # the completions topic to read; None: generate only
-    # The recipe measured in docs/benchmarks.md (2026-12-04): more distinct answers, fewer epochs. 2,900
+    # The recipe measured in docs/performance.md (2026-12-04): more distinct answers, fewer epochs. 2,900
     # answers for 2 epochs gave held-out first-draft acceptance 0.48 where 1,000 for 5 epochs gave 0.42.
     samples: int = 2900  # training sequences wanted in all
     generate: int = 2900  # at most this many generated when the log gives fewer than `samples`
     max_new_tokens: int = 128  # per generated answer
     epochs: int = 2
     # Draft depths trained on the head's own outputs (engine.spec.eagle_train.TrainConfig): 3 raised held-out
-    # acceptance at positions 2-6 by 0.06-0.28 for 0.04 at the first (docs/benchmarks.md), at 2.7x the training time.
+    # acceptance at positions 2-6 by 0.06-0.28 for 0.04 at the first (54e26a1:docs/benchmarks.md), at 2.7x the
+    # training time.
     rollout: int = 3
     # A sequences.json an earlier run kept: train on exactly its data (no log read, no generation).
     sequences: Path | None = None

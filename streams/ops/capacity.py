@@ -107,7 +107,8 @@ DEVICES: dict[str, Device] = {
 
 
 def cpu_device(memory_bytes: int, *, bandwidth_bytes_s: float = 22e9, flops: float = 230e9) -> Device:
-    """This machine's CPU: memory as given; bandwidth and fp32 GEMM rate as measured here (docs/benchmarks.md)."""
+    """This machine's CPU: memory as given; bandwidth and fp32 GEMM rate as measured here
+    (54e26a1:docs/benchmarks.md)."""
     return Device("cpu", memory_bytes, bandwidth_bytes_s, flops, efficiency=0.8, overhead_bytes=GIB)
 
 

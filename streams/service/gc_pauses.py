@@ -5,7 +5,7 @@ modules, the tokenizer's tables, transformers and torch themselves). CPython's
 oldest-generation collection walks all of them, and it stops every thread: in
 the engine worker one took 220-320 ms, ten times in a six-minute load, and an
 interactive request arriving then waited that much longer for its first token
-(it was issue 18's p99 tail; docs/benchmarks.md). Freezing the heap once start
+(it was issue 18's p99 tail; 54e26a1:docs/benchmarks.md). Freezing the heap once start
 is done moves those objects out of the collector's sight (``gc.freeze``, the
 standard remedy), so later full collections walk only what was allocated since.
 """

@@ -190,7 +190,7 @@ def test_beside_any_target_format_the_head_serves_int8_and_the_output_stays_plai
     prompts = random_prompts([5, 9, 12], seed=16)
     sampling = SamplingOptions(max_tokens=30, ignore_eos=True)
     # Without the bf16 copy for wide steps: a batch's verification passes 9 rows, where the copy would round
-    # other than the quantized kernel its plain steps run (docs/benchmarks.md, weight formats).
+    # other than the quantized kernel its plain steps run (54e26a1:docs/benchmarks.md, weight formats).
     engine = make_engine(hf, weights=weights, prepack_weights=False, speculation=_eagle(head_dir, lookup=True))
     assert isinstance(engine.proposer, LookupThenEagle)
     head = engine.proposer.eagle.head
