@@ -1,6 +1,6 @@
 """The topic catalog: every topic specstream uses, what flows on it, and how it is keyed.
 
-Code creates topics from this table and the README's catalog is generated from
+Code creates topics from this table and docs/topics.md's catalog is generated from
 it (`specstream topics --markdown`), so the two cannot drift apart.
 """
 from __future__ import annotations

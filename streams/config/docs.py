@@ -1,4 +1,4 @@
-"""The configuration documents itself: the example file and the README's reference table."""
+"""The configuration documents itself: the example file and docs/configuration.md's reference table."""
 from __future__ import annotations
 
 from typing import Any
@@ -62,7 +62,7 @@ def example_yaml() -> str:
 
 
 def reference_markdown() -> str:
-    """The README's configuration reference table (kept in sync by a unit test)."""
+    """docs/configuration.md's reference table (kept in sync by a unit test)."""
     rows = ["| key | default | environment variable | meaning |", "|---|---|---|---|"]
     for path, info in _fields(Settings):
         env_name = ENV_PREFIX + ENV_NESTED_DELIMITER.join(path).upper()

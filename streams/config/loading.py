@@ -175,4 +175,4 @@ def _known_keys_hint(section: tuple[str, ...]) -> str:
     return f" (valid at {where}: {', '.join(model.model_fields)})"
 
 
-# --- documentation generated from the models (config.example.yaml, README) --------------------------------------------
+# --- documentation generated from the models (config.example.yaml, docs) ----------------------------------------------

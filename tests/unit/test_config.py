@@ -208,10 +208,11 @@ def test_example_file_is_the_generated_one_and_holds_the_defaults() -> None:
     assert load_settings(example) == Settings()
 
 
-def test_readme_reference_is_current() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert reference_markdown() in readme, "regenerate the README's table: specstream config reference"
-    assert Settings().catalog.markdown() in readme, "regenerate the README's table: specstream topics markdown"
+def test_the_docs_reference_tables_are_the_generated_ones() -> None:
+    configuration = (REPO / "docs" / "configuration.md").read_text()
+    assert reference_markdown() in configuration, "regenerate docs/configuration.md's table: specstream config reference"
+    topics = (REPO / "docs" / "topics.md").read_text()
+    assert Settings().catalog.markdown() in topics, "regenerate docs/topics.md's table: specstream topics markdown"
 
 
 def _env_with_repo() -> dict[str, str]:
