@@ -1,7 +1,7 @@
 """infra/k8s: every overlay renders, validates offline, and says what the deployment needs.
 
 The overlays are copied to a temporary folder and generated there (KafkaTopics from the catalog, the ScaledObject
-from autoscale.yaml), then rendered by the kustomize subset and checked: built-in kinds strictly against
+from autoscale.yaml), then rendered by the real kustomize (or kubectl's) and checked: built-in kinds strictly against
 Kubernetes' schemas (kubernetes-validate), KafkaTopic and ScaledObject against their CRDs' spec schemas; Kafka and
 KafkaNodePool are skipped with the reason stated.
 """
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from streams.config import load_settings
-from streams.ops.kustomize import KustomizeError, build, merge
+from streams.ops.kustomize import KUSTOMIZE_VERSION, KustomizeError, build
 from streams.ops.manifest_checks import check, policy_problems
 from streams.ops.manifests import ManifestError, generate, read_policy
 
@@ -117,18 +117,30 @@ def test_a_secret_written_into_a_manifest_and_a_worker_without_drain_are_problem
     assert any("no preStop drain" in p for p in problems)
 
 
-def test_the_kustomize_subset_refuses_what_it_cannot_render(tmp_path: Path) -> None:
-    (tmp_path / "kustomization.yaml").write_text("resources: []\ncommonLabels: {a: b}\n")
-    with pytest.raises(KustomizeError, match="'commonLabels' is outside the kustomize subset"):
+def test_a_kustomization_kustomize_refuses_is_an_error_that_names_what_is_missing(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: [generated/kafka-topics.yaml]\n")
+    with pytest.raises(KustomizeError, match="kafka-topics.yaml"):
         build(tmp_path)
 
 
-def test_strategic_merge_merges_named_lists_by_name_and_replaces_others() -> None:
-    base = {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"}]}], "args": ["x", "y"]}
-    patch = {"containers": [{"name": "a", "env": [{"name": "Y", "value": "2"}]}, {"name": "b"}], "args": ["z"]}
-    assert merge(base, patch) == {"containers": [{"name": "a", "env": [{"name": "X", "value": "1"},
-                                                                      {"name": "Y", "value": "2"}]},
-                                                 {"name": "b"}], "args": ["z"]}
+def test_kustomize_features_beyond_a_subset_render_as_kubectl_apply_would(tmp_path: Path) -> None:
+    (tmp_path / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n")
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [cm.yaml]\nnamePrefix: x-\nlabels: [{pairs: {team: llm}, includeSelectors: false}]\n")
+    [config_map] = build(tmp_path)
+    assert config_map["metadata"] == {"name": "x-c", "labels": {"team": "llm"}}
+
+
+def test_without_kustomize_or_kubectl_the_error_says_how_to_install_it(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    with pytest.raises(KustomizeError, match=f"go install sigs.k8s.io/kustomize/kustomize/v5@{KUSTOMIZE_VERSION}"):
+        build(K8S / "overlays" / "dev")
+
+
+def test_dev_installs_the_kustomize_version_the_code_names() -> None:
+    assert f'KUSTOMIZE_VERSION="{KUSTOMIZE_VERSION}"' in (K8S.parents[1] / "dev").read_text()
 
 
 def test_an_autoscale_file_with_an_unknown_key_names_it(tmp_path: Path) -> None:
