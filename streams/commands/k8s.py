@@ -5,8 +5,8 @@
     specstream --config infra/k8s/overlays/prod/specstream.yaml k8s validate infra/k8s/overlays/prod
 
 ``generate`` writes the overlay's KafkaTopics and ScaledObject (:mod:`streams.ops.manifests`); ``build`` generates,
-then renders the overlay with the real kustomize (:mod:`streams.ops.kustomize`) as one YAML stream; ``validate`` renders and checks every
-resource offline (:mod:`streams.ops.manifest_checks`), exit status 1 when one is invalid.
+then renders the overlay with the real kustomize (:mod:`streams.ops.kustomize`) as one YAML stream; ``validate``
+renders and checks every resource offline (:mod:`streams.ops.manifest_checks`), exit status 1 when one is invalid.
 """
 from __future__ import annotations
 
