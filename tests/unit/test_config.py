@@ -210,9 +210,9 @@ def test_example_file_is_the_generated_one_and_holds_the_defaults() -> None:
 
 def test_the_docs_reference_tables_are_the_generated_ones() -> None:
     configuration = (REPO / "docs" / "configuration.md").read_text()
-    assert reference_markdown() in configuration, "regenerate docs/configuration.md's table: specstream config reference"
+    assert reference_markdown() in configuration, "regenerate its table: specstream config reference"
     topics = (REPO / "docs" / "topics.md").read_text()
-    assert Settings().catalog.markdown() in topics, "regenerate docs/topics.md's table: specstream topics markdown"
+    assert Settings().catalog.markdown() in topics, "regenerate its table: specstream topics markdown"
 
 
 def _env_with_repo() -> dict[str, str]:
