@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from streams.commands.common import EXIT_CONFIG, prefixed, print_and_succeed, say
+from streams.commands.doc_tables import write_table
 from streams.config import ConfigError, Settings, config_path, example_yaml, load_settings, reference_markdown
 
 
@@ -20,8 +22,16 @@ def add_commands(commands: Any) -> None:
     check.set_defaults(handler=cmd_config_check)
     config_actions.add_parser("example", help="print a documented configuration with every default").set_defaults(
         handler=lambda args, settings: print_and_succeed(example_yaml(), end=""))
-    config_actions.add_parser("reference", help="print the configuration reference (markdown)").set_defaults(
-        handler=lambda args, settings: print_and_succeed(reference_markdown()))
+    reference = config_actions.add_parser("reference", help="print the configuration reference (markdown)")
+    reference.add_argument("--write", metavar="FILE", type=Path,
+                           help="replace the reference table in this markdown file instead (docs/configuration.md)")
+    reference.set_defaults(handler=cmd_config_reference)
+
+
+def cmd_config_reference(args: argparse.Namespace, settings: Settings) -> int:
+    if args.write is None:
+        return print_and_succeed(reference_markdown())
+    return write_table(args.write, reference_markdown())
 
 
 def cmd_prepare(args: argparse.Namespace, settings: Settings) -> int:

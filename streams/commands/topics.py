@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from streams.commands.common import describe, say
+from streams.commands.doc_tables import write_table
 from streams.config import Settings
 
 
@@ -15,6 +17,8 @@ def add_commands(commands: Any) -> None:
     topics.add_argument("--idle-minutes", type=float, default=60.0,
                         help="gc: delete reply topics of edges neither announced nor replied to for this long")
     topics.add_argument("--dry-run", action="store_true", help="gc: only say what would be deleted")
+    topics.add_argument("--write", metavar="FILE", type=Path,
+                        help="markdown: replace the catalog table in this markdown file instead (docs/topics.md)")
     topics.set_defaults(handler=cmd_topics)
 
 
@@ -30,6 +34,8 @@ def create_topics(settings: Settings) -> list[Any]:
 
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "markdown":
+        if args.write is not None:
+            return write_table(args.write, settings.catalog.markdown())
         print(settings.catalog.markdown())
         return 0
     if args.action == "asyncapi":

@@ -1,6 +1,7 @@
 """One YAML file, validated, with SPECSTREAM_ environment overrides; every mistake is one line naming the key."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,8 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No SPECSTREAM_* variable or ./specstream.yaml from the developer's shell leaks into these tests."""
-    import os
-
     for name in list(os.environ):
         if name.startswith("SPECSTREAM_"):
             monkeypatch.delenv(name)
@@ -209,15 +208,34 @@ def test_example_file_is_the_generated_one_and_holds_the_defaults() -> None:
 
 
 def test_the_docs_reference_tables_are_the_generated_ones() -> None:
+    from streams.commands.doc_tables import replace_table
+
     configuration = (REPO / "docs" / "configuration.md").read_text()
-    assert reference_markdown() in configuration, "regenerate its table: specstream config reference"
+    assert replace_table(configuration, reference_markdown()) == configuration, \
+        "regenerate: specstream config reference --write docs/configuration.md"
     topics = (REPO / "docs" / "topics.md").read_text()
-    assert Settings().catalog.markdown() in topics, "regenerate its table: specstream topics markdown"
+    assert replace_table(topics, Settings().catalog.markdown()) == topics, \
+        "regenerate: specstream topics markdown --write docs/topics.md"
+
+
+def test_config_reference_write_replaces_a_stale_table_and_keeps_the_prose(tmp_path: Path) -> None:
+    page = tmp_path / "configuration.md"
+    page.write_text("# Configuration\n\nBefore.\n\n| key | default | environment variable | meaning |\n|---|---|---|---|\n"
+                    "| `gone.key` | `1` | `SPECSTREAM_GONE__KEY` | A setting that no longer exists. |\n\nAfter.\n")
+    assert cli.main(["--config", os.devnull, "config", "reference", "--write", str(page)]) == 0
+    assert page.read_text() == f"# Configuration\n\nBefore.\n\n{reference_markdown()}\n\nAfter.\n"
+
+
+def test_config_reference_write_into_a_page_without_the_table_names_the_missing_header(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page = tmp_path / "notes.md"
+    page.write_text("# Notes\n")
+    assert cli.main(["--config", os.devnull, "config", "reference", "--write", str(page)]) == 2
+    assert "no table with the header row '| key | default |" in capsys.readouterr().err
+    assert page.read_text() == "# Notes\n"
 
 
 def _env_with_repo() -> dict[str, str]:
-    import os
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSTREAM_")}
     env["PYTHONPATH"] = str(REPO)
     return env
