@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from streams.config import (
     EdgeAuthSettings,
@@ -45,6 +46,17 @@ WORKER_ENV = {
     "SPECSTREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
     "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "96MiB",
 }
+
+
+async def refused_429(coro: Any) -> Any:
+    """The EdgeError a limiter's acquire raises: 429 rate_limit_exceeded with a Retry-After."""
+    from streams.edge import errors
+
+    with pytest.raises(errors.EdgeError) as caught:
+        await coro
+    assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
+    assert int(caught.value.headers["Retry-After"]) >= 1
+    return caught.value
 
 
 @contextlib.contextmanager

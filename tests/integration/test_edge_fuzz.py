@@ -30,7 +30,7 @@ from streams.edge.keys import create_key
 from streams.edge.server import RunningEdge, serve_in_thread
 from tests.edge_support import edge_options
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
-from tests.unit.test_edge_routing import FakeWorker, LoopThread
+from tests.integration.test_edge_routing import FakeWorker, LoopThread
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")]

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
 from streams.edge import errors
 from streams.edge.keys import TenantLimits
 from streams.edge.limits import WINDOW_S, MemoryLimiter, RedisLimiter, make_limiter, window_wait
-from tests.edge_support import redis_server
+from tests.edge_support import refused_429
 
 TTL = 300.0
 
@@ -31,21 +30,13 @@ def test_a_full_sliding_window_waits_until_the_weighted_count_fits() -> None:
     assert window_wait(prev=0, cur=0, elapsed=0, cost=11, limit=10) == WINDOW_S  # never fits
 
 
-async def _refused(coro) -> errors.EdgeError:
-    with pytest.raises(errors.EdgeError) as caught:
-        await coro
-    assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
-    assert int(caught.value.headers["Retry-After"]) >= 1
-    return caught.value
-
-
 async def test_memory_rpm_refuses_with_retry_after_and_other_tenants_are_unaffected() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
     limits = TenantLimits(rpm=3)
     for _ in range(3):
         (await limiter.acquire("alice", limits, 10, TTL)).release(10)
-    refused = await _refused(limiter.acquire("alice", limits, 10, TTL))
+    refused = await refused_429(limiter.acquire("alice", limits, 10, TTL))
     assert refused.headers["X-RateLimit-Limited"] == "rpm" and "3 requests per minute" in refused.message
     assert await limiter.acquire("bob", limits, 10, TTL)
     # After Retry-After seconds it fits again.
@@ -58,12 +49,12 @@ async def test_memory_tpm_counts_prompt_plus_max_tokens_and_refunds_unused() -> 
     limiter = MemoryLimiter(clock)
     limits = TenantLimits(tpm=100)
     lease = await limiter.acquire("alice", limits, 80, TTL)
-    refused = await _refused(limiter.acquire("alice", limits, 30, TTL))
+    refused = await refused_429(limiter.acquire("alice", limits, 30, TTL))
     assert refused.headers["X-RateLimit-Limited"] == "tpm"
     lease.release(used_tokens=20)  # 60 of the 80 reserved were not generated
     await asyncio.sleep(0)
     assert await limiter.acquire("alice", limits, 30, TTL)
-    too_big = await _refused(limiter.acquire("alice", limits, 101, TTL))
+    too_big = await refused_429(limiter.acquire("alice", limits, 101, TTL))
     assert "more than your tenant's limit" in too_big.message
 
 
@@ -73,7 +64,7 @@ async def test_concurrency_leases_are_released_once_and_expire_after_a_crash() -
     limits = TenantLimits(concurrency=2)
     first = await limiter.acquire("alice", limits, 1, TTL)
     await limiter.acquire("alice", limits, 1, TTL)
-    refused = await _refused(limiter.acquire("alice", limits, 1, TTL))
+    refused = await refused_429(limiter.acquire("alice", limits, 1, TTL))
     assert refused.headers["X-RateLimit-Limited"] == "concurrency"
     first.release(1)
     first.release(1)  # idempotent
@@ -88,50 +79,6 @@ async def test_concurrency_leases_are_released_once_and_expire_after_a_crash() -
 def test_a_redis_url_selects_the_shared_limiter_and_none_the_in_memory_one() -> None:
     assert isinstance(make_limiter(None), MemoryLimiter)
     assert isinstance(make_limiter("redis://127.0.0.1:1/0"), RedisLimiter)
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with redis_server() as url:
-        yield url
-
-
-async def test_redis_limits_are_shared_by_two_limiters(redis_url: str) -> None:
-    a, b = RedisLimiter(redis_url, key_prefix="t1"), RedisLimiter(redis_url, key_prefix="t1")
-    await a.start()
-    await b.start()
-    try:
-        limits = TenantLimits(rpm=4, tpm=1000, concurrency=3)
-        leases = [await a.acquire("alice", limits, 10, TTL), await b.acquire("alice", limits, 10, TTL),
-                  await a.acquire("alice", limits, 10, TTL)]
-        refused = await _refused(b.acquire("alice", limits, 10, TTL))
-        assert refused.headers["X-RateLimit-Limited"] == "concurrency"
-        leases[0].release(10)
-        await asyncio.sleep(0.1)
-        await b.acquire("alice", limits, 10, TTL)  # the 4th request of the minute
-        refused = await _refused(a.acquire("alice", TenantLimits(rpm=4), 10, TTL))
-        assert refused.headers["X-RateLimit-Limited"] == "rpm" and 1 <= int(refused.headers["Retry-After"]) <= 120
-        assert await a.acquire("bob", limits, 10, TTL)  # another tenant has its own counters
-    finally:
-        await a.stop()
-        await b.stop()
-
-
-async def test_redis_tpm_refund_and_lease_expiry(redis_url: str) -> None:
-    limiter = RedisLimiter(redis_url, key_prefix="t2")
-    await limiter.start()
-    try:
-        limits = TenantLimits(tpm=100, concurrency=1)
-        lease = await limiter.acquire("alice", limits, 90, 1.0)  # a lease that expires after 1 s
-        await _refused(limiter.acquire("alice", TenantLimits(tpm=100), 20, TTL))
-        lease.release(used_tokens=30)
-        await asyncio.sleep(0.1)
-        again = await limiter.acquire("alice", limits, 20, 1.0)
-        assert again is not None
-        await asyncio.sleep(1.2)  # `again` is never released: its lease expires
-        assert await limiter.acquire("alice", limits, 10, TTL)
-    finally:
-        await limiter.stop()
 
 
 async def test_redis_unreachable_is_503() -> None:

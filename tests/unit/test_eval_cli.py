@@ -35,11 +35,3 @@ def test_a_gate_threshold_that_is_no_number_is_a_usage_error(capsys: pytest.Capt
         main(["eval", "replay", "--since", "1h", "--target-prefix", "p", "--min-exact-match", "most"])
     assert exit_.value.code == 2
     assert "expected a number or a percentage such as 10%, got 'most'" in capsys.readouterr().err
-
-
-@pytest.mark.kafka
-def test_replaying_a_deployment_that_recorded_nothing_exits_3_naming_the_topic(
-        kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setenv("SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
-    assert main(["eval", "replay", "--since", "2h", "--target-prefix", "p"]) == 3
-    assert ".completions does not exist" in capsys.readouterr().err

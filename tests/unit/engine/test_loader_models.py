@@ -16,7 +16,6 @@ from engine.loader import load_model, resolve_device, resolve_dtype, resolve_mod
 from engine.model import UnsupportedModelError
 from engine.model_ref import cache_root, converted_dir
 from engine.request import EngineRequest, SamplingOptions
-from tests.import_checks import loaded_after
 
 torch.set_num_threads(1)
 
@@ -69,16 +68,6 @@ def test_sharded_and_bin_checkpoints_load_the_same_model_as_one_safetensors_file
     one_file, other = load_model(str(path), device="cpu").model, load_model(str(tmp_path), device="cpu").model
     ours, theirs = one_file.state_dict(), other.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
-
-
-@pytest.mark.model
-def test_loading_the_default_model_for_serving_imports_no_torch_compile_machinery() -> None:
-    """torch._dynamo drags inductor and triton in: 5-8 s of every worker's start on 2 cores, for nothing served."""
-    assert loaded_after(
-        "from engine.loader import load_model\n"
-        "import engine.grammar.matchers, engine.llm_engine, engine.spec.eagle_artifact\n"
-        "load_model('smollm2-135m-instruct')"
-    ) == []
 
 
 def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: tuple[Path, object]) -> None:
@@ -139,29 +128,3 @@ def test_auto_picks_float32_on_cpu_and_bfloat16_on_cuda_and_unknown_dtypes_are_r
     with pytest.raises(ValueError):
         resolve_dtype("int3", cpu)
     assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@pytest.mark.model
-def test_default_model_greedy_equals_hf_generate() -> None:
-    from transformers import AutoModelForCausalLM
-
-    lines: list[str] = []
-    engine = LLMEngine.from_config(
-        EngineConfig(kv_cache_bytes=1 << 28, speculation=SpeculationConfig(enabled=False)), progress=lines.append
-    )
-    folder = resolve_model_dir("smollm2-135m-instruct")
-    assert (folder / "model.safetensors").is_file()
-    assert "quantization_config" not in json.loads((folder / "config.json").read_text())
-    assert engine.tokenizer.chat_template and "<|im_start|>" in engine.tokenizer.chat_template
-    assert engine.max_model_len == 2048 and engine.model_name == "smollm2-135m-instruct"
-
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
-    prompt = list(engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
-    out = engine.generate([EngineRequest("fr", prompt, SamplingOptions(max_tokens=16, ignore_eos=True))])["fr"]
-    assert "Paris" in out.text
-
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.inference_mode():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None,
-                          pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert out.token_ids == ref[0, len(prompt):].tolist()

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from _engine_factories import every_format_runs, needs_bf16_gemm, single_thread, torch_threads  # noqa: F401  (fixtures)
-
 from bench.workloads import CODE_EDIT, OPEN_QUESTION, RAG_ANSWER, Workload
 from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
@@ -20,8 +18,14 @@ from engine.quant.apply import weight_bytes
 from engine.quant.gguf_repack import read_gguf_weights
 from engine.request import EngineRequest, SamplingOptions
 from engine.step_record import StepRecord
+from tests.unit.engine._engine_factories import (  # noqa: F401  (fixtures)
+    every_format_runs,
+    needs_bf16_gemm,
+    single_thread,
+    torch_threads,
+)
 
-pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("single_thread", "every_format_runs")]
 
 MODEL = "smollm2-135m-instruct"
 PARAMS = [
