@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from engine.grammar.constraint import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from streams.edge.keys import create_key
 from streams.edge.server import serve_in_thread
 from streams.testing.stack import DEFAULT_MODEL as MODEL
@@ -209,3 +211,58 @@ def test_the_websocket_carries_the_same_tool_calls_and_deltas(client: OpenAI) ->
     fragments = [d["tool_calls"][0] for d in deltas]
     assert fragments[0]["id"] == call["id"]
     assert "".join(f["function"]["arguments"] for f in fragments) == call["function"]["arguments"]
+
+
+# Held-out prompts, sent with the client's defaults (parallel_tool_calls unset) and each kind of tool_choice.
+NAMED = [("Is it raining in Oslo right now?", "get_weather"), ("How cold is Montreal today in fahrenheit?", "get_weather"),
+         ("I need a room for one guest for a week, no breakfast.", "book_hotel"),
+         ("Reserve a hotel: 4 people, 2 nights, breakfast included.", "book_hotel"),
+         ("Put bread on the grocery list.", "add_to_list"), ("Remember to buy apples, rice and tea.", "add_to_list")]
+REQUIRED = ["Weather forecast for Lima, please.", "Book me a hotel for five guests for ten nights.",
+            "Add butter to my list.", "Should I take an umbrella in London?", "We are 3, staying 4 nights, with breakfast.",
+            "Shopping list: cheese and tomatoes."]
+AUTO = ["What's the weather in Berlin in celsius?", "Please book a hotel for 2 guests for 1 night.",
+        "Add coffee to my shopping list.", "Hello! How are you?", "Is it hot in Cairo?", "Add soap and salt to my list."]
+HELD_OUT: list[tuple[str, Any]] = ([(p, {"type": "function", "function": {"name": n}}) for p, n in NAMED]
+                                   + [(p, "required") for p in REQUIRED] + [(p, "auto") for p in AUTO])
+
+
+def tag_text(text: str) -> bool:
+    """Whether text holds a tool-call tag, whole or as its cut-off start at the end (a lone '<')."""
+    text = text.rstrip()
+    return any(tag in text or any(text.endswith(tag[:n]) for n in range(1, len(tag)))
+               for tag in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE))
+
+
+def malformed(choice: Any, tool_choice: Any) -> str | None:
+    """Why an answer is not a well-formed call (valid JSON arguments against the schema) or plain content."""
+    content, calls = choice.message.content or "", choice.message.tool_calls or []
+    if tag_text(content):
+        return f"tag text in content {content!r}"
+    for call in calls:
+        if tag_text(call.function.arguments):
+            return f"tag text in arguments {call.function.arguments!r}"
+        try:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        except (ValueError, jsonschema.ValidationError) as error:
+            return f"arguments {call.function.arguments!r}: {error}"
+    if isinstance(tool_choice, dict) and [c.function.name for c in calls] != [tool_choice["function"]["name"]]:
+        return f"named tool_choice gave {[c.function.name for c in calls]}"
+    if tool_choice == "required" and not calls:
+        return "required gave no call"
+    if choice.finish_reason not in (("tool_calls", "length") if calls else ("stop", "length")):
+        return f"finish_reason {choice.finish_reason} with {len(calls)} calls"
+    return None
+
+
+def test_held_out_tool_prompts_with_the_clients_defaults_all_give_well_formed_answers(client: OpenAI) -> None:
+    failures, ends = [], Counter()
+    for prompt, tool_choice in HELD_OUT:  # no max_tokens either: the edge's default, what the context leaves
+        choice = client.chat.completions.create(model=MODEL, messages=ask(prompt), tools=TOOLS,
+                                                tool_choice=tool_choice).choices[0]
+        ends[f"{choice.finish_reason} with {len(choice.message.tool_calls or [])} calls"] += 1
+        why = malformed(choice, tool_choice)
+        if why is not None:
+            failures.append(f"{prompt!r} ({tool_choice}): {why}")
+    print(f"held-out tool calls: {len(HELD_OUT) - len(failures)}/{len(HELD_OUT)} well formed; {dict(ends)}")
+    assert not failures, "\n".join(failures)
