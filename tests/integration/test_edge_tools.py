@@ -105,14 +105,15 @@ def test_required_tool_choice_always_gives_calls_that_validate(client: OpenAI, p
                                               parallel_tool_calls=False, max_tokens=64)
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    assert_valid_calls(choice.message.tool_calls or [], set(SCHEMAS))
+    assert len(assert_valid_calls(choice.message.tool_calls or [], set(SCHEMAS))) == 1  # parallel_tool_calls false
 
 
 @pytest.mark.parametrize(("prompt", "name"), list(zip(PROMPTS, SCHEMAS)))
-def test_a_named_function_is_the_one_called_streamed_or_not(client: OpenAI, prompt: str, name: str) -> None:
+def test_a_named_function_is_called_exactly_once_streamed_or_not(client: OpenAI, prompt: str, name: str) -> None:
+    # parallel_tool_calls unset (the client's default): a named function is still called once, then the answer ends.
     choice = {"type": "function", "function": {"name": name}}
-    kwargs = dict(model=MODEL, messages=ask(prompt), tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
-                  max_tokens=64, temperature=0.8, seed=5)
+    kwargs = dict(model=MODEL, messages=ask(prompt), tools=TOOLS, tool_choice=choice, max_tokens=64,
+                  temperature=0.8, seed=5)
     whole = client.chat.completions.create(**kwargs).choices[0]
     assert whole.finish_reason == "tool_calls"
     calls = assert_valid_calls(whole.message.tool_calls or [], {name})
@@ -120,6 +121,28 @@ def test_a_named_function_is_the_one_called_streamed_or_not(client: OpenAI, prom
     streamed, finish, content = streamed_calls(client, **kwargs)
     assert finish == "tool_calls" and content == ""
     assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == calls
+
+
+def test_required_with_parallel_calls_allowed_streams_the_same_whole_calls(client: OpenAI) -> None:
+    kwargs = dict(model=MODEL, messages=ask(PROMPTS[2]), tools=TOOLS, tool_choice="required", max_tokens=80)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    calls = assert_valid_calls(whole.message.tool_calls or [], set(SCHEMAS))
+    assert not tag_text(whole.message.content or "")
+    streamed, finish, content = streamed_calls(client, **kwargs)
+    assert (finish, content) == (whole.finish_reason, whole.message.content or "")
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == calls
+
+
+def test_a_call_cut_off_by_max_tokens_is_content_with_finish_reason_length_streamed_or_not(client: OpenAI) -> None:
+    kwargs = dict(model=MODEL, messages=ask(PROMPTS[1]), tools=TOOLS, max_tokens=24,
+                  tool_choice={"type": "function", "function": {"name": "book_hotel"}})
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "length" and not whole.message.tool_calls
+    # The partial call, without its tag: where OpenAI puts output cut off by max_tokens.
+    assert (whole.message.content or "").startswith('{"name": "book_hotel", "arguments": {')
+    assert not tag_text(whole.message.content or "")
+    streamed, finish, content = streamed_calls(client, **kwargs)
+    assert (streamed, finish, content) == ([], "length", whole.message.content)
 
 
 @pytest.mark.parametrize("schema", [WEATHER, BOOKING, SHOPPING])
@@ -189,21 +212,27 @@ def test_bad_structured_parameters_are_400s_naming_the_parameter(client: OpenAI,
     assert caught.value.param == param
 
 
+def ws_answer(ws: Any, frame: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The done frame of one request on the socket, and every delta its chunk and done frames carried."""
+    ws.send(json.dumps(frame))
+    deltas: list[dict[str, Any]] = []
+    while True:
+        event = json.loads(ws.recv(timeout=300))
+        assert event["type"] in ("chunk", "done") and event["id"] == frame["id"], event
+        deltas += event.get("deltas", [])
+        if event["type"] == "done":
+            return event, deltas
+
+
 def test_the_websocket_carries_the_same_tool_calls_and_deltas(client: OpenAI) -> None:
     from websockets.sync.client import connect
 
     url = str(client.base_url).replace("http", "ws", 1).rstrip("/") + "/ws"
-    frame = {"id": 7, "model": MODEL, "messages": ask(PROMPTS[0]), "tools": TOOLS, "max_tokens": 64,
-             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False}
-    deltas: list[dict[str, Any]] = []
+    named = {"model": MODEL, "messages": ask(PROMPTS[0]), "tools": TOOLS,
+             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     with connect(url, additional_headers={"Authorization": f"Bearer {client.api_key}"}) as ws:
-        ws.send(json.dumps(frame))
-        while True:
-            event = json.loads(ws.recv(timeout=300))
-            assert event["type"] in ("chunk", "done"), event
-            deltas += event.get("deltas", [])
-            if event["type"] == "done":
-                break
+        event, deltas = ws_answer(ws, {"id": 7, **named, "max_tokens": 64})
+        cut, cut_deltas = ws_answer(ws, {"id": 8, **named, "max_tokens": 20})
     assert event["finish_reason"] == "tool_calls" and event["content"] is None
     [call] = event["tool_calls"]
     assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
@@ -211,6 +240,10 @@ def test_the_websocket_carries_the_same_tool_calls_and_deltas(client: OpenAI) ->
     fragments = [d["tool_calls"][0] for d in deltas]
     assert fragments[0]["id"] == call["id"]
     assert "".join(f["function"]["arguments"] for f in fragments) == call["function"]["arguments"]
+    # Cut off by max_tokens: no call, the partial text as content, without its tag.
+    assert (cut["finish_reason"], cut["tool_calls"]) == ("length", [])
+    assert cut["content"].startswith('{"name": "get_weather"') and not tag_text(cut["content"])
+    assert "".join(d["content"] for d in cut_deltas) == cut["content"]
 
 
 # Held-out prompts, sent with the client's defaults (parallel_tool_calls unset) and each kind of tool_choice.
