@@ -48,15 +48,13 @@ def _held_back(text: str, tag: str) -> int:
 def _parsed_call(body: str) -> tuple[str, str] | None:
     """A call's name and its arguments' text (as the model wrote them), or None when the body is not a whole call."""
     head = _HEAD.match(body)
-    if head is None or not body.endswith("}"):
-        return None
-    arguments = body[head.end():-1]
     try:
-        name = json.loads(head.group(1))
-        json.loads(arguments)
+        whole = json.loads(body)  # the whole body, not just the arguments: a cut-off number (`1` of `12`) parses
     except ValueError:
         return None
-    return name, arguments
+    if head is None or not isinstance(whole, dict) or list(whole) != ["name", "arguments"]:
+        return None
+    return whole["name"], body.rstrip()[head.end():-1]
 
 
 @dataclass

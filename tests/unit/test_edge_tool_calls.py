@@ -79,6 +79,12 @@ def test_a_call_cut_by_max_tokens_is_not_a_call_and_its_partial_text_is_content_
     assert content == TWO[len(ONE) + len("\n<tool_call>\n"):len(ONE) + 40]
 
 
+def test_a_call_cut_inside_arguments_that_would_parse_alone_is_still_cut() -> None:
+    text = '<tool_call>\n{"name": "f", "arguments": 12}\n</tool_call>'
+    assert parse_message(text)[1][0]["function"]["arguments"] == "12"
+    assert parse_message(text[:text.index("2}")]) == ('{"name": "f", "arguments": 1', [])
+
+
 def test_a_call_cut_only_in_its_closing_tag_is_a_whole_call() -> None:
     content, calls = parse_message(ONE[:-3])
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome", "days": 1}
