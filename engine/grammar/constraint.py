@@ -10,7 +10,7 @@ Two shapes of output are built here:
       </tool_call>
 
   `required` and a named function start with a call; `auto` lets the model choose between plain text
-  (which may not contain `<tool_call>`) and calls. Several calls are separated by a newline, and
+  (which may contain neither `<tool_call>` nor `</tool_call>`) and calls. Several calls are separated by a newline, and
   allowed only with parallel tool calls and `auto` or `required`: a named function is called once.
 
 JSON is compact (`", "` and `": "`, no other whitespace): a small model given free whitespace may
@@ -32,8 +32,8 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 # llguidance's JSON compiler options: compact separators, no free whitespace.
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-# Any text that does not contain the opening tag (llguidance regexes have & and ~).
-_TEXT = r"/(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/"
+# Any text that holds neither tag (llguidance regexes have & and ~): an `auto` answer in text never shows tag text.
+_TEXT = r"/(.|\n)+/ & ~/(.|\n)*<\/?tool_call>(.|\n)*/"
 
 
 class ConstraintError(ValueError):

@@ -116,6 +116,9 @@ def test_tool_call_grammar_required_starts_with_a_call_and_auto_also_allows_text
     assert Matchers.valid_drafts(required, ids(tokenizer, call)) == len(ids(tokenizer, call))
     auto = matchers.new(tool_calls_constraint(tools, "auto", parallel=False))
     assert Matchers.valid_drafts(auto, ids(tokenizer, "Hello there")) == len(ids(tokenizer, "Hello there"))
+    # Text never holds a tag, opening or closing (a call written without its opening tag, say).
+    stray = ids(tokenizer, '{"name": "noop", "arguments": {}}\n</tool_call>')
+    assert Matchers.valid_drafts(auto, stray) < len(stray)
 
 
 def test_a_named_function_is_called_exactly_once_even_with_parallel_calls_allowed(
