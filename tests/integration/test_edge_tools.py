@@ -3,7 +3,10 @@
 Whatever the prompt and schema (enums, required fields, integer ranges, nested objects, arrays),
 `tool_choice="required"` or a named function gives calls whose arguments parse and validate,
 streamed (OpenAI's tool_calls deltas) and not; `response_format` json_schema gives JSON that
-validates; and speculation on or off gives the same output, token for token.
+validates; and speculation on or off gives the same output, token for token. With the client's defaults
+(`parallel_tool_calls` unset) a named function is called exactly once; a call cut off by max_tokens is
+`content` with finish_reason `length`, never a call, on HTTP and the websocket; and 18 held-out prompts give
+well-formed answers, no tag text anywhere.
 """
 from __future__ import annotations
 
