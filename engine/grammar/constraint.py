@@ -10,8 +10,8 @@ Two shapes of output are built here:
       </tool_call>
 
   `required` and a named function start with a call; `auto` lets the model choose between plain text
-  (which may not contain `<tool_call>`) and calls. Several calls are separated by a newline, and
-  allowed only with parallel tool calls.
+  (which may contain neither `<tool_call>` nor `</tool_call>`) and calls. Several calls are separated by a newline, and
+  allowed only with parallel tool calls and `auto` or `required`: a named function is called once.
 
 JSON is compact (`", "` and `": "`, no other whitespace): a small model given free whitespace may
 spend its whole budget on newlines. Nothing here needs a tokenizer or torch, so the edge validates
@@ -32,8 +32,8 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 # llguidance's JSON compiler options: compact separators, no free whitespace.
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-# Any text that does not contain the opening tag (llguidance regexes have & and ~).
-_TEXT = r"/(.|\n)+/ & ~/(.|\n)*<tool_call>(.|\n)*/"
+# Any text that holds neither tag (llguidance regexes have & and ~): an `auto` answer in text never shows tag text.
+_TEXT = r"/(.|\n)+/ & ~/(.|\n)*<\/?tool_call>(.|\n)*/"
 
 
 class ConstraintError(ValueError):
@@ -77,15 +77,18 @@ def json_constraint(schema: dict[str, Any] | None) -> Constraint:
 def tool_calls_constraint(tools: Sequence[ToolFunction], choice: str, parallel: bool) -> Constraint:
     """Tool calls in the Hermes format.
 
-    choice: "auto" (text or calls), "required" (at least one call), or a function's name (calls of
-    that function only). parallel: more than one call allowed.
+    choice: "auto" (text or calls), "required" (at least one call), or a function's name (exactly one
+    call of that function). parallel: more than one call allowed (auto and required only).
     """
     if not tools:
         raise ConstraintError("tool calls need at least one tool")
     callable_ = list(tools) if choice in ("auto", "required") else [t for t in tools if t.name == choice]
     if not callable_:
         raise ConstraintError(f"no tool is named {choice!r}")
-    calls = "call (\"\\n\" call)*" if parallel else "call"
+    # A named function is called exactly once (OpenAI's semantics, vLLM's behaviour): the grammar ends after its call,
+    # so the model cannot repeat it until max_tokens.
+    several = parallel and choice in ("auto", "required")
+    calls = "call (\"\\n\" call)*" if several else "call"
     start = f"TEXT | {calls}" if choice == "auto" else calls
     body = {"anyOf": [_call_schema(t) for t in callable_]} if len(callable_) > 1 else _call_schema(callable_[0])
     return _checked(

@@ -139,7 +139,7 @@ class FunctionCallDelta(BaseModel):
 
 
 class ToolCallDelta(BaseModel):
-    """A call's first delta has id, type and name (arguments empty); the next ones a fragment of arguments."""
+    """A call's first delta has id, type and name (arguments empty); the next one its arguments: calls go out whole."""
 
     index: int
     id: str | None = None

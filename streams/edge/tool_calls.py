@@ -5,9 +5,12 @@ Constrained decoding writes calls in one exact form (engine.grammar.constraint):
     <tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>
 
 so a stream can be cut into OpenAI's deltas as it arrives: text outside the tags is `content`; a
-call's first delta carries its `index`, `id`, `type` and `name` (with empty `arguments`), the next
-ones fragments of `arguments`, as OpenAI streams them. The text that might be the start of a tag is
-held back until it is known not to be.
+call goes out when its closing tag has arrived, as OpenAI's two deltas: the first with its `index`,
+`id`, `type` and `name` (and empty `arguments`), the next with its `arguments`. A call is held back
+until then because only a complete call is a call: one cut off by max_tokens (or a deadline) never
+reaches `tool_calls` with arguments that do not parse (:meth:`ToolCallParser.finish`). The text that
+might be the start of a tag is held back until it is known not to be, so no tag text, whole or split
+across chunks, ever reaches `content` or `arguments`.
 
 A call's id is derived from the request id and the call's position (:func:`schemas.tools.call_id`), so
 the worker that runs a server-side call names it as the client saw it; a call the worker answered
@@ -26,7 +29,7 @@ from schemas.events import GenerateRequest
 from schemas.tools import ToolResult, call_id
 
 _HEAD = re.compile(r'\s*\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
-_END = "}\n" + TOOL_CALL_CLOSE  # the arguments' JSON never holds a raw newline, so this ends them
+_CLOSE = "\n" + TOOL_CALL_CLOSE  # a call's compact JSON never holds a raw newline, so this ends it
 
 
 def calls_tools(gen: GenerateRequest) -> bool:
@@ -42,6 +45,18 @@ def _held_back(text: str, tag: str) -> int:
     return 0
 
 
+def _parsed_call(body: str) -> tuple[str, str] | None:
+    """A call's name and its arguments' text (as the model wrote them), or None when the body is not a whole call."""
+    head = _HEAD.match(body)
+    try:
+        whole = json.loads(body)  # the whole body, not just the arguments: a cut-off number (`1` of `12`) parses
+    except ValueError:
+        return None
+    if head is None or not isinstance(whole, dict) or list(whole) != ["name", "arguments"]:
+        return None
+    return whole["name"], body.rstrip()[head.end():-1]
+
+
 @dataclass
 class ToolCallParser:
     """Feed it the answer's text as it comes; it returns OpenAI delta fields (content or tool_calls)."""
@@ -50,69 +65,74 @@ class ToolCallParser:
     calls: list[dict[str, Any]] = field(default_factory=list)  # the whole calls so far, OpenAI's message form
     content: str = ""  # the whole content so far
     _buf: str = ""
-    _state: str = "text"  # text | head (inside a tag, before the arguments) | args
+    _in_call: bool = False  # after an opening tag: the buffer is the call's body so far
+    # Nothing but whitespace yet, or since the last call: a tag's start here is a call's (a cut-off one is dropped).
+    _call_next: bool = True
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         self._buf += text
         out: list[dict[str, Any]] = []
-        while True:
-            delta = self._step()
-            if delta is None:
-                return out
-            if delta:
-                out.append(delta)
+        while (deltas := self._step()) is not None:
+            out += deltas
+        return out
 
     def finish(self) -> list[dict[str, Any]]:
-        """What is left at the end (a call cut by max_tokens keeps its partial arguments)."""
+        """What is left at the end of the answer: a call cut off (by max_tokens, a deadline) is not a call."""
         out = self.feed("")
         rest, self._buf = self._buf, ""
-        if rest and self._state == "args":
-            out.append(self._arguments(rest))
-        elif rest:
-            out.append(self._content(rest if self._state == "text" else TOOL_CALL_OPEN + rest))
+        if self._in_call:
+            self._in_call = False
+            body = rest[: len(rest) - _held_back(rest, _CLOSE)]
+            if _parsed_call(body) is not None:  # only its closing tag was cut: the call itself is whole
+                return out + self._call(body)
+            # Cut inside the call. OpenAI returns output cut off by max_tokens as the message's `content`, with
+            # finish_reason "length" (as it does a structured output cut short); arguments that do not parse are
+            # not a call a client could run, so the partial call is content, without its tag.
+            return out + self._content(body.lstrip("\n"))
+        if rest and not self._call_next:  # text that merely ended like the start of a tag
+            out += self._content(rest)
+        # else: the cut-off start of a call's opening tag: tag text, never content
         return out
 
     def message_content(self) -> str | None:
         """The message's content as OpenAI gives it: null when the answer is only tool calls."""
         return (self.content or None) if self.calls else self.content
 
-    def _step(self) -> dict[str, Any] | None:
-        """One delta (possibly empty) from the buffer, or None when it needs more text."""
-        if self._state == "text":
-            at = self._buf.find(TOOL_CALL_OPEN)
-            if at >= 0:
-                text, self._buf, self._state = self._buf[:at], self._buf[at + len(TOOL_CALL_OPEN):], "head"
-                return self._content(text)
-            keep = _held_back(self._buf, TOOL_CALL_OPEN)
-            text, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
-            return self._content(text) if text else None
-        if self._state == "head":
-            m = _HEAD.match(self._buf)
-            if m is None:
+    def _step(self) -> list[dict[str, Any]] | None:
+        """The deltas of what the buffer completes (possibly none), or None when it needs more text."""
+        if self._in_call:
+            at = self._buf.find(_CLOSE)
+            if at < 0:
                 return None
-            self._buf, self._state = self._buf[m.end():], "args"
-            call = {"id": call_id(self.request_id, len(self.calls)), "type": "function",
-                    "function": {"name": json.loads(m.group(1)), "arguments": ""}}
-            self.calls.append(call)
-            return {"tool_calls": [{"index": len(self.calls) - 1, **call,
-                                    "function": {"name": call["function"]["name"], "arguments": ""}}]}
-        at = self._buf.find(_END)
+            body, self._buf, self._in_call = self._buf[:at], self._buf[at + len(_CLOSE):], False
+            return self._call(body)
+        at = self._buf.find(TOOL_CALL_OPEN)
         if at >= 0:
-            args, self._buf, self._state = self._buf[:at], self._buf[at + len(_END):], "text"
-            return self._arguments(args) if args else {}
-        keep = _held_back(self._buf, _END)
-        args, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
-        return self._arguments(args) if args else None
+            text, self._buf, self._in_call = self._buf[:at], self._buf[at + len(TOOL_CALL_OPEN):], True
+            return self._content(text)
+        keep = _held_back(self._buf, TOOL_CALL_OPEN)
+        text, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+        return self._content(text) if text else None
 
-    def _content(self, text: str) -> dict[str, Any]:
+    def _content(self, text: str) -> list[dict[str, Any]]:
         if not text or (self.calls and not text.strip()):  # the newline between two calls is not content
-            return {}
+            return []
         self.content += text
-        return {"content": text}
+        self._call_next = False
+        return [{"content": text}]
 
-    def _arguments(self, fragment: str) -> dict[str, Any]:
-        self.calls[-1]["function"]["arguments"] += fragment
-        return {"tool_calls": [{"index": len(self.calls) - 1, "function": {"arguments": fragment}}]}
+    def _call(self, body: str) -> list[dict[str, Any]]:
+        parsed = _parsed_call(body)
+        if parsed is None:  # not the grammar's form (a model writing tags unconstrained): text, without the tags
+            return self._content(body.strip())
+        name, arguments = parsed
+        index = len(self.calls)
+        self.calls.append({"id": call_id(self.request_id, index), "type": "function",
+                           "function": {"name": name, "arguments": arguments}})
+        self._call_next = True
+        first = {"index": index, "id": self.calls[-1]["id"], "type": "function",
+                 "function": {"name": name, "arguments": ""}}
+        return [{"tool_calls": [first]}, {"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}]
 
 
 def parse_message(text: str, request_id: str = "") -> tuple[str | None, list[dict[str, Any]]]:

@@ -2,7 +2,8 @@
 edge, engine worker and batch assembler as processes, the real model and Kafka.
 
 A 40-line batch (chat and completions, seeded, greedy, two lines failing at run time) completes with one output
-line per successful custom_id, equal to the same request sent interactively; a worker and the assembler killed
+line per successful custom_id, equal to the same request sent interactively; tool-calling lines give whole calls
+(a call cut off by max_tokens is content, finish_reason length); a worker and the assembler killed
 (-9) mid-batch still answer every line once; a cancelled batch stops and keeps what finished; an upload with bad
 lines is refused naming them; unknown ids are 404. Answers are a few tokens long.
 """
@@ -195,6 +196,28 @@ def test_a_line_without_max_tokens_gets_the_default_capped_to_the_context_left(c
     assert usage["prompt_tokens"] + usage["completion_tokens"] <= MAX_MODEL_LEN
     assert [(e["custom_id"], e["response"]["body"]["error"]["code"]) for e in errors] == [
         ("given", "context_length_exceeded")]  # a max_tokens the client gave is not changed
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"],
+    "additionalProperties": False}}}
+
+
+def test_tool_call_lines_give_whole_calls_and_a_cut_off_call_is_content(client: OpenAI, stack: Stack) -> None:
+    named = {**chat("What's the weather in Paris?", max_tokens=48), "tools": [WEATHER_TOOL],
+             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    lines = [("named", CHAT, named), ("cut", CHAT, {**named, "max_tokens": 20})]
+    batch = wait_for(client, submit(client, lines), finished, stack)
+    answers = {o["custom_id"]: o["response"]["body"]["choices"][0] for o in file_lines(client, batch.output_file_id)}
+    assert answers["named"]["finish_reason"] == "tool_calls" and answers["named"]["message"]["content"] is None
+    [call] = answers["named"]["message"]["tool_calls"]  # exactly one call of the named function
+    assert call["function"]["name"] == "get_weather" and isinstance(json.loads(call["function"]["arguments"]), dict)
+    interactive = client.chat.completions.create(**named).choices[0].message.tool_calls or []
+    assert [(c.function.name, c.function.arguments) for c in interactive] == [
+        ("get_weather", call["function"]["arguments"])]
+    cut = answers["cut"]
+    assert cut["finish_reason"] == "length" and "tool_calls" not in cut["message"]
+    assert cut["message"]["content"].startswith('{"name": "get_weather"') and "<" not in cut["message"]["content"]
 
 
 def _kill(process: Process) -> None:

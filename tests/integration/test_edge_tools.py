@@ -3,12 +3,16 @@
 Whatever the prompt and schema (enums, required fields, integer ranges, nested objects, arrays),
 `tool_choice="required"` or a named function gives calls whose arguments parse and validate,
 streamed (OpenAI's tool_calls deltas) and not; `response_format` json_schema gives JSON that
-validates; and speculation on or off gives the same output, token for token.
+validates; and speculation on or off gives the same output, token for token. With the client's defaults
+(`parallel_tool_calls` unset) a named function is called exactly once; a call cut off by max_tokens is
+`content` with finish_reason `length`, never a call, on HTTP and the websocket; and 18 held-out prompts give
+well-formed answers, no tag text anywhere.
 """
 from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from engine.grammar.constraint import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from streams.edge.keys import create_key
 from streams.edge.server import serve_in_thread
 from streams.testing.stack import DEFAULT_MODEL as MODEL
@@ -103,14 +108,15 @@ def test_required_tool_choice_always_gives_calls_that_validate(client: OpenAI, p
                                               parallel_tool_calls=False, max_tokens=64)
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    assert_valid_calls(choice.message.tool_calls or [], set(SCHEMAS))
+    assert len(assert_valid_calls(choice.message.tool_calls or [], set(SCHEMAS))) == 1  # parallel_tool_calls false
 
 
 @pytest.mark.parametrize(("prompt", "name"), list(zip(PROMPTS, SCHEMAS)))
-def test_a_named_function_is_the_one_called_streamed_or_not(client: OpenAI, prompt: str, name: str) -> None:
+def test_a_named_function_is_called_exactly_once_streamed_or_not(client: OpenAI, prompt: str, name: str) -> None:
+    # parallel_tool_calls unset (the client's default): a named function is still called once, then the answer ends.
     choice = {"type": "function", "function": {"name": name}}
-    kwargs = dict(model=MODEL, messages=ask(prompt), tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
-                  max_tokens=64, temperature=0.8, seed=5)
+    kwargs = dict(model=MODEL, messages=ask(prompt), tools=TOOLS, tool_choice=choice, max_tokens=64,
+                  temperature=0.8, seed=5)
     whole = client.chat.completions.create(**kwargs).choices[0]
     assert whole.finish_reason == "tool_calls"
     calls = assert_valid_calls(whole.message.tool_calls or [], {name})
@@ -118,6 +124,28 @@ def test_a_named_function_is_the_one_called_streamed_or_not(client: OpenAI, prom
     streamed, finish, content = streamed_calls(client, **kwargs)
     assert finish == "tool_calls" and content == ""
     assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == calls
+
+
+def test_required_with_parallel_calls_allowed_streams_the_same_whole_calls(client: OpenAI) -> None:
+    kwargs = dict(model=MODEL, messages=ask(PROMPTS[2]), tools=TOOLS, tool_choice="required", max_tokens=80)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    calls = assert_valid_calls(whole.message.tool_calls or [], set(SCHEMAS))
+    assert not tag_text(whole.message.content or "")
+    streamed, finish, content = streamed_calls(client, **kwargs)
+    assert (finish, content) == (whole.finish_reason, whole.message.content or "")
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == calls
+
+
+def test_a_call_cut_off_by_max_tokens_is_content_with_finish_reason_length_streamed_or_not(client: OpenAI) -> None:
+    kwargs = dict(model=MODEL, messages=ask(PROMPTS[1]), tools=TOOLS, max_tokens=24,
+                  tool_choice={"type": "function", "function": {"name": "book_hotel"}})
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "length" and not whole.message.tool_calls
+    # The partial call, without its tag: where OpenAI puts output cut off by max_tokens.
+    assert (whole.message.content or "").startswith('{"name": "book_hotel", "arguments": {')
+    assert not tag_text(whole.message.content or "")
+    streamed, finish, content = streamed_calls(client, **kwargs)
+    assert (streamed, finish, content) == ([], "length", whole.message.content)
 
 
 @pytest.mark.parametrize("schema", [WEATHER, BOOKING, SHOPPING])
@@ -187,21 +215,27 @@ def test_bad_structured_parameters_are_400s_naming_the_parameter(client: OpenAI,
     assert caught.value.param == param
 
 
+def ws_answer(ws: Any, frame: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The done frame of one request on the socket, and every delta its chunk and done frames carried."""
+    ws.send(json.dumps(frame))
+    deltas: list[dict[str, Any]] = []
+    while True:
+        event = json.loads(ws.recv(timeout=300))
+        assert event["type"] in ("chunk", "done") and event["id"] == frame["id"], event
+        deltas += event.get("deltas", [])
+        if event["type"] == "done":
+            return event, deltas
+
+
 def test_the_websocket_carries_the_same_tool_calls_and_deltas(client: OpenAI) -> None:
     from websockets.sync.client import connect
 
     url = str(client.base_url).replace("http", "ws", 1).rstrip("/") + "/ws"
-    frame = {"id": 7, "model": MODEL, "messages": ask(PROMPTS[0]), "tools": TOOLS, "max_tokens": 64,
-             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": False}
-    deltas: list[dict[str, Any]] = []
+    named = {"model": MODEL, "messages": ask(PROMPTS[0]), "tools": TOOLS,
+             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     with connect(url, additional_headers={"Authorization": f"Bearer {client.api_key}"}) as ws:
-        ws.send(json.dumps(frame))
-        while True:
-            event = json.loads(ws.recv(timeout=300))
-            assert event["type"] in ("chunk", "done"), event
-            deltas += event.get("deltas", [])
-            if event["type"] == "done":
-                break
+        event, deltas = ws_answer(ws, {"id": 7, **named, "max_tokens": 64})
+        cut, cut_deltas = ws_answer(ws, {"id": 8, **named, "max_tokens": 20})
     assert event["finish_reason"] == "tool_calls" and event["content"] is None
     [call] = event["tool_calls"]
     assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
@@ -209,3 +243,62 @@ def test_the_websocket_carries_the_same_tool_calls_and_deltas(client: OpenAI) ->
     fragments = [d["tool_calls"][0] for d in deltas]
     assert fragments[0]["id"] == call["id"]
     assert "".join(f["function"]["arguments"] for f in fragments) == call["function"]["arguments"]
+    # Cut off by max_tokens: no call, the partial text as content, without its tag.
+    assert (cut["finish_reason"], cut["tool_calls"]) == ("length", [])
+    assert cut["content"].startswith('{"name": "get_weather"') and not tag_text(cut["content"])
+    assert "".join(d["content"] for d in cut_deltas) == cut["content"]
+
+
+# Held-out prompts, sent with the client's defaults (parallel_tool_calls unset) and each kind of tool_choice.
+NAMED = [("Is it raining in Oslo right now?", "get_weather"), ("How cold is Montreal today in fahrenheit?", "get_weather"),
+         ("I need a room for one guest for a week, no breakfast.", "book_hotel"),
+         ("Reserve a hotel: 4 people, 2 nights, breakfast included.", "book_hotel"),
+         ("Put bread on the grocery list.", "add_to_list"), ("Remember to buy apples, rice and tea.", "add_to_list")]
+REQUIRED = ["Weather forecast for Lima, please.", "Book me a hotel for five guests for ten nights.",
+            "Add butter to my list.", "Should I take an umbrella in London?", "We are 3, staying 4 nights, with breakfast.",
+            "Shopping list: cheese and tomatoes."]
+AUTO = ["What's the weather in Berlin in celsius?", "Please book a hotel for 2 guests for 1 night.",
+        "Add coffee to my shopping list.", "Hello! How are you?", "Is it hot in Cairo?", "Add soap and salt to my list."]
+HELD_OUT: list[tuple[str, Any]] = ([(p, {"type": "function", "function": {"name": n}}) for p, n in NAMED]
+                                   + [(p, "required") for p in REQUIRED] + [(p, "auto") for p in AUTO])
+
+
+def tag_text(text: str) -> bool:
+    """Whether text holds a tool-call tag, whole or as its cut-off start at the end (a lone '<')."""
+    text = text.rstrip()
+    return any(tag in text or any(text.endswith(tag[:n]) for n in range(1, len(tag)))
+               for tag in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE))
+
+
+def malformed(choice: Any, tool_choice: Any) -> str | None:
+    """Why an answer is not a well-formed call (valid JSON arguments against the schema) or plain content."""
+    content, calls = choice.message.content or "", choice.message.tool_calls or []
+    if tag_text(content):
+        return f"tag text in content {content!r}"
+    for call in calls:
+        if tag_text(call.function.arguments):
+            return f"tag text in arguments {call.function.arguments!r}"
+        try:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        except (ValueError, jsonschema.ValidationError) as error:
+            return f"arguments {call.function.arguments!r}: {error}"
+    if isinstance(tool_choice, dict) and [c.function.name for c in calls] != [tool_choice["function"]["name"]]:
+        return f"named tool_choice gave {[c.function.name for c in calls]}"
+    if tool_choice == "required" and not calls:
+        return "required gave no call"
+    if choice.finish_reason not in (("tool_calls", "length") if calls else ("stop", "length")):
+        return f"finish_reason {choice.finish_reason} with {len(calls)} calls"
+    return None
+
+
+def test_held_out_tool_prompts_with_the_clients_defaults_all_give_well_formed_answers(client: OpenAI) -> None:
+    failures, ends = [], Counter()
+    for prompt, tool_choice in HELD_OUT:  # no max_tokens either: the edge's default, what the context leaves
+        choice = client.chat.completions.create(model=MODEL, messages=ask(prompt), tools=TOOLS,
+                                                tool_choice=tool_choice).choices[0]
+        ends[f"{choice.finish_reason} with {len(choice.message.tool_calls or [])} calls"] += 1
+        why = malformed(choice, tool_choice)
+        if why is not None:
+            failures.append(f"{prompt!r} ({tool_choice}): {why}")
+    print(f"held-out tool calls: {len(HELD_OUT) - len(failures)}/{len(HELD_OUT)} well formed; {dict(ends)}")
+    assert not failures, "\n".join(failures)

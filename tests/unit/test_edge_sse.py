@@ -1,12 +1,14 @@
 """The edge's SSE writer: the bytes a client reads are OpenAI's chunk stream, and what is ready together goes out
 in one write (the role chunk with the first token's; the last token's chunk, the finish chunk, the usage chunk and
-[DONE] together), so a stream's end costs one trip through the ASGI stack and one client wakeup, not four."""
+[DONE] together), so a stream's end costs one trip through the ASGI stack and one client wakeup, not four; a
+tool-calling stream cut off by max_tokens shows only whole calls, and no tag text."""
 from __future__ import annotations
 
 import json
 from typing import Any, AsyncIterator
 
-from schemas.events import Completion, ErrorEvent, GenerateRequest, ReplyRoute, SamplingParams, TokenChunk
+from schemas.events import Completion, ErrorEvent, GenerateRequest, OutputConstraint, ReplyRoute, SamplingParams
+from schemas.events import TokenChunk
 from schemas.events import Timings, Usage
 from streams.edge.openai_api import _sse
 
@@ -41,10 +43,10 @@ class FakeTicket:
         self.finished.append(status)
 
 
-def _request() -> GenerateRequest:
+def _request(constraint: OutputConstraint | None = None) -> GenerateRequest:
     return GenerateRequest(request_id="chatcmpl-1", messages=[{"role": "user", "content": "hi"}], model="m",
                            sampling=SamplingParams(max_tokens=8, seed=1), reply_to=ReplyRoute(topic="r"),
-                           created_at=1.0)
+                           created_at=1.0, constraint=constraint)
 
 
 def _chunk(index: int, text: str, finish: str | None = None) -> TokenChunk:
@@ -57,13 +59,14 @@ def _completion(text: str, chunks: int) -> Completion:
                       timings=Timings(queued_s=0.0, ttft_s=0.1, total_s=0.2))
 
 
-async def _writes(events: list, *, chat: bool = True, include_usage: bool = True) -> tuple[list[str], FakeTicket]:
+async def _writes(events: list, *, chat: bool = True, include_usage: bool = True,
+                  request: GenerateRequest | None = None) -> tuple[list[str], FakeTicket]:
     async def rest() -> AsyncIterator:
         for event in events[1:]:
             yield event
 
     ticket = FakeTicket()
-    writes = [w async for w in _sse(FakeEdge(), _request(), FakeStream(), events[0], rest(), chat=chat,  # type: ignore[arg-type]
+    writes = [w async for w in _sse(FakeEdge(), request or _request(), FakeStream(), events[0], rest(), chat=chat,  # type: ignore[arg-type]
                                    include_usage=include_usage, input_param="messages", ticket=ticket)]  # type: ignore[arg-type]
     return writes, ticket
 
@@ -106,3 +109,18 @@ async def test_an_error_after_chunks_goes_out_with_done() -> None:
     tail = _events(writes[1])
     assert json.loads(tail[0])["error"]["message"] and tail[1] == "[DONE]"
     assert ticket.finished[0] == 500
+
+
+async def test_a_tool_call_stream_cut_off_by_max_tokens_gives_whole_calls_then_the_partial_one_as_content() -> None:
+    call = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+    text = call + '\n<tool_call>\n{"name": "f", "arguments": {"a'
+    pieces = [text[i:i + 5] for i in range(0, len(text), 5)]  # tags split across chunks
+    events = [_chunk(i, piece, "length" if i == len(pieces) - 1 else None) for i, piece in enumerate(pieces)]
+    request = _request(OutputConstraint(kind="tool_calls", tool_choice="required"))
+    writes, _ = await _writes([*events, _completion(text, len(pieces))], include_usage=False, request=request)
+    choices = [json.loads(e)["choices"][0] for w in writes for e in _events(w) if e != "[DONE]"]
+    deltas = [c["delta"] for c in choices if c["delta"] not in ({}, {"role": "assistant", "content": ""})]
+    assert [d["tool_calls"][0]["function"] for d in deltas[:2]] == [{"name": "f", "arguments": ""},
+                                                                    {"arguments": '{"a": 1}'}]
+    assert deltas[2:] == [{"content": '{"name": "f", "arguments": {"a'}]
+    assert choices[-1]["finish_reason"] == "length"

@@ -214,7 +214,7 @@ class _Chat(Body):
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS,
                                      description=f"Functions the model may call (at most {MAX_TOOLS}).")
     tool_choice: ToolChoice | None = Field(
-        default=None, description="none, auto (the default with tools), required, or one named function.")
+        default=None, description="none, auto (the default with tools), required, or one named function (called once).")
     parallel_tool_calls: StrictBool | None = Field(default=None, description="Allow several calls in one answer.")
     response_format: ResponseFormat | None = Field(
         default=None, description="text, json_object or json_schema; JSON is enforced by constrained decoding.")

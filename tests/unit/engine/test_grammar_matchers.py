@@ -116,10 +116,29 @@ def test_tool_call_grammar_required_starts_with_a_call_and_auto_also_allows_text
     assert Matchers.valid_drafts(required, ids(tokenizer, call)) == len(ids(tokenizer, call))
     auto = matchers.new(tool_calls_constraint(tools, "auto", parallel=False))
     assert Matchers.valid_drafts(auto, ids(tokenizer, "Hello there")) == len(ids(tokenizer, "Hello there"))
+    # Text never holds a tag, opening or closing (a call written without its opening tag, say).
+    stray = ids(tokenizer, '{"name": "noop", "arguments": {}}\n</tool_call>')
+    assert Matchers.valid_drafts(auto, stray) < len(stray)
+
+
+def test_a_named_function_is_called_exactly_once_even_with_parallel_calls_allowed(
+    matchers: Matchers, tokenizer: Any
+) -> None:
+    tools = [ToolFunction("get_weather", CITY), ToolFunction("noop", {"type": "object", "properties": {}})]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}\n</tool_call>'
     named = matchers.new(tool_calls_constraint(tools, "noop", parallel=True))
     assert Matchers.valid_drafts(named, ids(tokenizer, call)) < len(ids(tokenizer, call))
-    two = '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>\n' * 2
-    assert Matchers.valid_drafts(named, ids(tokenizer, two.rstrip("\n"))) == len(ids(tokenizer, two.rstrip("\n")))
+    one = ids(tokenizer, '<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>')
+    matchers.advance(named, one)
+    [allowed] = allowed_after(matchers, named, [])
+    assert allowed.nonzero().flatten().tolist() == [EOS]  # no second call: the answer ends
+
+
+def test_required_with_parallel_calls_allows_several_calls(matchers: Matchers, tokenizer: Any) -> None:
+    tools = [ToolFunction("noop", {"type": "object", "properties": {}})]
+    two = ids(tokenizer, "\n".join(['<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'] * 2))
+    required = matchers.new(tool_calls_constraint(tools, "required", parallel=True))
+    assert Matchers.valid_drafts(required, two) == len(two)
 
 
 def test_bad_schemas_are_refused_with_the_reason() -> None:
