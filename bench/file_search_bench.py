@@ -68,7 +68,7 @@ async def run(settings: Settings, calls: int) -> None:
         async with ToolRunner(settings), ToolClient(settings) as tools, \
                 RagClient.session(settings.kafka, catalog, documents=False) as rag:
             async def direct() -> None:
-                await rag.ask("search", [STORE], query=QUERY, tenant="bench", timeout_s=60)
+                await rag.search([STORE], tenant="bench", query=QUERY, timeout_s=60)
 
             async def tool(name: str, arguments: dict[str, object]) -> None:
                 result = await tools.call(tools.intent(name, arguments, tenant="bench"), timeout_s=60)

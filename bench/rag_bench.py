@@ -45,7 +45,7 @@ from schemas.events import (
     ReplyRoute,
     SamplingParams,
 )
-from schemas.retrieval import FileSearch, RetrievalRequest, SearchResults
+from schemas.retrieval import FileSearch, RetrievalRequest
 from streams import kafka_io
 from streams.config import Settings
 from streams.rag.client import RagClient
@@ -209,7 +209,7 @@ async def concurrently(n: int, jobs: list[Callable[[], Awaitable[float]]]) -> li
 async def latency(client: RagClient, store_id: str, questions: list[Question], concurrency: int) -> dict[str, float]:
     async def ask(question: Question) -> float:
         started = time.monotonic()
-        await client.ask("search", [store_id], query=question.text, max_num_results=4)
+        await client.search([store_id], tenant="bench", query=question.text, max_num_results=4)
         return (time.monotonic() - started) * 1000
 
     times = sorted(await concurrently(concurrency, [lambda q=q: ask(q) for q in questions * 2]))
@@ -219,8 +219,7 @@ async def latency(client: RagClient, store_id: str, questions: list[Question], c
 async def recall(client: RagClient, store_id: str, questions: list[Question], hybrid: bool) -> float:
     hits = 0
     for question in questions:
-        found = await client.ask("search", [store_id], query=question.text, max_num_results=4, hybrid=hybrid)
-        assert isinstance(found, SearchResults)
+        found = await client.search([store_id], tenant="bench", query=question.text, max_num_results=4, hybrid=hybrid)
         hits += any(question.answer in p.text for p in found.passages)
     return hits / len(questions)
 

@@ -1,11 +1,18 @@
-"""Events of vector stores and retrieval: the stores' records, search and file_search requests, their answers.
+"""Events of vector stores and retrieval: the stores' records, users' searches, index administration, the answers.
 
 A vector store is a record on the compacted vector-stores topic (a tombstone deletes it), so every edge, a
-restarted one too, sees the same stores. Searches and chat requests with the `file_search` tool go to the rag
-service (the only process that opens the index) as :class:`RetrievalRequest` on the retrieval topic; it answers
-on the caller's reply route: :class:`SearchResults` for a search, or for a chat request :class:`Retrieved` (the
-passages given to the model, before the engine's events) after which it publishes the grounded
-``GenerateRequest`` to the request topic. Index maintenance (a rebuild's swap) uses the same topic.
+restarted one too, sees the same stores. The rag service (the only process that opens the index) reads two topics:
+
+* the retrieval topic carries users' operations, :class:`RetrievalRequest`: searches and chat requests with the
+  `file_search` tool, each on behalf of a tenant (the retriever refuses a store of another tenant). It answers on the
+  caller's reply route: :class:`SearchResults` for a search, or for a chat request :class:`Retrieved` (the passages
+  given to the model, before the engine's events) after which it publishes the grounded ``GenerateRequest``;
+* the index-commands topic carries the operator's index administration, :class:`IndexCommand` (a rebuild's steps),
+  answered with :class:`IndexState` (or :class:`SearchResults` for a canary search of one version). Apart so that
+  on a secured cluster only operators may write it (the edge and the tool runner may not).
+
+An op published on the other topic is refused by validation, naming the topic it belongs on (the consumer
+foundation dead-letters it with that reason and tells the sender).
 """
 from __future__ import annotations
 
@@ -53,28 +60,75 @@ class FileSearch(BaseModel):
     score_threshold: float | None = Field(default=None, description="Drop results scoring below it.")
 
 
+USER_OPS = ("search", "chat")
+INDEX_OPS = ("prepare", "swap", "count", "canary")
+
+
+def _refuse_op_of_other_topic(data: Any, foreign: tuple[str, ...], why: str) -> Any:
+    """Checked before the fields, so a message of the other topic gets this one reason, not a list of field errors."""
+    op = data.get("op") if isinstance(data, dict) else None
+    if isinstance(op, str) and op in foreign:
+        raise ValueError(f"op {op!r} {why}")
+    return data
+
+
 class RetrievalRequest(Event):
-    """A search, a chat request to ground, or an index operation, keyed by request id on the retrieval topic."""
+    """A user's search or chat request to ground, keyed by request id on the retrieval topic."""
 
     type: Literal["retrieval_request"] = "retrieval_request"
     request_id: str = Field(min_length=1, max_length=128, description="Client-unique id; the answer carries it.")
     reply_to: ReplyRoute = Field(description="Where the answer goes.")
-    tenant: str = Field(default="default", min_length=1, max_length=64, description="Tenant asking.")
-    op: Literal["search", "chat", "prepare", "swap", "count"] = Field(
-        description="search: SearchResults (of `version` when set, else of the version answering queries); chat: "
-        "Retrieved, then the grounded request to the engine; prepare: an empty collection for `version` (a rebuild's "
-        "start); swap: point a store's alias at `version` and drop the others; count: points in `version`."
+    tenant: str = Field(default="default", min_length=1, max_length=64,
+                        description="Tenant asking; every store searched must be its own, or the request is refused.")
+    op: Literal["search", "chat"] = Field(
+        description="search: SearchResults of the version answering queries; chat: Retrieved, then the grounded "
+        "request to the engine."
     )
-    search: FileSearch = Field(description="What to search (search, chat), or the store (swap, count: the first id).")
+    search: FileSearch = Field(description="What to search.")
     generate: GenerateRequest | None = Field(default=None, description="op chat: the request to ground.")
-    version: int | None = Field(default=None, ge=1, description="op swap, count: the index version.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _user_ops_only(cls, data: Any) -> Any:
+        return _refuse_op_of_other_topic(
+            data, INDEX_OPS, "is index administration: publish an IndexCommand to the index-commands topic; the "
+            "retrieval topic carries users' searches (search, chat)")
 
     @model_validator(mode="after")
     def _fields_of_op(self) -> RetrievalRequest:
         if (self.op == "chat") != (self.generate is not None):
             raise ValueError("generate is set exactly when op is chat")
-        if self.op in ("prepare", "swap", "count") and self.version is None:
-            raise ValueError(f"op {self.op} needs version")
+        return self
+
+
+class IndexCommand(Event):
+    """An operator's operation on one store's index (a rebuild's steps), keyed by request id on the index-commands
+    topic. Not on behalf of a tenant: who may write this topic is the cluster's ACLs' to say."""
+
+    type: Literal["index_command"] = "index_command"
+    request_id: str = Field(min_length=1, max_length=128, description="Client-unique id; the answer carries it.")
+    reply_to: ReplyRoute = Field(description="Where the answer goes.")
+    op: Literal["prepare", "swap", "count", "canary"] = Field(
+        description="prepare: an empty collection for `version` (a rebuild's start); swap: point the store's alias at "
+        "`version` and drop the others; count: points in `version`; canary: SearchResults of `query` in `version` "
+        "(a rebuild's check before the swap). Each answers IndexState, canary SearchResults."
+    )
+    vector_store_id: str = Field(min_length=1, max_length=128, description="The store.")
+    version: int = Field(ge=1, description="The index version operated on.")
+    query: str = Field(default="", max_length=8192, description="op canary: what to search.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _index_ops_only(cls, data: Any) -> Any:
+        return _refuse_op_of_other_topic(
+            data, USER_OPS, "is a user's operation: publish a RetrievalRequest to the retrieval topic, where the "
+            "retriever checks its tenant; the index-commands topic carries index administration "
+            f"({', '.join(INDEX_OPS)})")
+
+    @model_validator(mode="after")
+    def _query_of_canary(self) -> IndexCommand:
+        if (self.op == "canary") != bool(self.query):
+            raise ValueError("query is set exactly when op is canary")
         return self
 
 

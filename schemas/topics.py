@@ -22,7 +22,7 @@ from schemas.events import (
     RolloutState,
     ServiceAnnouncement,
 )
-from schemas.retrieval import RetrievalRequest, VectorStoreRecord
+from schemas.retrieval import IndexCommand, RetrievalRequest, VectorStoreRecord
 from schemas.tools import ToolIntent, ToolResult
 
 HOUR_MS = 3_600_000
@@ -264,9 +264,20 @@ class TopicCatalog:
         return Topic(
             name=f"{self.prefix}.retrieval", partitions=3, key="request_id",
             retention_ms=1 * HOUR_MS, carries=_describe(RetrievalRequest),
-            purpose="Searches, chat requests with the file_search tool, and index operations for the rag service "
-            "(the one process that opens the index); it answers on the caller's reply topic and sends grounded "
-            "chat requests on to the request topic.",
+            purpose="Users' searches and chat requests with the file_search tool, each for a tenant (the retriever "
+            "refuses another tenant's store); the rag service (the one process that opens the index) answers on the "
+            "caller's reply topic and sends grounded chat requests on to the request topic.",
+            segment_ms=1 * HOUR_MS,
+        )
+
+    @property
+    def index_commands(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.index-commands", partitions=1, key="request_id",
+            retention_ms=1 * HOUR_MS, carries=_describe(IndexCommand),
+            purpose="Index administration (a rebuild's prepare, count, canary search and swap of a store's index "
+            "versions) that `specstream index rebuild` publishes; the rag service answers on the caller's reply "
+            "topic. Apart from users' searches so only operators may write it.",
             segment_ms=1 * HOUR_MS,
         )
 
@@ -274,8 +285,8 @@ class TopicCatalog:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
                 self.completions, self.eval_samples, self.adapters, self.files, self.ingest_jobs,
-                self.document_chunks, self.documents, self.vector_stores, self.retrieval, self.batch_lines,
-                self.batch_results, self.batches, self.tool_intents, self.tool_results]
+                self.document_chunks, self.documents, self.vector_stores, self.retrieval, self.index_commands,
+                self.batch_lines, self.batch_results, self.batches, self.tool_intents, self.tool_results]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

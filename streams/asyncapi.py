@@ -19,7 +19,14 @@ from faststream.specification import AsyncAPI
 from schemas.batch import BatchState
 from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
 from schemas.events import Completion, EdgeAnnouncement, ErrorEvent, EvalSample, GenerateRequest, RolloutState
-from schemas.retrieval import IndexState, RetrievalRequest, Retrieved, SearchResults, VectorStoreRecord
+from schemas.retrieval import (
+    IndexCommand,
+    IndexState,
+    RetrievalRequest,
+    Retrieved,
+    SearchResults,
+    VectorStoreRecord,
+)
 from streams.config import Settings
 from streams.service import Output
 from streams.service.wiring import channel_description, declare_output
@@ -53,10 +60,12 @@ def document(settings: Settings) -> Any:
     for topic, events in ((catalog.batch_lines, GenerateRequest), (catalog.batch_results, Completion | ErrorEvent),
                           (catalog.batches, BatchState)):
         declare_output(worker.broker, Output(topic, events))
-    # The vector store API publishes stores and retrieval requests; the rag service (indexer: the documents'
-    # completed state; retriever: search answers and grounded requests, on the asker's reply topic) answers them.
+    # The vector store API publishes stores and users' retrieval requests, `specstream index rebuild` index commands;
+    # the rag service (indexer: the documents' completed state; retriever: search answers and grounded requests;
+    # index admin: index states, on the asker's reply topic) answers them.
     declare_output(worker.broker, Output(catalog.vector_stores, VectorStoreRecord))
     declare_output(worker.broker, Output(catalog.retrieval, RetrievalRequest))
+    declare_output(worker.broker, Output(catalog.index_commands, IndexCommand))
     # The reply topics also carry the rag service's answers: a channel of their own (same address, another title).
     replies = catalog.replies("<edge-id>")
     worker.broker.publisher(replies.name, schema=SearchResults | Retrieved | IndexState,

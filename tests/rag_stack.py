@@ -1,5 +1,5 @@
 """The rag service as a real process (`specstream rag`) for the edge and crash tests: started on a deployment's
-prefix with a state folder of its own, ready once both its consumers announced themselves."""
+prefix with a state folder of its own, ready once all its consumers announced themselves."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +14,7 @@ from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.testing.stack import Process, _stop, spawn_process, stack_env
 
-RAG_KINDS = ("indexer", "retriever")
+RAG_KINDS = ("indexer", "retriever", "index-admin")
 
 
 async def ready_kinds(bootstrap: str, prefix: str, pid: int) -> set[str]:

@@ -158,9 +158,10 @@ async def _search(args: argparse.Namespace, settings: Settings) -> int:
 
     async with RagClient.session(settings.kafka, settings.catalog) as client:
         record = client.store(args.store)
-        found = await client.ask("search", [record.id], query=args.query, max_num_results=args.max_results,
-                                 hybrid=args.hybrid)
-        for rank, passage in enumerate(found.passages, start=1):  # type: ignore[attr-defined]
+        # The operator searches as the store's tenant: the retriever answers a tenant only from its own stores.
+        found = await client.search([record.id], tenant=record.tenant, query=args.query,
+                                    max_num_results=args.max_results, hybrid=args.hybrid)
+        for rank, passage in enumerate(found.passages, start=1):
             text = " ".join(passage.text.split())
             print(f"{rank}. {passage.score:.3f} {passage.filename} [{passage.char_start}:{passage.char_end}] "
                 f"{text[:200]}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -111,8 +112,8 @@ class RagEdge:
 
     # --- the rag service -----------------------------------------------------------------------------------------
 
-    def _request(self, op: str, tenant: str, search: FileSearch, generate: GenerateRequest | None = None,
-                 request_id: str | None = None) -> RetrievalRequest:
+    def _request(self, op: Literal["search", "chat"], tenant: str, search: FileSearch,
+                 generate: GenerateRequest | None = None, request_id: str | None = None) -> RetrievalRequest:
         return RetrievalRequest(request_id=request_id or f"rq-{uuid.uuid4().hex}", tenant=tenant, op=op,
                                 reply_to=ReplyRoute(topic=self.edge.reply_topic), search=search, generate=generate)
 

@@ -7,14 +7,22 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from pydantic import BaseModel
 
 from schemas.documents import DocumentState
 from schemas.events import ErrorEvent, ReplyRoute, TokenChunk
-from schemas.retrieval import FileSearch, RetrievalRequest, Retrieved, VectorStoreRecord
+from schemas.retrieval import (
+    FileSearch,
+    IndexCommand,
+    IndexState,
+    RetrievalRequest,
+    Retrieved,
+    SearchResults,
+    VectorStoreRecord,
+)
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.compacted import CompactedTable
@@ -75,17 +83,28 @@ class RagClient:
     async def publish(self, topic: str, key: str, event: BaseModel | None) -> None:
         await self.producer.send_and_wait(topic, None if event is None else kafka_io.encode(event), key=key.encode())
 
-    async def ask(self, op: str, store_ids: list[str], *, query: str = "", version: int | None = None,
-                  max_num_results: int = 4, filters: dict[str, Any] | None = None, hybrid: bool | None = None,
-                  timeout_s: float = 60.0, tenant: str = "default") -> BaseModel:
-        """The rag service's answer (SearchResults, IndexState); RagError for its ErrorEvent, RagTimeout for none in
-        time."""
+    async def search(self, store_ids: list[str], *, tenant: str, query: str, max_num_results: int = 4,
+                     filters: dict[str, Any] | None = None, hybrid: bool | None = None,
+                     timeout_s: float = 60.0) -> SearchResults:
+        """A tenant's search on the retrieval topic (the retriever refuses a store of another tenant); RagError for
+        its ErrorEvent, RagTimeout for no answer in time."""
         request = RetrievalRequest(
-            request_id=f"cli-{uuid.uuid4().hex}", reply_to=ReplyRoute(topic=self.reply_topic), op=op, version=version,
+            request_id=f"cli-{uuid.uuid4().hex}", reply_to=ReplyRoute(topic=self.reply_topic), op="search",
             tenant=tenant,
             search=FileSearch(vector_store_ids=store_ids, query=query, max_num_results=max_num_results,
                               filters=filters, hybrid=hybrid))
-        return await self.await_final(self.catalog.retrieval.name, request.request_id, request, timeout_s=timeout_s)
+        answer = await self.await_final(self.catalog.retrieval.name, request.request_id, request, timeout_s=timeout_s)
+        return _expected(answer, SearchResults)
+
+    async def command(self, op: Literal["prepare", "swap", "count", "canary"], store_id: str, *, version: int,
+                      query: str = "", timeout_s: float = 60.0) -> IndexState | SearchResults:
+        """Index administration on the index-commands topic: IndexState (SearchResults for a canary); RagError for the
+        service's ErrorEvent, RagTimeout for no answer in time."""
+        command = IndexCommand(request_id=f"cli-{uuid.uuid4().hex}", reply_to=ReplyRoute(topic=self.reply_topic),
+                               op=op, vector_store_id=store_id, version=version, query=query)
+        answer = await self.await_final(self.catalog.index_commands.name, command.request_id, command,
+                                        timeout_s=timeout_s)
+        return _expected(answer, SearchResults if op == "canary" else IndexState)
 
     async def await_final(self, topic: str, request_id: str, message: BaseModel, *, timeout_s: float = 300.0) -> Any:
         """Publish `message` and wait for its request's final answer (not a chunk, not the passages)."""
@@ -114,3 +133,12 @@ class RagClient:
                         waiting = self._answers.get(getattr(event, "request_id", None) or "")
                         if waiting is not None and not waiting.done():
                             waiting.set_result(event)
+
+
+AnswerT = TypeVar("AnswerT", bound=BaseModel)
+
+
+def _expected(answer: BaseModel, kind: type[AnswerT]) -> AnswerT:
+    if not isinstance(answer, kind):
+        raise RagError(f"the rag service answered {type(answer).__name__}, not {kind.__name__}")
+    return answer

@@ -46,12 +46,12 @@ async def rebuild(client: RagClient, store_ref: str, *, chunking: StaticChunking
     await client.documents.caught_up()  # a client that has been open a while: the states as they are now
     record = client.store(store_ref)
     documents = [d for d in client.documents_of(record.id) if d.status not in ("failed", "in_progress")]
-    state = await client.ask("count", [record.id], version=record.index_version)
+    state = await client.command("count", record.id, version=record.index_version)
     assert isinstance(state, IndexState)
     old = state.version or record.index_version
     new = max([old, record.index_version, *state.versions]) + 1
     progress(f"{record.id}: rebuilding v{old} -> v{new} from {len(documents)} document(s); queries stay on v{old}")
-    await client.ask("prepare", [record.id], version=new)
+    await client.command("prepare", record.id, version=new)
     for document in documents:
         await _requeue(client, document, new, chunking)
     try:
@@ -62,7 +62,7 @@ async def rebuild(client: RagClient, store_ref: str, *, chunking: StaticChunking
             await client.publish(client.catalog.documents.name, _key(document),
                                  document.model_copy(update={"updated_at": time.time()}))
         raise
-    swapped = await client.ask("swap", [record.id], version=new)
+    swapped = await client.command("swap", record.id, version=new)
     assert isinstance(swapped, IndexState) and swapped.version == new
     await client.publish(client.catalog.vector_stores.name, record.id,
                          client.stores.get(record.id).model_copy(update={"index_version": new,  # type: ignore[union-attr]
@@ -111,12 +111,12 @@ async def _wait_indexed(client: RagClient, store_id: str, file_ids: list[str], v
 
 
 async def _check(client: RagClient, store_id: str, version: int, points: int, canary: str) -> None:
-    counted = await client.ask("count", [store_id], version=version)
+    counted = await client.command("count", store_id, version=version)
     assert isinstance(counted, IndexState)
     if counted.points != points:
         raise RagError(f"v{version} holds {counted.points} points, its documents have {points} chunks; not swapped")
     if points:
-        found = await client.ask("search", [store_id], query=canary, version=version)
+        found = await client.command("canary", store_id, version=version, query=canary)
         if not isinstance(found, SearchResults) or not found.passages:
             raise RagError(f"the canary query {canary!r} found nothing in v{version}; not swapped")
 

@@ -1,36 +1,33 @@
-"""The retriever: a consumer of retrieval requests (searches, chat requests with file_search, index operations).
+"""The retriever: a consumer of users' retrieval requests (searches, chat requests with file_search).
 
 * search: embed the query, search the stores (vector, or fused with BM25), answer ``SearchResults``;
 * chat: search with the conversation's last user message, answer ``Retrieved`` (the passages, numbered as in the
   prompt) and wait for Kafka's acknowledgement, then publish the grounded ``GenerateRequest`` to the request topic;
   the engine answers the edge directly, which annotates the answer with the passages as file citations. The
-  acknowledgement first keeps the order on the edge's reply topic: the passages arrive before the engine's events;
-* swap / count: a rebuild's steps on the index (only this process opens it), answered with ``IndexState``.
+  acknowledgement first keeps the order on the edge's reply topic: the passages arrive before the engine's events.
 
-A store that does not exist is an ``invalid_request`` naming it, as is a chat request for another tenant's store (the
-edge checks tenants first; the operator's CLI searches any store).
+Every request is a tenant's: a store that does not exist or is another tenant's is refused before anything is
+searched (``invalid_request`` naming the store and the tenant, the same answer for both, so another tenant's store
+is not revealed). The edge and the tool runner check first; this check holds for anyone who can write the topic.
+Index administration is not served here: it has a topic of its own (``streams/rag/index_commands.py``).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 from pydantic import BaseModel
 
 from schemas.events import ErrorEvent, GenerateRequest
-from schemas.retrieval import (
-    IndexState,
-    RetrievalRequest,
-    Retrieved,
-    SearchResults,
-    VectorStoreRecord,
-)
+from schemas.retrieval import RetrievalRequest, Retrieved, SearchResults, VectorStoreRecord
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.compacted import CompactedTable
 from streams.rag.embedding import Embedder
 from streams.rag.grounding import ground, question_of
 from streams.rag.search import Found, Searcher
+from streams.rag.stores import records_of
 from streams.service import Consumer, Delivery, Output
 
 log = logging.getLogger("specstream.rag")
@@ -49,27 +46,13 @@ class Retriever:
         replies = self.catalog.replies("<edge-id>")
         return Consumer(kind="retriever", topic=self.catalog.retrieval, input_model=RetrievalRequest,
                         handle=self.handle,
-                        outputs=[Output(replies, SearchResults | Retrieved | IndexState | ErrorEvent),
+                        outputs=[Output(replies, SearchResults | Retrieved | ErrorEvent),
                                  Output(self.catalog.requests, GenerateRequest)])
 
-    async def unknown_store(self, request: RetrievalRequest) -> ErrorEvent | None:
-        # A store not seen yet may have been created a moment ago (the edge published its record before this
-        # request): only then is the table caught up, which costs a round trip to the broker.
-        if any(self.stores.get(store) is None for store in request.search.vector_store_ids):
-            await self.stores.caught_up()
-        for store in request.search.vector_store_ids:
-            record = self.stores.get(store)
-            if record is None or (request.op == "chat" and record.tenant != request.tenant):
-                return ErrorEvent(request_id=request.request_id, code="invalid_request",
-                                  message=f"No vector store found with id '{store}'.", param="vector_store_ids")
-        return None
-
     async def handle(self, request: RetrievalRequest, delivery: Delivery) -> BaseModel | None:
-        unknown = await self.unknown_store(request)
-        if unknown is not None:
-            return unknown
-        if request.op in ("prepare", "swap", "count"):
-            return await asyncio.to_thread(self._index_op, request)
+        refused = refusal(request, await records_of(self.stores, request.search.vector_store_ids))
+        if refused is not None:
+            return refused
         found = await self._search(request)
         if request.op == "search":
             return SearchResults(request_id=request.request_id, query=request.search.query,
@@ -87,18 +70,15 @@ class Retriever:
             assert request.generate is not None
             query = query.model_copy(update={"query": question_of(request.generate)})
         vector = await asyncio.to_thread(self.embedder.embed_one, query.query)
-        pinned = {query.vector_store_ids[0]: request.version} if request.version is not None else None
-        return await asyncio.to_thread(self.searcher.search, query, vector, pinned)
+        return await asyncio.to_thread(self.searcher.search, query, vector)
 
-    def _index_op(self, request: RetrievalRequest) -> IndexState:
-        store, version, index = request.search.vector_store_ids[0], request.version, self.searcher.index
-        assert version is not None
-        points = 0
-        if request.op == "prepare":
-            index.create_version(store, version)
-        elif request.op == "swap":
-            index.swap(store, version)
-        else:
-            points = index.count(store, version=version) if version in index.versions(store) else 0
-        return IndexState(request_id=request.request_id, vector_store_id=store, version=index.version(store),
-                          versions=index.versions(store), points=points)
+
+def refusal(request: RetrievalRequest, records: Mapping[str, VectorStoreRecord | None]) -> ErrorEvent | None:
+    """The error for a request naming a store that is missing or not the tenant's; None when all are its own."""
+    for store in request.search.vector_store_ids:
+        record = records.get(store)
+        if record is None or record.tenant != request.tenant:
+            return ErrorEvent(request_id=request.request_id, code="invalid_request",
+                              message=f"No vector store found with id '{store}' for tenant '{request.tenant}'.",
+                              param="vector_store_ids")
+    return None

@@ -1,8 +1,10 @@
-"""The rag service: the one process that opens the vector index; it runs the indexer and the retriever.
+"""The rag service: the one process that opens the vector index; it runs the indexer, the retriever and the index
+administration.
 
-Two consumers on the foundation (each its own group, input topic and announcements: kinds `indexer` and
-`retriever`) share the embedding model, the index and two tables followed from the bus: the documents (a tombstone
-removes the file's points from every version) and the vector stores (a tombstone drops the store's collections).
+Three consumers on the foundation (each its own group, input topic and announcements: kinds `indexer`, `retriever`
+for users' searches, `index-admin` for the operator's index commands) share the embedding model, the index and two
+tables followed from the bus: the documents (a tombstone removes the file's points from every version) and the
+vector stores (a tombstone drops the store's collections).
 Local Qdrant allows one process per folder, so this is the only process that opens `rag.state_dir`; with
 `rag.qdrant_url` the index is a server and this service may run several times.
 """
@@ -22,6 +24,7 @@ from streams.config import Settings
 from streams.kafka_acls import Grant
 from streams.rag.embedding import Embedder, EmbedderOptions
 from streams.rag.index import VectorIndex, open_client
+from streams.rag.index_commands import IndexAdmin
 from streams.rag.indexer import Indexer
 from streams.rag.retriever import Retriever
 from streams.rag.search import Searcher
@@ -56,11 +59,12 @@ class RagService:
         self.indexer = Indexer(catalog, self.embedder, self.index, self.documents, self.stores)
         self.retriever = Retriever(catalog, self.embedder, self.searcher, self.stores,
                                    max_prompt_chars=rag.max_prompt_chars)
+        self.index_admin = IndexAdmin(catalog, self.embedder, self.searcher, self.stores)
         options = ServiceOptions.from_settings(settings, rag)
         self.services = [
             ConsumerService(dataclasses.replace(options, service_id=f"{options.service_id}-{c.kind}"),
                             reading_tables(c))
-            for c in (self.indexer.consumer(), self.retriever.consumer())
+            for c in (self.indexer.consumer(), self.retriever.consumer(), self.index_admin.consumer())
         ]
         self._cleanups: set[asyncio.Task[Any]] = set()
 
@@ -113,7 +117,7 @@ def reading_tables(consumer: Consumer[Any]) -> Consumer[Any]:
 
 
 async def run_rag(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM, then drain both consumers and close the index (exit 0, also when the broker is
+    """Serve until SIGINT/SIGTERM, then drain the consumers and close the index (exit 0, also when the broker is
     gone: the clients then get streams.service.app's grace to stop).
 
     Raises :class:`TopicsGone`, after the same drain, when topics its start created vanished from the cluster."""

@@ -4,9 +4,9 @@ The rag service is the only process that opens the index, so the runner asks it 
 CLI do (:class:`streams.rag.client.RagClient`: a search request on the retrieval topic, the answer on a reply topic of
 this runner's own). The stores searched are the call's ``vector_store_ids`` or, when it names none, the tool's
 configured ones; every one must exist (``not_found``) and belong to the intent's tenant (``permission_denied``),
-checked here against the vector-stores table before anything is asked: the retriever's search op serves the
-operator's CLI and does not check tenants itself. The whole call (opening the bus session on the first call, the
-checks, the answer) fits in the tool's ``timeout_s``; a retriever that does not answer in time is a ``timeout``
+checked here against the vector-stores table before anything is asked, so the call gets the precise tool error
+(the retriever checks the tenant too, and refuses another tenant's store as unknown). The whole call (opening the
+bus session on the first call, the checks, the answer) fits in the tool's ``timeout_s``; a retriever that does not answer in time is a ``timeout``
 result, and the runner goes on with its next intent.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
-from schemas.retrieval import FileSearch, Passage, SearchResults
+from schemas.retrieval import FileSearch, Passage
 from schemas.tools import ToolError, ToolErrorCode
 from streams.config import Settings
 from streams.config.tools import ToolSettings
@@ -58,10 +58,8 @@ class FileSearcher:
         refused = await _refusal(client, search.vector_store_ids, tenant)
         if refused is not None:
             return Outcome(error=refused)
-        answer = await client.ask("search", search.vector_store_ids, query=search.query, tenant=tenant,
-                                  max_num_results=search.max_num_results, timeout_s=budget_s)
-        if not isinstance(answer, SearchResults):
-            return _error("retrieval_failed", f"the retriever answered {type(answer).__name__}, not search results")
+        answer = await client.search(search.vector_store_ids, tenant=tenant, query=search.query,
+                                     max_num_results=search.max_num_results, timeout_s=budget_s)
         output, truncated = results_output(answer.passages, tool.max_output_bytes)
         return Outcome(output=output, truncated=truncated)
 

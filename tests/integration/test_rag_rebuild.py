@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from aiokafka import TopicPartition
 
-from schemas.retrieval import IndexState, SearchResults
+from schemas.retrieval import IndexState
 from schemas.topics import TopicCatalog
 from streams import kafka_io
 from streams.files.blobs import BlobStore
@@ -100,8 +100,8 @@ async def test_a_rebuild_swaps_versions_while_queries_keep_answering_and_files_s
         async def query_throughout() -> None:
             while not stop.is_set():
                 try:
-                    answer = await client.ask("search", [store.id], query="parrot", timeout_s=30)
-                    assert isinstance(answer, SearchResults) and answer.passages, "no passage"
+                    answer = await client.search([store.id], tenant=store.tenant, query="parrot", timeout_s=30)
+                    assert answer.passages, "no passage"
                     seen.append(answer.index_versions[store.id])
                     statuses.update(d.status for d in client.documents_of(store.id))
                 except BaseException as error:  # noqa: BLE001 - every failure counts
@@ -117,7 +117,7 @@ async def test_a_rebuild_swaps_versions_while_queries_keep_answering_and_files_s
     assert (done.old_version, done.new_version, done.documents) == (1, 2, 2)
     assert seen[0] == 1 and seen[-1] == 2 and seen == sorted(seen), seen
     async with RagClient.session(deployment.bootstrap, TopicCatalog(prefix=deployment.prefix)) as client:
-        state = await client.ask("count", [store.id], version=2)
+        state = await client.command("count", store.id, version=2)
         assert isinstance(state, IndexState) and state.versions == [2] and state.points == done.points
         assert client.store(store.id).index_version == 2
 
@@ -158,8 +158,9 @@ async def test_a_file_still_being_ingested_at_rebuild_time_is_not_waited_for_and
                 final = await wait_status(deployment.bootstrap, catalog.documents.name, record.id, file.id,
                                           "completed", timeout_s=240)
             assert final.job.index_version == done.new_version, final
-            found = await client.ask("search", [record.id], query="who winds the lamp of the lighthouse")
-            assert isinstance(found, SearchResults) and found.index_versions[record.id] == done.new_version
+            found = await client.search([record.id], tenant=record.tenant,
+                                        query="who winds the lamp of the lighthouse")
+            assert found.index_versions[record.id] == done.new_version
             assert found.passages and found.passages[0].file_id == file.id, found.passages
     finally:
         await files.stop()
@@ -206,5 +207,5 @@ async def test_the_rag_service_killed_mid_document_completes_it_after_restart_wi
                               timeout_s=600)
     assert state.chunks == len(texts)
     async with RagClient.session(deployment.bootstrap, catalog) as client:
-        counted = await client.ask("count", ["vs_crash"], version=1)
+        counted = await client.command("count", "vs_crash", version=1)
     assert isinstance(counted, IndexState) and counted.points == len(texts)
