@@ -8,9 +8,9 @@
     specstream index rebuild --store   rebuild a store's index as a new version, then swap (streams.rag.rebuild)
     specstream status                  every service on the bus: kind, id, state, host/pid, uptime, load
     specstream kafka start|stop|status the local broker (infra.kafka); --secure: SASL_SSL with ACLs
-    specstream kafka acls --print|--apply  each service's least privileges (streams.kafka_acls_cli)
+    specstream kafka acls --print|--apply  each service's least privileges (streams.commands.kafka_acls)
     specstream topics create|list|markdown|asyncapi|gc
-    specstream dlq list|redrive         the dead-letter topic (streams.dlq)
+    specstream dlq list|redrive         the dead-letter topic (streams.kafka.dead_letter_topic)
     specstream eval replay|run         compare a candidate with recorded completions; score eval samples (streams.eval)
     specstream draft train             train a draft head (EAGLE) from the completions log (streams.draft)
     specstream send "prompt"           one request straight onto the request topic, streamed back
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("bench", help="load-test a running stack (see streams.bench.cli)")
     topics.add_commands(commands)
 
-    from streams.dlq import add_dlq_commands
+    from streams.kafka.dead_letter_topic import add_dlq_commands
 
     add_dlq_commands(commands)
     from streams.eval.cli import add_eval_commands

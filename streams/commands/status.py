@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from schemas.events import ServiceAnnouncement
 from streams.commands.common import describe, format_duration, say
 from streams.config import Settings
-from streams.kafka_connection import Connectable
+from streams.kafka.connection import Connectable
 
 COLUMNS = ("KIND", "ID", "STATE", "HOST/PID", "UPTIME", "IN FLIGHT", "MODELS", "LAST SEEN")
 
@@ -83,17 +83,17 @@ class Service:
 async def read_announcements(kafka: Connectable, topic: str,
                              timeout_s: float = 30.0) -> tuple[dict[str, ServiceAnnouncement], int]:
     """``<kind>/<service_id>`` -> newest announcement, and how many records were not readable announcements."""
-    from streams import kafka_io
+    from streams.kafka import clients
 
     newest: dict[str, ServiceAnnouncement] = {}
     unreadable = 0
-    for record in await kafka_io.read_partition(kafka, topic, timeout_s=timeout_s):
+    for record in await clients.read_partition(kafka, topic, timeout_s=timeout_s):
         if record.value is None:  # a tombstone: the service is gone for good
             if record.key is not None:
                 newest.pop(record.key.decode(errors="replace"), None)
             continue
         try:
-            announcement = kafka_io.decode(record.value, ServiceAnnouncement)
+            announcement = clients.decode(record.value, ServiceAnnouncement)
         except ValidationError:
             unreadable += 1
             continue
@@ -111,11 +111,11 @@ def table(rows: list[tuple[str, ...]]) -> str:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from aiokafka.errors import KafkaError
 
-    from streams import kafka_io
+    from streams.kafka import clients
 
     servers, topic = settings.kafka.bootstrap_servers, settings.catalog.services.name
     try:
-        if topic not in asyncio.run(kafka_io.list_topics(settings.kafka)):
+        if topic not in asyncio.run(clients.list_topics(settings.kafka)):
             say(f"status: no topic {topic} on {servers}: no service announced itself (is the stack up? `specstream up`)")
             return 1
         announcements, unreadable = asyncio.run(read_announcements(settings.kafka, topic))

@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas.events import CompletionRecord
 from streams.eval.source import read_topic, select_records
-from streams.kafka_connection import Connectable
+from streams.kafka.connection import Connectable
 
 Sequence = tuple[list[int], int]  # (tokens, num_prompt_tokens)
 Progress = Callable[[str], None]

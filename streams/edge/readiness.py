@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
 from streams.edge.settings import EdgeOptions
-from streams.kafka_io import decode, make_consumer, stop_polling
+from streams.kafka.clients import decode, make_consumer, stop_polling
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from faststream import FastStream
 
 from schemas.tools import ToolError, ToolIntent, ToolResult
 from streams.config import Settings
-from streams.kafka_acls import tool_runner_grants
+from streams.kafka.acls import tool_runner_grants
 from streams.service import Consumer, Delivery, Output, ServiceOptions
 from streams.service.app import create_app as create_service_app
 from streams.service.app import serve

@@ -21,7 +21,7 @@ from schemas.events import (
     Timings,
     Usage,
 )
-from streams import kafka_io
+from streams.kafka import clients
 from streams.cli import main
 from streams.eval.completions_log import completion_record
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
@@ -57,7 +57,7 @@ async def _publish(bootstrap: str, topic: str, records: list[Any]) -> None:
     await producer.start()
     try:
         for record in records:
-            await producer.send_and_wait(topic, kafka_io.encode(record), key=record.request_id.encode())
+            await producer.send_and_wait(topic, clients.encode(record), key=record.request_id.encode())
     finally:
         await producer.stop()
 

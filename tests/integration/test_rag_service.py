@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from schemas.documents import document_key
 from schemas.events import ErrorEvent, ReplyRoute
 from schemas.retrieval import FileSearch, IndexState, RetrievalRequest, SearchResults
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 from streams.rag.service import RagService
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
@@ -69,7 +69,7 @@ class Rig:
         while time.monotonic() < deadline:
             for records in (await self.replies.getmany(timeout_ms=500)).values():
                 for record in records:
-                    event = kafka_io.decode_reply(record.value)
+                    event = clients.decode_reply(record.value)
                     if event.request_id == request_id:
                         return event
         raise AssertionError(f"no answer to {op}")
@@ -78,16 +78,16 @@ class Rig:
 @pytest_asyncio.fixture(loop_scope="session")
 async def rig(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Rig]:  # noqa: F811
     settings = rag_settings(kafka_bootstrap, tmp_path)
-    await kafka_io.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
+    await clients.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
     service = RagService(settings, embedder=shared_embedder())
     await service.start()
     try:
-        async with kafka_io.reply_session(kafka_bootstrap, settings.catalog.replies("rag-test"),
+        async with clients.reply_session(kafka_bootstrap, settings.catalog.replies("rag-test"),
                                           client_id="pytest-rag") as (replies, producer):
             yield Rig(settings, service, producer, replies)
     finally:
         await service.stop()
-        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
+        await clients.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
 
 
 async def test_chunks_become_a_completed_document_and_a_search_over_the_bus_finds_its_passage(rig: Rig) -> None:

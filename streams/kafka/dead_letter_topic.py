@@ -31,8 +31,8 @@ from pydantic import ValidationError
 
 from schemas.events import DeadLetter
 from schemas.topics import DEAD_LETTER_MAX_BYTES
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 
 REDRIVEN_HEADER = "specstream-redriven-from"
 
@@ -65,7 +65,7 @@ async def read_letters(kafka: Connectable, topic: str, *, limit: int | None = No
     """Dead letters in offset order: the newest ``limit`` of them, or exactly those at ``offsets``."""
     wanted = sorted(set(offsets)) if offsets is not None else None
     tp = TopicPartition(topic, 0)
-    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False,
+    consumer = clients.make_consumer(kafka, enable_auto_commit=False,
                                       auto_offset_reset="earliest", max_partition_fetch_bytes=2 * DEAD_LETTER_MAX_BYTES,
                                       fetch_max_bytes=4 * DEAD_LETTER_MAX_BYTES)
     await asyncio.wait_for(consumer.start(), timeout_s)
@@ -104,9 +104,9 @@ async def read_letters(kafka: Connectable, topic: str, *, limit: int | None = No
 
 def _parse(offset: int, value: bytes | None) -> Letter:
     try:
-        return Letter(offset, kafka_io.decode(value or b"", DeadLetter))
+        return Letter(offset, clients.decode(value or b"", DeadLetter))
     except ValidationError as error:
-        return Letter(offset, None, kafka_io.validation_summary(error))
+        return Letter(offset, None, clients.validation_summary(error))
 
 
 async def redrive(kafka: Connectable, letters: list[Letter], *, to_topic: str | None = None,
@@ -115,7 +115,7 @@ async def redrive(kafka: Connectable, letters: list[Letter], *, to_topic: str | 
 
     Returns (letter, topic, partition, offset) per message written. Letters that are not readable DeadLetters are
     skipped (nothing to re-drive)."""
-    producer = kafka_io.make_producer(kafka, client_id="specstream-dlq",
+    producer = clients.make_producer(kafka, client_id="specstream-dlq",
                                       max_request_size=DEAD_LETTER_MAX_BYTES)
     await producer.start()
     written: list[tuple[Letter, str, int, int]] = []
