@@ -93,7 +93,7 @@ async def _apply(settings: Settings, command: AdapterCommand, wait_s: float) -> 
 
 
 async def _live_workers(settings: Settings) -> list[ServiceAnnouncement]:
-    from streams.commands.status import read_announcements
+    from streams.kafka.announcements import read_announcements
 
     newest, _ = await read_announcements(settings.kafka, settings.catalog.services.name)
     now = time.time()

@@ -23,12 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from schemas.events import ServiceAnnouncement
 from streams.commands.common import describe, format_duration, say
 from streams.config import Settings
-from streams.kafka.connection import Connectable
 
 COLUMNS = ("KIND", "ID", "STATE", "HOST/PID", "UPTIME", "IN FLIGHT", "MODELS", "LAST SEEN")
 
@@ -80,29 +77,6 @@ class Service:
                 "uptime_s": round(self.uptime_s, 1), "last_seen_s": round(self.last_seen_s, 1)}
 
 
-async def read_announcements(kafka: Connectable, topic: str,
-                             timeout_s: float = 30.0) -> tuple[dict[str, ServiceAnnouncement], int]:
-    """``<kind>/<service_id>`` -> newest announcement, and how many records were not readable announcements."""
-    from streams.kafka import clients
-
-    newest: dict[str, ServiceAnnouncement] = {}
-    unreadable = 0
-    for record in await clients.read_partition(kafka, topic, timeout_s=timeout_s):
-        if record.value is None:  # a tombstone: the service is gone for good
-            if record.key is not None:
-                newest.pop(record.key.decode(errors="replace"), None)
-            continue
-        try:
-            announcement = clients.decode(record.value, ServiceAnnouncement)
-        except ValidationError:
-            unreadable += 1
-            continue
-        key = f"{announcement.kind}/{announcement.service_id}"
-        if key not in newest or announcement.at >= newest[key].at:
-            newest[key] = announcement
-    return newest, unreadable
-
-
 def table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [COLUMNS, *rows])
@@ -112,6 +86,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from aiokafka.errors import KafkaError
 
     from streams.kafka import clients
+    from streams.kafka.announcements import read_announcements
 
     servers, topic = settings.kafka.bootstrap_servers, settings.catalog.services.name
     try:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from schemas.events import ServiceAnnouncement
 from schemas.topics import TopicCatalog
 from streams.kafka import clients
-from streams.commands.status import read_announcements
+from streams.kafka.announcements import read_announcements
 from streams.ops.rollout_router import candidate_prefix
 from streams.config import ConfigError, load_settings
 
