@@ -47,7 +47,7 @@ from streams.service.offsets import OffsetTracker, Source
 from streams.service.publisher import JSON_HEADERS, Publisher, describe_error
 from streams.service.telemetry import Telemetry
 from streams.service.wiring import CallNext, wire
-from streams.telemetry.consumer import ConsumerTelemetry
+from streams.service.consumer_telemetry import ConsumerTelemetry
 
 log = logging.getLogger("specstream.service")
 

@@ -16,9 +16,9 @@ from streams.kafka import clients
 from streams.config import TelemetrySettings
 from streams.eval.completions_log import completion_record
 from streams.service.delivery import Delivery
-from streams.telemetry.consumer import ConsumerTelemetry
+from streams.service.consumer_telemetry import ConsumerTelemetry
 from streams.telemetry.metrics import ConsumerMetrics
-from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.telemetry import WorkerTelemetry
 
 log = logging.getLogger("specstream.worker")
 

@@ -48,7 +48,7 @@ from streams.service.app import create_app as create_service_app
 from streams.service.app import serve
 from streams.service.runner import ConsumerService
 from streams.telemetry.logs import bind_request, request_scope, trace_id_of
-from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.telemetry import WorkerTelemetry
 from streams.worker.adapters import WorkerAdapters
 from streams.worker.batch_lane import BatchLane
 from streams.worker.engine_driver import Engine, EngineDriver

@@ -19,7 +19,7 @@ from streams.kafka import clients
 from streams.service import ServiceOptions
 from streams.service.runner import ConsumerService
 from streams.telemetry import tracing as tracing_mod
-from streams.telemetry.consumer import ConsumerTelemetry
+from streams.service.consumer_telemetry import ConsumerTelemetry
 from streams.telemetry.metrics import ConsumerMetrics
 from streams.telemetry.tracing import Tracing
 from tests.integration.test_service_foundation import Toy, harness, toy  # noqa: F401

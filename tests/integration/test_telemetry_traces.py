@@ -22,7 +22,7 @@ from streams.edge.app import create_app
 from streams.edge.settings import EdgeOptions
 from streams.telemetry.edge import EdgeTelemetry
 from streams.telemetry.tracing import Tracing
-from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.telemetry import WorkerTelemetry
 from tests.conftest import worker_test_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.asyncio(loop_scope="session")]

@@ -20,8 +20,6 @@ KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
     ("edge", "batch"),
     ("edge", "worker"),
     ("eval", "bench"),
-    ("service", "telemetry"),
-    ("telemetry", "service"),
     ("worker", "batch"),
     ("worker", "edge"),
     ("worker", "eval"),
