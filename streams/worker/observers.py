@@ -14,7 +14,7 @@ import logging
 from schemas.events import Completion, ErrorEvent
 from streams.kafka import clients
 from streams.config import TelemetrySettings
-from streams.eval.completions_log import completion_record
+from streams.worker.completions_log import completion_record
 from streams.service.delivery import Delivery
 from streams.service.consumer_telemetry import ConsumerTelemetry
 from streams.telemetry.metrics import ConsumerMetrics

@@ -41,7 +41,7 @@ from schemas.events import (
 )
 from schemas.tools import ToolIntent, ToolResult
 from streams.config import Settings
-from streams.eval.completions_log import config_fingerprint
+from streams.worker.completions_log import config_fingerprint
 from streams.kafka.acls import worker_grants
 from streams.service import Consumer, Delivery, Listener, Output, Rejection, ServiceOptions
 from streams.service.app import create_app as create_service_app

@@ -23,7 +23,7 @@ from schemas.events import (
 )
 from streams.kafka import clients
 from streams.cli import main
-from streams.eval.completions_log import completion_record
+from streams.worker.completions_log import completion_record
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
 from tests.tiny_targets import tiny_chat_target
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from schemas.events import CompletionRecord, EvalSample
 from streams.kafka import clients
 from streams.config import load_settings
-from streams.eval.completions_log import config_fingerprint
+from streams.worker.completions_log import config_fingerprint
 from streams.edge.keys import create_key
 from streams.eval.source import read_topic
 from streams.testing.reliability import PROMPTS, WORKER_ENV
