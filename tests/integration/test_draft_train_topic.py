@@ -86,7 +86,7 @@ def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_targe
     assert head.parent == tmp_path / "heads" / "tiny" and (head / "head.safetensors").is_file()
 
     from engine.loader import load_model
-    from engine.spec.eagle_artifact import DraftHeadMismatch, load_head
+    from engine.speculative.eagle_artifact import DraftHeadMismatch, load_head
 
     load_head(str(head.parent), load_model(str(target)).model, "tiny")  # newest version, fits its target
     other = load_model(str(tiny_chat_target(tmp_path / "other", seed=1))).model

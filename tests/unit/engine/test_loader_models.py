@@ -76,7 +76,7 @@ def test_loading_the_default_model_for_serving_imports_no_torch_compile_machiner
     """torch._dynamo drags inductor and triton in: 5-8 s of every worker's start on 2 cores, for nothing served."""
     assert loaded_after(
         "from engine.loader import load_model\n"
-        "import engine.grammar.matchers, engine.llm_engine, engine.spec.eagle_artifact\n"
+        "import engine.grammar.matchers, engine.llm_engine, engine.speculative.eagle_artifact\n"
         "load_model('smollm2-135m-instruct')"
     ) == []
 
@@ -87,7 +87,7 @@ def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: t
     cfg = EngineConfig(model=str(path), device="cpu", kv_cache_bytes=1 << 22, speculation=spec)
     engine = LLMEngine.from_config(cfg)
     # A non-adaptive controller so every step drafts (the adaptive one may decide drafting does not pay).
-    from engine.spec.controller import SpeculationController
+    from engine.speculative.controller import SpeculationController
 
     engine.controller = SpeculationController(SpeculationConfig(max_draft_tokens=3, adaptive=False))
     prompts = {"a": [5, 6, 7, 8], "b": [9, 10, 11]}
