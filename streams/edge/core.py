@@ -24,7 +24,7 @@ from streams.batch.desk import BatchDesk
 from streams.batch.files import StoreFiles
 from streams.batch.validation import upload_validator
 from streams.files.purposes import register_validator
-from streams.edge.publisher import Publisher
+from streams.edge.publisher import RequestPublisher
 from streams.edge.readiness import Readiness, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
@@ -58,7 +58,7 @@ class Edge:
     def __init__(self, settings: EdgeOptions, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
         self.tracer = tracer
-        self.publisher = Publisher(settings, tracer)
+        self.publisher = RequestPublisher(settings, tracer)
         self.router = ReplyRouter(settings)
         # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
         self.router.on_abandon = self.publisher.cancel_soon

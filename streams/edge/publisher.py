@@ -29,7 +29,7 @@ from streams.telemetry import tracing
 log = logging.getLogger(__name__)
 
 
-class Publisher:
+class RequestPublisher:
     def __init__(self, settings: EdgeOptions, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
         self.tracer = tracer

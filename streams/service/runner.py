@@ -36,7 +36,7 @@ from schemas.events import ErrorEvent
 from streams.kafka import clients
 from streams.kafka.reply_routes import ReplyRoutes, RouteCheck
 from streams.service.announcer import Announcer
-from streams.service.commits import Committer
+from streams.service.commits import OffsetCommitter
 from streams.kafka.permissions import prepare_service
 from streams.service.consumer import Consumer, ServiceOptions, grants_of
 from streams.service.dead_letters import DeadLetters
@@ -81,7 +81,7 @@ class ConsumerService:
             self._send_announcement, catalog.services.name, kind=self.kind, service_id=self.service_id,
             heartbeat_s=options.heartbeat_s, models=consumer.models, in_flight=lambda: len(self._held),
         )
-        self.committer = Committer(self.offsets, self.input_consumer, active=lambda: self.announcer.state != "stopped")
+        self.committer = OffsetCommitter(self.offsets, self.input_consumer, active=lambda: self.announcer.state != "stopped")
         # Deliveries being handled, by request id: a redelivered copy joins the one held instead of running twice.
         self._held: dict[str, Delivery] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
