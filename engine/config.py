@@ -1,6 +1,6 @@
 """Engine configuration: plain dataclasses.
 
-The YAML / pydantic settings (streams/config.py) validate user input and build
+The YAML / pydantic settings (streams/config/engine.py) validate user input and build
 these; the engine reads them as they are. The speculation part is
 engine.speculative.config.SpeculationConfig (re-exported here).
 """
