@@ -31,7 +31,7 @@ from streams.bench.record import RequestRecord
 from streams.bench.report import (
     bus_overhead, compare_table, load_result, overhead_table, ratios, result_file, run_result, summary_table, write_json,
 )
-from streams.bench.runner import LoadSpec, ProgressSink, RunOutcome, merge_outcomes, run_load, warm_up
+from streams.bench.runner import LoadSpec, ProgressSink, LoadRun, merge_outcomes, run_load, warm_up
 from streams.bench.stats import parse_slo
 from streams.bench.workload import (
     SETS, BenchRequest, LengthSpec, BenchSampling, from_dataset, load_dataset, synthetic, take,
@@ -248,7 +248,7 @@ async def _run_backend(
         for i, load in enumerate(loads):
             warm = take(_request_source(args, sampling, lengths, args.seed + 1_000_003), load.warmup) if i == 0 else []
             label = f"{name} {_load_label(load)}"
-            outcome: RunOutcome = await run_load(
+            outcome: LoadRun = await run_load(
                 backend, _request_source(args, sampling, lengths, args.seed), load,
                 warmup_requests=warm, sink=sink, label=label, tag=f"{tag}-{i}",
             )
@@ -319,7 +319,7 @@ async def _run_compare(
         for backend in (service, inprocess):
             await warm_up(backend, warm, loads[0], sink=sink, tag=f"{tag}-{backend.name}")
         for i, load in enumerate(loads):
-            outcomes: dict[str, list[RunOutcome]] = {service.name: [], inprocess.name: []}
+            outcomes: dict[str, list[LoadRun]] = {service.name: [], inprocess.name: []}
             parts = _round_parts(args, load, sampling, lengths, args.rounds)
             for part in parts:
                 order = (service, inprocess) if part[2] % 2 == 0 else (inprocess, service)

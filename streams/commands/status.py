@@ -40,7 +40,7 @@ def add_commands(commands: Any) -> None:
 
 
 @dataclass(frozen=True)
-class Service:
+class ServiceStatus:
     """One service's newest announcement, seen at ``now``."""
 
     announcement: ServiceAnnouncement
@@ -100,7 +100,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     stale_after_s = args.stale_after if args.stale_after is not None else (
         settings.edge.ready_heartbeats * settings.worker.heartbeat_s)
     now = time.time()
-    services = sorted((Service(a, now, stale_after_s) for a in announcements.values()),
+    services = sorted((ServiceStatus(a, now, stale_after_s) for a in announcements.values()),
                       key=lambda s: (s.announcement.kind, s.announcement.service_id))
     shown = [s for s in services if args.all or not s.stopped]
     if args.json:
