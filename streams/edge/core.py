@@ -25,7 +25,7 @@ from streams.batch.files import StoreFiles
 from streams.batch.validation import upload_validator
 from streams.files.purposes import register_validator
 from streams.edge.publisher import RequestPublisher
-from streams.edge.readiness import Readiness, ReadyState
+from streams.edge.readiness import ReadinessWatch, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
 from streams.files.blobs import BlobStore
@@ -62,7 +62,7 @@ class Edge:
         self.router = ReplyRouter(settings)
         # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
         self.router.on_abandon = self.publisher.cancel_soon
-        self.readiness = Readiness(settings)
+        self.readiness = ReadinessWatch(settings)
         files = settings.settings.files
         self.files = FileStore(settings.kafka, settings.catalog, BlobStore(files.dir), max_bytes=files.max_bytes,
                                client_id=f"{settings.client_id}-{settings.edge_id}-files")

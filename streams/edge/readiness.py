@@ -45,7 +45,7 @@ class ReadyState:
         return {"ready": self.ready, "reason": self.reason, "workers": list(self.workers), "models": list(self.models)}
 
 
-class Readiness:
+class ReadinessWatch:
     def __init__(self, settings: EdgeOptions) -> None:
         self.settings = settings
         self.topic = settings.catalog.services.name
