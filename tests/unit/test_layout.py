@@ -22,7 +22,9 @@ KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
     ("worker", "edge"),
 })
 
-# What may sit at the root of streams/ besides packages: the package itself and the `specstream` entry point.
+# What may sit at the root of streams/ besides packages: the package itself, the `specstream` entry point, and two
+# one-module rooms (the bus's AsyncAPI document, the supervisor of `specstream up`'s children). Kafka plumbing,
+# command-line code and anything else goes into the package of its concern.
 ROOT_MODULES = frozenset({"__init__", "cli", "asyncapi", "supervisor"})
 
 
