@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict
 
 from streams.ops.scaling import ScalePolicy
-from streams.ops.simulation import Outcome, Simulation, TraceShape, WorkerModel, arrivals
+from streams.ops.simulation import SimulationResult, Simulation, TraceShape, WorkerModel, arrivals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         ("autoscale local (poll 2 s, down 60 s)", {"policy": _policy(args, model, 60), "poll_s": 2.0}),
         ("autoscale KEDA (poll 15 s, down 300 s)", {"policy": _policy(args, model, 300), "poll_s": 15.0}),
     ]
-    outcomes: list[Outcome] = []
+    outcomes: list[SimulationResult] = []
     for name, kwargs in runs:
         poll = kwargs.pop("poll_s", 15.0)
         sim = Simulation(model, args.slo_s, args.partitions, poll_s=poll)
@@ -76,7 +76,7 @@ def _policy(args: argparse.Namespace, model: WorkerModel, down_s: float) -> Scal
                        scale_down_window_s=down_s)
 
 
-def _table(outcomes: list[Outcome], duration_s: float) -> str:
+def _table(outcomes: list[SimulationResult], duration_s: float) -> str:
     lines = ["| strategy | requests | within SLO | SLO goodput (req/s) | p50 (s) | p99 (s) | worker-minutes | "
              "most replicas | scale events |", "|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:

@@ -35,7 +35,7 @@ from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, SamplingOptions
 from engine.scheduler import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
-from engine.spec.proposer import DraftProposal
+from engine.speculative.proposer import DraftProposal
 from engine.step_record import StepRecord
 from schemas.batch import BATCH_PRIORITY
 from streams.bench.stats import percentile

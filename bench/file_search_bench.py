@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from bench.tools_bench import _percentiles, _time_async
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings, load_settings
 from streams.config.tools import ToolsSettings
 from streams.rag.client import RagClient
@@ -60,7 +60,7 @@ async def ingest(settings: Settings) -> None:
 
 async def run(settings: Settings, calls: int) -> None:
     catalog = settings.catalog
-    await kafka_io.ensure_topics(settings.kafka, catalog.shared_topics())
+    await clients.ensure_topics(settings.kafka, catalog.shared_topics())
     service = RagService(settings)
     await service.start()
     try:
@@ -85,7 +85,7 @@ async def run(settings: Settings, calls: int) -> None:
                 print(f"  {label:<17} {_percentiles(await _time_async(call, calls))}")
     finally:
         await service.stop()
-        await kafka_io.delete_topics(settings.kafka, [t.name for t in catalog.shared_topics()])
+        await clients.delete_topics(settings.kafka, [t.name for t in catalog.shared_topics()])
 
 
 def main(argv: list[str] | None = None) -> None:

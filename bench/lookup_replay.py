@@ -5,7 +5,7 @@
 
 Generates the workload's greedy answer once without speculation, then serves it again with prompt lookup and
 the adaptive controller (as served) and counts that run's steps, drafts and accepted drafts. Then, for each
-fixed draft length k and smallest n-gram, it feeds the n-gram proposer (engine/spec/ngram.py) the prompt plus the
+fixed draft length k and smallest n-gram, it feeds the n-gram proposer (engine/speculative/ngram.py) the prompt plus the
 answer so far, accepts drafts while they equal the answer (the greedy verifier's rule), and models the decode
 time as steps x --step-ms + drafts x --row-ms. Those two come from a loop of timed steps on the target machine
 (54e26a1:docs/benchmarks.md, "What a verification row costs"); the counts do not depend on the machine.
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from bench.llama_cpp_compare import made_file
 from engine.request import SamplingOptions
-from engine.spec.ngram import NgramProposer
-from engine.spec.proposer import ProposalInput
+from engine.speculative.ngram import NgramProposer
+from engine.speculative.proposer import ProposalInput
 
 
 @dataclass(frozen=True)

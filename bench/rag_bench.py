@@ -46,7 +46,7 @@ from schemas.events import (
     SamplingParams,
 )
 from schemas.retrieval import FileSearch, RetrievalRequest
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 from streams.rag.client import RagClient
 from streams.rag.jobs import attach, new_store
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"bench-rag-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="rag-bench-") as folder:
         root = Path(folder)
-        asyncio.run(kafka_io.ensure_topics(args.bootstrap, Settings(
+        asyncio.run(clients.ensure_topics(args.bootstrap, Settings(
             kafka={"bootstrap_servers": args.bootstrap, "topic_prefix": prefix}).catalog.shared_topics()))
         processes = start_services(args, prefix, root)
         try:

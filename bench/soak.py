@@ -141,7 +141,7 @@ async def _chaos(fleet: Fleet, spec: Any, chaos: Chaos, started: float, seconds:
 
 
 async def _leading_broker(bootstrap: str, topic: str) -> int:
-    from streams.kafka_io import make_admin
+    from streams.kafka.clients import make_admin
 
     admin = make_admin(bootstrap)
     await admin.start()

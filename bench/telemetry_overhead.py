@@ -151,7 +151,7 @@ def micro(args: argparse.Namespace) -> None:
     from streams.config import Settings
     from streams.service.delivery import Delivery
     from streams.service.offsets import Source
-    from streams.telemetry.worker import WorkerTelemetry
+    from streams.worker.telemetry import WorkerTelemetry
     from streams.worker.observers import ServiceTelemetry
 
     with OtlpReceiver() as receiver:

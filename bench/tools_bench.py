@@ -81,10 +81,10 @@ async def bus_round_trip(settings: Settings, calls: int) -> None:
                     raise RuntimeError(f"{tool} failed: {result.error.code}: {result.error.message}")
             await one()  # warm-up: the first call waits for the group's assignment
             print(f"  {tool:<11} {_percentiles(await _time_async(one, calls))}")
-    from streams import kafka_io
+    from streams.kafka import clients
 
     catalog = settings.catalog
-    await kafka_io.delete_topics(settings.kafka, [catalog.tool_intents.name, catalog.tool_results.name])
+    await clients.delete_topics(settings.kafka, [catalog.tool_intents.name, catalog.tool_results.name])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ from engine.lora.requests import LoRARequests
 from engine.outputs import FinishReason, RequestOutput, SpecCounters
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.spec.proposer import Proposer
+from engine.speculative.proposer import Proposer
 
 
 def _detok(seq: Sequence) -> IncrementalDetokenizer:

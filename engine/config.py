@@ -1,15 +1,15 @@
 """Engine configuration: plain dataclasses.
 
-The YAML / pydantic settings (streams/config.py) validate user input and build
+The YAML / pydantic settings (streams/config/engine.py) validate user input and build
 these; the engine reads them as they are. The speculation part is
-engine.spec.config.SpeculationConfig (re-exported here).
+engine.speculative.config.SpeculationConfig (re-exported here).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from engine.lora.config import LoRAConfig
-from engine.spec.config import SpeculationConfig
+from engine.speculative.config import SpeculationConfig
 
 __all__ = ["DEFAULT_MODEL", "EngineConfig", "LoRAConfig", "SpeculationConfig"]
 

@@ -13,7 +13,7 @@ from engine.config import EngineConfig, LoRAConfig
 from engine.kv_cache import KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel
 from engine.lora.manager import LoRAManager
-from engine.spec.proposer import Proposer
+from engine.speculative.proposer import Proposer
 
 Progress = Callable[[str], None]
 
@@ -61,11 +61,11 @@ def build_kv_cache(
 def build_proposer(loaded: LoadedModel, config: EngineConfig, max_len: int, say: Progress) -> Proposer:
     spec = config.speculation
     if spec.method == "ngram":
-        from engine.spec.ngram import NgramProposer
+        from engine.speculative.ngram import NgramProposer
 
         return NgramProposer(spec.ngram_min, spec.ngram_max)
     if spec.method == "draft":
-        from engine.spec.draft_model import DraftModelProposer
+        from engine.speculative.draft_model import DraftModelProposer
 
         say(f"loading draft model {spec.draft_model} ...")
         return DraftModelProposer.from_engine(
@@ -75,14 +75,14 @@ def build_proposer(loaded: LoadedModel, config: EngineConfig, max_len: int, say:
             max_running_requests=config.max_sequences,
         )
     if spec.method == "eagle":
-        from engine.spec.eagle import EagleProposer
+        from engine.speculative.eagle import EagleProposer
 
         say(f"loading draft head {spec.draft_head} ...")
         eagle = EagleProposer.from_engine(spec, loaded, max_len, config.max_sequences)
         if not spec.eagle_prompt_lookup:
             return eagle
-        from engine.spec.combined import LookupThenEagle
-        from engine.spec.ngram import NgramProposer
+        from engine.speculative.combined import LookupThenEagle
+        from engine.speculative.ngram import NgramProposer
 
         return LookupThenEagle(eagle, NgramProposer(spec.ngram_min, spec.ngram_max))
     raise ValueError(f"unknown speculation method {spec.method!r}")

@@ -52,7 +52,7 @@ class KernelPair:
 
 
 @dataclass(frozen=True)
-class Timings:
+class KernelTimings:
     """Milliseconds per step of all the layers' linears, by row count, for each candidate."""
 
     rows: tuple[int, ...]
@@ -79,7 +79,7 @@ def measure(
     scale: float = 1.0,
     rows: tuple[int, ...] = ROW_COUNTS,
     budget_s: float = BUDGET_S,
-) -> Timings:
+) -> KernelTimings:
     """Best-of-N time of one pass over `pairs` with each kernel at each row count, times `scale`."""
     if not pairs:
         raise ValueError("nothing to measure: no linear layers")
@@ -105,7 +105,7 @@ def measure(
                 best[(alt, r)] = min(best[(alt, r)], one_pass(alt, r))
         reps += 1
     ms = 1000.0 * scale
-    return Timings(rows, tuple(best[(False, r)] * ms for r in rows), tuple(best[(True, r)] * ms for r in rows))
+    return KernelTimings(rows, tuple(best[(False, r)] * ms for r in rows), tuple(best[(True, r)] * ms for r in rows))
 
 
 def sample_layers(layer_bytes: list[int]) -> tuple[int, float]:
@@ -158,14 +158,14 @@ def cache_path(cache_dir: Path, key: dict[str, object]) -> Path:
     return cache_dir / f"{key['weights']}-{digest[:16]}.json"
 
 
-def load_cached(cache_dir: Path, key: dict[str, object]) -> Timings | None:
+def load_cached(cache_dir: Path, key: dict[str, object]) -> KernelTimings | None:
     """The cached timings for key, or None (missing, unreadable or written under another key)."""
     path = cache_path(cache_dir, key)
     try:
         entry = _CacheFile.model_validate_json(path.read_bytes())
         if json.loads(json.dumps(entry.key)) != json.loads(json.dumps(key)):
             return None  # a hash collision or a hand-edited file: measure again
-        return Timings(tuple(entry.rows), tuple(entry.base_ms), tuple(entry.alt_ms), cached=True)
+        return KernelTimings(tuple(entry.rows), tuple(entry.base_ms), tuple(entry.alt_ms), cached=True)
     except FileNotFoundError:
         return None
     except (OSError, ValidationError, ValueError) as e:
@@ -173,7 +173,7 @@ def load_cached(cache_dir: Path, key: dict[str, object]) -> Timings | None:
         return None
 
 
-def save_cached(cache_dir: Path, key: dict[str, object], t: Timings) -> None:
+def save_cached(cache_dir: Path, key: dict[str, object], t: KernelTimings) -> None:
     """Write atomically (temporary file, then rename): a worker starting alongside never reads half a file."""
     entry = _CacheFile(key=key, rows=list(t.rows), base_ms=list(t.base_ms), alt_ms=list(t.alt_ms))
     path = cache_path(cache_dir, key)
@@ -188,7 +188,7 @@ def save_cached(cache_dir: Path, key: dict[str, object], t: Timings) -> None:
             os.unlink(tmp)
 
 
-def calibrated(cache_dir: Path, key: dict[str, object], run: Callable[[], Timings]) -> Timings:
+def calibrated(cache_dir: Path, key: dict[str, object], run: Callable[[], KernelTimings]) -> KernelTimings:
     """The cached timings for key, else run() (then cached). A noisy measurement is taken again once, and
     never cached: a busy moment must not decide every later start."""
     hit = load_cached(cache_dir, key)

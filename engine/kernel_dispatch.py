@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.kernel_calibration import KernelPair, Timings, cache_key, calibrated, measure, sample_layers
+from engine.kernel_calibration import KernelPair, KernelTimings, cache_key, calibrated, measure, sample_layers
 from engine.model import Decoder
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available
 from engine.quant.linear import ACT_DTYPE, MAX_QUANT_ROWS, QuantizedLinear, nbytes
@@ -55,7 +55,7 @@ class QuantWindow:
     note: str = ""  # why it differs from the measured crossover
 
 
-def packed_window(t: Timings) -> PackedRows | None:
+def packed_window(t: KernelTimings) -> PackedRows | None:
     """fp32: the row counts where the packed copy wins (the longest run of winning measured counts; a boundary
     between a winner and a loser is set half way), or None when it wins nowhere."""
     wins = [alt < base * (1.0 - SAVING) for base, alt in zip(t.base_ms, t.alt_ms)]
@@ -79,7 +79,7 @@ def packed_window(t: Timings) -> PackedRows | None:
     return PackedRows(min_rows=lo, max_rows=hi)
 
 
-def quant_window(t: Timings, request_rows: int) -> QuantWindow:
+def quant_window(t: KernelTimings, request_rows: int) -> QuantWindow:
     """int4/int8: the quantized kernel up to the first measured row count where the bf16 copy is faster
     (ties go to the quantized kernel: it is the smaller copy). request_rows = 1 + max_draft_tokens."""
     n = next((i for i, (base, alt) in enumerate(zip(t.base_ms, t.alt_ms)) if alt < base), None)
@@ -99,7 +99,7 @@ def quant_window(t: Timings, request_rows: int) -> QuantWindow:
     return QuantWindow(chosen, why)
 
 
-def _figures(t: Timings, names: str) -> str:
+def _figures(t: KernelTimings, names: str) -> str:
     pairs = ", ".join(f"{r}: {b:.1f}/{a:.1f}" for r, b, a in zip(t.rows, t.base_ms, t.alt_ms))
     return f"ms per step {names} by rows {pairs}; {'cached' if t.cached else 'measured now'}"
 
@@ -112,12 +112,12 @@ def _timings(
     pair: Callable[[nn.Module], KernelPair | None],
     dtype: torch.dtype,
     cache_dir: Path,
-) -> Timings:
+) -> KernelTimings:
     """Both kernels of every `kind` linear, timed on the first layers whose `layer_bytes` pass the sample size."""
     layers = [[m for m in layer.modules() if type(m) is kind] for layer in model.layers]
     shapes = [(lin.out_features, lin.in_features) for layer in layers for lin in layer]
 
-    def run() -> Timings:
+    def run() -> KernelTimings:
         n, scale = sample_layers([sum(layer_bytes(lin) for lin in layer) for layer in layers])
         pairs = [p for layer in layers[:n] for lin in layer if (p := pair(lin)) is not None]
         return measure(pairs, dtype, scale)
@@ -131,11 +131,11 @@ def _fp32_pair(lin: nn.Module) -> KernelPair:
     return KernelPair(lin.in_features, packed.plain, packed.prepacked)
 
 
-def _fp32_timings(model: Decoder, cache_dir: Path) -> Timings:
+def _fp32_timings(model: Decoder, cache_dir: Path) -> KernelTimings:
     return _timings(model, "fp32", nn.Linear, lambda lin: lin.weight.nbytes, _fp32_pair, torch.float32, cache_dir)
 
 
-def _quant_timings(model: Decoder, fmt: str, cache_dir: Path) -> Timings:
+def _quant_timings(model: Decoder, fmt: str, cache_dir: Path) -> KernelTimings:
     # Sized by the quantized kernel's bytes (the smaller copy): it too must be timed reading memory. Cached per
     # kernel (ours or torch's, engine.quant_kernel): their crossovers differ.
     linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]

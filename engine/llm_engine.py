@@ -52,8 +52,8 @@ from engine.runner import ModelRunner, RunnerOutput
 from engine.sampler import RequestRng
 from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput, draft_cap
 from engine.sequence import Sequence
-from engine.spec.controller import SpeculationController
-from engine.spec.proposer import (
+from engine.speculative.controller import SpeculationController
+from engine.speculative.proposer import (
     DraftProposal,
     DraftSources,
     FollowsWeightFormat,
@@ -61,7 +61,7 @@ from engine.spec.proposer import (
     ProposalInput,
     Proposer,
 )
-from engine.spec.verifier import verify_batch
+from engine.speculative.verifier import verify_batch
 from engine.step_record import StepObserver, StepRecord
 from engine.threads import apply_threads
 

@@ -53,7 +53,7 @@ _K2_SALT = 0x85EBCA6B
 # Independent streams of randomness per position. Each use of randomness gets
 # its own stream so that no two decisions share noise (sharing would couple
 # them and bias the verifier), except where sharing is deliberate (see
-# STREAM_SAMPLE in engine/spec/draft_model.py's "coupled" drafting).
+# STREAM_SAMPLE in engine/speculative/draft_model.py's "coupled" drafting).
 STREAM_SAMPLE = 0  # exponential race of the target's own sample at position t
 STREAM_ACCEPT = 1  # the uniform of the accept test for a stochastic draft at t
 STREAM_RESIDUAL = 2  # exponential race over max(p - q, 0) after a rejection at t

@@ -63,7 +63,7 @@ from engine.kv_cache import KVCache
 from engine.outputs import FinishReason
 from engine.request import RequestRejected
 from engine.sequence import Sequence, SequenceStatus
-from engine.spec.proposer import DraftProposal
+from engine.speculative.proposer import DraftProposal
 
 
 def draft_cap(seq: Sequence, max_draft_tokens: int, free_tokens: int | None = None) -> int:

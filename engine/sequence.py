@@ -10,7 +10,7 @@ from engine.kv_cache import CacheSlot, region_size
 from engine.outputs import FinishReason, RequestStats, SpecTally
 from engine.request import EngineRequest, SamplingOptions
 from engine.sampler import RequestRng
-from engine.spec.controller import SpecState
+from engine.speculative.controller import SpecState
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher

@@ -158,6 +158,10 @@ class SpecStepStats(BaseModel):
     accepted: int = Field(default=0, ge=0, description="Draft tokens the target accepted in this step.")
 
 
+# Why a generation ended (the engine's own literal, engine.outputs.FinishReason, says the same; a test keeps them equal).
+FinishReason = Literal["stop", "length", "abort", "deadline"]
+
+
 class TokenChunk(Event):
     model_config = ConfigDict(
         extra="forbid",
@@ -175,7 +179,7 @@ class TokenChunk(Event):
     index: int = Field(ge=0, description="Position of this chunk in the request's stream: 0, 1, 2, ... without gaps.")
     text: str = Field(description="New text; never splits a multi-byte character, never contains a stop string.")
     token_ids: list[int] = Field(description="Tokens produced in this step.")
-    finish_reason: Literal["stop", "length", "abort", "deadline"] | None = Field(
+    finish_reason: FinishReason | None = Field(
         default=None, description="Set on the last chunk only."
     )
     spec: SpecStepStats = Field(default_factory=SpecStepStats, description="Speculation in the step that produced this chunk.")
@@ -242,7 +246,7 @@ class Completion(Event):
     type: Literal["completion"] = "completion"
     request_id: str
     text: str = Field(description="The whole generated text.")
-    finish_reason: Literal["stop", "length", "abort", "deadline"]
+    finish_reason: FinishReason
     num_chunks: int = Field(ge=0, description="How many TokenChunk events precede this one; lets a client check completeness.")
     usage: Usage
     timings: Timings
@@ -255,9 +259,13 @@ class Completion(Event):
         default=None, description="The LoRA adapter the request ran with (its served name); null: the base model.")
 
 
-ErrorCode = Literal[
+# What a consumer on the bus may answer with; the worker maps anything else it meets to invalid_request.
+BusErrorCode = Literal[
     "invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded",
     "cancelled", "overloaded", "internal_error", "unsupported_schema_version", "message_too_large",
+]
+ErrorCode = Literal[
+    BusErrorCode,
     # Raised by the edge itself (never on the bus from a worker): a redelivered request regenerated text that differs
     # from what the client already received, so the stream stops instead of continuing with silently wrong text.
     "regeneration_diverged",

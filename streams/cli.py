@@ -8,9 +8,9 @@
     specstream index rebuild --store   rebuild a store's index as a new version, then swap (streams.rag.rebuild)
     specstream status                  every service on the bus: kind, id, state, host/pid, uptime, load
     specstream kafka start|stop|status the local broker (infra.kafka); --secure: SASL_SSL with ACLs
-    specstream kafka acls --print|--apply  each service's least privileges (streams.kafka_acls_cli)
+    specstream kafka acls --print|--apply  each service's least privileges (streams.commands.kafka_acls)
     specstream topics create|list|markdown|asyncapi|gc
-    specstream dlq list|redrive         the dead-letter topic (streams.dlq)
+    specstream dlq list|redrive         the dead-letter topic (streams.commands.dlq)
     specstream eval replay|run         compare a candidate with recorded completions; score eval samples (streams.eval)
     specstream draft train             train a draft head (EAGLE) from the completions log (streams.draft)
     specstream send "prompt"           one request straight onto the request topic, streamed back
@@ -19,7 +19,7 @@
     specstream bench ...               load-test a running stack (streams.bench)
     specstream prepare                 fetch the Kafka jars and convert the model (what `up` would do first)
     specstream config check [FILE]
-    specstream keys create --tenant NAME | list | revoke ID   the edge's API keys (streams.edge.keys_cli)
+    specstream keys create --tenant NAME | list | revoke ID   the edge's API keys (streams.commands.keys)
 
 Every command reads one configuration (``--config FILE``, else $SPECSTREAM_CONFIG,
 else ./specstream.yaml if present, else the defaults). A configuration error
@@ -89,7 +89,7 @@ def _delegated(argv: list[str]) -> int | None:
     command, rest = rest[0], rest[1:]
     if command == "kafka":
         return kafka.delegate(config, rest)
-    from streams.bench.cli import main as bench_main
+    from streams.commands.bench import main as bench_main
 
     if config and "--config" not in rest and rest[:1] != ["compare"]:
         rest += ["--config", config]
@@ -116,17 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_commands(commands)
     batch.add_commands(commands)
     kafka.add_commands(commands)
-    # Listed for --help only: main() hands `bench` to streams.bench.cli before argparse runs.
-    commands.add_parser("bench", help="load-test a running stack (see streams.bench.cli)")
+    # Listed for --help only: main() hands `bench` to streams.commands.bench before argparse runs.
+    commands.add_parser("bench", help="load-test a running stack (see streams.commands.bench)")
     topics.add_commands(commands)
 
-    from streams.dlq import add_dlq_commands
+    from streams.commands.dlq import add_dlq_commands
 
     add_dlq_commands(commands)
-    from streams.eval.cli import add_eval_commands
+    from streams.commands.eval import add_eval_commands
 
     add_eval_commands(commands)
-    from streams.draft.cli import add_draft_commands
+    from streams.commands.draft import add_draft_commands
 
     add_draft_commands(commands)
     send.add_commands(commands)
@@ -134,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_commands(commands)
     tools.add_commands(commands)
 
-    from streams.edge.keys_cli import add_keys_commands
+    from streams.commands.keys import add_keys_commands
 
     add_keys_commands(commands)
     return parser

@@ -28,7 +28,7 @@ from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel
 
 from schemas.events import Completion, DeadLetter, ErrorEvent, TokenChunk
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
 from tests.kafka_fixtures import kafka_bootstrap, kafka_cluster, kafka_cluster_session, kafka_single  # noqa: F401
 
@@ -84,7 +84,7 @@ class ReplyInbox:
         batch = await self._consumer.getmany(timeout_ms=int(timeout_s * 1000))
         for records in batch.values():
             for record in records:
-                event = kafka_io.decode_reply(record.value)
+                event = clients.decode_reply(record.value)
                 self._events[getattr(event, "request_id", None)].append(event)
 
     async def events_for(self, request_id: str | None, timeout_s: float = 120.0) -> list[BaseModel]:
@@ -156,7 +156,7 @@ class WorkerHarness:
                 batch = await consumer.getmany(timeout_ms=200)
                 for records in batch.values():
                     for record in records:
-                        event = kafka_io.decode(record.value, model)
+                        event = clients.decode(record.value, model)
                         if matches(event):
                             return event
         finally:
@@ -189,7 +189,7 @@ async def worker_harness(kafka_bootstrap: str) -> AsyncIterator[WorkerHarness]: 
 
     prefix = f"test-{uuid.uuid4().hex[:8]}"
     settings = worker_test_settings(kafka_bootstrap, prefix, worker_id=f"pytest-{uuid.uuid4().hex[:6]}")
-    producer = kafka_io.make_producer(kafka_bootstrap, client_id="pytest")
+    producer = clients.make_producer(kafka_bootstrap, client_id="pytest")
     await producer.start()
     worker = EngineWorker(settings)
     await worker.start()
@@ -203,21 +203,21 @@ async def worker_harness(kafka_bootstrap: str) -> AsyncIterator[WorkerHarness]: 
         with contextlib.suppress(Exception):
             await producer.stop()
         with contextlib.suppress(Exception):
-            await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
+            await clients.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def reply_inbox(worker_harness: WorkerHarness) -> AsyncIterator[ReplyInbox]:
     """A reply topic of this test's own, as an edge would own one."""
     topic = worker_harness.settings.catalog.replies(f"t-{uuid.uuid4().hex[:10]}")
-    await kafka_io.ensure_topics(worker_harness.bootstrap_servers, [topic])
+    await clients.ensure_topics(worker_harness.bootstrap_servers, [topic])
     inbox = ReplyInbox(worker_harness.bootstrap_servers, topic.name)
     await inbox.start()
     try:
         yield inbox
     finally:
         await inbox.stop()
-        await kafka_io.delete_topics(worker_harness.bootstrap_servers, [topic.name])
+        await clients.delete_topics(worker_harness.bootstrap_servers, [topic.name])
 
 
 def chunks_and_completion(events: list[BaseModel]) -> tuple[list[TokenChunk], Completion]:

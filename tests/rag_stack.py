@@ -11,7 +11,7 @@ from pathlib import Path
 
 from schemas.events import ServiceAnnouncement
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.testing.stack import Process, _stop, spawn_process, stack_env
 
 RAG_KINDS = ("indexer", "retriever", "index-admin")
@@ -21,10 +21,10 @@ async def ready_kinds(bootstrap: str, prefix: str, pid: int) -> set[str]:
     topic = TopicCatalog(prefix=prefix).services.name
     kinds: set[str] = set()
     with contextlib.suppress(Exception):
-        for record in await kafka_io.read_partition(bootstrap, topic, timeout_s=5):
+        for record in await clients.read_partition(bootstrap, topic, timeout_s=5):
             if not record.value:
                 continue
-            announcement = kafka_io.decode(record.value, ServiceAnnouncement)
+            announcement = clients.decode(record.value, ServiceAnnouncement)
             if announcement.pid == pid and announcement.state == "ready":
                 kinds.add(announcement.kind)
     return kinds

@@ -21,7 +21,7 @@ from schemas.documents import (
 )
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import Topic, TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 from streams.rag.embedding import Embedder
 
@@ -73,14 +73,14 @@ def chunks_of(ingest: IngestJob, texts: list[str], *, parts: int = 1) -> list[Do
 
 
 async def publish(producer, topic: str, key: str, event: BaseModel | None) -> None:  # type: ignore[no-untyped-def]
-    await producer.send_and_wait(topic, None if event is None else kafka_io.encode(event), key=key.encode())
+    await producer.send_and_wait(topic, None if event is None else clients.encode(event), key=key.encode())
 
 
 async def publish_store(kafka: str, catalog: TopicCatalog, store: str, tenant: str, texts: list[str] | None = None,
                         *, file_id: str = "file-facts", filename: str = "facts.md") -> None:
     """A store's record and, given texts, one document of them as the parser would publish it (its chunks); the
     rag service indexes it (wait for it with :func:`wait_status`)."""
-    producer = kafka_io.make_producer(kafka, client_id="pytest-rag-store")
+    producer = clients.make_producer(kafka, client_id="pytest-rag-store")
     await producer.start()
     try:
         await publish(producer, catalog.vector_stores.name, store, store_record(store, tenant))
@@ -95,7 +95,7 @@ async def publish_store(kafka: str, catalog: TopicCatalog, store: str, tenant: s
 
 
 async def document_states(bootstrap: str, topic: str, key: str) -> list[DocumentState]:
-    return [kafka_io.decode(r.value, DocumentState) for r in await kafka_io.read_partition(bootstrap, topic, timeout_s=5)
+    return [clients.decode(r.value, DocumentState) for r in await clients.read_partition(bootstrap, topic, timeout_s=5)
             if r.value and r.key and r.key.decode() == key]
 
 
@@ -113,7 +113,7 @@ async def wait_status(bootstrap: str, topic: str, store: str, file_id: str, stat
 
 async def read_topic(bootstrap: str, topic: Topic, model: type[EventT]) -> list[EventT]:
     """Every record of every partition of the topic, up to its end when called."""
-    consumer = kafka_io.make_consumer(bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = clients.make_consumer(bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
         tps = [TopicPartition(topic.name, p) for p in range(topic.partitions)]
@@ -124,7 +124,7 @@ async def read_topic(bootstrap: str, topic: Topic, model: type[EventT]) -> list[
             while await consumer.position(tp) < ends[tp]:
                 for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
                     if record.value:
-                        out.append(kafka_io.decode(record.value, model))
+                        out.append(clients.decode(record.value, model))
         return out
     finally:
         await consumer.stop()

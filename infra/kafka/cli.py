@@ -1,8 +1,7 @@
 """Command line: ``python -m infra.kafka start|stop|status|wait|reset|jars``.
 
 Each command prints one line and exits 0 on success, 1 otherwise. The project
-CLI can mount the same commands with :func:`add_kafka_commands` (``specstream
-kafka start``) or delegate to :func:`main` with the remaining argv.
+CLI (``specstream kafka start``) delegates to :func:`main` with the remaining argv.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from infra.kafka import broker
 from infra.kafka.errors import KafkaInfraError
@@ -160,14 +158,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="kafka_command", required=True, metavar="COMMAND")
     for name, (_handler, help_text) in _COMMANDS.items():
         actions.add_parser(name, parents=[common], help=help_text, description=help_text)
-
-
-def add_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
-    """Mount ``kafka start|stop|…`` on a project CLI; dispatch with :func:`run`."""
-    parser: argparse.ArgumentParser = subparsers.add_parser("kafka", help="local Apache Kafka (KRaft, no Docker)")
-    configure_parser(parser)
-    parser.set_defaults(handler=run)
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from schemas.batch import BatchLineReply, BatchState, parse_line_request_id
 from schemas.documents import FileObject
 from schemas.events import GenerateRequest
-from streams import kafka_io
+from streams.kafka import clients
 from streams.batch.book import TERMINAL, BatchBook
 from streams.batch.files import (
     BatchFileMissing,
@@ -39,7 +39,7 @@ from streams.batch.outputs import outcome_of
 from streams.batch.validation import InvalidBatchFile, parse_batch_file
 from streams.config import Settings
 from streams.edge.settings import EdgeOptions
-from streams.kafka_acls import assembler_grants
+from streams.kafka.acls import assembler_grants
 from streams.service import Consumer, Delivery, Output, ServiceOptions
 from streams.service.app import serve
 from streams.service.runner import ConsumerService
@@ -160,7 +160,7 @@ class BatchAssembler:
             "request_counts": counts, "answered": len(journal.outcomes), "at": time.time(), **update}))
 
     def _publish(self, state: BatchState) -> asyncio.Future[object]:
-        return self.service.publish(self.catalog.batches.name, None, kafka_io.request_key(state.id), state)
+        return self.service.publish(self.catalog.batches.name, None, clients.request_key(state.id), state)
 
     async def _finalize_until_done(self, state: BatchState, batch: _Batch) -> None:
         """Finalize now; if the files store or Kafka fails, keep trying in the background (the journal already

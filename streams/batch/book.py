@@ -3,7 +3,7 @@
 The edge writes a batch when it is created and when it is cancelled; the assembler writes its progress and its
 end. Both may write at once, so every reader (edges, the assembler, engine workers) merges what it reads into
 what it knows (:func:`merge`): the status only moves forward, counts only grow, a timestamp or file id once set
-stays. The book follows the topic from its start (:class:`~streams.compacted.CompactedTable`, with :func:`merge`
+stays. The book follows the topic from its start (:class:`~streams.kafka.compacted_table.CompactedTable`, with :func:`merge`
 as its policy), so a restarted process knows every batch.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from schemas.batch import BatchRequestCounts, BatchState, BatchStatus
 from schemas.topics import Topic
-from streams.compacted import BackgroundView, CompactedTable, merged
-from streams.kafka_connection import Connectable
+from streams.kafka.compacted_table import BackgroundView, CompactedTable, merged
+from streams.kafka.connection import Connectable
 
 # Forward only. finalizing and cancelling tie: the first one written wins (a cancel after every line was
 # answered changes nothing; a batch being cancelled ends cancelled, not completed).

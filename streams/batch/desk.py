@@ -19,7 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from schemas.batch import BatchRequestCounts, BatchState
 from schemas.events import GenerateRequest
-from streams import kafka_io
+from streams.kafka import clients
 from streams.batch.book import TERMINAL, BatchBook
 from streams.batch.files import BatchFileMissing, BatchFiles
 from streams.batch.lines import line_request
@@ -113,7 +113,7 @@ class BatchDesk:
         producer: AIOKafkaProducer = self._producer()
         topic = self.catalog.batch_lines.name
         # Every line in the producer's buffer first (batched sends), then every acknowledgement.
-        sends = [await producer.send(topic, kafka_io.encode(r), key=kafka_io.request_key(r.request_id))
+        sends = [await producer.send(topic, clients.encode(r), key=clients.request_key(r.request_id))
                  for r in requests]
         await asyncio.gather(*sends)
 
@@ -146,8 +146,8 @@ class BatchDesk:
 
     async def _publish(self, state: BatchState) -> BatchState:
         producer: AIOKafkaProducer = self._producer()
-        await producer.send_and_wait(self.catalog.batches.name, kafka_io.encode(state),
-                                     key=kafka_io.request_key(state.id))
+        await producer.send_and_wait(self.catalog.batches.name, clients.encode(state),
+                                     key=clients.request_key(state.id))
         return self.book.apply(state)
 
 

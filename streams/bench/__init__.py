@@ -6,5 +6,5 @@ the Kafka request topic) or the engine in this process, with closed-loop
 while measuring, and reports latency percentiles, throughput, goodput under an
 SLO, speculation statistics and errors by kind.
 
-Entry point: :func:`streams.bench.cli.main`.
+Entry point: :func:`streams.commands.bench.main`.
 """

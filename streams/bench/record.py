@@ -27,7 +27,7 @@ from streams.bench.workload import BenchRequest
 
 
 @dataclass
-class Chunk:
+class StreamedChunk:
     t: float  # arrival, perf_counter seconds
     tokens: int  # tokens this chunk carried (1 when the API does not say)
     index: int | None = None
@@ -42,7 +42,7 @@ class RequestRecord:
     backend: str
     start: float = 0.0  # perf_counter when sent
     end: float | None = None  # perf_counter of the final message
-    chunks: list[Chunk] = field(default_factory=list)
+    chunks: list[StreamedChunk] = field(default_factory=list)
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     token_ids_known: bool = True  # False when the API does not expose token ids (plain OpenAI)
@@ -103,7 +103,7 @@ class RequestRecord:
             return None
         return max(0.0, e2e - ttft) / (n - 1)
 
-    def _token_chunks(self) -> list[Chunk]:
+    def _token_chunks(self) -> list[StreamedChunk]:
         return [c for c in self.chunks if c.tokens > 0]
 
     @property
@@ -213,7 +213,7 @@ class StreamChecker:
             rec.token_ids.extend(token_ids)
             n = len(token_ids)
         rec.text += text
-        rec.chunks.append(Chunk(t=t, tokens=n, index=index, drafted=drafted, accepted=accepted))
+        rec.chunks.append(StreamedChunk(t=t, tokens=n, index=index, drafted=drafted, accepted=accepted))
 
     def final(
         self, t: float, *, finish_reason: str | None, num_chunks: int | None = None, text: str | None = None,

@@ -41,14 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from streams.bench.record import RequestRecord
-from streams.bench.runner import RunOutcome
+from streams.bench.runner import LoadRun
 from streams.bench.stats import goodput, summarize
 
 SCHEMA = "specstream.bench/1"
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "inter_chunk_ms", "e2e_ms")
 
 
-def run_result(outcome: RunOutcome, slo: dict[str, float], backend_info: dict[str, Any], detail: bool = True) -> dict[str, Any]:
+def run_result(outcome: LoadRun, slo: dict[str, float], backend_info: dict[str, Any], detail: bool = True) -> dict[str, Any]:
     records = outcome.records
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]

@@ -67,7 +67,7 @@ class LoadSpec:
 
 
 @dataclass
-class RunOutcome:
+class LoadRun:
     label: str
     load: LoadSpec
     records: list[RequestRecord]
@@ -82,7 +82,7 @@ class RunOutcome:
         return max(self.active_s if self.active_s is not None else self.t1 - self.t0, 1e-9)
 
 
-def merge_outcomes(label: str, outcomes: list[RunOutcome], load: LoadSpec | None = None) -> RunOutcome:
+def merge_outcomes(label: str, outcomes: list[LoadRun], load: LoadSpec | None = None) -> LoadRun:
     """One outcome from several measured windows of the same backend (the rounds of --compare-inprocess).
 
     Throughput divides by the windows' total length, so time spent measuring
@@ -90,7 +90,7 @@ def merge_outcomes(label: str, outcomes: list[RunOutcome], load: LoadSpec | None
     """
     first = outcomes[0]
     records = sorted((r for o in outcomes for r in o.records), key=lambda r: r.request.index)
-    return RunOutcome(
+    return LoadRun(
         label=label, load=load or first.load, records=records, warmup_records=[r for o in outcomes for r in o.warmup_records],
         t0=first.t0, t1=outcomes[-1].t1, schedule_lag=[x for o in outcomes for x in o.schedule_lag],
         active_s=sum(o.duration_s for o in outcomes),
@@ -203,7 +203,7 @@ async def run_load(
     sink: ProgressSink | None = None,
     label: str = "",
     tag: str | None = None,
-) -> RunOutcome:
+) -> LoadRun:
     """Run warmup then the measured load on a started backend."""
     sink = sink or ProgressSink()
     tag = tag or f"bench-{uuid.uuid4().hex[:8]}"
@@ -223,7 +223,7 @@ async def run_load(
         await _open(backend, source, make, load, t0, sink, records, lag)
     t1 = time.perf_counter()
     records.sort(key=lambda r: r.request.index)
-    return RunOutcome(label=label, load=load, records=records, warmup_records=warm, t0=t0, t1=t1, schedule_lag=lag)
+    return LoadRun(label=label, load=load, records=records, warmup_records=warm, t0=t0, t1=t1, schedule_lag=lag)
 
 
 async def warm_up(

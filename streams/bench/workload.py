@@ -59,7 +59,7 @@ CHARS_PER_TOKEN = 4
 
 
 @dataclass(frozen=True)
-class SamplingOptions:
+class BenchSampling:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -76,7 +76,7 @@ class BenchRequest:
     seed: int  # sampling seed of this request
     messages: tuple[dict[str, str], ...] | None = None
     prompt: str | None = None
-    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    sampling: BenchSampling = field(default_factory=BenchSampling)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -229,7 +229,7 @@ _BUILDERS = {"chat": _chat, "code": _code, "rag": _rag}
 
 
 def synthetic(
-    name: str, lengths: LengthSpec, seed: int, sampling: SamplingOptions = SamplingOptions()
+    name: str, lengths: LengthSpec, seed: int, sampling: BenchSampling = BenchSampling()
 ) -> Iterator[BenchRequest]:
     """Endless requests of a built-in set; the first of each kind is the prompt of bench/workloads.py verbatim."""
     if name not in SETS:
@@ -311,7 +311,7 @@ def _dataset_row(item: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def from_dataset(
-    rows: list[dict[str, Any]], lengths: LengthSpec, seed: int, sampling: SamplingOptions = SamplingOptions(),
+    rows: list[dict[str, Any]], lengths: LengthSpec, seed: int, sampling: BenchSampling = BenchSampling(),
     shuffle: bool = True, name: str = "dataset",
 ) -> Iterator[BenchRequest]:
     """Endless requests cycling through the dataset (in a seeded order unless ``shuffle`` is false)."""

@@ -61,14 +61,14 @@ def cmd_adapters(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _apply(settings: Settings, command: AdapterCommand, wait_s: float) -> int:
-    from streams import kafka_io
+    from streams.kafka import clients
 
     catalog = settings.catalog
-    await kafka_io.ensure_topics(settings.kafka, [catalog.adapters])
-    producer = kafka_io.make_producer(settings.kafka, client_id="specstream-adapters")
+    await clients.ensure_topics(settings.kafka, [catalog.adapters])
+    producer = clients.make_producer(settings.kafka, client_id="specstream-adapters")
     await producer.start()
     try:
-        await producer.send_and_wait(catalog.adapters.name, kafka_io.encode(command), key=command.lora_name.encode())
+        await producer.send_and_wait(catalog.adapters.name, clients.encode(command), key=command.lora_name.encode())
     finally:
         await producer.stop()
     say(f"{command.action} {command.lora_name} published to {catalog.adapters.name}")
@@ -93,7 +93,7 @@ async def _apply(settings: Settings, command: AdapterCommand, wait_s: float) -> 
 
 
 async def _live_workers(settings: Settings) -> list[ServiceAnnouncement]:
-    from streams.commands.status import read_announcements
+    from streams.kafka.announcements import read_announcements
 
     newest, _ = await read_announcements(settings.kafka, settings.catalog.services.name)
     now = time.time()
@@ -102,14 +102,14 @@ async def _live_workers(settings: Settings) -> list[ServiceAnnouncement]:
 
 
 async def _registry(settings: Settings) -> dict[str, AdapterCommand]:
-    from streams import kafka_io
+    from streams.kafka import clients
 
     newest: dict[str, AdapterCommand] = {}
-    if settings.catalog.adapters.name not in await kafka_io.list_topics(settings.kafka):
+    if settings.catalog.adapters.name not in await clients.list_topics(settings.kafka):
         return newest
-    for record in await kafka_io.read_partition(settings.kafka, settings.catalog.adapters.name):
+    for record in await clients.read_partition(settings.kafka, settings.catalog.adapters.name):
         if record.value:
-            command = kafka_io.decode(record.value, AdapterCommand)
+            command = clients.decode(record.value, AdapterCommand)
             newest[command.lora_name] = command
     return newest
 

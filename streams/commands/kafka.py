@@ -13,7 +13,7 @@ from streams.config import ConfigError, Settings, load_settings
 def add_commands(commands: Any) -> None:
     # Listed for --help only: streams.cli.main hands `kafka` to infra.kafka's parser before argparse runs.
     commands.add_parser("kafka", help="local Kafka: start|stop|status|wait|reset|jars (see infra.kafka); "
-                        "acls --print|--apply|--revoke (streams.kafka_acls_cli)")
+                        "acls --print|--apply|--revoke (streams.commands.kafka_acls)")
 
 
 def delegate(config: str | None, rest: list[str]) -> int:
@@ -21,7 +21,7 @@ def delegate(config: str | None, rest: list[str]) -> int:
     from infra.kafka.cli import main as kafka_main
 
     if rest[:1] == ["acls"]:
-        from streams.kafka_acls_cli import main as acls_main
+        from streams.commands.kafka_acls import main as acls_main
 
         return acls_main(config, rest[1:])
     if rest and rest[0] not in ("-h", "--help") and not {"--port", "--cluster", "--secure"} & set(rest):

@@ -166,10 +166,10 @@ async def _pool_lines(settings: Settings, state: RolloutState) -> list[str]:
 async def _serving_workers(settings: Settings, topic: str, model: str | None,
                            stale_after_s: float) -> list[ServiceAnnouncement]:
     """The engine workers announced on ``topic`` (serving ``model``, if given), neither stopped nor stale."""
-    from streams import kafka_io
-    from streams.commands.status import read_announcements
+    from streams.kafka import clients
+    from streams.kafka.announcements import read_announcements
 
-    if topic not in await kafka_io.list_topics(settings.kafka):
+    if topic not in await clients.list_topics(settings.kafka):
         return []
     announcements, _ = await read_announcements(settings.kafka, topic)
     now = time.time()

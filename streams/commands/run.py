@@ -41,7 +41,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_edge(args: argparse.Namespace, settings: Settings) -> int:
     from streams.edge.app import run_edge
-    from streams.kafka_connection import KafkaAccessError
+    from streams.kafka.connection import KafkaAccessError
 
     try:
         run_edge(settings)
@@ -54,7 +54,7 @@ def cmd_edge(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_parser(args: argparse.Namespace, settings: Settings) -> int:
     from aiokafka.errors import KafkaError
 
-    from streams.kafka_connection import KafkaAccessError
+    from streams.kafka.connection import KafkaAccessError
     from streams.rag.parser import run_parser
 
     try:

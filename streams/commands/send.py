@@ -69,7 +69,7 @@ def _request(args: argparse.Namespace, settings: Settings, reply_topic: str) -> 
 
 
 async def _send(args: argparse.Namespace, settings: Settings) -> int:
-    from streams import kafka_io
+    from streams.kafka import clients
 
     # A reply topic of our own, as an edge would have; deleted afterwards.
     reply = settings.catalog.replies(f"cli-{uuid.uuid4().hex[:10]}")
@@ -83,8 +83,8 @@ async def _send(args: argparse.Namespace, settings: Settings) -> int:
                                    tenant=args.tenant, generate=request, search=FileSearch(
                                        vector_store_ids=args.vector_store,
                                        max_num_results=args.max_results or settings.rag.default_max_num_results))
-    async with kafka_io.reply_session(settings.kafka, reply, client_id="specstream-send") as (consumer, producer):
-        await producer.send_and_wait(topic, kafka_io.encode(message), key=kafka_io.request_key(request.request_id))
+    async with clients.reply_session(settings.kafka, reply, client_id="specstream-send") as (consumer, producer):
+        await producer.send_and_wait(topic, clients.encode(message), key=clients.request_key(request.request_id))
         return await _print_replies(consumer, args)
 
 
@@ -92,7 +92,7 @@ async def _print_replies(consumer: Any, args: argparse.Namespace) -> int:
     """Print the reply stream until its Completion (0) or ErrorEvent (1), or give up after ``--timeout``."""
     from schemas.events import Completion, ErrorEvent
     from schemas.retrieval import Retrieved
-    from streams import kafka_io
+    from streams.kafka import clients
 
     retrieved: Retrieved | None = None
     deadline = time.monotonic() + args.timeout
@@ -100,7 +100,7 @@ async def _print_replies(consumer: Any, args: argparse.Namespace) -> int:
         batch = await consumer.getmany(timeout_ms=500)
         for records in batch.values():
             for record in records:
-                event = kafka_io.decode_reply(record.value)
+                event = clients.decode_reply(record.value)
                 if args.json:
                     print(record.value.decode(), flush=True)
                 if isinstance(event, Retrieved):

@@ -23,12 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from schemas.events import ServiceAnnouncement
 from streams.commands.common import describe, format_duration, say
 from streams.config import Settings
-from streams.kafka_connection import Connectable
 
 COLUMNS = ("KIND", "ID", "STATE", "HOST/PID", "UPTIME", "IN FLIGHT", "MODELS", "LAST SEEN")
 
@@ -43,7 +40,7 @@ def add_commands(commands: Any) -> None:
 
 
 @dataclass(frozen=True)
-class Service:
+class ServiceStatus:
     """One service's newest announcement, seen at ``now``."""
 
     announcement: ServiceAnnouncement
@@ -80,29 +77,6 @@ class Service:
                 "uptime_s": round(self.uptime_s, 1), "last_seen_s": round(self.last_seen_s, 1)}
 
 
-async def read_announcements(kafka: Connectable, topic: str,
-                             timeout_s: float = 30.0) -> tuple[dict[str, ServiceAnnouncement], int]:
-    """``<kind>/<service_id>`` -> newest announcement, and how many records were not readable announcements."""
-    from streams import kafka_io
-
-    newest: dict[str, ServiceAnnouncement] = {}
-    unreadable = 0
-    for record in await kafka_io.read_partition(kafka, topic, timeout_s=timeout_s):
-        if record.value is None:  # a tombstone: the service is gone for good
-            if record.key is not None:
-                newest.pop(record.key.decode(errors="replace"), None)
-            continue
-        try:
-            announcement = kafka_io.decode(record.value, ServiceAnnouncement)
-        except ValidationError:
-            unreadable += 1
-            continue
-        key = f"{announcement.kind}/{announcement.service_id}"
-        if key not in newest or announcement.at >= newest[key].at:
-            newest[key] = announcement
-    return newest, unreadable
-
-
 def table(rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(cell) for cell in column) for column in zip(COLUMNS, *rows)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in [COLUMNS, *rows])
@@ -111,11 +85,12 @@ def table(rows: list[tuple[str, ...]]) -> str:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from aiokafka.errors import KafkaError
 
-    from streams import kafka_io
+    from streams.kafka import clients
+    from streams.kafka.announcements import read_announcements
 
     servers, topic = settings.kafka.bootstrap_servers, settings.catalog.services.name
     try:
-        if topic not in asyncio.run(kafka_io.list_topics(settings.kafka)):
+        if topic not in asyncio.run(clients.list_topics(settings.kafka)):
             say(f"status: no topic {topic} on {servers}: no service announced itself (is the stack up? `specstream up`)")
             return 1
         announcements, unreadable = asyncio.run(read_announcements(settings.kafka, topic))
@@ -125,7 +100,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     stale_after_s = args.stale_after if args.stale_after is not None else (
         settings.edge.ready_heartbeats * settings.worker.heartbeat_s)
     now = time.time()
-    services = sorted((Service(a, now, stale_after_s) for a in announcements.values()),
+    services = sorted((ServiceStatus(a, now, stale_after_s) for a in announcements.values()),
                       key=lambda s: (s.announcement.kind, s.announcement.service_id))
     shown = [s for s in services if args.all or not s.stopped]
     if args.json:

@@ -23,10 +23,10 @@ def add_commands(commands: Any) -> None:
 
 
 def create_topics(settings: Settings) -> list[Any]:
-    from streams import kafka_io
+    from streams.kafka import clients
 
     kafka = settings.kafka
-    return asyncio.run(kafka_io.ensure_topics(
+    return asyncio.run(clients.ensure_topics(
         kafka, settings.catalog.shared_topics(),
         replication_factor=kafka.replication_factor, min_insync_replicas=kafka.min_insync_replicas,
     ))
@@ -45,11 +45,11 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     from aiokafka.errors import KafkaError
 
-    from streams import kafka_io
+    from streams.kafka import clients
 
     try:
         if args.action == "gc":
-            from streams.topics_gc import run_gc
+            from streams.kafka.reply_topics_gc import run_gc
 
             return run_gc(settings, idle_minutes=args.idle_minutes, dry_run=args.dry_run)
         if args.action == "create":
@@ -57,7 +57,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"{result.name}: {'created' if result.created else 'exists'}")
         else:
             prefix = settings.kafka.topic_prefix + "."
-            for name in asyncio.run(kafka_io.list_topics(settings.kafka)):
+            for name in asyncio.run(clients.list_topics(settings.kafka)):
                 if name.startswith(prefix):
                     print(name)
     except KafkaError as error:

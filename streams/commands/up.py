@@ -102,7 +102,7 @@ def _create_topics(settings: Settings) -> None:
 
 def _start_services(args: argparse.Namespace, settings: Settings, supervisor: Supervisor) -> None:
     """Start the worker and the edge (unless told not to, or already running); return once the edge is ready."""
-    from streams.edge.keys_cli import curl_auth, prepare_up
+    from streams.commands.keys import curl_auth, prepare_up
 
     edge = settings.edge
     base = f"http://{edge.host}:{edge.port}"

@@ -32,7 +32,7 @@ class KafkaSettings(Section):
         default=None, ge=1, le=65535,
         description="Port of the managed local broker; null: the port in bootstrap_servers.",
     )
-    # Connection security, shared by every client of every service (streams.kafka_connection builds it).
+    # Connection security, shared by every client of every service (streams.kafka.connection builds it).
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", description="PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL (SASL over TLS)."
     )

@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas.events import CompletionRecord
 from streams.eval.source import read_topic, select_records
-from streams.kafka_connection import Connectable
+from streams.kafka.connection import Connectable
 
 Sequence = tuple[list[int], int]  # (tokens, num_prompt_tokens)
 Progress = Callable[[str], None]
@@ -62,7 +62,7 @@ def generate(engine: Any, prompts: list[list[int]], max_tokens: int, progress: P
         engine.add_request(EngineRequest(request_id=f"gen-{i}", prompt_token_ids=prompt, sampling=params))
     outputs: dict[str, list[int]] = {f"gen-{i}": [] for i in range(len(prompts))}
     done = steps = tokens = 0
-    from engine.spec.eagle_train import bar
+    from engine.speculative.eagle_train import bar
 
     while engine.has_unfinished():
         steps += 1

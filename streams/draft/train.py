@@ -33,7 +33,7 @@ class DraftTrainOptions:
     generate: int = 2900  # at most this many generated when the log gives fewer than `samples`
     max_new_tokens: int = 128  # per generated answer
     epochs: int = 2
-    # Draft depths trained on the head's own outputs (engine.spec.eagle_train.TrainConfig): 3 raised held-out
+    # Draft depths trained on the head's own outputs (engine.speculative.eagle_train.TrainConfig): 3 raised held-out
     # acceptance at positions 2-6 by 0.06-0.28 for 0.04 at the first (54e26a1:docs/benchmarks.md), at 2.7x the
     # training time.
     rollout: int = 3
@@ -44,7 +44,7 @@ class DraftTrainOptions:
     holdout_max: int = 100  # held-out sequences at most: 100 measure acceptance to ~0.01 in ~2 CPU minutes
     eval_k: int = 6  # drafts per start when measuring acceptance by position
     eval_stride: int = 2  # every n-th position of a held-out completion is a start
-    out_root: Path | None = None  # default: engine.spec.eagle_artifact.default_root()
+    out_root: Path | None = None  # default: engine.speculative.eagle_artifact.default_root()
     seed: int = 0
 
 
@@ -139,10 +139,10 @@ def _generated(served: Any, n: int, options: DraftTrainOptions, progress: Progre
 
 def _train_and_measure(loaded: Any, served_model: Any, sequences: list[Sequence], options: DraftTrainOptions,
                        progress: Progress, timer: _Timer) -> tuple[Any, Any, DraftTrainReport]:
-    from engine.spec.eagle_artifact import HeadMeta
-    from engine.spec.eagle_eval import acceptance_by_position
-    from engine.spec.eagle_head import target_fingerprint
-    from engine.spec.eagle_train import TrainConfig, collect_features, train_head
+    from engine.speculative.eagle_artifact import HeadMeta
+    from engine.speculative.eagle_eval import acceptance_by_position
+    from engine.speculative.eagle_head import target_fingerprint
+    from engine.speculative.eagle_train import TrainConfig, collect_features, train_head
 
     random.Random(options.seed).shuffle(sequences)
     n_hold = max(1, min(int(len(sequences) * options.holdout), options.holdout_max))
@@ -172,7 +172,7 @@ def _train_and_measure(loaded: Any, served_model: Any, sequences: list[Sequence]
 
 
 def _save(head: Any, meta: Any, options: DraftTrainOptions) -> Path:
-    from engine.spec.eagle_artifact import default_root, save_head
+    from engine.speculative.eagle_artifact import default_root, save_head
 
     root = options.out_root or default_root()
     return save_head(root / options.name / meta.version, head, meta)
@@ -183,7 +183,7 @@ def _keep_sequences(sequences: list[Sequence], options: DraftTrainOptions) -> No
     and they let a later run retrain or compare heads on the same data."""
     import json
 
-    from engine.spec.eagle_artifact import default_root
+    from engine.speculative.eagle_artifact import default_root
 
     folder = (options.out_root or default_root()) / options.name
     folder.mkdir(parents=True, exist_ok=True)

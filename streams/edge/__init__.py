@@ -4,7 +4,7 @@ See :mod:`streams.edge.app` for the routes and :mod:`streams.edge.replies` for
 how each edge receives only its own replies.
 
 The package's names are loaded on first use, so that light modules
-(``streams.edge.keys``, ``streams.edge.keys_cli``) import without the web stack.
+(``streams.edge.keys``, which ``specstream keys`` uses) import without the web stack.
 """
 from __future__ import annotations
 

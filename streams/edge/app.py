@@ -41,7 +41,7 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.rag_client import RagEdge
 from streams.edge.settings import EdgeOptions
-from streams.kafka_connection import KafkaAccessError
+from streams.kafka.connection import KafkaAccessError
 from streams.service.gc_pauses import freeze_startup_heap
 from streams.telemetry.edge import EdgeTelemetry
 

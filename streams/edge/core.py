@@ -18,23 +18,23 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from schemas.events import EDGE_KIND, EdgeAnnouncement, GenerateRequest
 from streams.edge import errors
-from streams.kafka_io import encode
-from streams.kafka_permissions import prepare_service
+from streams.kafka.clients import encode
+from streams.kafka.permissions import prepare_service
 from streams.batch.desk import BatchDesk
 from streams.batch.files import StoreFiles
 from streams.batch.validation import upload_validator
 from streams.files.purposes import register_validator
-from streams.edge.publisher import Publisher
-from streams.edge.readiness import Readiness, ReadyState
+from streams.edge.publisher import RequestPublisher
+from streams.edge.readiness import ReadinessWatch, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.settings import EdgeOptions
 from streams.files.blobs import BlobStore
 from streams.files.store import FileStore
-from streams.kafka_acls import edge_grants
+from streams.kafka.acls import edge_grants
 from streams.service.announcer import Announcer
 from streams.telemetry.logs import bind_request, trace_id_of
 from streams.telemetry.tracing import trace_id_hex
-from streams.topic_watch import gone_topics, watch_topics
+from streams.kafka.topic_watch import gone_topics, watch_topics
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,11 @@ class Edge:
     def __init__(self, settings: EdgeOptions, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
         self.tracer = tracer
-        self.publisher = Publisher(settings, tracer)
+        self.publisher = RequestPublisher(settings, tracer)
         self.router = ReplyRouter(settings)
         # A stream the edge itself ends (diverged regeneration) still runs on a worker: cancel it there.
         self.router.on_abandon = self.publisher.cancel_soon
-        self.readiness = Readiness(settings)
+        self.readiness = ReadinessWatch(settings)
         files = settings.settings.files
         self.files = FileStore(settings.kafka, settings.catalog, BlobStore(files.dir), max_bytes=files.max_bytes,
                                client_id=f"{settings.client_id}-{settings.edge_id}-files")
@@ -75,7 +75,7 @@ class Edge:
         self._announce_task: asyncio.Task | None = None
         self._topic_watch: asyncio.Task | None = None
         self._reconnect_task: asyncio.Task | None = None
-        # The topics the last connection created or found (streams.topic_watch reconnects when they vanish).
+        # The topics the last connection created or found (streams.kafka.topic_watch reconnects when they vanish).
         self._topics: list[str] = []
         self.started_at = time.time()
         # On the services topic with every other service (`specstream status`); the edges topic above is topics gc's.

@@ -31,7 +31,7 @@ from schemas.adapters import (
     LoadLoRAAdapterBody,
     UnloadLoRAAdapterBody,
 )
-from streams import kafka_io
+from streams.kafka import clients
 from streams.edge import errors
 from streams.edge.admission.parse import decode_json
 from streams.edge.admission.read import read_body
@@ -84,7 +84,7 @@ async def _publish(edge: Edge, command: AdapterCommand) -> None:
         producer = edge.publisher.producer
     except RuntimeError:
         raise errors.not_ready("not connected to Kafka") from None
-    await producer.send_and_wait(edge.settings.catalog.adapters.name, kafka_io.encode(command),
+    await producer.send_and_wait(edge.settings.catalog.adapters.name, clients.encode(command),
                                  key=command.lora_name.encode())
 
 

@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from schemas.events import CancelRequest, GenerateRequest
-from streams.kafka_io import encode, make_producer, request_key
+from streams.kafka.clients import encode, make_producer, request_key
 from streams.edge.settings import EdgeOptions
 from streams.ops.rollout_router import RolloutRouter
 from streams.telemetry import tracing
@@ -29,7 +29,7 @@ from streams.telemetry import tracing
 log = logging.getLogger(__name__)
 
 
-class Publisher:
+class RequestPublisher:
     def __init__(self, settings: EdgeOptions, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
         self.tracer = tracer

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from schemas.documents import DocumentState, FileObject, StaticChunking, document_key
 from schemas.events import GenerateRequest, ReplyRoute
 from schemas.retrieval import FileSearch, RetrievalRequest, VectorStoreRecord
-from streams import kafka_io
-from streams.compacted import CompactedTable
+from streams.kafka import clients
+from streams.kafka.compacted_table import CompactedTable
 from streams.edge import errors
 from streams.edge.admission.structured import FileSearchTool
 from streams.edge.core import Edge
@@ -88,7 +88,7 @@ class RagEdge:
     # --- writes ------------------------------------------------------------------------------------------------
 
     async def publish(self, topic: str, key: str, event: BaseModel | None) -> None:
-        value = None if event is None else kafka_io.encode(event)
+        value = None if event is None else clients.encode(event)
         await self.edge.publisher.producer.send_and_wait(topic, value, key=key.encode())
 
     async def put_store(self, record: VectorStoreRecord) -> None:

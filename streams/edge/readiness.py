@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
 from streams.edge.settings import EdgeOptions
-from streams.kafka_io import decode, make_consumer, stop_polling
+from streams.kafka.clients import decode, make_consumer, stop_polling
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class ReadyState:
         return {"ready": self.ready, "reason": self.reason, "workers": list(self.workers), "models": list(self.models)}
 
 
-class Readiness:
+class ReadinessWatch:
     def __init__(self, settings: EdgeOptions) -> None:
         self.settings = settings
         self.topic = settings.catalog.services.name

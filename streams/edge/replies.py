@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from schemas.retrieval import IndexState, Retrieved, SearchResults
 from streams.edge.dedupe import Diverged, Forwarded
-from streams.kafka_io import decode_reply, ensure_topics, make_consumer, stop_polling
+from streams.kafka.clients import decode_reply, ensure_topics, make_consumer, stop_polling
 from streams.edge.settings import EdgeOptions
 
 log = logging.getLogger(__name__)

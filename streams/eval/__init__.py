@@ -1,2 +1,2 @@
-"""Evaluation on the bus: the completions log workers write, and `specstream eval` (replay against a candidate,
-score eval samples). See docs/eval.md."""
+"""Evaluation on the bus: `specstream eval` over the completions log workers write (its records:
+:mod:`streams.worker.completions_log`): replay against a candidate, score eval samples. See docs/eval.md."""

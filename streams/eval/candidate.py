@@ -28,7 +28,7 @@ from aiokafka import TopicPartition
 from pydantic import SecretStr, ValidationError
 
 from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import KafkaSettings, Settings, read_yaml
 
 STOP_TIMEOUT_S = 60.0
@@ -77,7 +77,7 @@ async def started_candidate(settings: Settings, config: Path, kafka: KafkaSettin
     candidate_kafka = kafka.model_copy(update={"topic_prefix": prefix})
     candidate_settings = settings.model_copy(update={"kafka": candidate_kafka})
     topics = candidate_settings.catalog.shared_topics()
-    await kafka_io.ensure_topics(candidate_kafka, topics, replication_factor=kafka.replication_factor,
+    await clients.ensure_topics(candidate_kafka, topics, replication_factor=kafka.replication_factor,
                                  min_insync_replicas=kafka.min_insync_replicas)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECSTREAM_") or k in _KEPT_ENV}
     with tempfile.TemporaryDirectory(prefix="specstream-eval-") as folder:
@@ -95,14 +95,14 @@ async def started_candidate(settings: Settings, config: Path, kafka: KafkaSettin
         finally:
             await asyncio.to_thread(_stop, process)
             with contextlib.suppress(Exception):
-                await kafka_io.delete_topics(candidate_kafka, [t.name for t in topics])
+                await clients.delete_topics(candidate_kafka, [t.name for t in topics])
 
 
 async def wait_ready(candidate: Candidate, timeout_s: float, progress: Callable[[str], None]) -> None:
     """Until a worker of the candidate's prefix announces `ready` on its services topic."""
     catalog = candidate.settings.catalog
     topics = [TopicPartition(catalog.services.name, 0)]
-    consumer = kafka_io.make_consumer(candidate.settings.kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = clients.make_consumer(candidate.settings.kafka, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
         consumer.assign(topics)
@@ -125,7 +125,7 @@ async def wait_ready(candidate: Candidate, timeout_s: float, progress: Callable[
 
 def _is_ready(value: bytes) -> bool:
     with contextlib.suppress(ValidationError):
-        announcement = kafka_io.decode(value, ServiceAnnouncement)
+        announcement = clients.decode(value, ServiceAnnouncement)
         return announcement.state == "ready" and announcement.kind == ENGINE_WORKER_KIND
     return False
 

@@ -19,7 +19,7 @@ from schemas.topics import TopicCatalog
 from streams.config import CandidateSampling, Settings
 from streams.eval.candidate import started_candidate
 from streams.eval.compare import compare
-from streams.eval.completions_log import config_fingerprint
+from streams.worker.completions_log import config_fingerprint
 from streams.eval.outcome import Outcome, Pair
 from streams.eval.requester import Final, send_all
 from streams.eval.source import Selection, input_key

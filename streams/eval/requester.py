@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, ReplyRoute
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import KafkaSettings
 
 Final = Completion | ErrorEvent
@@ -27,7 +27,7 @@ async def send_all(kafka: KafkaSettings, request_topic: str, reply_prefix: str, 
                    *, concurrency: int, timeout_s: float, progress: Callable[[str], None]) -> dict[str, Final]:
     """The final event of each request, by request_id (re-addressed to this run's reply topic)."""
     reply = TopicCatalog(prefix=reply_prefix).replies(f"eval-{uuid.uuid4().hex[:10]}")
-    async with kafka_io.reply_session(kafka, reply, client_id="specstream-eval") as (consumer, producer):
+    async with clients.reply_session(kafka, reply, client_id="specstream-eval") as (consumer, producer):
         return await _exchange(consumer, producer, request_topic, reply.name, requests,
                                concurrency=concurrency, timeout_s=timeout_s, progress=progress)
 
@@ -43,13 +43,13 @@ async def _exchange(consumer: AIOKafkaConsumer, producer: AIOKafkaProducer, requ
         while waiting and len(outstanding) < concurrency:
             request = waiting.pop().model_copy(update={"reply_to": ReplyRoute(topic=reply_topic, partition=0),
                                                        "created_at": time.time(), "deadline": None})
-            await producer.send_and_wait(request_topic, kafka_io.encode(request),
-                                         key=kafka_io.request_key(request.request_id))
+            await producer.send_and_wait(request_topic, clients.encode(request),
+                                         key=clients.request_key(request.request_id))
             outstanding[request.request_id] = time.monotonic()
         batch = await consumer.getmany(timeout_ms=200)
         for record in (r for records in batch.values() for r in records):
             try:
-                event = kafka_io.decode_reply(record.value or b"")
+                event = clients.decode_reply(record.value or b"")
             except ValidationError:
                 continue
             request_id = getattr(event, "request_id", None)

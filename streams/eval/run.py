@@ -13,7 +13,7 @@ from typing import Any
 
 from schemas.events import EvalSample, GenerateRequest, ReplyRoute, SamplingParams
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 from streams.eval.compare import LATENCIES, against_references
 from streams.eval.outcome import Outcome
@@ -26,13 +26,13 @@ SAMPLE_SEED = 0  # greedy requests ignore it; a fixed seed keeps a sampled run r
 async def publish_samples(settings: Settings, samples: Sequence[EvalSample]) -> None:
     kafka = settings.kafka
     topic = settings.catalog.eval_samples
-    await kafka_io.ensure_topics(kafka, [topic], replication_factor=kafka.replication_factor,
+    await clients.ensure_topics(kafka, [topic], replication_factor=kafka.replication_factor,
                                  min_insync_replicas=kafka.min_insync_replicas)
-    producer = kafka_io.make_producer(kafka, client_id="specstream-eval-samples")
+    producer = clients.make_producer(kafka, client_id="specstream-eval-samples")
     await producer.start()
     try:
         for sample in samples:
-            await producer.send_and_wait(topic.name, kafka_io.encode(sample), key=sample.sample_id.encode())
+            await producer.send_and_wait(topic.name, clients.encode(sample), key=sample.sample_id.encode())
     finally:
         await producer.stop()
 

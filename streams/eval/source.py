@@ -18,8 +18,8 @@ from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
 from schemas.events import ChatMessage, CompletionRecord, EvalSample
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -54,7 +54,7 @@ async def read_topic(kafka: Connectable, topic: str, model: type[ModelT], *, sin
                      from_offset: int | None = None, timeout_s: float = 60.0) -> Read:
     """Partition 0 of ``topic`` from a time (``since_s`` seconds ago), an offset, or its start, up to its end now."""
     tp = TopicPartition(topic, 0)
-    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest",
+    consumer = clients.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest",
                                       max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()
     read = Read()
@@ -77,7 +77,7 @@ async def read_topic(kafka: Connectable, topic: str, model: type[ModelT], *, sin
                 if record.offset >= end:
                     break
                 try:
-                    read.events.append(kafka_io.decode(record.value or b"", model))
+                    read.events.append(clients.decode(record.value or b"", model))
                 except ValidationError:
                     read.unreadable += 1
     finally:
@@ -153,7 +153,7 @@ def load_samples(path: Path) -> list[EvalSample]:
                 raise ValueError("expected a JSON object")
             samples.append(_sample(raw, number))
         except ValidationError as error:
-            raise SourceError(f"{path} line {number}: {kafka_io.validation_summary(error)}") from None
+            raise SourceError(f"{path} line {number}: {clients.validation_summary(error)}") from None
         except ValueError as error:
             raise SourceError(f"{path} line {number}: {error}") from None
     if not samples:

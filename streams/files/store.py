@@ -19,11 +19,11 @@ from aiokafka import AIOKafkaProducer
 
 from schemas.documents import FileObject
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.files.blobs import BlobRef, BlobStore
 from streams.files.purposes import validator_for
 from streams.files.view import FilesView
-from streams.kafka_connection import Connectable
+from streams.kafka.connection import Connectable
 
 # How long a request waits for the view to read the topic up to its end before answering 503.
 CATCH_UP_S = 10.0
@@ -62,7 +62,7 @@ class FileStore:
 
     async def start(self) -> None:
         """Connect and start following the files topic (which must exist: the edge's start creates it)."""
-        producer = kafka_io.make_producer(self.kafka, client_id=self.client_id)
+        producer = clients.make_producer(self.kafka, client_id=self.client_id)
         await producer.start()
         self._producer = producer
         await self.view.start()
@@ -92,7 +92,7 @@ class FileStore:
                 tenant=tenant, blob_key=ref.key, sha256=ref.sha256,
                 expires_at=created_at + expires_after_s if expires_after_s is not None else None,
             )
-            await self._send(file_id, kafka_io.encode(file))
+            await self._send(file_id, clients.encode(file))
         except BaseException:
             self.blobs.delete(ref.key)
             raise

@@ -1,6 +1,6 @@
 """Every file's metadata, as the compacted files topic says: what each edge serves `/v1/files` from.
 
-The view follows the topic from its start (:class:`~streams.compacted.CompactedTable`), so a restarted or second
+The view follows the topic from its start (:class:`~streams.kafka.compacted_table.CompactedTable`), so a restarted or second
 edge knows the same files (within one poll, 0.2 s, of a change). Until it has read up to the end the topic had
 when it started, it is not ``caught_up`` and the API answers 503 rather than "no such file". A tombstone deletes;
 one edge writes a file's records, so the record read last wins.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from schemas.documents import FileObject
 from schemas.topics import Topic
-from streams.compacted import BackgroundView, CompactedTable, replace
-from streams.kafka_connection import Connectable
+from streams.kafka.compacted_table import BackgroundView, CompactedTable, replace
+from streams.kafka.connection import Connectable
 
 
 class FilesView(BackgroundView[FileObject]):

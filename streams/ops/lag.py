@@ -28,8 +28,8 @@ from aiokafka.structs import OffsetAndMetadata
 from pydantic import ValidationError
 
 from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 from streams.ops.scaling import Load
 
 ENGINE_WORKER = ENGINE_WORKER_KIND  # the kind engine workers announce themselves as (schemas.events)
@@ -104,15 +104,15 @@ class LoadProbe:
 
     async def _group_offsets(self, admin: AIOKafkaAdminClient) -> dict[TopicPartition, OffsetAndMetadata]:
         """The group's committed offsets; a coordinator not available yet is asked again for half the observation's
-        time (kafka_io.retrying)."""
-        return await kafka_io.retrying(lambda: admin.list_consumer_group_offsets(self.group_id),
+        time (clients.retrying)."""
+        return await clients.retrying(lambda: admin.list_consumer_group_offsets(self.group_id),
                                        timeout_s=self.timeout_s / 2)
 
     async def _clients(self) -> tuple[AIOKafkaAdminClient, AIOKafkaConsumer]:
         if self._admin is None or self._consumer is None:
-            self._admin = kafka_io.make_admin(self.kafka, client_id="specstream-autoscale")
+            self._admin = clients.make_admin(self.kafka, client_id="specstream-autoscale")
             await self._admin.start()
-            self._consumer = kafka_io.make_consumer(self.kafka, enable_auto_commit=False,
+            self._consumer = clients.make_consumer(self.kafka, enable_auto_commit=False,
                                                     client_id="specstream-autoscale")
             await self._consumer.start()
         return self._admin, self._consumer
@@ -123,7 +123,7 @@ class LoadProbe:
             assert self._consumer is not None
             if self.services_topic not in await self._consumer.topics():
                 return {}, False
-            self._services = kafka_io.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="earliest",
+            self._services = clients.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="earliest",
                                                     client_id="specstream-autoscale")
             await self._services.start()
             self._services.assign([TopicPartition(self.services_topic, 0)])
@@ -144,7 +144,7 @@ class LoadProbe:
                 self._newest.pop(key.decode(errors="replace"), None)
             return
         with contextlib.suppress(ValidationError, ValueError):
-            announcement = kafka_io.decode(value, ServiceAnnouncement)
+            announcement = clients.decode(value, ServiceAnnouncement)
             name = f"{announcement.kind}/{announcement.service_id}"
             if name not in self._newest or announcement.at >= self._newest[name].at:
                 self._newest[name] = announcement

@@ -14,8 +14,8 @@ import logging
 
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
-from streams.compacted import BackgroundView, CompactedTable, newest_by
-from streams.kafka_connection import Connectable
+from streams.kafka.compacted_table import BackgroundView, CompactedTable, newest_by
+from streams.kafka.connection import Connectable
 
 log = logging.getLogger(__name__)
 ROUTING_STATES = ("starting", "running", "paused", "completed")  # a candidate receives traffic in these

@@ -8,8 +8,8 @@ from pydantic import ValidationError
 
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 from streams.ops.rollout_router import RolloutRouter
 
 # What each operator action does to the newest state, and from which states it may.
@@ -31,8 +31,8 @@ class RolloutStore:
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        await kafka_io.ensure_topics(self.kafka, [self.catalog.rollouts])
-        self._producer = kafka_io.make_producer(self.kafka, client_id="specstream-rollout")
+        await clients.ensure_topics(self.kafka, [self.catalog.rollouts])
+        self._producer = clients.make_producer(self.kafka, client_id="specstream-rollout")
         await self._producer.start()
         await self.follower.start()
 
@@ -43,7 +43,7 @@ class RolloutStore:
 
     async def publish(self, state: RolloutState) -> None:
         assert self._producer is not None
-        await self._producer.send_and_wait(self.catalog.rollouts.name, kafka_io.encode(state),
+        await self._producer.send_and_wait(self.catalog.rollouts.name, clients.encode(state),
                                            key=state.model.encode())
 
     def latest(self, model: str) -> RolloutState | None:
@@ -52,14 +52,14 @@ class RolloutStore:
 
 async def read_states(kafka: Connectable, catalog: TopicCatalog) -> dict[str, RolloutState]:
     """Every model's newest rollout state, read from the topic's start to its end."""
-    if catalog.rollouts.name not in await kafka_io.list_topics(kafka):
+    if catalog.rollouts.name not in await clients.list_topics(kafka):
         return {}
     newest: dict[str, RolloutState] = {}
-    for record in await kafka_io.read_partition(kafka, catalog.rollouts.name):
+    for record in await clients.read_partition(kafka, catalog.rollouts.name):
         if not record.value:
             continue
         try:
-            state = kafka_io.decode(record.value, RolloutState)
+            state = clients.decode(record.value, RolloutState)
         except (ValidationError, ValueError):
             continue
         if state.model not in newest or state.at >= newest[state.model].at:
@@ -79,10 +79,10 @@ async def transition(kafka: Connectable, catalog: TopicCatalog, model: str, acti
     if action == "abort":
         update["percent"] = 0.0
     state = current.model_copy(update=update)
-    producer = kafka_io.make_producer(kafka, client_id="specstream-rollout")
+    producer = clients.make_producer(kafka, client_id="specstream-rollout")
     await producer.start()
     try:
-        await producer.send_and_wait(catalog.rollouts.name, kafka_io.encode(state), key=model.encode())
+        await producer.send_and_wait(catalog.rollouts.name, clients.encode(state), key=model.encode())
     finally:
         await producer.stop()
     return state

@@ -20,8 +20,8 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, ServiceAnnouncement
 from schemas.topics import TopicCatalog
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 from streams.ops.lag import ENGINE_WORKER
 from streams.ops.rollout_gates import PoolStats
 
@@ -47,9 +47,9 @@ class RolloutWatch:
         self._probe: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
-        self._probe = kafka_io.make_consumer(self.kafka, enable_auto_commit=False)
+        self._probe = clients.make_consumer(self.kafka, enable_auto_commit=False)
         await self._probe.start()
-        self._requests = kafka_io.make_consumer(self.kafka, enable_auto_commit=False)
+        self._requests = clients.make_consumer(self.kafka, enable_auto_commit=False)
         await self._requests.start()
         tps = []
         for catalog in (self.stable, self.candidate):
@@ -63,7 +63,7 @@ class RolloutWatch:
             tps += [TopicPartition(topic, p) for p in sorted(partitions)]
         self._requests.assign(tps)
         await self._requests.seek_to_end(*tps)
-        self._replies = kafka_io.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="latest",
+        self._replies = clients.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="latest",
                                                metadata_max_age_ms=5000)
         await self._replies.start()
         self._replies.subscribe(pattern=f"^{re.escape(self.stable.replies('').name)}.*")
@@ -98,7 +98,7 @@ class RolloutWatch:
         if not value:
             return
         try:
-            event: BaseModel = kafka_io.decode_reply(value)
+            event: BaseModel = clients.decode_reply(value)
         except (ValidationError, ValueError):
             return
         if isinstance(event, (Completion, ErrorEvent)) and event.request_id is not None:
@@ -127,17 +127,17 @@ class RolloutWatch:
     async def candidate_ready(self, stale_after_s: float) -> bool:
         """A candidate worker announced itself ready within the last ``stale_after_s`` seconds."""
         now = time.time()
-        existing = await kafka_io.list_topics(self.kafka)
+        existing = await clients.list_topics(self.kafka)
         topic = self.candidate.services.name
         if topic not in existing:
             return False
         newest: dict[str, bytes] = {}
-        for record in await kafka_io.read_partition(self.kafka, topic, timeout_s=5.0):
+        for record in await clients.read_partition(self.kafka, topic, timeout_s=5.0):
             if record.value and record.key:
                 newest[record.key.decode(errors="replace")] = record.value
         for raw in newest.values():
             try:
-                a = kafka_io.decode(raw, ServiceAnnouncement)
+                a = clients.decode(raw, ServiceAnnouncement)
             except (ValidationError, ValueError):
                 continue
             if a.kind == ENGINE_WORKER and a.state == "ready" and now - a.at <= stale_after_s:
@@ -149,6 +149,6 @@ def _request_id(value: bytes | None) -> str | None:
     if not value:
         return None
     try:
-        return kafka_io.decode(value, GenerateRequest).request_id
+        return clients.decode(value, GenerateRequest).request_id
     except (ValidationError, ValueError):
         return None

@@ -80,7 +80,7 @@ class _Worker:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class SimulationResult:
     name: str
     requests: int
     good: int
@@ -104,7 +104,7 @@ class Simulation:
     poll_s: float = 15.0
 
     def run(self, name: str, times: list[float], *, fixed: int | None = None,
-            policy: ScalePolicy | None = None) -> Outcome:
+            policy: ScalePolicy | None = None) -> SimulationResult:
         if (fixed is None) == (policy is None):
             raise ValueError("give either fixed replicas or a policy")
         scaler = Autoscaler(policy) if policy is not None else None
@@ -134,7 +134,7 @@ class Simulation:
         latencies.sort()
         good = sum(1 for x in latencies if x <= self.slo_s)
         pct = (lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0)
-        return Outcome(name, len(latencies), good, worker_s / 60, pct(0.5), pct(0.99), most, events)
+        return SimulationResult(name, len(latencies), good, worker_s / 60, pct(0.5), pct(0.99), most, events)
 
     def _membership(self, workers: list[_Worker], t: float, paused_until: float) -> float:
         """Workers that became ready join and drained ones leave; either is a rebalance of the whole group."""

@@ -24,9 +24,9 @@ from schemas.retrieval import (
     VectorStoreRecord,
 )
 from schemas.topics import TopicCatalog
-from streams import kafka_io
-from streams.compacted import CompactedTable
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.compacted_table import CompactedTable
+from streams.kafka.connection import Connectable
 
 
 class RagError(Exception):
@@ -53,7 +53,7 @@ class RagClient:
                       client_id: str = "specstream-rag-cli", documents: bool = True) -> AsyncIterator[RagClient]:
         """``name``: of the reply topic (default ``cli-<random>``); ``documents``: follow the documents' table too."""
         reply = catalog.replies(name or f"cli-{uuid.uuid4().hex[:10]}")
-        async with kafka_io.reply_session(kafka, reply, client_id=client_id) as (replies, producer):
+        async with clients.reply_session(kafka, reply, client_id=client_id) as (replies, producer):
             client = cls(kafka, catalog, replies, producer, reply.name)
             tables = [client.stores, client.documents] if documents else [client.stores]
             for table in tables:
@@ -62,7 +62,7 @@ class RagClient:
             try:
                 yield client
             finally:
-                await kafka_io.stop_polling(client._reader, None)
+                await clients.stop_polling(client._reader, None)
                 for table in tables:
                     await table.stop()
 
@@ -81,7 +81,7 @@ class RagClient:
         return [d for d in self.documents.values() if d.vector_store_id == store_id]
 
     async def publish(self, topic: str, key: str, event: BaseModel | None) -> None:
-        await self.producer.send_and_wait(topic, None if event is None else kafka_io.encode(event), key=key.encode())
+        await self.producer.send_and_wait(topic, None if event is None else clients.encode(event), key=key.encode())
 
     async def search(self, store_ids: list[str], *, tenant: str, query: str, max_num_results: int = 4,
                      filters: dict[str, Any] | None = None, hybrid: bool | None = None,
@@ -127,7 +127,7 @@ class RagClient:
             for records in (await self.replies.getmany(timeout_ms=200)).values():
                 for record in records:
                     with contextlib.suppress(Exception):
-                        event = kafka_io.decode_reply(record.value)
+                        event = clients.decode_reply(record.value)
                         if isinstance(event, (TokenChunk, Retrieved)):
                             continue
                         waiting = self._answers.get(getattr(event, "request_id", None) or "")

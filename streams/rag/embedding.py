@@ -123,11 +123,3 @@ def batches(order: list[int], lengths: list[int], size: int) -> list[list[int]]:
             out.append([])
         out[-1].append(i)
     return out
-
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the real tokens' states (padding excluded), then L2 norm."""
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    summed = (hidden * mask).sum(dim=1)
-    pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
-    return torch.nn.functional.normalize(pooled, p=2, dim=1)

@@ -31,7 +31,7 @@ _VERSIONED = re.compile(r"^(?P<store>.+)_v(?P<version>\d+)$")
 
 
 @dataclass(frozen=True, kw_only=True)
-class Chunk:
+class IndexedChunk:
     """A chunk as the index holds it (its payload): where it is in its file, and its text."""
 
     file_id: str
@@ -45,14 +45,14 @@ class Chunk:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChunkPoint(Chunk):
+class ChunkPoint(IndexedChunk):
     """A chunk to store, with its vector."""
 
     vector: list[float]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Hit(Chunk):
+class Hit(IndexedChunk):
     """A chunk found, with its score."""
 
     score: float

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from schemas.events import ErrorEvent
 from schemas.retrieval import FileSearch, IndexCommand, IndexState, SearchResults, VectorStoreRecord
 from schemas.topics import TopicCatalog
-from streams.compacted import CompactedTable
+from streams.kafka.compacted_table import CompactedTable
 from streams.rag.embedding import Embedder
 from streams.rag.search import Searcher
 from streams.rag.stores import records_of

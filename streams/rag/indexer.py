@@ -22,7 +22,7 @@ import time
 from schemas.documents import DocumentChunks, DocumentState, IngestError, document_key
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import TopicCatalog
-from streams.compacted import CompactedTable
+from streams.kafka.compacted_table import CompactedTable
 from streams.rag.batching import CoalescingEmbedder
 from streams.rag.embedding import Embedder
 from streams.rag.index import ChunkPoint, VectorIndex

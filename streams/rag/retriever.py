@@ -22,8 +22,8 @@ from pydantic import BaseModel
 from schemas.events import ErrorEvent, GenerateRequest
 from schemas.retrieval import RetrievalRequest, Retrieved, SearchResults, VectorStoreRecord
 from schemas.topics import TopicCatalog
-from streams import kafka_io
-from streams.compacted import CompactedTable
+from streams.kafka import clients
+from streams.kafka.compacted_table import CompactedTable
 from streams.rag.embedding import Embedder
 from streams.rag.grounding import ground, question_of
 from streams.rag.search import Found, Searcher
@@ -61,7 +61,7 @@ class Retriever:
         grounded, used = ground(request.generate, found.passages, max_chars=self.max_prompt_chars)
         delivery.reply(Retrieved(request_id=request.request_id, passages=used, index_versions=found.versions))
         await asyncio.gather(*delivery.published)
-        delivery.publish(self.catalog.requests.name, kafka_io.request_key(request.request_id), grounded)
+        delivery.publish(self.catalog.requests.name, clients.request_key(request.request_id), grounded)
         return None
 
     async def _search(self, request: RetrievalRequest) -> Found:

@@ -19,9 +19,9 @@ from typing import Any
 from schemas.documents import DocumentState
 from schemas.retrieval import VectorStoreRecord
 from schemas.topics import TopicCatalog
-from streams.compacted import CompactedTable
+from streams.kafka.compacted_table import CompactedTable
 from streams.config import Settings
-from streams.kafka_acls import Grant
+from streams.kafka.acls import Grant
 from streams.rag.embedding import Embedder, EmbedderOptions
 from streams.rag.index import VectorIndex, open_client
 from streams.rag.index_commands import IndexAdmin

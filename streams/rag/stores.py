@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schemas.retrieval import VectorStoreRecord
-from streams.compacted import CompactedTable
+from streams.kafka.compacted_table import CompactedTable
 
 
 async def records_of(stores: CompactedTable[VectorStoreRecord],

@@ -11,7 +11,6 @@
 * :mod:`streams.service.flow` - back-pressure and partition ownership
 * :mod:`streams.service.announcer` - ready/draining/stopped on the services topic
 * :mod:`streams.service.telemetry` - the hooks observability plugs into
-* :mod:`streams.service.asyncapi` - the bus's AsyncAPI document
 """
 from streams.service.consumer import Consumer, Listener, Output, ServiceOptions
 from streams.service.delivery import Delivery

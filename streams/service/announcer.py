@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from schemas.events import ServiceAnnouncement
-from streams import kafka_io
+from streams.kafka import clients
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class Announcer:
             self.state = state
         if self.muted is not None:
             return
-        value = kafka_io.encode(self.current())
+        value = clients.encode(self.current())
         try:
             await asyncio.wait_for(self._send(self.topic, announcement_key(self.kind, self.service_id), value),
                                    timeout=ANNOUNCE_TIMEOUT_S)

@@ -7,7 +7,7 @@ aiokafka's clients can take minutes to stop (each waits out its own retries);
 the drain already settled what could be, so a watchdog armed after it exits
 the process once the clients had ``CLIENT_STOP_GRACE_S`` to stop.
 
-Topics the service's start created that vanish from the cluster (streams.topic_watch) end it the same way, with
+Topics the service's start created that vanish from the cluster (streams.kafka.topic_watch) end it the same way, with
 status 1: its restart recreates them.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from faststream import FastStream
 from streams.service.gc_pauses import freeze_startup_heap
 from streams.service.logs import faststream_log
 from streams.service.runner import ConsumerService
-from streams.topic_watch import TopicsGone, gone_topics, watch_topics
+from streams.kafka.topic_watch import TopicsGone, gone_topics, watch_topics
 
 log = logging.getLogger("specstream.service")
 
@@ -88,7 +88,7 @@ async def serve(service: ConsumerService, *, companions: Sequence[ConsumerServic
 
 
 class StartTopics:
-    """The topics a process's services created at their start, watched (streams.topic_watch): once some are gone,
+    """The topics a process's services created at their start, watched (streams.kafka.topic_watch): once some are gone,
     it says so once and calls ``stop`` (the process drains); ``raise_if_gone`` then ends it with TopicsGone."""
 
     def __init__(self, services: Sequence[ConsumerService], *, stop: Callable[[], object]) -> None:

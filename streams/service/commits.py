@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 COMMIT_RETRY_S = 1.0
 
 
-class Committer:
+class OffsetCommitter:
+    """Commits each partition's offset below its oldest unanswered message, retrying a failed commit."""
+
     def __init__(self, offsets: OffsetTracker, consumer: Callable[[], AIOKafkaConsumer | None],
                  active: Callable[[], bool]) -> None:
         self._offsets = offsets

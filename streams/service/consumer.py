@@ -16,9 +16,9 @@ from pydantic import BaseModel
 from schemas.events import ReplyRoute
 from schemas.topics import Topic, TopicCatalog
 from streams.config import TelemetrySettings
-from streams.kafka_acls import Grant, announcement_topics
-from streams.kafka_connection import Connectable
-from streams.reply_routes import compile_patterns
+from streams.kafka.acls import Grant, announcement_topics
+from streams.kafka.connection import Connectable
+from streams.kafka.reply_routes import compile_patterns
 from streams.service.delivery import Delivery
 from streams.service.intake import Rejection
 

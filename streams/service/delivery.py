@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from schemas.events import ErrorCode, ErrorEvent, ReplyRoute
-from streams import kafka_io
+from streams.kafka import clients
 from streams.service.offsets import Source
 
 
@@ -66,7 +66,7 @@ class Delivery:
         if self.route is None:
             raise RuntimeError(f"{self.request_id or self.source}: the message names no reply route")
         self.final_event = event
-        self.publish(self.route.topic, kafka_io.request_key(self.request_id), event, partition=self.route.partition)
+        self.publish(self.route.topic, clients.request_key(self.request_id), event, partition=self.route.partition)
 
     def publish(self, topic: str, key: bytes, event: BaseModel, *, partition: int | None = None) -> None:
         self.published.append(self.outlet.publish(topic, partition, key, event, origin=self))

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from schemas.events import SCHEMA_VERSION, ErrorCode, ReplyRoute
-from streams.kafka_io import validation_summary
+from streams.kafka.clients import validation_summary
 
 InputT = TypeVar("InputT", bound=BaseModel)
 

@@ -12,7 +12,7 @@ Every publish is bounded by ``publish_timeout_s``: the producer would wait for
 a missing topic's metadata for its whole request timeout (40 s). A topic that
 vanished (or a broker that stopped answering) thus costs its own lane a few
 seconds, and later events for a topic known to be missing fail at once
-(:class:`~streams.reply_routes.ReplyRoutes` caches what exists).
+(:class:`~streams.kafka.reply_routes.ReplyRoutes` caches what exists).
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel
 
-from streams import kafka_io
-from streams.reply_routes import ReplyRoutes
+from streams.kafka import clients
+from streams.kafka.reply_routes import ReplyRoutes
 
 JSON_HEADERS = {"content-type": "application/json"}
 
@@ -78,7 +78,7 @@ class Publisher:
         if lane is None:
             lane = self._lanes[topic] = _Lane()
             lane.task = asyncio.create_task(self._run(topic, lane), name=f"lane-{topic}")
-        lane.queue.append(_Job(topic, partition, key, kafka_io.encode(event), headers, delivered))
+        lane.queue.append(_Job(topic, partition, key, clients.encode(event), headers, delivered))
         return delivered
 
     async def _run(self, topic: str, lane: _Lane) -> None:

@@ -33,11 +33,11 @@ from faststream.message import StreamMessage
 from pydantic import BaseModel
 
 from schemas.events import ErrorEvent
-from streams import kafka_io
-from streams.reply_routes import ReplyRoutes, RouteCheck
+from streams.kafka import clients
+from streams.kafka.reply_routes import ReplyRoutes, RouteCheck
 from streams.service.announcer import Announcer
-from streams.service.commits import Committer
-from streams.kafka_permissions import prepare_service
+from streams.service.commits import OffsetCommitter
+from streams.kafka.permissions import prepare_service
 from streams.service.consumer import Consumer, ServiceOptions, grants_of
 from streams.service.dead_letters import DeadLetters
 from streams.service.delivery import Delivery
@@ -47,7 +47,7 @@ from streams.service.offsets import OffsetTracker, Source
 from streams.service.publisher import JSON_HEADERS, Publisher, describe_error
 from streams.service.telemetry import Telemetry
 from streams.service.wiring import CallNext, wire
-from streams.telemetry.consumer import ConsumerTelemetry
+from streams.service.consumer_telemetry import ConsumerTelemetry
 
 log = logging.getLogger("specstream.service")
 
@@ -81,11 +81,11 @@ class ConsumerService:
             self._send_announcement, catalog.services.name, kind=self.kind, service_id=self.service_id,
             heartbeat_s=options.heartbeat_s, models=consumer.models, in_flight=lambda: len(self._held),
         )
-        self.committer = Committer(self.offsets, self.input_consumer, active=lambda: self.announcer.state != "stopped")
+        self.committer = OffsetCommitter(self.offsets, self.input_consumer, active=lambda: self.announcer.state != "stopped")
         # Deliveries being handled, by request id: a redelivered copy joins the one held instead of running twice.
         self._held: dict[str, Delivery] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        # The topics prepare() created or found: the ones its start owns (streams.topic_watch).
+        # The topics prepare() created or found: the ones its start owns (streams.kafka.topic_watch).
         self.created_topics: list[str] = []
 
     # --- lifecycle (FastStream's hooks, or start/stop without an app) ------------------------------------------------
@@ -103,7 +103,7 @@ class ConsumerService:
             o.kafka, grants, [t for t in inputs if t.name not in granted], client_id=f"{client_id}-admin",
             replication_factor=o.replication_factor, min_insync_replicas=o.min_insync_replicas,
         )
-        self._admin = kafka_io.make_admin(o.kafka, client_id=f"{client_id}-routes")
+        self._admin = clients.make_admin(o.kafka, client_id=f"{client_id}-routes")
         await self._admin.start()
         if self.consumer.prepare is not None:
             await self.consumer.prepare()
@@ -257,7 +257,7 @@ class ConsumerService:
             reason += f" (no error reply sent: {route_problem.code}: {route_problem.message})"
         elif rejection.route is not None:
             error = ErrorEvent(request_id=rejection.request_id, code=rejection.code, message=rejection.message)
-            key = kafka_io.request_key(rejection.request_id) if rejection.request_id else delivery.key or b""
+            key = clients.request_key(rejection.request_id) if rejection.request_id else delivery.key or b""
             pending.append(self.publisher.publish(rejection.route.topic, rejection.route.partition, key, error))
         if rejection.dead_letter or route_problem is not None:
             pending.append(self.dead_letters.keep(reason, delivery.value, delivery.key, source))
@@ -307,9 +307,9 @@ class ConsumerService:
         reason = (f"reply_undeliverable: {len(failures)} of {total} event(s) to '{topic}' not delivered: "
                   f"{describe_error(failures[0])}")
         # The input as validated (a redrive does the work again), and the final event that did not arrive.
-        original = kafka_io.encode(delivery.payload) if delivery.payload is not None else delivery.value
-        undelivered = kafka_io.encode(delivery.final_event).decode() if delivery.final_event is not None else None
-        key = kafka_io.request_key(delivery.request_id) if delivery.request_id else delivery.key
+        original = clients.encode(delivery.payload) if delivery.payload is not None else delivery.value
+        undelivered = clients.encode(delivery.final_event).decode() if delivery.final_event is not None else None
+        key = clients.request_key(delivery.request_id) if delivery.request_id else delivery.key
         await asyncio.gather(self.dead_letters.keep(reason, original, key, delivery.source, undelivered=undelivered),
                              return_exceptions=True)
 

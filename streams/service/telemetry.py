@@ -1,7 +1,7 @@
 """The one place where telemetry hooks into every consumer.
 
 The foundation calls these hooks at each step of a message's life; this base
-does nothing (telemetry off). :class:`~streams.telemetry.consumer.ConsumerTelemetry`
+does nothing (telemetry off). :class:`~streams.service.consumer_telemetry.ConsumerTelemetry`
 fills them with a consumer span per message, producer spans on its publishes and
 the generic per-kind metrics; :class:`~streams.service.runner.ConsumerService`
 builds it from ``ServiceOptions.telemetry``, so no consumer instruments itself.

@@ -30,8 +30,8 @@ from pydantic import BaseModel
 
 from schemas.events import DeadLetter, ServiceAnnouncement
 from schemas.topics import DEAD_LETTER_MAX_BYTES, Topic
-from streams import kafka_io
-from streams.kafka_connection import faststream_options
+from streams.kafka import clients
+from streams.kafka.connection import faststream_options
 from streams.service.consumer import Consumer, Output, ServiceOptions
 from streams.service.intake import Rejected, Rejection, parse_message
 from streams.service.logs import faststream_log
@@ -62,15 +62,15 @@ def wire(options: ServiceOptions, consumer: Consumer[Any], group_id: str,
          hooks: Hooks) -> tuple[KafkaBroker, InputSubscriber]:
     """The broker with the consumer's input subscriber, its listeners and its declared outputs."""
     broker = KafkaBroker(
-        # Addresses, TLS and SASL: built in one place for every client (streams.kafka_connection).
+        # Addresses, TLS and SASL: built in one place for every client (streams.kafka.connection).
         **faststream_options(options.kafka),
         # Large enough for a dead letter of a message at the broker's size limit.
-        **kafka_io.producer_options(client_id=f"specstream-{consumer.kind}-{options.service_id}",
+        **clients.producer_options(client_id=f"specstream-{consumer.kind}-{options.service_id}",
                                     max_request_size=DEAD_LETTER_MAX_BYTES + 64 * 1024),
         logger=faststream_log,
         # Per-message "Received"/"Processed" lines are debug noise at request rates.
         log_level=logging.DEBUG,
-        # Topics come from the catalog (kafka_io.ensure_topics), with their retention and ISR settings.
+        # Topics come from the catalog (clients.ensure_topics), with their retention and ISR settings.
         allow_auto_create_topics=False,
         middlewares=[functools.partial(_IntakeMiddleware, hooks=hooks)],
     )

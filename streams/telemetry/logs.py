@@ -87,7 +87,7 @@ class _ThrottleMissingTopicErrors(logging.Filter):
     """Reply topics come and go (an edge shuts down, `specstream send` deletes its own), but the producer keeps
     asking for every topic it ever wrote to and logs an ERROR per metadata refresh (several a second) for each one
     that is gone; a reader of a topic deleted under it asks in a loop without backoff (thousands a second, until
-    streams.topic_watch restarts the process). Keep one line per topic and interval: enough to see it, not enough
+    streams.kafka.topic_watch restarts the process). Keep one line per topic and interval: enough to see it, not enough
     to bury everything else."""
 
     interval_s = 60.0

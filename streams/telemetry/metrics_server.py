@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 class MetricsServer:
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
-        class Handler(BaseHTTPRequestHandler):
+        class MetricsHandler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 - the http.server API
                 if self.path.split("?", 1)[0] != "/metrics":
                     self.send_error(404, "only /metrics is served here")
@@ -30,7 +30,7 @@ class MetricsServer:
             def log_message(self, *args: Any) -> None:
                 pass  # one line per scrape is noise
 
-        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server = ThreadingHTTPServer((host, port), MetricsHandler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
         self._thread.start()

@@ -10,7 +10,7 @@
     └── publish <completions>     PRODUCER  the completions record (the foundation's)
 
 The consumer span and the producer spans are the foundation's, as for every consumer
-(:mod:`streams.telemetry.message_trace`); this module adds the engine's stages under it.
+(:mod:`streams.service.message_trace`); this module adds the engine's stages under it.
 
 The engine reports queue, prefill and decode times once, when the request finishes
 (``RequestStats``), so those spans are written then with their real start and end times; the

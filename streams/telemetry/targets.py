@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 from schemas.events import ServiceAnnouncement
 from schemas.topics import TopicCatalog
-from streams import kafka_io
-from streams.commands.status import read_announcements
+from streams.kafka import clients
+from streams.kafka.announcements import read_announcements
 from streams.ops.rollout_router import candidate_prefix
 from streams.config import ConfigError, load_settings
 
@@ -68,7 +68,7 @@ async def _run(args: argparse.Namespace) -> None:
              "candidate": TopicCatalog(candidate_prefix(prefix)).services.name}
     max_age_s = args.max_age if args.max_age is not None else 3 * settings.worker.heartbeat_s
     while True:
-        existing = set(await kafka_io.list_topics(settings.kafka))
+        existing = set(await clients.list_topics(settings.kafka))
         entries = []
         for pool, topic in pools.items():
             if topic in existing:  # no rollout ever started: no candidate services topic

@@ -40,7 +40,7 @@ class OtlpReceiver:
         self._lock = threading.Lock()
         receiver = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class OtlpHandler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 - the http.server API
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 if self.headers.get("Content-Encoding") == "gzip":
@@ -59,7 +59,7 @@ class OtlpReceiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), OtlpHandler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="otlp-receiver", daemon=True)
 
     @property

@@ -26,7 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from streams import kafka_io
+from streams.kafka import clients
 from streams.testing.stack import Process, Stack, spawn_process
 
 # Small and quick on 2 cores: the model work of these tests is a few dozen tokens per request.
@@ -270,7 +270,7 @@ async def group_lag(bootstrap: str, group_id: str, topic: str) -> tuple[dict[int
 
 async def reply_records(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[tuple[float, dict[str, Any]]]:
     """Every record of a reply topic as (broker timestamp in s, decoded JSON); records without a value skipped."""
-    records = await kafka_io.read_partition(bootstrap, topic, timeout_s=timeout_s)
+    records = await clients.read_partition(bootstrap, topic, timeout_s=timeout_s)
     return [(record.timestamp / 1000, json.loads(record.value)) for record in records if record.value]
 
 

@@ -17,7 +17,7 @@ from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from schemas.tools import ToolIntent, ToolResult
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 
 
@@ -28,13 +28,13 @@ class ToolClient:
         catalog = settings.catalog
         self.intents, self.results = catalog.tool_intents, catalog.tool_results
         self._waiting: dict[str, asyncio.Future[ToolResult]] = {}
-        self._consumer = kafka_io.make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="latest")
-        self._producer = kafka_io.make_producer(settings.kafka, client_id=client_id)
+        self._consumer = clients.make_consumer(settings.kafka, enable_auto_commit=False, auto_offset_reset="latest")
+        self._producer = clients.make_producer(settings.kafka, client_id=client_id)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         kafka = self.settings.kafka
-        await kafka_io.ensure_topics(kafka, [self.intents, self.results], replication_factor=kafka.replication_factor,
+        await clients.ensure_topics(kafka, [self.intents, self.results], replication_factor=kafka.replication_factor,
                                      min_insync_replicas=kafka.min_insync_replicas)
         await self._consumer.start()
         await self._producer.start()
@@ -46,7 +46,7 @@ class ToolClient:
         self._task = asyncio.create_task(self._read(), name="tool-results-reader")
 
     async def stop(self) -> None:
-        await kafka_io.stop_polling(self._task, None)
+        await clients.stop_polling(self._task, None)
         await self._producer.stop()
         await self._consumer.stop()
 
@@ -67,7 +67,7 @@ class ToolClient:
     async def publish(self, intent: ToolIntent) -> asyncio.Future[ToolResult]:
         """Publish the intent (acknowledged by Kafka); the future resolves with its first result."""
         waiting = self._waiting[intent.call_id] = asyncio.get_running_loop().create_future()
-        await self._producer.send_and_wait(self.intents.name, kafka_io.encode(intent), key=intent.call_id.encode())
+        await self._producer.send_and_wait(self.intents.name, clients.encode(intent), key=intent.call_id.encode())
         return waiting
 
     async def call(self, intent: ToolIntent, *, timeout_s: float) -> ToolResult:
@@ -92,7 +92,7 @@ class ToolClient:
         if value is None:
             return
         with contextlib.suppress(ValidationError):
-            result = kafka_io.decode(value, ToolResult)
+            result = clients.decode(value, ToolResult)
             waiting = self._waiting.get(result.call_id)
             if waiting is not None and not waiting.done():
                 waiting.set_result(result)

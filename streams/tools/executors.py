@@ -21,28 +21,28 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(: |(Error|Exception|Exit|Interru
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ToolOutcome:
     output: Any = None
     error: ToolError | None = None
     truncated: bool = False
 
 
-def calculate(arguments: dict[str, Any]) -> Outcome:
+def calculate(arguments: dict[str, Any]) -> ToolOutcome:
     try:
-        return Outcome(output=evaluate(str(arguments.get("expression", ""))))
+        return ToolOutcome(output=evaluate(str(arguments.get("expression", ""))))
     except CalculatorError as error:
-        return Outcome(error=ToolError(code="invalid_expression", message=str(error)))
+        return ToolOutcome(error=ToolError(code="invalid_expression", message=str(error)))
 
 
-async def run_python(tool: ToolSettings, arguments: dict[str, Any], sandbox: Sandbox, python: str) -> Outcome:
+async def run_python(tool: ToolSettings, arguments: dict[str, Any], sandbox: Sandbox, python: str) -> ToolOutcome:
     run = await sandbox.run([python, "-I", "-S", "-"], str(arguments.get("code", "")).encode(), tool)
     return python_outcome(run, tool)
 
 
-def python_outcome(run: RunOutcome, tool: ToolSettings) -> Outcome:
+def python_outcome(run: RunOutcome, tool: ToolSettings) -> ToolOutcome:
     """stdout, stderr and exit status; the error names the limit that stopped the snippet, if one did."""
     output = {"stdout": run.stdout, "stderr": run.stderr, "exit_status": run.exit_status}
-    return Outcome(output=output, error=_limit_error(run, tool), truncated=run.truncated)
+    return ToolOutcome(output=output, error=_limit_error(run, tool), truncated=run.truncated)
 
 
 def _limit_error(run: RunOutcome, tool: ToolSettings) -> ToolError | None:

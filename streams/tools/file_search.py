@@ -24,7 +24,7 @@ from schemas.tools import ToolError, ToolErrorCode
 from streams.config import Settings
 from streams.config.tools import ToolSettings
 from streams.rag.client import RagClient, RagError, RagTimeout
-from streams.tools.executors import Outcome
+from streams.tools.executors import ToolOutcome
 
 
 class FileSearcher:
@@ -37,10 +37,10 @@ class FileSearcher:
         self._stack = contextlib.AsyncExitStack()
         self._opening: asyncio.Task[RagClient] | None = None
 
-    async def run(self, tool: ToolSettings, arguments: dict[str, Any], tenant: str, budget_s: float) -> Outcome:
+    async def run(self, tool: ToolSettings, arguments: dict[str, Any], tenant: str, budget_s: float) -> ToolOutcome:
         search = search_of(tool, arguments, default_results=self.settings.rag.default_max_num_results)
         if isinstance(search, ToolError):
-            return Outcome(error=search)
+            return ToolOutcome(error=search)
         try:
             return await asyncio.wait_for(self._search(tool, search, tenant, budget_s), budget_s)
         except (TimeoutError, RagTimeout):
@@ -51,17 +51,17 @@ class FileSearcher:
         except KafkaError as error:
             return _error("retrieval_failed", f"the bus failed: {type(error).__name__}: {error}")
 
-    async def _search(self, tool: ToolSettings, search: FileSearch, tenant: str, budget_s: float) -> Outcome:
+    async def _search(self, tool: ToolSettings, search: FileSearch, tenant: str, budget_s: float) -> ToolOutcome:
         # Shielded: a call that times out while the session opens must not cancel it half-way (a started consumer
         # would leak); the next call finds it open.
         client = await asyncio.shield(self._client())
         refused = await _refusal(client, search.vector_store_ids, tenant)
         if refused is not None:
-            return Outcome(error=refused)
+            return ToolOutcome(error=refused)
         answer = await client.search(search.vector_store_ids, tenant=tenant, query=search.query,
                                      max_num_results=search.max_num_results, timeout_s=budget_s)
         output, truncated = results_output(answer.passages, tool.max_output_bytes)
-        return Outcome(output=output, truncated=truncated)
+        return ToolOutcome(output=output, truncated=truncated)
 
     def _client(self) -> asyncio.Task[RagClient]:
         opening = self._opening
@@ -151,5 +151,5 @@ def _size(results: list[dict[str, Any]]) -> int:
     return len(json.dumps({"results": results}, ensure_ascii=False).encode())
 
 
-def _error(code: ToolErrorCode, message: str) -> Outcome:
-    return Outcome(error=ToolError(code=code, message=message))
+def _error(code: ToolErrorCode, message: str) -> ToolOutcome:
+    return ToolOutcome(error=ToolError(code=code, message=message))

@@ -21,13 +21,13 @@ from faststream import FastStream
 
 from schemas.tools import ToolError, ToolIntent, ToolResult
 from streams.config import Settings
-from streams.kafka_acls import tool_runner_grants
+from streams.kafka.acls import tool_runner_grants
 from streams.service import Consumer, Delivery, Output, ServiceOptions
 from streams.service.app import create_app as create_service_app
 from streams.service.app import serve
 from streams.service.runner import ConsumerService
 from streams.tools.checks import refusal
-from streams.tools.executors import Outcome, calculate, run_python
+from streams.tools.executors import ToolOutcome, calculate, run_python
 from streams.tools.file_search import FileSearcher
 from streams.tools.sandbox import Sandbox
 
@@ -90,14 +90,14 @@ class ToolRunner:
         while len(self._answered) > _REMEMBERED_CALLS:
             self._answered.popitem(last=False)
 
-    async def outcome(self, intent: ToolIntent) -> Outcome:
+    async def outcome(self, intent: ToolIntent) -> ToolOutcome:
         if intent.deadline is not None and intent.deadline <= time.time():
-            return Outcome(error=ToolError(code="deadline_exceeded",
+            return ToolOutcome(error=ToolError(code="deadline_exceeded",
                                            message=f"the deadline passed {time.time() - intent.deadline:.3f} s "
                                            "before the call was read"))
         refused = refusal(intent, self.settings.tools.registry)
         if refused is not None:
-            return Outcome(error=refused)
+            return ToolOutcome(error=refused)
         tool = self.settings.tools.registry[intent.tool]
         match tool.executor:
             case "calculator":

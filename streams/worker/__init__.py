@@ -8,6 +8,7 @@ intake, dead letters, commits, back-pressure, drain and announcements.
 * :mod:`streams.worker.engine_driver` - the engine's dedicated thread
 * :mod:`streams.worker.intake` - a validated request -> an engine request (prompt rendering, sampling)
 * :mod:`streams.worker.replies` - engine outputs -> TokenChunks and a Completion
+* :mod:`streams.worker.completions_log` - the record of each finished request on the completions topic
 """
 from streams.worker.service import EngineWorker, create_app, load_engine, run_worker
 

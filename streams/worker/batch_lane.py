@@ -21,7 +21,7 @@ from schemas.batch import BatchState, parse_line_request_id
 from schemas.events import Completion, CompletionRecord, ErrorEvent, GenerateRequest
 from streams.batch.book import BatchBook
 from streams.config import Settings
-from streams.kafka_acls import worker_grants
+from streams.kafka.acls import worker_grants
 from streams.service import Consumer, Delivery, Output, Rejection, ServiceOptions
 from streams.service.runner import ConsumerService
 

@@ -12,13 +12,13 @@ import asyncio
 import logging
 
 from schemas.events import Completion, ErrorEvent
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import TelemetrySettings
-from streams.eval.completions_log import completion_record
+from streams.worker.completions_log import completion_record
 from streams.service.delivery import Delivery
-from streams.telemetry.consumer import ConsumerTelemetry
+from streams.service.consumer_telemetry import ConsumerTelemetry
 from streams.telemetry.metrics import ConsumerMetrics
-from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.telemetry import WorkerTelemetry
 
 log = logging.getLogger("specstream.worker")
 
@@ -62,7 +62,7 @@ class CompletionsLog:
         record = completion_record(delivery.payload, final, worker_id=self.worker_id,  # type: ignore[arg-type]
                                    fingerprint=self.fingerprint, served_model=served_model)
         try:
-            await delivery.outlet.publish(self.topic, None, kafka_io.request_key(record.request_id), record,
+            await delivery.outlet.publish(self.topic, None, clients.request_key(record.request_id), record,
                                           origin=delivery)
         except Exception as error:  # noqa: BLE001 - the client has its answer; only the log misses it
             log.error("could not record %s in %s: %s", record.request_id, self.topic, error)

@@ -23,7 +23,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 from faststream import FastStream
 
@@ -32,6 +32,7 @@ from engine.request import RequestRejected
 from schemas.adapters import AdapterCommand
 from schemas.events import (
     ENGINE_WORKER_KIND,
+    BusErrorCode,
     CancelRequest,
     Completion,
     CompletionRecord,
@@ -41,14 +42,14 @@ from schemas.events import (
 )
 from schemas.tools import ToolIntent, ToolResult
 from streams.config import Settings
-from streams.eval.completions_log import config_fingerprint
-from streams.kafka_acls import worker_grants
+from streams.worker.completions_log import config_fingerprint
+from streams.kafka.acls import worker_grants
 from streams.service import Consumer, Delivery, Listener, Output, Rejection, ServiceOptions
 from streams.service.app import create_app as create_service_app
 from streams.service.app import serve
 from streams.service.runner import ConsumerService
 from streams.telemetry.logs import bind_request, request_scope, trace_id_of
-from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.telemetry import WorkerTelemetry
 from streams.worker.adapters import WorkerAdapters
 from streams.worker.batch_lane import BatchLane
 from streams.worker.engine_driver import Engine, EngineDriver
@@ -64,8 +65,7 @@ EngineFactory = Callable[[Any, Progress | None], Engine]
 
 # Cancellations remembered for requests not (yet) seen here: a cancel may overtake its request.
 _REMEMBERED_CANCELS = 10_000
-_ERROR_CODES = {"invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded", "cancelled",
-                "overloaded", "internal_error", "unsupported_schema_version", "message_too_large"}
+_ERROR_CODES = frozenset(get_args(BusErrorCode))
 
 
 def load_engine(config: Any, progress: Progress | None) -> Engine:

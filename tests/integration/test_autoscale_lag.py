@@ -14,7 +14,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from schemas.events import ServiceAnnouncement
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.ops.lag import ENGINE_WORKER, LoadProbe
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
 
@@ -22,16 +22,16 @@ from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
 @pytest_asyncio.fixture
 async def catalog(kafka_bootstrap: str) -> AsyncIterator[TopicCatalog]:  # noqa: F811
     catalog = TopicCatalog(prefix=f"lag-{uuid.uuid4().hex[:8]}", request_partitions=2)
-    await kafka_io.ensure_topics(kafka_bootstrap, [catalog.requests, catalog.services])
+    await clients.ensure_topics(kafka_bootstrap, [catalog.requests, catalog.services])
     yield catalog
-    await kafka_io.delete_topics(kafka_bootstrap, [catalog.requests.name, catalog.services.name])
+    await clients.delete_topics(kafka_bootstrap, [catalog.requests.name, catalog.services.name])
 
 
 @pytest.mark.kafka
 async def test_lag_is_end_minus_committed_and_counts_an_uncommitted_partition_from_its_start(
         kafka_bootstrap: str, catalog: TopicCatalog) -> None:  # noqa: F811
     topic, group = catalog.requests.name, f"{catalog.prefix}.engine-workers"
-    producer = kafka_io.make_producer(kafka_bootstrap, client_id="lag-test")
+    producer = clients.make_producer(kafka_bootstrap, client_id="lag-test")
     await producer.start()
     try:
         for i in range(7):
@@ -67,13 +67,13 @@ async def test_in_flight_is_summed_over_live_engine_workers_only(kafka_bootstrap
         return ServiceAnnouncement(kind=kind, service_id=service_id, state=state, started_at=now - 100,
                                    in_flight=in_flight, at=now - age_s)
 
-    producer = kafka_io.make_producer(kafka_bootstrap, client_id="lag-test")
+    producer = clients.make_producer(kafka_bootstrap, client_id="lag-test")
     await producer.start()
     try:
         for a in (announcement("w1", "ready", 5), announcement("w2", "draining", 2),
                   announcement("w3", "stopped", 9), announcement("w4", "ready", 11, age_s=60),  # stale: died
                   announcement("e1", "ready", 30, kind="edge"), announcement("w1", "ready", 7)):  # w1's newest
-            await producer.send_and_wait(catalog.services.name, kafka_io.encode(a),
+            await producer.send_and_wait(catalog.services.name, clients.encode(a),
                                          key=f"{a.kind}/{a.service_id}".encode())
     finally:
         await producer.stop()

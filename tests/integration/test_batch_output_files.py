@@ -13,7 +13,7 @@ from streams.batch.files import StoreFiles, batch_file_id
 from streams.config import KafkaSettings
 from streams.files.blobs import BlobStore
 from streams.files.store import FileStore
-from streams.kafka_io import ensure_topics
+from streams.kafka.clients import ensure_topics
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(120)]

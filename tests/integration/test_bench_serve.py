@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.bench.cli import main
+from streams.commands.bench import main
 from streams.bench.fake_server import FakeOptions, closed_port, fake_server_in_thread
 from streams.testing.stack import Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)

@@ -1,4 +1,4 @@
-"""The shared follower of compacted topics (streams/compacted.py), on the real broker."""
+"""The shared follower of compacted topics (streams/kafka/compacted_table.py), on the real broker."""
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +13,8 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import BaseModel
 
 from schemas.topics import Topic
-from streams import compacted, kafka_io
-from streams.compacted import CompactedTable, merged, newest_by, replace
+from streams.kafka import clients, compacted_table
+from streams.kafka.compacted_table import CompactedTable, merged, newest_by, replace
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
 
 pytestmark = pytest.mark.kafka
@@ -35,19 +35,19 @@ async def topic(kafka_bootstrap: str) -> AsyncIterator[Topic]:  # noqa: F811
     topic = Topic(name=unique_topic("compacted"), partitions=2, key="name", retention_ms=-1, carries="Row",
                   purpose="test", compacted=True)
     yield topic
-    await kafka_io.delete_topics(kafka_bootstrap, [topic.name])
+    await clients.delete_topics(kafka_bootstrap, [topic.name])
 
 
 @pytest_asyncio.fixture(loop_scope="function")  # the producer must live on the test's loop
 async def producer(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:  # noqa: F811
-    producer = kafka_io.make_producer(kafka_bootstrap, client_id="test-compacted")
+    producer = clients.make_producer(kafka_bootstrap, client_id="test-compacted")
     await producer.start()
     yield producer
     await producer.stop()
 
 
 async def send(producer: AIOKafkaProducer, topic: Topic, key: str, value: Row | bytes | None) -> None:
-    data = kafka_io.encode(value) if isinstance(value, Row) else value
+    data = clients.encode(value) if isinstance(value, Row) else value
     await producer.send_and_wait(topic.name, data, key=key.encode())
 
 
@@ -60,7 +60,7 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
 
 async def test_a_table_started_late_holds_the_newest_row_of_every_key_and_no_deleted_one(
         kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer) -> None:  # noqa: F811
-    await kafka_io.ensure_topics(kafka_bootstrap, [topic])
+    await clients.ensure_topics(kafka_bootstrap, [topic])
     await send(producer, topic, "a", row("a", 1))
     await send(producer, topic, "b", row("b", 1))
     await send(producer, topic, "a", row("a", 2))
@@ -98,7 +98,7 @@ async def test_caught_up_on_an_idle_table_does_not_wait_out_the_followers_pendin
         kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer) -> None:  # noqa: F811
     # The follower's fetch is held open by the broker for fetch_max_wait_ms (500 ms) when nothing is new; asked on
     # its connection, the end offsets queued behind it and every caught_up on an idle table took ~0.5 s.
-    await kafka_io.ensure_topics(kafka_bootstrap, [topic])
+    await clients.ensure_topics(kafka_bootstrap, [topic])
     await send(producer, topic, "a", row("a", 1))
     table = CompactedTable(kafka_bootstrap, topic, Row)
     await table.start()
@@ -175,12 +175,12 @@ async def test_a_merge_policy_combines_every_record_of_a_key_and_replace_keeps_t
 async def test_a_malformed_record_is_skipped_and_the_rest_still_read(
         kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer, caplog: pytest.LogCaptureFixture,  # noqa: F811
 ) -> None:
-    await kafka_io.ensure_topics(kafka_bootstrap, [topic])
+    await clients.ensure_topics(kafka_bootstrap, [topic])
     await send(producer, topic, "bad", b"{not json")
     await send(producer, topic, "worse", b'{"name": "worse"}')  # valid JSON, missing fields
     await send(producer, topic, "good", row("good", 1))
     table = CompactedTable(kafka_bootstrap, topic, Row)
-    with caplog.at_level(logging.WARNING, logger="streams.compacted"):
+    with caplog.at_level(logging.WARNING, logger="streams.kafka.compacted_table"):
         await table.start()
     try:
         assert set(table.rows) == {"good"}
@@ -192,13 +192,13 @@ async def test_a_malformed_record_is_skipped_and_the_rest_still_read(
 async def test_a_table_waiting_for_its_topic_loads_once_the_topic_is_created(
         kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
 ) -> None:
-    monkeypatch.setattr(compacted, "TOPIC_LOOK_S", 0.2)
+    monkeypatch.setattr(compacted_table, "TOPIC_LOOK_S", 0.2)
     table = CompactedTable(kafka_bootstrap, topic, Row, create_topic=False, wait_for_topic=True)
     await table.start(wait=False)
     try:
         await asyncio.sleep(0.5)
         assert not table.loaded.is_set() and table.rows == {}
-        await kafka_io.ensure_topics(kafka_bootstrap, [topic])
+        await clients.ensure_topics(kafka_bootstrap, [topic])
         await send(producer, topic, "a", row("a", 1))
         await until(lambda: "a" in table.rows)
         await table.caught_up()  # and read-your-writes works from then on
@@ -211,7 +211,7 @@ async def test_a_table_waiting_for_its_topic_loads_once_the_topic_is_created(
 
 async def test_a_broker_error_is_retried_with_one_warning_a_minute(monkeypatch: pytest.MonkeyPatch,
                                                                    caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(compacted, "RETRY_S", 0.0)
+    monkeypatch.setattr(compacted_table, "RETRY_S", 0.0)
     table = CompactedTable("127.0.0.1:9", Topic(name="t", partitions=1, key="k", retention_ms=-1, carries="Row",
                                                 purpose="test"), Row)
     failures = iter(range(3))
@@ -221,6 +221,6 @@ async def test_a_broker_error_is_retried_with_one_warning_a_minute(monkeypatch: 
             raise KafkaConnectionError("broker gone")
         return "read"
 
-    with caplog.at_level(logging.WARNING, logger="streams.compacted"):
+    with caplog.at_level(logging.WARNING, logger="streams.kafka.compacted_table"):
         assert await table._retrying(flaky) == "read"
     assert caplog.text.count("cannot read") == 1

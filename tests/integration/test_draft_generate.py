@@ -11,7 +11,7 @@ from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
 from engine.request import EngineRequest, SamplingOptions
-from engine.spec.eagle_train import collect_features
+from engine.speculative.eagle_train import collect_features
 from streams.config import Settings
 from streams.draft.prompts import builtin_prompts
 from streams.draft.source import chat_prompt_ids

@@ -21,9 +21,9 @@ from schemas.events import (
     Timings,
     Usage,
 )
-from streams import kafka_io
+from streams.kafka import clients
 from streams.cli import main
-from streams.eval.completions_log import completion_record
+from streams.worker.completions_log import completion_record
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
 from tests.tiny_targets import tiny_chat_target
 
@@ -57,7 +57,7 @@ async def _publish(bootstrap: str, topic: str, records: list[Any]) -> None:
     await producer.start()
     try:
         for record in records:
-            await producer.send_and_wait(topic, kafka_io.encode(record), key=record.request_id.encode())
+            await producer.send_and_wait(topic, clients.encode(record), key=record.request_id.encode())
     finally:
         await producer.stop()
 
@@ -86,7 +86,7 @@ def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_targe
     assert head.parent == tmp_path / "heads" / "tiny" and (head / "head.safetensors").is_file()
 
     from engine.loader import load_model
-    from engine.spec.eagle_artifact import DraftHeadMismatch, load_head
+    from engine.speculative.eagle_artifact import DraftHeadMismatch, load_head
 
     load_head(str(head.parent), load_model(str(target)).model, "tiny")  # newest version, fits its target
     other = load_model(str(tiny_chat_target(tmp_path / "other", seed=1))).model

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 from streams.config.tools import ToolsSettings
 from streams.testing.stack import DEFAULT_MODEL as MODEL
@@ -46,7 +46,7 @@ async def ingest(stack: Stack) -> None:
     """The store (the key's tenant, `test`) and its one document, as the vector store API and the parser publish them."""
     settings = Settings(kafka={"bootstrap_servers": stack.bootstrap_servers, "topic_prefix": stack.topic_prefix})
     catalog = settings.catalog
-    await kafka_io.ensure_topics(settings.kafka, catalog.shared_topics())
+    await clients.ensure_topics(settings.kafka, catalog.shared_topics())
     await publish_store(stack.bootstrap_servers, catalog, STORE, "test", [FACT])
     await wait_status(stack.bootstrap_servers, catalog.documents.name, STORE, "file-facts", "completed", timeout_s=240)
 

@@ -31,7 +31,7 @@ from schemas.topics import TopicCatalog
 from streams.edge.server import serve_in_thread
 from streams.config import EdgeAuthSettings, EdgeSettings, KafkaSettings, Settings
 from streams.edge.settings import EdgeOptions
-from streams.kafka_io import decode, encode, ensure_topics, make_producer, request_key
+from streams.kafka.clients import decode, encode, ensure_topics, make_producer, request_key
 from streams.service.announcer import Announcer
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 

@@ -31,7 +31,7 @@ from websockets.sync.client import connect as ws_connect
 from schemas.events import GenerateRequest
 from streams.edge.keys import create_key, revoke_keys
 from streams.edge.server import RunningEdge, serve_in_thread
-from streams.kafka_io import decode
+from streams.kafka.clients import decode
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack
 from tests.edge_support import edge_options, redis_server, request_topic_messages, shared_worker, wait_ready

@@ -25,7 +25,7 @@ from schemas.events import CancelRequest, Completion
 from streams.edge.server import RunningEdge, serve_in_thread
 from streams.config import EdgeAuthSettings, EdgeSettings, KafkaSettings, Settings, WorkerSettings
 from streams.edge.settings import EdgeOptions
-from streams.kafka_io import decode, decode_reply
+from streams.kafka.clients import decode, decode_reply
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)

@@ -19,7 +19,7 @@ def test_loading_the_default_model_for_serving_imports_no_torch_compile_machiner
     """torch._dynamo drags inductor and triton in: 5-8 s of every worker's start on 2 cores, for nothing served."""
     assert loaded_after(
         "from engine.loader import load_model\n"
-        "import engine.grammar.matchers, engine.llm_engine, engine.spec.eagle_artifact\n"
+        "import engine.grammar.matchers, engine.llm_engine, engine.speculative.eagle_artifact\n"
         "load_model('smollm2-135m-instruct')"
     ) == []
 

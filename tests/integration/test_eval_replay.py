@@ -22,9 +22,9 @@ from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel
 
 from schemas.events import CompletionRecord, EvalSample
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import load_settings
-from streams.eval.completions_log import config_fingerprint
+from streams.worker.completions_log import config_fingerprint
 from streams.edge.keys import create_key
 from streams.eval.source import read_topic
 from streams.testing.reliability import PROMPTS, WORKER_ENV
@@ -90,8 +90,8 @@ async def _publish(stack: Stack, topic: str, event: BaseModel, request_id: str) 
     producer = AIOKafkaProducer(bootstrap_servers=stack.bootstrap_servers)
     await producer.start()
     try:
-        await producer.send_and_wait(f"{stack.topic_prefix}.{topic}", kafka_io.encode(event),
-                                     key=kafka_io.request_key(request_id))
+        await producer.send_and_wait(f"{stack.topic_prefix}.{topic}", clients.encode(event),
+                                     key=clients.request_key(request_id))
     finally:
         await producer.stop()
 

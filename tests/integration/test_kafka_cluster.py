@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from infra.kafka.broker import ClusterSpec, kill_node, start_node, status
-from streams import kafka_io
+from streams.kafka import clients
 from tests.kafka_fixtures import kafka_cluster, kafka_cluster_session, unique_topic  # noqa: F401
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
@@ -43,7 +43,7 @@ async def _create_replicated_topic(admin: AIOKafkaAdminClient, partitions: int) 
     )
     response = await admin.create_topics([new_topic])
     assert [error_code for _name, error_code, *_ in response.topic_errors] == [0]
-    await kafka_io.wait_visible(admin, [topic], TOPIC_PROPAGATION_TIMEOUT_S)
+    await clients.wait_visible(admin, [topic], TOPIC_PROPAGATION_TIMEOUT_S)
     return topic
 
 
@@ -55,7 +55,7 @@ async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[dict[str, 
 
 async def _error_codes_by_broker(admin: AIOKafkaAdminClient, topic: str) -> dict[int, int]:
     """The topic's metadata error code as each broker answers it (a describe asks a random one)."""
-    by_broker = await kafka_io.metadata_by_broker(admin, [topic])
+    by_broker = await clients.metadata_by_broker(admin, [topic])
     return {node_id: described["error_code"] for node_id, (described,) in by_broker.items()}
 
 

@@ -22,7 +22,7 @@ from openai import OpenAI
 from websockets.sync.client import connect as ws_connect
 
 from schemas.topics import TopicCatalog
-from streams import kafka_acls
+from streams.kafka import acls
 from tests.edge_support import WORKER_ENV
 from tests.secured_kafka import ADMIN, EDGE_USER, WORKER_USER, SecuredKafka, kafka_secured  # noqa: F401
 from streams.testing.stack import DEFAULT_MODEL, REPO, Stack, running_stack
@@ -131,9 +131,9 @@ def test_without_its_write_grant_on_reply_topics_the_worker_stops_naming_that_pe
     prefix = f"noreply-{uuid.uuid4().hex[:6]}"
     grant_all(kafka_secured, prefix)
     catalog = TopicCatalog(prefix=prefix)
-    write_replies = kafka_acls.Grant("WRITE", "TOPIC", catalog.replies("").name, prefixed=True)
-    assert write_replies in kafka_acls.worker_grants(catalog, f"{prefix}.engine-workers")
-    asyncio.run(kafka_acls.revoke(kafka_secured.settings(ADMIN), "User:" + WORKER_USER, [write_replies]))
+    write_replies = acls.Grant("WRITE", "TOPIC", catalog.replies("").name, prefixed=True)
+    assert write_replies in acls.worker_grants(catalog, f"{prefix}.engine-workers")
+    asyncio.run(acls.revoke(kafka_secured.settings(ADMIN), "User:" + WORKER_USER, [write_replies]))
     line = _one_line_error(cli(kafka_secured.env(WORKER_USER), "worker", prefix=prefix))
     assert line == (f"worker: error: kafka: not authorized to WRITE topic {prefix}.replies.* — grant it with "
                     "`specstream kafka acls --apply`")
@@ -145,6 +145,6 @@ def test_a_user_without_any_grant_is_told_every_missing_permission(kafka_secured
     line = _one_line_error(cli(kafka_secured.env(EDGE_USER), "edge", prefix=prefix, timeout_s=60))
     assert line.startswith("edge: error: kafka: not authorized to ") and line.endswith(
         "— grant them with `specstream kafka acls --apply`")
-    for grant in kafka_acls.edge_grants(TopicCatalog(prefix=prefix)):
+    for grant in acls.edge_grants(TopicCatalog(prefix=prefix)):
         if grant.operation != "CREATE" and not grant.prefixed:
             assert f"{grant.operation} {grant.resource}" in line

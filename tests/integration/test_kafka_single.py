@@ -15,7 +15,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from infra.kafka.broker import ClusterSpec, kill_node, single_node, start, status, stop
 from infra.kafka.errors import BrokerStartError
 from infra.kafka.storage import is_formatted
-from streams import kafka_io
+from streams.kafka import clients
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
 
 pytestmark = pytest.mark.kafka
@@ -133,7 +133,7 @@ async def test_read_partition_returns_the_records_up_to_the_end_it_saw(kafka_boo
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
-        await kafka_io.wait_visible(admin, [topic], 30.0)
+        await clients.wait_visible(admin, [topic], 30.0)
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         try:
@@ -141,7 +141,7 @@ async def test_read_partition_returns_the_records_up_to_the_end_it_saw(kafka_boo
                 await producer.send_and_wait(topic, value)
         finally:
             await producer.stop()
-        records = await kafka_io.read_partition(kafka_bootstrap, topic, timeout_s=30.0)
+        records = await clients.read_partition(kafka_bootstrap, topic, timeout_s=30.0)
         assert [r.value for r in records] == [b"a", b"b", b"c"]
         assert [r.offset for r in records] == [0, 1, 2]
     finally:

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from schemas.documents import DocumentChunks, DocumentState, IngestJob, StaticChunking
 from schemas.events import DeadLetter, ServiceAnnouncement
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import FilesSettings, KafkaSettings, ParserSettings, Settings
 from streams.files.blobs import BlobStore
 from streams.rag.parser import build
@@ -48,7 +48,7 @@ class Parsing:
             files=FilesSettings(dir=str(blobs)), parser=ParserSettings(heartbeat_s=0.5, drain_timeout_s=2.0))
         self.catalog: TopicCatalog = self.settings.catalog
         self.blobs = BlobStore(blobs)
-        self.producer = kafka_io.make_producer(bootstrap, client_id="pytest-parser")
+        self.producer = clients.make_producer(bootstrap, client_id="pytest-parser")
 
     async def job(self, data: bytes, filename: str, *, chunking: StaticChunking = SMALL,
                   sha256: str | None = None) -> IngestJob:
@@ -57,7 +57,7 @@ class Parsing:
         job = IngestJob(job_id=f"job-{uuid.uuid4().hex[:8]}", vector_store_id="vs_test", file_id=file_id,
                         tenant="t", filename=filename, blob_key=ref.key, sha256=sha256 or ref.sha256,
                         bytes=ref.size, chunking=chunking, created_at=time.time())
-        await self.producer.send_and_wait(self.catalog.ingest_jobs.name, kafka_io.encode(job),
+        await self.producer.send_and_wait(self.catalog.ingest_jobs.name, clients.encode(job),
                                           key=job.document_key.encode())
         return job
 
@@ -65,7 +65,7 @@ class Parsing:
         found = []
         for record in await topic_records(self.bootstrap, topic):
             try:
-                event = kafka_io.decode(record.value, model)
+                event = clients.decode(record.value, model)
             except ValidationError:
                 continue
             if getattr(event, "job_id", None) == job.job_id or getattr(getattr(event, "job", None), "job_id",
@@ -94,7 +94,7 @@ def chunker() -> Chunker:
 @pytest_asyncio.fixture(loop_scope="session")
 async def parsing(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Parsing]:  # noqa: F811
     harness = Parsing(kafka_bootstrap, tmp_path / "blobs")
-    await kafka_io.ensure_topics(kafka_bootstrap, harness.catalog.shared_topics())
+    await clients.ensure_topics(kafka_bootstrap, harness.catalog.shared_topics())
     await harness.producer.start()
     try:
         yield harness
@@ -168,13 +168,13 @@ async def test_changed_bytes_and_malformed_jobs_do_not_stop_the_parser(parsing: 
     state = await parsing.state(tampered)
     assert state.last_error is not None and state.last_error.message.startswith("checksum mismatch")
     sent = await parsing.producer.send_and_wait(parsing.catalog.ingest_jobs.name, b"{not json", key=b"x")
-    letters = [kafka_io.decode(r.value, DeadLetter) for r in
+    letters = [clients.decode(r.value, DeadLetter) for r in
                await topic_records(parsing.bootstrap, parsing.catalog.dead_letters.name)]
     deadline = time.monotonic() + 30
     while not any(d.source_offset == sent.offset and d.source_partition == sent.partition for d in letters):
         assert time.monotonic() < deadline, "the malformed job was not dead-lettered"
         await asyncio.sleep(0.3)
-        letters = [kafka_io.decode(r.value, DeadLetter) for r in
+        letters = [clients.decode(r.value, DeadLetter) for r in
                    await topic_records(parsing.bootstrap, parsing.catalog.dead_letters.name)]
     good = await parsing.job(b"Still serving after bad input.", "after.txt")
     assert (await parsing.state(good)).status == "in_progress"
@@ -200,7 +200,7 @@ async def _busy(parsing: Parsing, process: subprocess.Popen[bytes], timeout_s: f
     while time.monotonic() < deadline:
         assert process.poll() is None, f"the parser exited with {process.returncode}"
         for record in await topic_records(parsing.bootstrap, parsing.catalog.services.name):
-            announcement = kafka_io.decode(record.value, ServiceAnnouncement)
+            announcement = clients.decode(record.value, ServiceAnnouncement)
             if announcement.pid == process.pid and announcement.in_flight > 0:
                 return
         await asyncio.sleep(0.2)

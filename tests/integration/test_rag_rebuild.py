@@ -18,7 +18,7 @@ from aiokafka import TopicPartition
 
 from schemas.retrieval import IndexState
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.files.blobs import BlobStore
 from streams.files.store import FileStore
 from streams.rag.client import RagClient
@@ -60,7 +60,7 @@ class Deployment:
 async def deployment(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:  # noqa: F811
     prefix = f"t-rebuild-{uuid.uuid4().hex[:8]}"
     root = tmp_path_factory.mktemp("rebuild")
-    await kafka_io.ensure_topics(kafka_bootstrap, TopicCatalog(prefix=prefix).shared_topics())
+    await clients.ensure_topics(kafka_bootstrap, TopicCatalog(prefix=prefix).shared_topics())
     env = stack_env(kafka_bootstrap, prefix, "unused", 1, {"SPECSTREAM_FILES__DIR": str(root / "files")})
     parser = spawn_process("parser", ["parser"], env, root)
     rag = start_rag(kafka_bootstrap, prefix, root / "state", root)
@@ -167,7 +167,7 @@ async def test_a_file_still_being_ingested_at_rebuild_time_is_not_waited_for_and
 
 
 async def _committed_parts(bootstrap: str, group: str, topic: str, partitions: int) -> int:
-    consumer = kafka_io.make_consumer(bootstrap, group_id=group, enable_auto_commit=False)
+    consumer = clients.make_consumer(bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
         total = 0
@@ -186,7 +186,7 @@ async def test_the_rag_service_killed_mid_document_completes_it_after_restart_wi
              for i in range(600)]
     group, topic = f"{deployment.prefix}.indexers", catalog.document_chunks
     before = await _committed_parts(deployment.bootstrap, group, topic.name, topic.partitions)
-    producer = kafka_io.make_producer(deployment.bootstrap, client_id="pytest-crash")
+    producer = clients.make_producer(deployment.bootstrap, client_id="pytest-crash")
     await producer.start()
     try:
         await publish(producer, catalog.vector_stores.name, "vs_crash", store_record("vs_crash"))

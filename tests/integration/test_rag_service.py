@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from schemas.documents import document_key
 from schemas.events import ChatMessage, DeadLetter, ErrorEvent, GenerateRequest, ReplyRoute
 from schemas.retrieval import FileSearch, IndexCommand, IndexState, RetrievalRequest, SearchResults
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 from streams.rag.service import RagService
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
@@ -69,12 +69,12 @@ class Rig:
         request = RetrievalRequest(request_id=f"q-{uuid.uuid4().hex[:8]}", reply_to=ReplyRoute(topic=self.reply_topic),
                                    op=op, tenant=tenant, generate=generate,
                                    search=FileSearch(vector_store_ids=stores, query=query, max_num_results=2))
-        return await self.answer(self.catalog.retrieval.name, request.request_id, kafka_io.encode(request))
+        return await self.answer(self.catalog.retrieval.name, request.request_id, clients.encode(request))
 
     async def command(self, op: str, store: str, version: int, query: str = "") -> BaseModel:
         command = IndexCommand(request_id=f"c-{uuid.uuid4().hex[:8]}", reply_to=ReplyRoute(topic=self.reply_topic),
                                op=op, vector_store_id=store, version=version, query=query)
-        return await self.answer(self.catalog.index_commands.name, command.request_id, kafka_io.encode(command))
+        return await self.answer(self.catalog.index_commands.name, command.request_id, clients.encode(command))
 
     async def answer(self, topic: str, request_id: str, value: bytes) -> BaseModel:
         """Publish `value` as it is and wait for the answer to `request_id` on the reply topic."""
@@ -83,14 +83,14 @@ class Rig:
         while time.monotonic() < deadline:
             for records in (await self.replies.getmany(timeout_ms=500)).values():
                 for record in records:
-                    event = kafka_io.decode_reply(record.value)
+                    event = clients.decode_reply(record.value)
                     if event.request_id == request_id:
                         return event
         raise AssertionError(f"no answer to {request_id} on {topic}")
 
     async def dead_letter_of(self, topic: str, offset: int) -> DeadLetter:
         """The dead letter of the message at `offset` of `topic`, once the rag service has kept it."""
-        letters = kafka_io.make_consumer(self.settings.kafka, auto_offset_reset="earliest", enable_auto_commit=False)
+        letters = clients.make_consumer(self.settings.kafka, auto_offset_reset="earliest", enable_auto_commit=False)
         await letters.start()
         try:
             letters.assign([TopicPartition(self.catalog.dead_letters.name, 0)])
@@ -98,7 +98,7 @@ class Rig:
             while time.monotonic() < deadline:
                 for records in (await letters.getmany(timeout_ms=500)).values():
                     for record in records:
-                        letter = kafka_io.decode(record.value, DeadLetter)
+                        letter = clients.decode(record.value, DeadLetter)
                         if (letter.source_topic, letter.source_offset) == (topic, offset):
                             return letter
         finally:
@@ -109,16 +109,16 @@ class Rig:
 @pytest_asyncio.fixture(loop_scope="session")
 async def rig(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Rig]:  # noqa: F811
     settings = rag_settings(kafka_bootstrap, tmp_path)
-    await kafka_io.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
+    await clients.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
     service = RagService(settings, embedder=shared_embedder())
     await service.start()
     try:
-        async with kafka_io.reply_session(kafka_bootstrap, settings.catalog.replies("rag-test"),
+        async with clients.reply_session(kafka_bootstrap, settings.catalog.replies("rag-test"),
                                           client_id="pytest-rag") as (replies, producer):
             yield Rig(settings, service, producer, replies)
     finally:
         await service.stop()
-        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
+        await clients.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
 
 
 async def test_chunks_become_a_completed_document_and_a_search_over_the_bus_finds_its_passage(rig: Rig) -> None:

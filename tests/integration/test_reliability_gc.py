@@ -14,8 +14,8 @@ import pytest
 
 from schemas.events import EdgeAnnouncement
 from schemas.topics import HOUR_MS, TopicCatalog
-from streams import kafka_io
-from streams.topics_gc import collect
+from streams.kafka import clients
+from streams.kafka.reply_topics_gc import collect
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
 
 pytestmark = [pytest.mark.kafka]
@@ -27,13 +27,13 @@ async def _setup(bootstrap: str, catalog: TopicCatalog) -> None:
     now_ms = int(time.time() * 1000)
     old_ms = now_ms - 3 * HOUR_MS
     names = ["alive", "gone", "crashed-send", "starting", "busy"]
-    await kafka_io.ensure_topics(bootstrap, [catalog.edges, *(catalog.replies(n) for n in names)])
-    producer = kafka_io.make_producer(bootstrap, client_id="pytest-gc")
+    await clients.ensure_topics(bootstrap, [catalog.edges, *(catalog.replies(n) for n in names)])
+    producer = clients.make_producer(bootstrap, client_id="pytest-gc")
     await producer.start()
     try:
         for edge_id, at in (("alive", time.time()), ("gone", time.time() - 3 * 3600)):
             announcement = EdgeAnnouncement(edge_id=edge_id, reply_topic=catalog.replies(edge_id).name, at=at)
-            await producer.send_and_wait(catalog.edges.name, kafka_io.encode(announcement), key=edge_id.encode())
+            await producer.send_and_wait(catalog.edges.name, clients.encode(announcement), key=edge_id.encode())
         await producer.send_and_wait(catalog.replies("gone").name, b'{"type":"chunk"}', timestamp_ms=old_ms)
         await producer.send_and_wait(catalog.replies("crashed-send").name, b'{"type":"chunk"}', timestamp_ms=old_ms)
         await producer.send_and_wait(catalog.replies("busy").name, b'{"type":"chunk"}', timestamp_ms=now_ms)
@@ -63,6 +63,6 @@ def test_topics_gc_deletes_reply_topics_of_gone_edges_only(kafka_bootstrap: str)
     assert f"{prefix}.replies.gone: would delete" in dry and "2 of 5 reply topic(s) would be deleted" in dry, dry
     out = gc("--idle-minutes", "60")
     assert "2 of 5 reply topic(s) deleted" in out, out
-    left = {t for t in asyncio.run(kafka_io.list_topics(kafka_bootstrap)) if t.startswith(prefix + ".replies.")}
+    left = {t for t in asyncio.run(clients.list_topics(kafka_bootstrap)) if t.startswith(prefix + ".replies.")}
     assert left == {catalog.replies(n).name for n in ("alive", "starting", "busy")}
-    asyncio.run(kafka_io.delete_topics(kafka_bootstrap, [*left, catalog.edges.name]))
+    asyncio.run(clients.delete_topics(kafka_bootstrap, [*left, catalog.edges.name]))

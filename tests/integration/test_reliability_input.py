@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from schemas.events import Completion, DeadLetter, ErrorEvent, TokenChunk
-from streams import kafka_io
+from streams.kafka import clients
 from tests.conftest import TEST_MAX_MESSAGE_BYTES, ReplyInbox, WorkerHarness
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.kafka, pytest.mark.model]
@@ -84,7 +84,7 @@ async def test_poison_messages_are_dead_lettered_and_the_worker_keeps_serving(
         reason="internal_error: the worker failed to handle this message", source_topic=h.request_topic,
         source_partition=0, source_offset=0, original_b64=base64.b64encode(json.dumps(fixed).encode()).decode(),
         original_key_b64=base64.b64encode(fixed["request_id"].encode()).decode(), consumer="old-worker", at=time.time())
-    meta = await h.producer.send_and_wait(h.settings.catalog.dead_letters.name, kafka_io.encode(producer_letter))
+    meta = await h.producer.send_and_wait(h.settings.catalog.dead_letters.name, clients.encode(producer_letter))
     code, out, err = await _cli(h, "dlq", "redrive", "--offset", str(meta.offset))
     assert code == 0, err
     assert out.strip().startswith(f"{meta.offset} -> {h.request_topic}/"), out

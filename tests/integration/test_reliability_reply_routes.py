@@ -24,7 +24,7 @@ from aiokafka.structs import RecordMetadata
 
 from schemas.events import DeadLetter
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
 from streams.testing.reliability import Fleet, group_lag, reply_records
 from streams.testing.stack import Process, Stack, running_stack
@@ -67,8 +67,8 @@ async def publish(producer: AIOKafkaProducer, topic: str, value: dict[str, Any],
 
 
 async def dead_letters(bootstrap: str, catalog: TopicCatalog) -> list[DeadLetter]:
-    records = await kafka_io.read_partition(bootstrap, catalog.dead_letters.name)
-    return [kafka_io.decode(r.value, DeadLetter) for r in records if r.value]
+    records = await clients.read_partition(bootstrap, catalog.dead_letters.name)
+    return [clients.decode(r.value, DeadLetter) for r in records if r.value]
 
 
 async def letters_for(bootstrap: str, catalog: TopicCatalog, sent: list[RecordMetadata],
@@ -116,7 +116,7 @@ async def test_bad_reply_routes_are_dead_lettered_without_stalling_the_partition
     catalog = TopicCatalog(prefix=stack.topic_prefix, request_partitions=6)
     bootstrap = stack.bootstrap_servers
     good_reply = catalog.replies(f"good-{uuid.uuid4().hex[:6]}")
-    await kafka_io.ensure_topics(bootstrap, [good_reply])
+    await clients.ensure_topics(bootstrap, [good_reply])
     missing = [catalog.replies(f"missing-{uuid.uuid4().hex[:6]}").name for _ in range(2)]
     key = b"same-key-same-partition"
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -184,7 +184,7 @@ async def test_a_reply_topic_deleted_mid_answer_is_dead_lettered_and_the_worker_
     catalog = TopicCatalog(prefix=stack.topic_prefix, request_partitions=6)
     bootstrap = stack.bootstrap_servers
     doomed, good = catalog.replies(f"doomed-{uuid.uuid4().hex[:6]}"), catalog.replies(f"ok-{uuid.uuid4().hex[:6]}")
-    await kafka_io.ensure_topics(bootstrap, [doomed, good])
+    await clients.ensure_topics(bootstrap, [doomed, good])
     key = b"deleted-route"
     long_one = body(catalog, doomed.name, sampling={"max_tokens": 200, "seed": 1, "temperature": 0.8})
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
@@ -196,7 +196,7 @@ async def test_a_reply_topic_deleted_mid_answer_is_dead_lettered_and_the_worker_
         while not await reply_records(bootstrap, doomed.name, timeout_s=2.0):
             assert time.monotonic() < deadline, "the answer never started"
             await asyncio.sleep(0.1)
-        await kafka_io.delete_topics(bootstrap, [doomed.name])
+        await clients.delete_topics(bootstrap, [doomed.name])
         letters = await letters_for(bootstrap, catalog, [sent], timeout_s=60.0 + 4 * PUBLISH_TIMEOUT_S)
         next_one = body(catalog, good.name)
         await publish(producer, catalog.requests.name, next_one, key)

@@ -26,7 +26,7 @@ import yaml
 
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.ops.rollout_router import bucket, candidate_prefix
 from streams.ops.rollout_store import read_states
 from streams.testing.reliability import PROMPTS, WORKER_ENV
@@ -143,7 +143,7 @@ def _candidate_requests(stack: Stack) -> int:
     from streams.testing.reliability import group_lag
 
     topic = TopicCatalog(candidate_prefix(stack.topic_prefix)).requests.name
-    if topic not in asyncio.run(kafka_io.list_topics(stack.bootstrap_servers)):
+    if topic not in asyncio.run(clients.list_topics(stack.bootstrap_servers)):
         return 0
     _, ends = asyncio.run(group_lag(stack.bootstrap_servers, "none", topic))
     return sum(ends.values())

@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.ops.rollout_router import RolloutRouter, bucket, candidate_prefix
 from streams.ops.rollout_store import RolloutError, RolloutStore, transition
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.kafka
 async def catalog(kafka_bootstrap: str) -> AsyncIterator[TopicCatalog]:  # noqa: F811
     catalog = TopicCatalog(prefix=f"ro-{uuid.uuid4().hex[:8]}")
     yield catalog
-    await kafka_io.delete_topics(kafka_bootstrap, [catalog.rollouts.name])
+    await clients.delete_topics(kafka_bootstrap, [catalog.rollouts.name])
 
 
 async def _until(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.events import DeadLetter, ErrorEvent, Event, ReplyRoute, ServiceAnnouncement
 from schemas.topics import HOUR_MS, Topic, TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.service import Consumer, Delivery, Output, ServiceOptions
 from streams.service.runner import ConsumerService
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
@@ -77,7 +77,7 @@ class Toy:
         self.catalog = TopicCatalog(prefix=prefix)
         self.gate = Gate()
         self.reply_topic = self.catalog.replies("toy").name
-        self.producer = kafka_io.make_producer(bootstrap, client_id="pytest-toy")
+        self.producer = clients.make_producer(bootstrap, client_id="pytest-toy")
 
     def service(self, *, drain_timeout_s: float = 5.0, max_inflight: int = 1) -> ConsumerService:
         options = ServiceOptions(kafka=self.bootstrap, catalog=self.catalog,
@@ -103,9 +103,9 @@ class Toy:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
-            for record in await kafka_io.read_partition(self.bootstrap, topic, timeout_s=5):
+            for record in await clients.read_partition(self.bootstrap, topic, timeout_s=5):
                 try:
-                    event = kafka_io.decode(record.value, model)
+                    event = clients.decode(record.value, model)
                 except ValidationError:
                     continue  # another kind of event on the same topic
                 if matches(event):
@@ -162,13 +162,13 @@ class Toy:
 async def harness(kafka_bootstrap: str) -> AsyncIterator[Toy]:  # noqa: F811
     toy_harness = Toy(kafka_bootstrap, f"test-toy-{uuid.uuid4().hex[:8]}")
     await toy_harness.producer.start()
-    await kafka_io.ensure_topics(kafka_bootstrap, [toy_harness.catalog.replies("toy")])  # an edge creates its own
+    await clients.ensure_topics(kafka_bootstrap, [toy_harness.catalog.replies("toy")])  # an edge creates its own
     try:
         yield toy_harness
     finally:
         await toy_harness.producer.stop()
         catalog = toy_harness.catalog
-        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in catalog.shared_topics()]
+        await clients.delete_topics(kafka_bootstrap, [t.name for t in catalog.shared_topics()]
                                      + [toy_harness.input_topic, toy_harness.reply_topic])
 
 

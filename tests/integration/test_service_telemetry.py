@@ -15,11 +15,11 @@ from opentelemetry.trace import SpanKind
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams import kafka_io
+from streams.kafka import clients
 from streams.service import ServiceOptions
 from streams.service.runner import ConsumerService
 from streams.telemetry import tracing as tracing_mod
-from streams.telemetry.consumer import ConsumerTelemetry
+from streams.service.consumer_telemetry import ConsumerTelemetry
 from streams.telemetry.metrics import ConsumerMetrics
 from streams.telemetry.tracing import Tracing
 from tests.integration.test_service_foundation import Toy, harness, toy  # noqa: F401
@@ -75,7 +75,7 @@ async def test_a_toy_consumer_continues_the_producers_trace_and_passes_it_on_in_
             return spans if {process_name, publish_name} <= {s.name for s in spans} else []
 
         spans = {s.name: s for s in await _until(finished)}
-        reply = next(r for r in await kafka_io.read_partition(harness.bootstrap, harness.reply_topic, timeout_s=5)
+        reply = next(r for r in await clients.read_partition(harness.bootstrap, harness.reply_topic, timeout_s=5)
                      if json.loads(r.value).get("request_id") == request_id)
     finally:
         await service.stop()

@@ -14,7 +14,8 @@ import pytest
 
 from schemas.events import ServiceAnnouncement
 from schemas.topics import TopicCatalog
-from streams import cli, kafka_io
+from streams import cli
+from streams.kafka import clients
 from streams.commands.common import format_duration
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
@@ -28,7 +29,7 @@ class Bus:
 
     def announce(self, *records: tuple[bytes, bytes | None]) -> None:
         async def send() -> None:
-            producer = kafka_io.make_producer(self.bootstrap, client_id="test-status")
+            producer = clients.make_producer(self.bootstrap, client_id="test-status")
             await producer.start()
             try:
                 for key, value in records:
@@ -44,7 +45,7 @@ def announcement(kind: str, service_id: str, state: str = "ready", *, age_s: flo
     now = time.time()
     event = ServiceAnnouncement(kind=kind, service_id=service_id, state=state, host="box", pid=4242,
                                 started_at=now - age_s - up_s, at=now - age_s, **fields)
-    return f"{kind}/{service_id}".encode(), kafka_io.encode(event)
+    return f"{kind}/{service_id}".encode(), clients.encode(event)
 
 
 @pytest.fixture
@@ -52,11 +53,11 @@ def bus(kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Bus]:
     catalog = TopicCatalog(f"t-status-{uuid.uuid4().hex[:8]}")
     monkeypatch.setenv("SPECSTREAM_KAFKA__BOOTSTRAP_SERVERS", kafka_bootstrap)
     monkeypatch.setenv("SPECSTREAM_KAFKA__TOPIC_PREFIX", catalog.prefix)
-    asyncio.run(kafka_io.ensure_topics(kafka_bootstrap, [catalog.services]))
+    asyncio.run(clients.ensure_topics(kafka_bootstrap, [catalog.services]))
     try:
         yield Bus(kafka_bootstrap, catalog)
     finally:
-        asyncio.run(kafka_io.delete_topics(kafka_bootstrap, [catalog.services.name]))
+        asyncio.run(clients.delete_topics(kafka_bootstrap, [catalog.services.name]))
 
 
 def status(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:

@@ -16,13 +16,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import EdgeAuthSettings, EdgeSettings
 from streams.edge.app import create_app
 from streams.edge.settings import EdgeOptions
 from streams.telemetry.edge import EdgeTelemetry
 from streams.telemetry.tracing import Tracing
-from streams.telemetry.worker import WorkerTelemetry
+from streams.worker.telemetry import WorkerTelemetry
 from tests.conftest import worker_test_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.asyncio(loop_scope="session")]
@@ -81,7 +81,7 @@ async def test_a_traced_request_is_one_trace_from_the_client_through_edge_kafka_
                 answer = response.json()
                 spans = await _spans_once_finished(exporter, f"process {prefix}.requests")
     finally:
-        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()]
+        await clients.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()]
                                      + [options.reply_topic])
 
     assert {format(s.context.trace_id, "032x") for s in spans} == {CLIENT_TRACE}

@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 
 from schemas.tools import ToolResult
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import Settings
 from streams.config.tools import ToolSettings, ToolsSettings
 from streams.rag.service import RagService
@@ -56,7 +56,7 @@ class Rig:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:  # noqa: F811
     settings = with_tools(rag_settings(kafka_bootstrap, tmp_path_factory.mktemp("rag")), timeout_s=20.0, stores=[STORE])
-    await kafka_io.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
+    await clients.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
     service = RagService(settings, embedder=shared_embedder())
     await service.start()
     try:
@@ -68,7 +68,7 @@ async def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
             yield Rig(settings, client)
     finally:
         await service.stop()
-        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
+        await clients.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
 
 
 async def test_a_file_search_call_returns_the_passage_holding_the_fact_best_first(rig: Rig) -> None:
@@ -132,7 +132,7 @@ async def test_a_retriever_that_does_not_answer_is_a_timeout_and_the_runner_keep
     # A deployment of its own with no rag service running: the store exists, nobody answers its searches.
     settings = with_tools(rag_settings(kafka_bootstrap, tmp_path, prefix=f"t-fs-{uuid.uuid4().hex[:8]}"),
                           timeout_s=2.0, stores=[STORE])
-    await kafka_io.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
+    await clients.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
     try:
         await publish_store(kafka_bootstrap, settings.catalog, STORE, "acme")
         async with ToolRunner(settings), ToolClient(settings) as client:
@@ -145,4 +145,4 @@ async def test_a_retriever_that_does_not_answer_is_a_timeout_and_the_runner_keep
             after = await client.call(client.intent("calculator", {"expression": "6*7"}), timeout_s=60)
             assert after.error is None and after.output == 42
     finally:
-        await kafka_io.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])
+        await clients.delete_topics(kafka_bootstrap, [t.name for t in settings.catalog.shared_topics()])

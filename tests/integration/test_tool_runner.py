@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from schemas.tools import ToolResult
-from streams import kafka_io
+from streams.kafka import clients
 from streams.config import KafkaSettings, Settings
 from streams.config.tools import SandboxSettings, ToolSettings, ToolsSettings
 from streams.edge.keys import create_key
@@ -216,8 +216,8 @@ async def test_a_runner_killed_mid_call_leaves_one_result(kafka_bootstrap: str, 
         finally:
             second.send_signal(signal.SIGTERM)
             await asyncio.wait_for(second.wait(), timeout=60)
-    records = await kafka_io.read_partition(kafka_bootstrap, settings.catalog.tool_results.name)
-    answers = [r for r in records if kafka_io.decode(r.value, ToolResult).call_id == intent.call_id]
+    records = await clients.read_partition(kafka_bootstrap, settings.catalog.tool_results.name)
+    answers = [r for r in records if clients.decode(r.value, ToolResult).call_id == intent.call_id]
     assert len(answers) == 1
 
 

@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.testing.stack import DEFAULT_MODEL, REPO, free_port
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
@@ -110,7 +110,7 @@ def running_up(tmp_path: Path, bootstrap: str, *args: str, engine: dict[str, Any
                 os.killpg(pid, signal.SIGKILL)
         catalog = TopicCatalog(prefix)
         topics = [t.name for t in catalog.shared_topics()] + [catalog.replies(f"edge-{prefix}").name]
-        asyncio.run(kafka_io.delete_topics(bootstrap, topics))
+        asyncio.run(clients.delete_topics(bootstrap, topics))
 
 
 @pytest.fixture

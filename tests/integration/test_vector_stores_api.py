@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from schemas.documents import FileObject, IngestJob
 from schemas.topics import TopicCatalog
-from streams import kafka_io
+from streams.kafka import clients
 from streams.edge.keys import create_key
 from streams.edge.server import serve_in_thread
 from tests.edge_support import edge_options
@@ -44,7 +44,7 @@ class Bus:
         self.keys_file, self.key = keys_file, key  # for a second edge on the same bus
 
     async def _send(self, topic: str, key: str, value: bytes) -> None:
-        producer = kafka_io.make_producer(self.bootstrap, client_id="pytest-rag-bus")
+        producer = clients.make_producer(self.bootstrap, client_id="pytest-rag-bus")
         await producer.start()
         try:
             await producer.send_and_wait(topic, value, key=key.encode())
@@ -56,7 +56,7 @@ class Bus:
         record = FileObject(id=file_id, bytes=100, created_at=int(time.time()), filename=filename,
                             purpose="assistants", tenant=TENANT, blob_key=f"b/{file_id}",
                             sha256=hashlib.sha256(file_id.encode()).hexdigest())
-        asyncio.run(self._send(self.catalog.files.name, file_id, kafka_io.encode(record)))
+        asyncio.run(self._send(self.catalog.files.name, file_id, clients.encode(record)))
         return file_id
 
     def parse(self, store_id: str, file_id: str, texts: list[str]) -> None:
@@ -64,7 +64,7 @@ class Bus:
         jobs = asyncio.run(read_topic(self.bootstrap, self.catalog.ingest_jobs, IngestJob))
         job = next(j for j in jobs if j.vector_store_id == store_id and j.file_id == file_id)
         for message in chunks_of(job, texts):
-            asyncio.run(self._send(self.catalog.document_chunks.name, job.document_key, kafka_io.encode(message)))
+            asyncio.run(self._send(self.catalog.document_chunks.name, job.document_key, clients.encode(message)))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def rig(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     root = tmp_path_factory.mktemp("rag")
     keys_file: Path = root / "keys.json"
     key, _ = create_key(keys_file, TENANT)
-    asyncio.run(kafka_io.ensure_topics(kafka_bootstrap, TopicCatalog(prefix=prefix).shared_topics()))
+    asyncio.run(clients.ensure_topics(kafka_bootstrap, TopicCatalog(prefix=prefix).shared_topics()))
     with running_rag(kafka_bootstrap, prefix, root / "state", root):
         options = edge_options(kafka_bootstrap, prefix, f"vs-{uuid.uuid4().hex[:6]}", keys_file)
         with serve_in_thread(options) as edge:

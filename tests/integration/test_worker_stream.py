@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.events import CancelRequest, Completion, ServiceAnnouncement
-from streams import kafka_io
+from streams.kafka import clients
 from tests.conftest import ReplyInbox, WorkerHarness, chunks_and_completion
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.kafka, pytest.mark.model]
@@ -105,7 +105,7 @@ async def test_cancellation_aborts_a_running_request(worker_harness: WorkerHarne
         await reply_inbox._pump(0.2)
     cancel = CancelRequest(request_id=body["request_id"], reason="test")
     await worker_harness.producer.send_and_wait(worker_harness.settings.catalog.cancellations.name,
-                                                kafka_io.encode(cancel), key=kafka_io.request_key(cancel.request_id))
+                                                clients.encode(cancel), key=clients.request_key(cancel.request_id))
 
     chunks, completion = chunks_and_completion(await reply_inbox.events_for(body["request_id"], timeout_s=60))
     assert completion.finish_reason == "abort"

@@ -13,7 +13,7 @@ import pytest
 
 from streams.bench.backends.base import Backend, BackendOptions
 from streams.bench.backends.openai_http import OpenAIBackend
-from streams.bench.cli import main
+from streams.commands.bench import main
 from streams.bench.fake_server import FakeOpenAIServer, FakeOptions, closed_port, fake_server_in_thread
 from streams.bench.record import RequestRecord, StreamChecker
 from streams.bench.report import bus_overhead, run_result

@@ -16,7 +16,7 @@ from streams.edge.key_store import KeyStore
 from streams.edge.keys import (
     KeyStoreError, TenantLimits, create_key, ensure_local_key, hash_key, read_key_file, revoke_keys,
 )
-from streams.edge.keys_cli import curl_auth, main as keys_main, prepare_up
+from streams.commands.keys import curl_auth, main as keys_main, prepare_up
 
 DEFAULTS = TenantLimits(rpm=600, tpm=500_000, concurrency=32)
 

@@ -16,7 +16,7 @@ from streams.edge.admission.parse import decode_json, parse_body
 from streams.edge.admission.validate import check_model
 from streams.edge.replies import ReplyRouter, ReplyTimeout
 from streams.edge.settings import EdgeOptions, default_edge_id
-from streams.kafka_io import encode
+from streams.kafka.clients import encode
 
 MODEL = "smollm2-135m-instruct"
 OPTS = EdgeOptions(Settings(edge=EdgeSettings(edge_id="e1", request_timeout_s=30.0, max_tokens_default=17)))

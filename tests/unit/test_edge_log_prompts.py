@@ -14,7 +14,7 @@ from streams.edge.admission.build import build_request
 from streams.edge.admission.parse import parse_body
 from streams.edge.key_store import KeyStore
 from streams.edge.keys import KeyStoreError, create_key, read_key_file
-from streams.edge.keys_cli import main as keys_main
+from streams.commands.keys import main as keys_main
 from streams.edge.settings import EdgeOptions
 
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "my secret"}]}

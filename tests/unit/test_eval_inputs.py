@@ -10,7 +10,7 @@ import pytest
 from schemas.events import Completion, CompletionRecord, ErrorEvent, GenerateRequest, ReplyRoute, SamplingParams, Timings, Usage
 from streams.config import CandidateSampling, EngineSettings, KafkaSettings, SpeculationSettings, load_settings
 from streams.eval.candidate import derived_config
-from streams.eval.completions_log import completion_record, config_fingerprint
+from streams.worker.completions_log import completion_record, config_fingerprint
 from streams.eval.gates import add_gate_options, check_gates, parse_fraction
 from streams.eval.replay import candidate_request
 from streams.eval.source import Read, SourceError, load_samples, parse_duration, select_records

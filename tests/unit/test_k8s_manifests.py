@@ -156,7 +156,7 @@ def services_up_starts(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     import shutil as shutil_mod
 
     from streams.commands import up
-    from streams.edge import keys_cli
+    from streams.commands import keys as keys_commands
 
     started: dict[str, list[str]] = {}
 
@@ -167,7 +167,7 @@ def services_up_starts(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
     monkeypatch.setattr(up, "_http_status", lambda url: None)
     monkeypatch.setattr(up, "_wait_ready", lambda base, supervisor: None)
     monkeypatch.setattr(up, "_print_urls", lambda *a, **k: None)
-    monkeypatch.setattr(keys_cli, "prepare_up", lambda settings, say: None)
+    monkeypatch.setattr(keys_commands, "prepare_up", lambda settings, say: None)
     monkeypatch.setattr(shutil_mod, "which", lambda name: f"/usr/bin/{name}")  # bubblewrap "installed"
     args = argparse.Namespace(config="specstream.yaml", no_edge=False, no_worker=False, no_parser=False,
                               no_tool_runner=False, no_rag=False)

@@ -14,11 +14,11 @@ from faststream.security import BaseSecurity, SASLOAuthBearer, SASLScram512
 from infra.kafka.properties import server_properties
 from infra.kafka.secure import client_config_file, passwords, prepare, scram_format_flags, secured_single_node
 from schemas.topics import TopicCatalog
-from streams import kafka_acls_cli
+from streams.commands import kafka_acls
 from streams.cli import main as cli_main
 from streams.config import ConfigError, KafkaSettings, load_settings
-from streams.kafka_acls import Grant, edge_grants, topics_of, worker_grants
-from streams.kafka_connection import KafkaAccessError, client_options, faststream_options
+from streams.kafka.acls import Grant, edge_grants, topics_of, worker_grants
+from streams.kafka.connection import KafkaAccessError, client_options, faststream_options
 
 SECRET = "s3cret-Pa55"
 
@@ -152,14 +152,14 @@ def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topi
 def test_acls_print_writes_kafka_acls_commands_for_each_service(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("SPECSTREAM_KAFKA__TOPIC_PREFIX", "acme")
-    assert kafka_acls_cli.main("/dev/null", ["--print", "--principal", "worker=User:gpu"]) == 0
+    assert kafka_acls.main("/dev/null", ["--print", "--principal", "worker=User:gpu"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("# batch-assembler (User:specstream-batch-assembler): READ topic acme.batch-results")
     assert "\n# edge (User:specstream-edge): WRITE topic acme.requests" in out
     assert ("--add --allow-principal User:gpu --operation WRITE --topic acme.replies. --resource-pattern-type prefixed"
             in out)
     assert "--allow-principal User:gpu --operation READ --group acme.engine-workers" in out
-    assert kafka_acls_cli.main("/dev/null", ["--print", "--principal", "worker=gpu"]) == 2
+    assert kafka_acls.main("/dev/null", ["--print", "--principal", "worker=gpu"]) == 2
 
 
 def test_the_secured_broker_listens_only_on_sasl_ssl_with_an_authorizer_and_scram_users(broker_files: Path) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from streams.config import ConfigError, DeliverySettings, load_settings
-from streams.reply_routes import ReplyRoutes, compile_patterns
+from streams.kafka.reply_routes import ReplyRoutes, compile_patterns
 
 
 class Clock:

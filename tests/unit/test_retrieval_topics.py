@@ -12,7 +12,7 @@ import pytest
 from schemas.events import ChatMessage, GenerateRequest, ReplyRoute
 from schemas.retrieval import IndexCommand, RetrievalRequest, VectorStoreRecord
 from schemas.topics import TopicCatalog
-from streams.kafka_acls import edge_grants, tool_runner_grants
+from streams.kafka.acls import edge_grants, tool_runner_grants
 from streams.rag.retriever import refusal
 from streams.service.intake import Rejection, parse_message
 

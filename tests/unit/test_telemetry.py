@@ -223,7 +223,7 @@ def test_metrics_can_be_turned_off() -> None:
 def test_a_failing_worker_telemetry_hook_costs_telemetry_never_the_reply(caplog: pytest.LogCaptureFixture) -> None:
     from schemas.events import Completion, GenerateRequest, ReplyRoute, Timings, Usage
     from streams.config import Settings
-    from streams.telemetry.worker import WorkerTelemetry
+    from streams.worker.telemetry import WorkerTelemetry
 
     telemetry = WorkerTelemetry.from_settings(Settings(telemetry=TelemetrySettings(
         tracing=TracingSettings(enabled=False))), group_id="g", registry=CollectorRegistry())
@@ -234,6 +234,6 @@ def test_a_failing_worker_telemetry_hook_costs_telemetry_never_the_reply(caplog:
                             usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
                             timings=Timings(queued_s=0, ttft_s=0, total_s=0))
     broken_stats = object()  # not a RequestStats: the metrics code raises on it
-    with caplog.at_level(logging.ERROR, logger="streams.telemetry.worker"):
+    with caplog.at_level(logging.ERROR, logger="streams.worker.telemetry"):
         telemetry.engine_done("r", broken_stats, completion, 1.0)  # type: ignore[arg-type]
     assert "telemetry hook engine_done failed" in caplog.text

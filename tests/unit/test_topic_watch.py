@@ -9,8 +9,8 @@ import asyncio
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from streams import kafka_io
-from streams.topic_watch import MissingTopics, TopicsGone, watch_topics
+from streams.kafka import clients
+from streams.kafka.topic_watch import MissingTopics, TopicsGone, watch_topics
 
 WINDOW_S = 30.0
 
@@ -71,7 +71,7 @@ class _FlakyAdmin:
 
 async def test_failed_lookups_are_not_counted_and_do_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
     admin = _FlakyAdmin()
-    monkeypatch.setattr(kafka_io, "make_admin", lambda kafka, client_id: admin)
+    monkeypatch.setattr(clients, "make_admin", lambda kafka, client_id: admin)
     calls: list[list[str]] = []
     await asyncio.wait_for(watch_topics("unused:9092", ["requests"], gone_after_s=0.15, on_gone=calls.append,
                                         client_id="t"), timeout=10)

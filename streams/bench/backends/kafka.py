@@ -58,7 +58,7 @@ class KafkaBackend(Backend):
     async def start(self) -> None:
         from aiokafka import TopicPartition
 
-        from streams.kafka_io import ensure_topics, make_consumer, make_producer
+        from streams.kafka.clients import ensure_topics, make_consumer, make_producer
 
         servers = self._connection()
         await ensure_topics(servers, [self.catalog.requests, self.catalog.replies(self.client_tag)],
@@ -85,14 +85,14 @@ class KafkaBackend(Backend):
         if self._producer is not None:
             await self._producer.stop()
         try:
-            from streams.kafka_io import delete_topics
+            from streams.kafka.clients import delete_topics
 
             await delete_topics(self._connection(), [self.reply_topic], timeout_s=10)
         except Exception as error:  # noqa: BLE001 - cleanup only; the topic's retention removes it anyway
             log.warning("could not delete reply topic %s: %s", self.reply_topic, error)
 
     async def _read(self) -> None:
-        from streams.kafka_io import decode_reply
+        from streams.kafka.clients import decode_reply
 
         while True:
             batches = await self._consumer.getmany(timeout_ms=100)
@@ -118,7 +118,7 @@ class KafkaBackend(Backend):
     async def run(self, record: RequestRecord, checker: StreamChecker) -> None:
         from aiokafka.errors import KafkaError
 
-        from streams.kafka_io import encode, request_key
+        from streams.kafka.clients import encode, request_key
 
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._routes[record.request_id] = queue
@@ -165,7 +165,7 @@ def _request_id_of(value: bytes | None, key: bytes | None) -> str | None:
 
 
 def _producer_settings() -> dict[str, Any]:
-    from streams.kafka_io import producer_options
+    from streams.kafka.clients import producer_options
 
     options = producer_options(client_id="bench")
     return {k: options[k] for k in ("linger_ms", "acks", "enable_idempotence", "compression_type") if k in options}

@@ -16,8 +16,8 @@ from _engine_factories import (
 
 from engine.config import SpeculationConfig
 from engine.request import EngineRequest, RequestRejected, SamplingOptions
-from engine.spec.controller import SpeculationController
-from engine.spec.proposer import DraftProposal, ProposalInput
+from engine.speculative.controller import SpeculationController
+from engine.speculative.proposer import DraftProposal, ProposalInput
 
 torch.set_num_threads(1)
 

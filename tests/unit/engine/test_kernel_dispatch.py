@@ -23,7 +23,7 @@ from _engine_factories import (  # noqa: F401
 from torch import nn
 
 from engine.config import EngineConfig, SpeculationConfig
-from engine.kernel_calibration import KernelPair, Timings, cache_key, cache_path, calibrated, measure
+from engine.kernel_calibration import KernelPair, KernelTimings, cache_key, cache_path, calibrated, measure
 from engine.kernel_dispatch import dispatch_kernels, packed_window, quant_window
 from engine.llm_engine import LLMEngine
 from engine.model import Decoder
@@ -35,16 +35,16 @@ pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
 ROWS = (1, 2, 4, 9, 16, 32, 64, 128)
 # ms per step, plain / prepacked, from engine/packed_linear.py's docstring (Intel) and the task's AMD EPYC.
-INTEL = Timings(
+INTEL = KernelTimings(
     ROWS, (15.3, 17.6, 27.6, 36.3, 39.1, 48.1, 66.6, 110.2), (19.7, 20.4, 21.6, 26.0, 30.4, 42.7, 69.3, 108.8)
 )
-AMD = Timings(
+AMD = KernelTimings(
     ROWS, (38.4, 56.3, 45.9, 50.4, 48.3, 65.7, 99.7, 168.8), (22.7, 23.6, 19.4, 22.3, 28.3, 44.1, 73.9, 134.4)
 )
 
 
-def _timings(base: list[float], alt: list[float]) -> Timings:
-    return Timings(ROWS, tuple(base), tuple(alt))
+def _timings(base: list[float], alt: list[float]) -> KernelTimings:
+    return KernelTimings(ROWS, tuple(base), tuple(alt))
 
 
 def test_intel_timings_give_back_the_old_fixed_window() -> None:
@@ -116,7 +116,7 @@ def test_measure_refuses_an_empty_model() -> None:
 def test_calibration_is_measured_once_then_read_from_the_cache(tmp_path: Path) -> None:
     runs: list[int] = []
 
-    def run() -> Timings:
+    def run() -> KernelTimings:
         runs.append(1)
         return AMD
 
@@ -146,7 +146,7 @@ def test_a_noisy_measurement_is_taken_again_and_never_cached(tmp_path: Path) -> 
     busy = _timings([77, 131, 209, 348, 96, 480, 377, 581], [71, 67, 31, 541, 112, 255, 461, 778])
     runs: list[int] = []
 
-    def run() -> Timings:
+    def run() -> KernelTimings:
         runs.append(1)
         return busy
 

@@ -76,7 +76,7 @@ def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: t
     cfg = EngineConfig(model=str(path), device="cpu", kv_cache_bytes=1 << 22, speculation=spec)
     engine = LLMEngine.from_config(cfg)
     # A non-adaptive controller so every step drafts (the adaptive one may decide drafting does not pay).
-    from engine.spec.controller import SpeculationController
+    from engine.speculative.controller import SpeculationController
 
     engine.controller = SpeculationController(SpeculationConfig(max_draft_tokens=3, adaptive=False))
     prompts = {"a": [5, 6, 7, 8], "b": [9, 10, 11]}

@@ -10,7 +10,7 @@ from engine.kv_cache import KVCache
 from engine.request import EngineRequest, RequestRejected, SamplingOptions
 from engine.scheduler import Scheduler, SchedulerOutput, draft_cap
 from engine.sequence import Sequence, SequenceStatus
-from engine.spec.proposer import DraftProposal
+from engine.speculative.proposer import DraftProposal
 
 
 def make_scheduler(kv_tokens: int = 1000, max_running: int = 8, max_batched: int = 64, max_draft: int = 0,

@@ -1,10 +1,10 @@
-"""engine.spec.controller: per-request acceptance control and the global cost model."""
+"""engine.speculative.controller: per-request acceptance control and the global cost model."""
 from __future__ import annotations
 
 import pytest
 
-from engine.spec.config import SpeculationConfig
-from engine.spec.controller import (
+from engine.speculative.config import SpeculationConfig
+from engine.speculative.controller import (
     FixedCostModel,
     OnlineCostModel,
     SpecState,

@@ -1,4 +1,4 @@
-"""engine.spec.draft_model: tokenizer checks, KV catch-up / rollback, drafting modes."""
+"""engine.speculative.draft_model: tokenizer checks, KV catch-up / rollback, drafting modes."""
 from __future__ import annotations
 
 import random
@@ -13,10 +13,10 @@ import torch
 from engine.model import Decoder
 from engine.request import SamplingOptions
 from engine.sampler import RequestRng, sample_next
-from engine.spec.config import SpeculationConfig
-from engine.spec.draft_model import DraftModelMismatch, DraftModelProposer, check_draft_compatible
-from engine.spec.proposer import ProposalInput, Proposer
-from engine.spec.verifier import verify
+from engine.speculative.config import SpeculationConfig
+from engine.speculative.draft_model import DraftModelMismatch, DraftModelProposer, check_draft_compatible
+from engine.speculative.proposer import ProposalInput, Proposer
+from engine.speculative.verifier import verify
 
 V = 64
 GREEDY = SamplingOptions(temperature=0.0, max_tokens=64)

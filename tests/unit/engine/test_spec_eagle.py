@@ -10,23 +10,23 @@ import torch
 
 from engine.config import SpeculationConfig
 from engine.request import EngineRequest, SamplingOptions
-from engine.spec.eagle import EagleProposer
-from engine.spec.eagle_artifact import (
+from engine.speculative.eagle import EagleProposer
+from engine.speculative.eagle_artifact import (
     DraftHeadError,
     DraftHeadMismatch,
     HeadMeta,
     load_head,
     save_head,
 )
-from engine.spec.eagle_eval import acceptance_by_position
-from engine.spec.eagle_head import target_fingerprint
-from engine.spec.eagle_train import (
+from engine.speculative.eagle_eval import acceptance_by_position
+from engine.speculative.eagle_head import target_fingerprint
+from engine.speculative.eagle_train import (
     TrainConfig,
     TrainExample,
     collect_features,
     train_head,
 )
-from engine.spec.proposer import ProposalInput
+from engine.speculative.proposer import ProposalInput
 from tests.unit.engine._engine_factories import (
     greedy_request,
     loaded_from_hf,
@@ -172,7 +172,7 @@ def test_the_adaptive_controller_keeps_the_output_of_plain(hf, head_dir: Path) -
 
 
 def test_prompt_lookup_with_the_head_keeps_the_output_of_plain_and_drafts_by_both(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
-    from engine.spec.combined import LookupThenEagle
+    from engine.speculative.combined import LookupThenEagle
 
     # Repeated runs in the prompt give lookup matches; the rest is left to the head.
     prompts = [p * 3 for p in random_prompts([6, 8], seed=14)] + random_prompts([7], seed=15)
@@ -185,7 +185,7 @@ def test_prompt_lookup_with_the_head_keeps_the_output_of_plain_and_drafts_by_bot
 @pytest.mark.parametrize("weights", ["fp32", "int4", "int8"])
 def test_beside_any_target_format_the_head_serves_int8_and_the_output_stays_plains(hf, head_dir: Path, weights: str) -> None:  # type: ignore[no-untyped-def]
     from engine.quant.linear import QuantizedLinear
-    from engine.spec.combined import LookupThenEagle
+    from engine.speculative.combined import LookupThenEagle
 
     prompts = random_prompts([5, 9, 12], seed=16)
     sampling = SamplingOptions(max_tokens=30, ignore_eos=True)
@@ -259,8 +259,8 @@ PREFIX = list(range(10, 30))  # 20 distinct tokens: no match anywhere in it
 def _lookup_then_eagle(hf, head_dir: Path, tokens: list[int]):  # type: ignore[no-untyped-def]
     """The combined proposer (lookup as method ngram's defaults) over `tokens`, the head shown the target's
     features of all of them (features are causal: showing later ones early changes nothing), and the head's calls."""
-    from engine.spec.combined import LookupThenEagle
-    from engine.spec.ngram import NgramProposer
+    from engine.speculative.combined import LookupThenEagle
+    from engine.speculative.ngram import NgramProposer
 
     target = loaded_from_hf(hf).model
     head, _ = load_head(str(head_dir), target, "tiny")

@@ -16,8 +16,8 @@ from _engine_factories import VOCAB, make_engine, random_prompts, tiny_hf_model
 from engine.config import SpeculationConfig
 from engine.model import Decoder
 from engine.request import EngineRequest, SamplingOptions
-from engine.spec.controller import SpeculationController
-from engine.spec.draft_model import DraftModelProposer
+from engine.speculative.controller import SpeculationController
+from engine.speculative.draft_model import DraftModelProposer
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,4 +1,4 @@
-"""engine.spec.ngram: prompt-lookup proposals, incremental indexing, speed."""
+"""engine.speculative.ngram: prompt-lookup proposals, incremental indexing, speed."""
 from __future__ import annotations
 
 import random
@@ -7,8 +7,8 @@ import time
 import pytest
 
 from engine.request import SamplingOptions
-from engine.spec.ngram import NgramProposer
-from engine.spec.proposer import ProposalInput, Proposer
+from engine.speculative.ngram import NgramProposer
+from engine.speculative.proposer import ProposalInput, Proposer
 
 P = SamplingOptions()
 

@@ -1,4 +1,4 @@
-"""engine.spec.verifier: greedy edge cases, losslessness (chi-square) and reproducibility."""
+"""engine.speculative.verifier: greedy edge cases, losslessness (chi-square) and reproducibility."""
 from __future__ import annotations
 
 import random
@@ -17,8 +17,8 @@ from engine.sampler import (
     race,
     sample_next,
 )
-from engine.spec.proposer import DraftProposal
-from engine.spec.verifier import verify, verify_batch
+from engine.speculative.proposer import DraftProposal
+from engine.speculative.verifier import verify, verify_batch
 
 GREEDY = SamplingOptions(temperature=0.0)
 T1 = SamplingOptions(temperature=1.0)

@@ -16,10 +16,10 @@ import torch
 
 from engine.model import Decoder
 from engine.request import SamplingOptions
-from engine.spec.eagle import EagleProposer
-from engine.spec.eagle_head import EagleHead
-from engine.spec.eagle_train import Progress, TrainExample, bar
-from engine.spec.proposer import ProposalInput
+from engine.speculative.eagle import EagleProposer
+from engine.speculative.eagle_head import EagleHead
+from engine.speculative.eagle_train import Progress, TrainExample, bar
+from engine.speculative.proposer import ProposalInput
 
 
 @dataclass

@@ -7,11 +7,11 @@
     controller.py  SpeculationController: per-request and global draft lengths
     config.py      SpeculationConfig
 """
-from engine.spec.config import SpeculationConfig
-from engine.spec.controller import SpecState, SpeculationController
-from engine.spec.ngram import NgramProposer
-from engine.spec.proposer import DraftProposal, ProposalInput, Proposer
-from engine.spec.verifier import verify, verify_batch
+from engine.speculative.config import SpeculationConfig
+from engine.speculative.controller import SpecState, SpeculationController
+from engine.speculative.ngram import NgramProposer
+from engine.speculative.proposer import DraftProposal, ProposalInput, Proposer
+from engine.speculative.verifier import verify, verify_batch
 
 __all__ = [
     "DraftProposal",

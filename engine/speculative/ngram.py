@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.spec.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
+from engine.speculative.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
 
 
 @dataclass

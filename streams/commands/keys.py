@@ -209,7 +209,7 @@ def curl_auth(key_file: Path | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone: ``python -m streams.edge.keys_cli [--config FILE] [--file PATH] ACTION ...``."""
+    """Stand-alone: ``python -m streams.commands.keys [--config FILE] [--file PATH] ACTION ...``."""
     from streams.config import ConfigError, load_settings
 
     parser = argparse.ArgumentParser(prog="specstream keys", description=__doc__.split("\n\n")[0])

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from engine.spec.eagle import EagleProposer
-from engine.spec.ngram import NgramProposer
-from engine.spec.proposer import DraftProposal, ProposalInput
+from engine.speculative.eagle import EagleProposer
+from engine.speculative.ngram import NgramProposer
+from engine.speculative.proposer import DraftProposal, ProposalInput
 
 
 class LookupThenEagle:

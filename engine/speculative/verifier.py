@@ -50,7 +50,7 @@ from engine.sampler import (
     target_probs,
     uniforms,
 )
-from engine.spec.proposer import DraftProposal
+from engine.speculative.proposer import DraftProposal
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Traces and metrics for every consumer, filled into the foundation's hooks (:mod:`streams.service.telemetry`).
 
 A consumer written on the foundation gets, without a line of its own: a consumer span per message continuing the
-producer's trace and producer spans on what it publishes (:mod:`streams.telemetry.message_trace`); the metrics of
+producer's trace and producer spans on what it publishes (:mod:`streams.service.message_trace`); the metrics of
 :class:`~streams.telemetry.metrics.ConsumerMetrics` (messages by outcome, handling latency, in flight, dead
 letters, failed publishes, consumer lag per partition) on ``GET /metrics`` of its own port
 (``telemetry.metrics.worker_host``/``worker_port``), announced as ``metrics_url``.
@@ -26,7 +26,7 @@ from streams.service.delivery import Delivery
 from streams.service.intake import Rejection
 from streams.service.telemetry import NO_HEADERS, Running, Telemetry
 from streams.telemetry import tracing as tracing_mod
-from streams.telemetry.message_trace import MessageTrace, rejected_span
+from streams.service.message_trace import MessageTrace, rejected_span
 from streams.telemetry.metrics import ConsumerMetrics
 from streams.telemetry.metrics_server import MetricsServer
 from streams.telemetry.tracing import Tracing

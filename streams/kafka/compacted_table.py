@@ -29,8 +29,8 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ValidationError
 
 from schemas.topics import Topic
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +116,9 @@ class CompactedTable(Generic[RowT]):
     async def start(self, *, wait: bool = True) -> None:
         """Start following; with ``wait``, return once the table is ``loaded`` (else it loads in the background)."""
         if self.create_topic:
-            await kafka_io.ensure_topics(self.kafka, [self.topic])
-        self._consumer = kafka_io.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="earliest")
-        self._ends = kafka_io.make_consumer(self.kafka, enable_auto_commit=False)
+            await clients.ensure_topics(self.kafka, [self.topic])
+        self._consumer = clients.make_consumer(self.kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+        self._ends = clients.make_consumer(self.kafka, enable_auto_commit=False)
         await self._consumer.start()
         await self._ends.start()
         self._task = asyncio.create_task(self._run(), name=f"table-{self.topic.name}")
@@ -126,7 +126,7 @@ class CompactedTable(Generic[RowT]):
             await self.caught_up()
 
     async def stop(self) -> None:
-        await kafka_io.stop_polling(self._task, self._consumer)
+        await clients.stop_polling(self._task, self._consumer)
         if self._ends is not None:
             await self._ends.stop()
         self._task, self._consumer, self._ends, self._partitions = None, None, None, []
@@ -213,7 +213,7 @@ class CompactedTable(Generic[RowT]):
                 self._changed(key, None)
             return
         try:
-            row = kafka_io.decode(value, self.model)
+            row = clients.decode(value, self.model)
         except (ValidationError, ValueError) as error:  # a newer writer's record, or a broken one: skip it
             log.warning("%s: record of %s skipped: %s", self.topic.name, key, error)
             return

@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from schemas.events import EdgeAnnouncement
 from schemas.topics import TopicCatalog
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,11 @@ async def last_announcements(kafka: Connectable, catalog: TopicCatalog, timeout_
     """edge_id -> time of its latest announcement."""
     seen: dict[str, float] = {}
     topic = catalog.edges.name
-    if topic not in await kafka_io.list_topics(kafka, timeout_s=timeout_s):
+    if topic not in await clients.list_topics(kafka, timeout_s=timeout_s):
         return seen
-    for record in await kafka_io.read_partition(kafka, topic, timeout_s=timeout_s):
+    for record in await clients.read_partition(kafka, topic, timeout_s=timeout_s):
         try:
-            event = kafka_io.decode(record.value or b"", EdgeAnnouncement)
+            event = clients.decode(record.value or b"", EdgeAnnouncement)
         except ValidationError:
             continue
         seen[event.edge_id] = max(seen.get(event.edge_id, 0.0), event.at)
@@ -58,7 +58,7 @@ async def _newest_record_times(kafka: Connectable, topics: list[str], timeout_s:
     out: dict[str, float | None] = {}
     if not topics:
         return out
-    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = clients.make_consumer(kafka, enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
         tps = [TopicPartition(t, 0) for t in topics]
@@ -82,7 +82,7 @@ async def collect(kafka: Connectable, catalog: TopicCatalog, *, idle_s: float,
                   now: float | None = None, timeout_s: float = 30.0) -> list[Verdict]:
     now = time.time() if now is None else now
     prefix = catalog.replies("").name  # "<prefix>.replies."
-    topics = [t for t in await kafka_io.list_topics(kafka, timeout_s=timeout_s) if t.startswith(prefix)
+    topics = [t for t in await clients.list_topics(kafka, timeout_s=timeout_s) if t.startswith(prefix)
               and len(t) > len(prefix)]
     announced = await last_announcements(kafka, catalog, timeout_s)
     newest = await _newest_record_times(kafka, topics, timeout_s)
@@ -105,7 +105,7 @@ async def gc(kafka: Connectable, catalog: TopicCatalog, *, idle_s: float, dry_ru
     verdicts = await collect(kafka, catalog, idle_s=idle_s, timeout_s=timeout_s)
     doomed = [v.topic for v in verdicts if v.delete]
     if doomed and not dry_run:
-        await kafka_io.delete_topics(kafka, doomed, timeout_s=timeout_s)
+        await clients.delete_topics(kafka, doomed, timeout_s=timeout_s)
     return verdicts
 
 

@@ -40,7 +40,7 @@ class SpeculationConfig:
     # Path or name of the draft model when method == "draft".
     draft_model: str | None = None
     # A trained EAGLE head when method == "eagle": a version folder, a head folder
-    # (newest version) or a name under ~/.cache/specstream/draft-heads (engine.spec.eagle_artifact).
+    # (newest version) or a name under ~/.cache/specstream/draft-heads (engine.speculative.eagle_artifact).
     draft_head: str | None = None
     # Method eagle: prompt lookup (ngram_min..ngram_max) drafts wherever it matches, the head elsewhere.
     eagle_prompt_lookup: bool = True

@@ -10,7 +10,7 @@ Prefixed grants (``WRITE topic specstream.replies.*``) are checked on the matchi
 topics the user can see; when there are none yet, a name under the prefix that
 does not exist is asked for: the broker answers TOPIC_AUTHORIZATION_FAILED unless
 the user holds some right under that prefix. CREATE is not checked here: creating
-the topic at start is its own check (see :func:`streams.kafka_io.ensure_topics`).
+the topic at start is its own check (see :func:`streams.kafka.clients.ensure_topics`).
 Without an authorizer the broker reports every operation as allowed.
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
 from schemas.topics import Topic
-from streams.kafka_acls import OPERATION_CODES, Grant, topics_of
-from streams.kafka_connection import Connectable, KafkaAccessError, not_authorized
-from streams.kafka_io import ensure_topics, make_admin, retrying, start_admin
+from streams.kafka.acls import OPERATION_CODES, Grant, topics_of
+from streams.kafka.connection import Connectable, KafkaAccessError, not_authorized
+from streams.kafka.clients import ensure_topics, make_admin, retrying, start_admin
 
 _PROBE_SUFFIX = "__specstream-acl-probe"
 _COORDINATOR_WAIT_S = 20.0  # for a fresh cluster's offsets topic
@@ -173,7 +173,7 @@ async def prepare_service(kafka: Connectable, grants: Sequence[Grant], own_topic
                           replication_factor: int, min_insync_replicas: int, client_id: str) -> list[str]:
     """A service's start: require every grant it needs, then create the topics it uses that are missing.
 
-    Returns the names of those topics, which the service's start owns (streams.topic_watch restarts it when
+    Returns the names of those topics, which the service's start owns (streams.kafka.topic_watch restarts it when
     they vanish). Raises :class:`KafkaAccessError` (wrong credentials, untrusted certificate, missing ACL) in
     one line. Permissions first: a user who may not even see a topic would otherwise take it for missing and
     be refused its creation, which names the wrong cause.

@@ -33,8 +33,8 @@ from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_to
 from engine.model import Decoder
 from engine.runner import FlatBatchBuilder
 from engine.sampler import STREAM_DRAFT, STREAM_SAMPLE, NoiseKey, exponential_noise, race, target_probs
-from engine.spec.config import SpeculationConfig
-from engine.spec.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
+from engine.speculative.config import SpeculationConfig
+from engine.speculative.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
 
 if TYPE_CHECKING:
     from engine.loader import LoadedModel

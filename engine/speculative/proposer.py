@@ -2,7 +2,7 @@
 
 Per step the engine asks each proposer for up to k_i draft tokens per decoding
 sequence (k_i from the speculation controller), feeds [last_token, d_1..d_k]
-to one batched target forward, verifies with `engine.spec.verifier`, and then
+to one batched target forward, verifies with `engine.speculative.verifier`, and then
 tells the proposer how many tokens each sequence really has (`rollback`).
 """
 from __future__ import annotations

@@ -28,9 +28,9 @@ from torch import Tensor
 from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, region_size
 from engine.model import Decoder
 from engine.runner import FlatBatchBuilder
-from engine.spec.config import SpeculationConfig
-from engine.spec.eagle_head import EagleHead
-from engine.spec.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
+from engine.speculative.config import SpeculationConfig
+from engine.speculative.eagle_head import EagleHead
+from engine.speculative.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
 
 if TYPE_CHECKING:
     from engine.loader import LoadedModel
@@ -63,7 +63,7 @@ class EagleProposer:
     ) -> EagleProposer:
         """Load cfg.draft_head for the loaded target (before engine.weights quantizes it)."""
         from engine.kv_cache import kv_bytes_per_token
-        from engine.spec.eagle_artifact import load_head
+        from engine.speculative.eagle_artifact import load_head
 
         if not cfg.draft_head:
             raise ValueError("speculation method eagle needs draft_head (a head folder or name)")

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from engine.kv_cache import KVCache
 from engine.model import Decoder
 from engine.runner import FlatBatchBuilder
-from engine.spec.eagle_head import EagleHead, init_from_target
+from engine.speculative.eagle_head import EagleHead, init_from_target
 
 Progress = Callable[[str], None]
 

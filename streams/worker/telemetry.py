@@ -6,7 +6,7 @@ observes one inter-token latency per request; with tracing, it also keeps a smal
 step for each traced request (see :mod:`streams.telemetry.request_trace`).
 
 What every consumer gets (its consumer span, producer spans, message and bus metrics, the
-/metrics server) comes from the foundation (:mod:`streams.telemetry.consumer`), sharing this
+/metrics server) comes from the foundation (:mod:`streams.service.consumer_telemetry`), sharing this
 tracer and registry; the engine-specific calls (``received`` with the request, ``step``,
 ``engine_done``) are the worker's own.
 """
@@ -22,8 +22,8 @@ from schemas.events import Completion, GenerateRequest
 from streams.config import Settings
 from streams.service.delivery import Delivery
 from streams.telemetry import tracing as tracing_mod
-from streams.telemetry.consumer import never_raises
-from streams.telemetry.message_trace import MessageTrace
+from streams.service.consumer_telemetry import never_raises
+from streams.service.message_trace import MessageTrace
 from streams.telemetry.metrics import WorkerMetrics
 from streams.telemetry.request_trace import RequestTrace
 from streams.telemetry.tracing import Tracing

@@ -20,7 +20,7 @@ import torch
 
 from engine.meta_init import skeleton
 from engine.model import Decoder
-from engine.spec.eagle_head import EagleHead, target_fingerprint
+from engine.speculative.eagle_head import EagleHead, target_fingerprint
 
 FORMAT = "specstream.eagle-head/1"
 WEIGHTS_FILE = "head.safetensors"

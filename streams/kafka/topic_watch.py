@@ -21,8 +21,8 @@ from collections.abc import Callable, Collection, Sequence
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ async def watch_topics(kafka: Connectable, names: Collection[str], *, gone_after
 
 
 async def _started_admin(kafka: Connectable, client_id: str) -> AIOKafkaAdminClient:
-    admin = kafka_io.make_admin(kafka, client_id=client_id)
+    admin = clients.make_admin(kafka, client_id=client_id)
     try:
         await asyncio.wait_for(admin.start(), _LOOKUP_TIMEOUT_S)
     except BaseException:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.spec.config import SpeculationConfig
+from engine.speculative.config import SpeculationConfig
 
 
 # ---------------------------------------------------------------- cost models

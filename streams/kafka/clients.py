@@ -6,7 +6,7 @@ cannot drift apart on durability settings, topic layout or wire format:
 * :func:`producer_options` / :func:`make_producer`: an idempotent ``acks=all``
   producer (a reply event is either stored on all in-sync replicas or the send
   fails; retries never duplicate it). :func:`make_consumer` / :func:`make_admin`:
-  the other clients. All connect with :func:`streams.kafka_connection.client_options`
+  the other clients. All connect with :func:`streams.kafka.connection.client_options`
   (TLS, SASL), and take the ``kafka.*`` settings or a plain address.
 * :func:`ensure_topics`: create catalog topics idempotently with the configured
   replication factor and ``min.insync.replicas``.
@@ -40,7 +40,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from schemas.retrieval import AnyReply
 from schemas.topics import Topic
-from streams.kafka_connection import (
+from streams.kafka.connection import (
     Connectable,
     KafkaAccessError,
     check_connection,

@@ -1,4 +1,4 @@
-"""``specstream kafka acls --print|--apply|--revoke``: each service's least privileges (:mod:`streams.kafka_acls`).
+"""``specstream kafka acls --print|--apply|--revoke``: each service's least privileges (:mod:`streams.kafka.acls`).
 
 ``--print`` writes them as ``kafka-acls.sh`` commands, to review or to run where
 specstream is not installed; ``--apply`` creates them through the admin API with
@@ -15,7 +15,7 @@ import sys
 from aiokafka.errors import KafkaError
 
 from streams.config import ConfigError, Settings, load_settings
-from streams.kafka_acls import SERVICES, Grant, apply, kafka_acls_commands, revoke
+from streams.kafka.acls import SERVICES, Grant, apply, kafka_acls_commands, revoke
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,11 +16,8 @@ can now read; one that is still bad is dead-lettered again, with a new offset.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
-import json
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,8 +28,8 @@ from pydantic import ValidationError
 
 from schemas.events import DeadLetter
 from schemas.topics import DEAD_LETTER_MAX_BYTES
-from streams import kafka_io
-from streams.kafka_connection import Connectable
+from streams.kafka import clients
+from streams.kafka.connection import Connectable
 
 REDRIVEN_HEADER = "specstream-redriven-from"
 
@@ -65,7 +62,7 @@ async def read_letters(kafka: Connectable, topic: str, *, limit: int | None = No
     """Dead letters in offset order: the newest ``limit`` of them, or exactly those at ``offsets``."""
     wanted = sorted(set(offsets)) if offsets is not None else None
     tp = TopicPartition(topic, 0)
-    consumer = kafka_io.make_consumer(kafka, enable_auto_commit=False,
+    consumer = clients.make_consumer(kafka, enable_auto_commit=False,
                                       auto_offset_reset="earliest", max_partition_fetch_bytes=2 * DEAD_LETTER_MAX_BYTES,
                                       fetch_max_bytes=4 * DEAD_LETTER_MAX_BYTES)
     await asyncio.wait_for(consumer.start(), timeout_s)
@@ -104,9 +101,9 @@ async def read_letters(kafka: Connectable, topic: str, *, limit: int | None = No
 
 def _parse(offset: int, value: bytes | None) -> Letter:
     try:
-        return Letter(offset, kafka_io.decode(value or b"", DeadLetter))
+        return Letter(offset, clients.decode(value or b"", DeadLetter))
     except ValidationError as error:
-        return Letter(offset, None, kafka_io.validation_summary(error))
+        return Letter(offset, None, clients.validation_summary(error))
 
 
 async def redrive(kafka: Connectable, letters: list[Letter], *, to_topic: str | None = None,
@@ -115,7 +112,7 @@ async def redrive(kafka: Connectable, letters: list[Letter], *, to_topic: str | 
 
     Returns (letter, topic, partition, offset) per message written. Letters that are not readable DeadLetters are
     skipped (nothing to re-drive)."""
-    producer = kafka_io.make_producer(kafka, client_id="specstream-dlq",
+    producer = clients.make_producer(kafka, client_id="specstream-dlq",
                                       max_request_size=DEAD_LETTER_MAX_BYTES)
     await producer.start()
     written: list[tuple[Letter, str, int, int]] = []
@@ -135,63 +132,3 @@ async def redrive(kafka: Connectable, letters: list[Letter], *, to_topic: str | 
 def _preview(data: bytes, limit: int = 80) -> str:
     text = data[:limit].decode("utf-8", errors="replace")
     return text + ("..." if len(data) > limit else "")
-
-
-# --- CLI ---------------------------------------------------------------------------------------------------------------
-
-
-def add_dlq_commands(commands: Any) -> None:
-    """Register ``specstream dlq list|redrive`` on the CLI's subparsers."""
-    dlq = commands.add_parser("dlq", help="the dead-letter topic: list and re-drive rejected messages")
-    actions = dlq.add_subparsers(dest="dlq_action", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="the newest dead letters, oldest first")
-    listing.add_argument("--limit", type=int, default=20, help="how many of the newest letters (default 20)")
-    listing.add_argument("--json", action="store_true", help="one JSON object per line")
-    listing.set_defaults(handler=cmd_dlq)
-    again = actions.add_parser("redrive", help="publish dead letters' original bytes to their source topic again")
-    which = again.add_mutually_exclusive_group(required=True)
-    which.add_argument("--offset", type=int, action="append", help="dead-letter offset (repeatable)")
-    which.add_argument("--all", action="store_true", help="every dead letter in the topic")
-    again.add_argument("--to", metavar="TOPIC", help="publish to this topic instead of each letter's source topic")
-    again.set_defaults(handler=cmd_dlq)
-
-
-def cmd_dlq(args: argparse.Namespace, settings: Any) -> int:
-    from aiokafka.errors import KafkaError
-
-    try:
-        return asyncio.run(_dlq(args, settings))
-    except (KafkaError, asyncio.TimeoutError, OSError) as error:
-        print(f"dlq: error: {error or type(error).__name__}", file=sys.stderr)
-        return 1
-
-
-async def _dlq(args: argparse.Namespace, settings: Any) -> int:
-    kafka = settings.kafka
-    topic = settings.catalog.dead_letters.name
-    if args.dlq_action == "list":
-        letters = await read_letters(kafka, topic, limit=max(0, args.limit))
-        for item in letters:
-            if args.json:
-                print(json.dumps(item.as_dict(), ensure_ascii=False))
-            elif item.letter is None:
-                print(f"{item.offset}  unreadable dead letter: {item.problem}")
-            else:
-                d = item.letter
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d.at))
-                print(f"{item.offset}  {when}  {d.source_topic}/{d.source_partition}@{d.source_offset}  "
-                      f"{len(item.original)} bytes  by {d.consumer}: {d.reason}")
-        if not args.json:
-            print(f"{len(letters)} dead letter(s) shown from {topic}", file=sys.stderr)
-        return 0
-    letters = await read_letters(kafka, topic, offsets=None if args.all else args.offset)
-    if not args.all:
-        missing = sorted(set(args.offset) - {item.offset for item in letters})
-        if missing:
-            print(f"dlq: no dead letter at offset(s) {', '.join(map(str, missing))} of {topic}", file=sys.stderr)
-            return 1
-    written = await redrive(kafka, letters, to_topic=args.to, dead_letter_topic=topic)
-    for item, out_topic, partition, offset in written:
-        print(f"{item.offset} -> {out_topic}/{partition}@{offset}")
-    print(f"re-drove {len(written)} dead letter(s)", file=sys.stderr)
-    return 0

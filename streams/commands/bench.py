@@ -31,10 +31,10 @@ from streams.bench.record import RequestRecord
 from streams.bench.report import (
     bus_overhead, compare_table, load_result, overhead_table, ratios, result_file, run_result, summary_table, write_json,
 )
-from streams.bench.runner import LoadSpec, ProgressSink, RunOutcome, merge_outcomes, run_load, warm_up
+from streams.bench.runner import LoadSpec, ProgressSink, LoadRun, merge_outcomes, run_load, warm_up
 from streams.bench.stats import parse_slo
 from streams.bench.workload import (
-    SETS, BenchRequest, LengthSpec, SamplingOptions, from_dataset, load_dataset, synthetic, take,
+    SETS, BenchRequest, LengthSpec, BenchSampling, from_dataset, load_dataset, synthetic, take,
 )
 
 
@@ -222,7 +222,7 @@ def _backend_options(args: argparse.Namespace, settings: Any) -> BackendOptions:
     )
 
 
-def _request_source(args: argparse.Namespace, sampling: SamplingOptions, lengths: LengthSpec, seed: int) -> Any:
+def _request_source(args: argparse.Namespace, sampling: BenchSampling, lengths: LengthSpec, seed: int) -> Any:
     if args.dataset:
         return from_dataset(_DATASET_CACHE[args.dataset], lengths, seed, sampling, shuffle=not args.no_shuffle,
                             name=Path(args.dataset).stem)
@@ -233,7 +233,7 @@ _DATASET_CACHE: dict[str, list[dict[str, Any]]] = {}
 
 
 async def _run_backend(
-    name: str, options: BackendOptions, loads: list[LoadSpec], args: argparse.Namespace, sampling: SamplingOptions,
+    name: str, options: BackendOptions, loads: list[LoadSpec], args: argparse.Namespace, sampling: BenchSampling,
     lengths: LengthSpec, slo: dict[str, float], sink: ProgressSink, console: Any,
 ) -> list[dict[str, Any]]:
     backend = _make_backend(name, options, args)
@@ -248,7 +248,7 @@ async def _run_backend(
         for i, load in enumerate(loads):
             warm = take(_request_source(args, sampling, lengths, args.seed + 1_000_003), load.warmup) if i == 0 else []
             label = f"{name} {_load_label(load)}"
-            outcome: RunOutcome = await run_load(
+            outcome: LoadRun = await run_load(
                 backend, _request_source(args, sampling, lengths, args.seed), load,
                 warmup_requests=warm, sink=sink, label=label, tag=f"{tag}-{i}",
             )
@@ -273,7 +273,7 @@ def _make_backend(name: str, options: BackendOptions, args: argparse.Namespace) 
     return make_backend(name, options)
 
 
-def _round_parts(args: argparse.Namespace, load: LoadSpec, sampling: SamplingOptions, lengths: LengthSpec,
+def _round_parts(args: argparse.Namespace, load: LoadSpec, sampling: BenchSampling, lengths: LengthSpec,
                  rounds: int) -> list[tuple[LoadSpec, list[BenchRequest] | None, int]]:
     """(load, requests or None for a duration round, round number) per round; both backends get the same ones."""
     if load.num_requests is not None:
@@ -291,7 +291,7 @@ def _round_parts(args: argparse.Namespace, load: LoadSpec, sampling: SamplingOpt
 
 
 def _round_source(part: tuple[LoadSpec, list[BenchRequest] | None, int], args: argparse.Namespace,
-                  sampling: SamplingOptions, lengths: LengthSpec) -> Iterator[BenchRequest]:
+                  sampling: BenchSampling, lengths: LengthSpec) -> Iterator[BenchRequest]:
     load, requests, r = part
     if requests is not None:
         return iter(requests)
@@ -300,7 +300,7 @@ def _round_source(part: tuple[LoadSpec, list[BenchRequest] | None, int], args: a
 
 
 async def _run_compare(
-    options: BackendOptions, loads: list[LoadSpec], args: argparse.Namespace, sampling: SamplingOptions,
+    options: BackendOptions, loads: list[LoadSpec], args: argparse.Namespace, sampling: BenchSampling,
     lengths: LengthSpec, slo: dict[str, float], sink: ProgressSink, console: Any,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Service and in-process, both started at once, measured in alternating rounds (ABBA...)."""
@@ -319,7 +319,7 @@ async def _run_compare(
         for backend in (service, inprocess):
             await warm_up(backend, warm, loads[0], sink=sink, tag=f"{tag}-{backend.name}")
         for i, load in enumerate(loads):
-            outcomes: dict[str, list[RunOutcome]] = {service.name: [], inprocess.name: []}
+            outcomes: dict[str, list[LoadRun]] = {service.name: [], inprocess.name: []}
             parts = _round_parts(args, load, sampling, lengths, args.rounds)
             for part in parts:
                 order = (service, inprocess) if part[2] % 2 == 0 else (inprocess, service)
@@ -375,7 +375,7 @@ async def _bench(args: argparse.Namespace, argv: list[str]) -> int:
     except (ValueError, OSError, *_config_errors()) as error:  # bad arguments or configuration: one line, status 2
         console.print(f"[red]bench: {error}[/red]")
         return 2
-    sampling = SamplingOptions(
+    sampling = BenchSampling(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         speculation={"default": None, "on": True, "off": False}[args.speculation],
     )

@@ -25,7 +25,7 @@ from aiokafka.errors import for_code
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest
 
 from schemas.topics import Topic, TopicCatalog
-from streams.kafka_connection import Connectable, settings_of
+from streams.kafka.connection import Connectable, settings_of
 
 Operation = Literal["READ", "WRITE", "CREATE", "DESCRIBE"]
 ResourceType = Literal["TOPIC", "GROUP"]
@@ -200,7 +200,7 @@ async def revoke(kafka: Connectable, principal: str, grants: Sequence[Grant]) ->
 async def _send_each(kafka: Connectable, requests: Sequence[CreateAclsRequest | DeleteAclsRequest], results: str) -> None:
     from aiokafka.errors import KafkaError
 
-    from streams.kafka_io import make_admin, start_admin
+    from streams.kafka.clients import make_admin, start_admin
 
     admin = make_admin(kafka, client_id="specstream-acls")
     await start_admin(admin, kafka, 30.0)

@@ -1,0 +1,128 @@
+"""The layout of ``streams/``: one folder per concern, imports running one way, command-line code in one place.
+
+The import graph is read from the source (every ``import`` and ``from ... import`` of every module, at module level
+and inside functions alike: a function-level import is a dependency too, only a later one), never by importing it.
+Its nodes are the rooms of ``streams/``: each subpackage, and each module still at the root.
+"""
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+STREAMS = Path(__file__).resolve().parents[2] / "streams"
+
+# Imports between rooms that still close a cycle: debt that must only shrink. The test fails when a new cycle
+# appears AND when one of these no longer closes one, so the list stays true (remove the line then).
+KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
+    ("batch", "edge"),
+    ("edge", "batch"),
+    ("edge", "worker"),
+    ("worker", "batch"),
+    ("worker", "edge"),
+})
+
+# What may sit at the root of streams/ besides packages: the package itself, the `specstream` entry point, and two
+# one-module rooms (the bus's AsyncAPI document, the supervisor of `specstream up`'s children). Kafka plumbing,
+# command-line code and anything else goes into the package of its concern.
+ROOT_MODULES = frozenset({"__init__", "cli", "asyncapi", "supervisor"})
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(STREAMS.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports, relative imports resolved; ``from pkg import name`` yields ``pkg.name`` too."""
+    module = _module_name(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            yield target
+            # `from streams.kafka import clients` names a module, not an attribute: the room is the name's.
+            yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def _room(module: str) -> str | None:
+    """The subpackage (or root module) of streams/ that ``module`` lives in; None outside streams/ or for the root."""
+    parts = module.split(".")
+    if parts[0] != "streams" or len(parts) < 2:
+        return None
+    name = parts[1]
+    return name if (STREAMS / name).is_dir() or (STREAMS / f"{name}.py").is_file() else None
+
+
+def room_imports() -> dict[str, dict[str, set[str]]]:
+    """room -> imported room -> the modules of the first room that import the second."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for path in sorted(STREAMS.rglob("*.py")):
+        source = _room(_module_name(path))
+        if source is None:
+            continue
+        for target in filter(None, map(_room, _imported(path))):
+            if target != source:
+                graph.setdefault(source, {}).setdefault(target, set()).add(_module_name(path))
+    return graph
+
+
+def cycle_edges(graph: dict[str, dict[str, set[str]]]) -> set[tuple[str, str]]:
+    """The imports that close a cycle: both ends in one strongly connected component (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    component: dict[str, int] = {}
+
+    def visit(room: str) -> None:
+        index[room] = low[room] = len(index)
+        stack.append(room)
+        for target in graph.get(room, {}):
+            if target not in index:
+                visit(target)
+                low[room] = min(low[room], low[target])
+            elif target in stack:
+                low[room] = min(low[room], index[target])
+        if low[room] == index[room]:
+            while True:
+                member = stack.pop()
+                component[member] = index[room]
+                if member == room:
+                    break
+
+    for room in sorted(graph):
+        if room not in index:
+            visit(room)
+    return {(source, target) for source, targets in graph.items() for target in targets
+            if component.get(source) == component.get(target, -1)}
+
+
+def test_no_new_import_cycle_between_rooms_of_streams() -> None:
+    graph = room_imports()
+    new = sorted(cycle_edges(graph) - KNOWN_CYCLE_EDGES)
+    assert not new, "imports that close a cycle between rooms of streams/:\n" + "\n".join(
+        f"  {source} -> {target} ({', '.join(sorted(graph[source][target]))})" for source, target in new)
+
+
+def test_every_listed_cycle_still_exists() -> None:
+    gone = sorted(KNOWN_CYCLE_EDGES - cycle_edges(room_imports()))
+    assert not gone, f"no longer in a cycle, remove from KNOWN_CYCLE_EDGES: {gone}"
+
+
+def test_cycle_finder_sees_cycles_through_several_rooms() -> None:
+    graph = {"a": {"b": {"m"}}, "b": {"c": {"m"}}, "c": {"a": {"m"}, "d": {"m"}}, "d": {}}
+    assert cycle_edges(graph) == {("a", "b"), ("b", "c"), ("c", "a")}
+
+
+def test_command_line_code_lives_under_streams_commands() -> None:
+    stray = sorted(str(path.relative_to(STREAMS.parent)) for path in STREAMS.rglob("*cli.py")
+                   if path != STREAMS / "cli.py" and STREAMS / "commands" not in path.parents)
+    assert not stray, f"command-line modules outside streams/commands/: {stray}"
+
+
+def test_root_of_streams_holds_only_packages_and_the_entry_point() -> None:
+    loose = sorted(path.stem for path in STREAMS.glob("*.py") if path.stem not in ROOT_MODULES)
+    assert not loose, f"modules at the root of streams/ (give each a package): {loose}"
