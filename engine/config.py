@@ -51,6 +51,8 @@ class EngineConfig:
     # steps with interactive prefill carry no batch work at all: bounds what the step an interactive arrival waits
     # behind can hold of batch work (engine.scheduler).
     batch_step_tokens: int = 32
+    # Reuse the KV of any earlier or running sequence whose prompt prefix (and adapter) matches (engine.prefix_cache).
+    prefix_caching: bool = True
     # CPU only: keep a oneDNN-prepacked copy of the weights for the step sizes where it beats
     # the plain GEMM (speculative verification, small batches); one more copy of the weights
     # in memory (engine.packed_linear). With a quantized format: a bf16 copy for the steps
