@@ -158,6 +158,12 @@ class SpecStepStats(BaseModel):
     accepted: int = Field(default=0, ge=0, description="Draft tokens the target accepted in this step.")
 
 
+# Why a generation ended: stop (EOS or a stop string), length (max_tokens), abort (cancelled), deadline (its
+# deadline passed). The engine's literal (engine.outputs, which cannot import schemas) names the same ones, a unit
+# test says so; the edge's chat answers add OpenAI's "tool_calls".
+FinishReason = Literal["stop", "length", "abort", "deadline"]
+
+
 class TokenChunk(Event):
     model_config = ConfigDict(
         extra="forbid",
@@ -175,7 +181,7 @@ class TokenChunk(Event):
     index: int = Field(ge=0, description="Position of this chunk in the request's stream: 0, 1, 2, ... without gaps.")
     text: str = Field(description="New text; never splits a multi-byte character, never contains a stop string.")
     token_ids: list[int] = Field(description="Tokens produced in this step.")
-    finish_reason: Literal["stop", "length", "abort", "deadline"] | None = Field(
+    finish_reason: FinishReason | None = Field(
         default=None, description="Set on the last chunk only."
     )
     spec: SpecStepStats = Field(default_factory=SpecStepStats, description="Speculation in the step that produced this chunk.")
@@ -242,7 +248,7 @@ class Completion(Event):
     type: Literal["completion"] = "completion"
     request_id: str
     text: str = Field(description="The whole generated text.")
-    finish_reason: Literal["stop", "length", "abort", "deadline"]
+    finish_reason: FinishReason
     num_chunks: int = Field(ge=0, description="How many TokenChunk events precede this one; lets a client check completeness.")
     usage: Usage
     timings: Timings

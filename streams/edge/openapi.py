@@ -22,7 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
-from schemas.events import SpecStats, Timings, Usage
+from schemas.events import FinishReason, SpecStats, Timings, Usage
 from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody
 
 
@@ -66,8 +66,7 @@ class SpecstreamExtras(BaseModel):
     num_chunks: int
 
 
-FinishReason = Literal["stop", "length", "abort", "deadline"]
-ChatFinishReason = Literal["stop", "length", "abort", "deadline", "tool_calls"]
+ChatFinishReason = Literal[FinishReason, "tool_calls"]
 
 
 class FunctionCall(BaseModel):

@@ -23,7 +23,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, get_args
 
 from faststream import FastStream
 
@@ -35,6 +35,7 @@ from schemas.events import (
     CancelRequest,
     Completion,
     CompletionRecord,
+    ErrorCode,
     ErrorEvent,
     GenerateRequest,
     TokenChunk,
@@ -64,8 +65,8 @@ EngineFactory = Callable[[Any, Progress | None], Engine]
 
 # Cancellations remembered for requests not (yet) seen here: a cancel may overtake its request.
 _REMEMBERED_CANCELS = 10_000
-_ERROR_CODES = {"invalid_request", "unknown_model", "context_length_exceeded", "deadline_exceeded", "cancelled",
-                "overloaded", "internal_error", "unsupported_schema_version", "message_too_large"}
+# The codes an engine's refusal may carry onto the bus as they are (regeneration_diverged is the edge's own).
+_ERROR_CODES = frozenset(get_args(ErrorCode)) - {"regeneration_diverged"}
 
 
 def load_engine(config: Any, progress: Progress | None) -> Engine:
