@@ -209,7 +209,8 @@ async def _busy(parsing: Parsing, process: subprocess.Popen[bytes], timeout_s: f
 
 async def test_a_parser_killed_mid_job_is_replaced_and_the_job_completes_once_per_chunk_index(
         parsing: Parsing, tmp_path: Path) -> None:
-    data = " ".join(f"Record {i} of the long log describes replication." for i in range(60_000)).encode()
+    # ~6 M characters: parsing takes seconds, far longer than noticing the job in flight, so the kill lands mid-job
+    data = " ".join(f"Record {i} of the long log describes replication." for i in range(120_000)).encode()
     first = _spawn_parser(parsing, tmp_path)
     try:
         job = await parsing.job(data, "long.txt", chunking=StaticChunking())
