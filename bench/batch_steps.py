@@ -30,7 +30,7 @@ from itertools import accumulate, count
 import torch
 
 from bench.batch_bench import batch_prompts
-from engine.config import EngineConfig
+from engine.config import embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, SamplingOptions
 from engine.scheduler import ScheduledSequence, SchedulerOutput
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=30, help="rounds of --compositions")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    engine = LLMEngine.from_config(EngineConfig(max_running_requests=16, batch_max_share=0.5, kv_cache_bytes=256 << 20,
+    engine = LLMEngine.from_config(embedded_engine_config(max_running_requests=16, batch_max_share=0.5, kv_cache_bytes=256 << 20,
                                                 batch_step_tokens=args.batch_step_tokens))
     if args.compositions:
         time_compositions(engine, args.rounds, [1, 2])

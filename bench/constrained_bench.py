@@ -108,10 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
 
-    from engine.config import EngineConfig, SpeculationConfig
+    from engine.config import SpeculationConfig, embedded_engine_config
     from engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", speculation=SpeculationConfig()))
+    engine = LLMEngine.from_config(embedded_engine_config(model="smollm2-135m-instruct", speculation=SpeculationConfig()))
     clock = GrammarClock(engine)
     prompts = _prompts(engine.tokenizer, args.concurrency)
     _run(engine, clock, prompts[:2], 8, True, True, "warmup")  # builds the grammar tokenizer (about 1 s)

@@ -100,7 +100,7 @@ class OurEngine:
 
 
 def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent: bool, ours: OurEngine) -> list[RowResult]:
-    from engine.config import EngineConfig, SpeculationConfig
+    from engine.config import SpeculationConfig, embedded_engine_config
     from engine.llm_engine import LLMEngine
     from engine.loader import resolve_model_dir
     from engine.request import EngineRequest, SamplingOptions
@@ -116,7 +116,7 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
         spec = SpeculationConfig(
             enabled=True, method="draft", draft_model=str(resolve_model_dir("smollm2-135m-instruct")), adaptive=False
         )
-    cfg = EngineConfig(
+    cfg = embedded_engine_config(
         model=ours.model, speculation=spec, weights=ours.weights, kernel_dispatch=ours.kernel_dispatch,
         fused_step=ours.fused_step, quant_kernel=ours.quant_kernel,
     )  # fmt: skip

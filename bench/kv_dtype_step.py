@@ -18,7 +18,7 @@ import torch
 
 from bench.llama_cpp_compare import made_file
 from bench.workloads import RAG_ANSWER
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.runner import FlatBatchBuilder
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or str(made_file("Q4_0"))
     rows = [int(r) for r in args.rows.split(",")]
     engines = {
-        kv: LLMEngine.from_config(EngineConfig(
+        kv: LLMEngine.from_config(embedded_engine_config(
             model=model, weights=args.weights, kv_cache_dtype=kv, kv_cache_bytes=64 << 20,
             speculation=SpeculationConfig(enabled=False),
         ))

@@ -253,7 +253,7 @@ def our_rows(weights: list[str], files: dict[str, Path], max_new: int, out_dir: 
 
 def weight_memory() -> list[str]:
     """int4's resident weights (without and with the bf16 copy for wide steps) against the GGUF file."""
-    from engine.config import EngineConfig
+    from engine.config import embedded_engine_config
     from engine.llm_engine import LLMEngine
     from engine.model_ref import KNOWN_MODELS
     from engine.quant.apply import weight_bytes
@@ -261,7 +261,7 @@ def weight_memory() -> list[str]:
     file_bytes = KNOWN_MODELS[MODEL].locate().stat().st_size
     lines = []
     for wide in (False, True):
-        cfg = EngineConfig(model=MODEL, weights="int4", prepack_weights=wide, kv_cache_bytes=16 << 20)
+        cfg = embedded_engine_config(model=MODEL, weights="int4", prepack_weights=wide, kv_cache_bytes=16 << 20)
         resident = weight_bytes(LLMEngine.from_config(cfg).model)
         label = "int4 + bf16 copy for wide steps" if wide else "int4 resident weights <= 1.3x the GGUF file"
         verdict = "" if wide else (" -> PASS" if resident <= 1.3 * file_bytes else " -> FAIL")

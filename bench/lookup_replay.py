@@ -51,14 +51,14 @@ def replay(prompt: list[int], answer: list[int], k: int, ngram_min: int) -> Repl
 def served(model: str, weights: str, workload: str, max_new: int) -> tuple[list[int], list[int], Replay]:
     """(prompt and the prefill's token, the decoded rest of the greedy answer, prompt lookup's counts as served)."""
     from bench.workloads import BY_NAME
-    from engine.config import EngineConfig, SpeculationConfig
+    from engine.config import SpeculationConfig, embedded_engine_config
     from engine.llm_engine import LLMEngine
     from engine.request import EngineRequest
 
     params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
     runs = []
     for lookup in (False, True):
-        engine = LLMEngine.from_config(EngineConfig(
+        engine = LLMEngine.from_config(embedded_engine_config(
             model=model, weights=weights, speculation=SpeculationConfig(enabled=lookup, method="ngram")))
         prompt = BY_NAME[workload].token_ids(engine.tokenizer)
         engine.add_request(EngineRequest("replay", prompt, params))

@@ -64,10 +64,10 @@ def _make_adapters(folder: Path, rank: int) -> dict[str, str]:
 
 
 def _engine(max_loaded: int) -> Any:
-    from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
+    from engine.config import LoRAConfig, SpeculationConfig, embedded_engine_config
     from engine.llm_engine import LLMEngine
 
-    cfg = EngineConfig(kv_cache_bytes=1 << 29, speculation=SpeculationConfig(enabled=True, method="ngram"),
+    cfg = embedded_engine_config(kv_cache_bytes=1 << 29, speculation=SpeculationConfig(enabled=True, method="ngram"),
                        lora=LoRAConfig(max_loaded=max_loaded, max_rank=16))
     return LLMEngine.from_config(cfg)
 

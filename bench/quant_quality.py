@@ -35,11 +35,11 @@ MODEL = "smollm2-135m-instruct"
 
 
 def _engine(spec: str, wide: bool) -> Any:
-    from engine.config import EngineConfig, SpeculationConfig
+    from engine.config import SpeculationConfig, embedded_engine_config
     from engine.llm_engine import LLMEngine
 
     fmt, _, kv = spec.partition("@")
-    cfg = EngineConfig(
+    cfg = embedded_engine_config(
         model=MODEL,
         weights=fmt,
         kv_cache_dtype=kv or "auto",

@@ -51,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.config import EngineConfig
+    from engine.config import embedded_engine_config
     from engine.llm_engine import LLMEngine
 
-    engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", weights=args.weights,
+    engine = LLMEngine.from_config(embedded_engine_config(model="smollm2-135m-instruct", weights=args.weights,
                                                 kv_cache_bytes=256 << 20))
     found = kernels(engine.model)
     windows = {linear.bf16_row_window(k.out_features, k.in_features) for k in found}

@@ -53,11 +53,11 @@ def speculation(method: str, draft_head: str, k: int, adaptive: bool):  # type: 
 
 def run(name: str, weights: str, workload: str, max_new: int, speculation: object) -> StepCost:
     from bench.workloads import BY_NAME
-    from engine.config import EngineConfig
+    from engine.config import embedded_engine_config
     from engine.llm_engine import LLMEngine
     from engine.request import EngineRequest, SamplingOptions
 
-    engine = LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", weights=weights,
+    engine = LLMEngine.from_config(embedded_engine_config(model="smollm2-135m-instruct", weights=weights,
                                                 kv_cache_bytes=64 << 20, speculation=speculation))  # type: ignore[arg-type]
     ids = BY_NAME[workload].token_ids(engine.tokenizer)
     proposing = [0.0]

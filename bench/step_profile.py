@@ -34,10 +34,10 @@ def category(op: str) -> str:
 
 
 def _engine(weights: str):  # type: ignore[no-untyped-def]
-    from engine.config import EngineConfig
+    from engine.config import embedded_engine_config
     from engine.llm_engine import LLMEngine
 
-    return LLMEngine.from_config(EngineConfig(model="smollm2-135m-instruct", weights=weights, kv_cache_bytes=64 << 20))
+    return LLMEngine.from_config(embedded_engine_config(model="smollm2-135m-instruct", weights=weights, kv_cache_bytes=64 << 20))
 
 
 def profile_steps(weights: str, steps: int, workload: str) -> tuple[dict[str, float], float]:

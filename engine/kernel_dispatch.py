@@ -28,19 +28,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
 import torch
 from torch import nn
 
-from engine.config import EngineConfig
+from engine.config import DispatchMode, EngineConfig
 from engine.kernel_calibration import KernelPair, KernelTimings, cache_key, calibrated, measure, sample_layers
 from engine.model import Decoder
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available
 from engine.quant.linear import ACT_DTYPE, MAX_QUANT_ROWS, QuantizedLinear, nbytes
 
-DispatchMode = Literal["auto", "fixed"]
-DISPATCH_MODES: tuple[str, ...] = get_args(DispatchMode)
 FIXED_PACKED_ROWS = PackedRows(min_rows=4, max_rows=48)
 FIXED_QUANT_ROWS = MAX_QUANT_ROWS
 NOISY = "timings too noisy (a busy machine?): the fixed thresholds, measured again next start"
@@ -187,10 +184,8 @@ def dispatch_kernels(
 ) -> str | None:
     """Set up the model's row-count dispatch for its weight format (logged); returns the line said at start,
     or None where there is no choice to make (CUDA, bf16's single kernel, engine.prepack_weights off).
-    Timings are cached under cache_root/calibration."""
-    mode = config.kernel_dispatch
-    if mode not in DISPATCH_MODES:
-        raise ValueError(f"engine.kernel_dispatch {mode!r}: expected one of {', '.join(DISPATCH_MODES)}")
+    KernelTimings are cached under cache_root/calibration."""
+    mode = config.kernel_dispatch  # one of DispatchMode: EngineConfig refuses any other, naming the key
     if not config.prepack_weights or model.device.type != "cpu":
         return None
     cache_dir = cache_root / "calibration"

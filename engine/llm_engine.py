@@ -151,7 +151,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache, keep_hidden=self.hidden_consumer is not None)
         # After the weight format: the LoRA delta wraps whatever linear the format installed.
         self.lora: LoRARequests | None = None
-        if config.lora is not None:
+        if config.lora.enabled:
             self.lora = LoRARequests(LoRAManager(self.model, config.lora), self.scheduler.add, self.model_name)
             load_configured_adapters(self.lora.manager, config.lora, say)
         # Last: it reads the linears the weight format, the kernel dispatch and LoRA left.

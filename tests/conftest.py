@@ -27,9 +27,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.structs import RecordMetadata
 from pydantic import BaseModel
 
+from engine.config import EngineConfig
 from schemas.events import Completion, DeadLetter, ErrorEvent, TokenChunk
 from streams.kafka import clients
-from streams.config import EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
+from streams.config import EdgeSettings, KafkaSettings, Settings, WorkerSettings
 from tests.kafka_fixtures import kafka_bootstrap, kafka_cluster, kafka_cluster_session, kafka_single  # noqa: F401
 
 # Small enough to be quick on 2 cores, large enough to hold a few short requests at once.
@@ -56,7 +57,7 @@ def worker_test_settings(bootstrap_servers: str, prefix: str, worker_id: str) ->
     return Settings(
         kafka=KafkaSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix, request_partitions=2,
                             manage_local=False),
-        engine=EngineSettings(max_model_len=TEST_MAX_MODEL_LEN, kv_cache_bytes=96 * 1024 * 1024,
+        engine=EngineConfig(max_model_len=TEST_MAX_MODEL_LEN, kv_cache_bytes=96 * 1024 * 1024,
                               max_running_requests=8),
         worker=WorkerSettings(id=worker_id, max_message_bytes=TEST_MAX_MESSAGE_BYTES, heartbeat_s=1.0,
                               drain_timeout_s=5.0),

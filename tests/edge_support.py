@@ -27,10 +27,10 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.config import EngineConfig
 from streams.config import (
     EdgeAuthSettings,
     EdgeSettings,
-    EngineSettings,
     FilesSettings,
     KafkaSettings,
     Settings,
@@ -126,7 +126,7 @@ def edge_options(bootstrap_servers: str, prefix: str, edge_id: str, keys_file: P
         files=files,
         kafka=KafkaSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix),
         edge=EdgeSettings(**{"edge_id": edge_id, "request_timeout_s": 120.0, "auth": auth, **edge}),
-        engine=EngineSettings(max_model_len=MAX_MODEL_LEN),
+        engine=EngineConfig(max_model_len=MAX_MODEL_LEN),
         worker=WorkerSettings(heartbeat_s=HEARTBEAT_S),
     ))
 

@@ -24,8 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config import LoRAConfig
 from engine.lora.adapter import AdapterError, LoRAAdapter, read_adapter
-from engine.lora.config import LoRAConfig
 from engine.lora.layers import LoRALinear, StepRows, install_lora_linears
 from engine.model import Decoder
 

@@ -5,9 +5,9 @@
     draft_model.py DraftModelProposer: a small model sharing the target's tokenizer
     verifier.py    verify / verify_batch: logits [k+1, V] -> accepted tokens
     controller.py  SpeculationController: per-request and global draft lengths
-    config.py      SpeculationConfig
+    config.py      SpeculationTuning (the knobs only code sets; the settings are engine.config.SpeculationConfig)
 """
-from engine.speculative.config import SpeculationConfig
+from engine.speculative.config import SpeculationTuning
 from engine.speculative.controller import SpecState, SpeculationController
 from engine.speculative.ngram import NgramProposer
 from engine.speculative.proposer import DraftProposal, ProposalInput, Proposer
@@ -18,9 +18,9 @@ __all__ = [
     "NgramProposer",
     "ProposalInput",
     "Proposer",
-    "SpeculationConfig",
     "SpecState",
     "SpeculationController",
+    "SpeculationTuning",
     "verify",
     "verify_batch",
 ]

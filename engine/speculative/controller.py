@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.speculative.config import SpeculationConfig
+from engine.config import SpeculationConfig
+from engine.speculative.config import SpeculationTuning
 
 
 # ---------------------------------------------------------------- cost models
@@ -198,14 +199,17 @@ class ControllerTelemetry:
 
 
 class SpeculationController:
-    def __init__(self, cfg: SpeculationConfig, cost_model: CostModel | None = None) -> None:
+    def __init__(
+        self, cfg: SpeculationConfig, cost_model: CostModel | None = None, tuning: SpeculationTuning | None = None
+    ) -> None:
         self.cfg = cfg
+        self.tuning = tune = tuning or SpeculationTuning()
         self.cost_model: CostModel = cost_model or OnlineCostModel(
-            fixed_s=cfg.cost_prior_fixed_s,
-            per_token_s=cfg.cost_prior_per_token_s,
-            prior_weight=cfg.cost_prior_weight,
-            decay=cfg.cost_decay,
-            draft_decay=cfg.draft_cost_decay,
+            fixed_s=tune.cost_prior_fixed_s,
+            per_token_s=tune.cost_prior_per_token_s,
+            prior_weight=tune.cost_prior_weight,
+            decay=tune.cost_decay,
+            draft_decay=tune.draft_cost_decay,
         )
         self.step = 0
         self.global_cap = cfg.max_draft_tokens
@@ -219,8 +223,8 @@ class SpeculationController:
         return SpecState(request_id=request_id, enabled=enabled, probe_interval=self.cfg.probe_interval_steps)
 
     def acceptance(self, state: SpecState) -> float:
-        w = self.cfg.acceptance_prior_weight
-        return (state.successes + w * self.cfg.acceptance_prior) / (state.trials + w)
+        w = self.tuning.acceptance_prior_weight
+        return (state.successes + w * self.tuning.acceptance_prior) / (state.trials + w)
 
     # ------------------------------------------------------------ planning
 
@@ -261,7 +265,7 @@ class SpeculationController:
         # base_time / n: each request's share of the step it rides in anyway.
         best_k = self._best_lengths(states, accs, limits, base_time / n, marginal_s)
         best_cap, best_tps = self._best_cap(states, accs, best_k, base_tokens, costs)
-        explore = self.cfg.explore_interval_steps
+        explore = self.tuning.explore_interval_steps
         if explore and best_cap == 0 and self.step % explore == 0:
             best_cap = 1  # keep the cost model seeing steps with drafts
         self.global_cap = best_cap
@@ -326,12 +330,12 @@ class SpeculationController:
         if not s.probing:
             s.probing = True
             # Shrink old evidence so the probe's result can change the estimate.
-            keep = self.cfg.probe_memory_trials
+            keep = self.tuning.probe_memory_trials
             if s.trials > keep:
                 scale = keep / s.trials
                 s.successes *= scale
                 s.trials *= scale
-        return min(self.cfg.probe_tokens, kmax)
+        return min(self.tuning.probe_tokens, kmax)
 
     def _switch_off(self, s: SpecState) -> None:
         s.off = True
@@ -351,7 +355,7 @@ class SpeculationController:
             return  # nothing was tested (e.g. no n-gram match): no evidence either way
         if not 0 <= accepted <= drafted:
             raise ValueError(f"accepted must be in [0, drafted={drafted}], got {accepted}")
-        d = self.cfg.acceptance_decay
+        d = self.tuning.acceptance_decay
         trials = accepted + (1 if accepted < drafted else 0)
         state.successes = d * state.successes + accepted
         state.trials = d * state.trials + trials
@@ -365,9 +369,9 @@ class SpeculationController:
                 state.off = False
                 state.probe_interval = self.cfg.probe_interval_steps
             else:
-                state.probe_interval = min(2 * state.probe_interval, self.cfg.max_probe_interval_steps)
+                state.probe_interval = min(2 * state.probe_interval, self.tuning.max_probe_interval_steps)
                 self._switch_off(state)
-        elif not state.off and state.trials >= self.cfg.min_trials and a < floor:
+        elif not state.off and state.trials >= self.tuning.min_trials and a < floor:
             self._switch_off(state)
 
     def off_below(self) -> float:

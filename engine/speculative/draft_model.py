@@ -29,11 +29,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from engine.config import SpeculationConfig
 from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, kv_bytes_per_token, region_size
 from engine.model import Decoder
 from engine.runner import FlatBatchBuilder
 from engine.sampler import STREAM_DRAFT, STREAM_SAMPLE, NoiseKey, exponential_noise, race, target_probs
-from engine.speculative.config import SpeculationConfig
+from engine.speculative.config import SpeculationTuning
 from engine.speculative.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
 
 if TYPE_CHECKING:
@@ -149,6 +150,7 @@ class DraftModelProposer:
         target: LoadedModel,
         max_model_len: int | None = None,
         max_running_requests: int | None = None,
+        tuning: SpeculationTuning | None = None,
     ) -> "DraftModelProposer":
         """Load cfg.draft_model next to the loaded target (same device and dtype),
         refusing a draft that does not share the target's tokenizer. The
@@ -168,7 +170,8 @@ class DraftModelProposer:
         )
         mc = draft.model.cfg
         per_token = kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, draft.dtype)
-        budget = kv_budget_bytes(draft.device, cfg.draft_kv_cache_bytes, cfg.draft_kv_cache_fraction)
+        arena = tuning or SpeculationTuning()
+        budget = kv_budget_bytes(draft.device, arena.draft_kv_cache_bytes, arena.draft_kv_cache_fraction)
         tokens = budget // per_token
         if max_model_len is not None and max_running_requests is not None:
             tokens = min(tokens, max_running_requests * region_size(max_model_len, cfg.max_draft_tokens))

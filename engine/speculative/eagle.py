@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from engine.config import SpeculationConfig
 from engine.kv_cache import CacheSlot, KVCache, kv_budget_bytes, region_size
 from engine.model import Decoder
 from engine.runner import FlatBatchBuilder
-from engine.speculative.config import SpeculationConfig
+from engine.speculative.config import SpeculationTuning
 from engine.speculative.eagle_head import EagleHead
 from engine.speculative.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
 
@@ -59,7 +60,12 @@ class EagleProposer:
 
     @classmethod
     def from_engine(
-        cls, cfg: SpeculationConfig, target: LoadedModel, max_model_len: int, max_running_requests: int
+        cls,
+        cfg: SpeculationConfig,
+        target: LoadedModel,
+        max_model_len: int,
+        max_running_requests: int,
+        tuning: SpeculationTuning | None = None,
     ) -> EagleProposer:
         """Load cfg.draft_head for the loaded target (before engine.weights quantizes it)."""
         from engine.kv_cache import kv_bytes_per_token
@@ -70,7 +76,8 @@ class EagleProposer:
         head, _meta = load_head(cfg.draft_head, target.model, target.name)
         c = head.cfg
         per_token = kv_bytes_per_token(1, c.num_kv_heads, c.head_dim, target.dtype)
-        budget = kv_budget_bytes(target.device, cfg.draft_kv_cache_bytes, cfg.draft_kv_cache_fraction)
+        arena = tuning or SpeculationTuning()
+        budget = kv_budget_bytes(target.device, arena.draft_kv_cache_bytes, arena.draft_kv_cache_fraction)
         tokens = min(budget // per_token, max_running_requests * region_size(max_model_len, cfg.max_draft_tokens))
         if tokens <= 0:
             raise ValueError(f"the draft head's KV budget of {budget} bytes holds no token")

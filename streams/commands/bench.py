@@ -207,10 +207,7 @@ def _backend_options(args: argparse.Namespace, settings: Any) -> BackendOptions:
         host = getattr(edge, "host", "127.0.0.1")
         host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         base_url = f"http://{host}:{getattr(edge, 'port', 8000)}"
-    engine_config = None
-    if args.compare_inprocess or args.backend == "inprocess":
-        if engine is not None:
-            engine_config = engine.to_engine_config()
+    engine_config = engine if args.compare_inprocess or args.backend == "inprocess" else None
     return BackendOptions(
         model=args.model or getattr(engine, "model", None) or BackendOptions.model,
         base_url=base_url, endpoint=args.endpoint, ws_connections=args.ws_connections,

@@ -3,7 +3,8 @@
 Precedence, highest first: values passed to ``Settings(...)`` in code, then
 environment variables ``SPECSTREAM_<SECTION>__<KEY>`` (``__`` nests, e.g.
 ``SPECSTREAM_ENGINE__SPECULATION__ENABLED=false``), then the YAML file, then
-the defaults below. Every model forbids unknown keys so a typo fails at start
+the defaults below. The ``engine`` section is the engine's own settings model
+(engine.config.EngineConfig), declared there once. Every model forbids unknown keys so a typo fails at start
 instead of being silently ignored.
 
 :func:`load_settings` is the one entry point processes use; it turns every
@@ -25,7 +26,6 @@ from streams.config.base import (
 )
 from streams.config.batch import BatchAssemblerSettings, BatchSettings
 from streams.config.docs import example_yaml, reference_markdown
-from streams.config.engine import EngineSettings, SpeculationSettings
 from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.loading import (
@@ -63,7 +63,6 @@ __all__ = [
     "EdgeAuthSettings",
     "EdgeLimitSettings",
     "EdgeSettings",
-    "EngineSettings",
     "EvalSettings",
     "FilesSettings",
     "KafkaSettings",
@@ -74,7 +73,6 @@ __all__ = [
     "RolloutSettings",
     "Section",
     "Settings",
-    "SpeculationSettings",
     "TelemetrySettings",
     "TracingSettings",
     "WorkerSettings",

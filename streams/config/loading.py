@@ -16,6 +16,7 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from engine.config import EngineConfig
 from schemas.topics import TopicCatalog
 from streams.config.base import (
     CONFIG_FILE_ENV,
@@ -25,7 +26,6 @@ from streams.config.base import (
     ConfigError,
 )
 from streams.config.batch import BatchSettings
-from streams.config.engine import EngineSettings
 from streams.config.files import FilesSettings, ParserSettings
 from streams.config.kafka import DeliverySettings, KafkaSettings
 from streams.config.ops import OpsSettings
@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)

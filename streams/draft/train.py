@@ -96,16 +96,14 @@ def _served_target(settings: Settings, progress: Progress) -> Any:
     and binds to, the loaded fp32 weights. It generates the answers and runs the target pass, so the features
     and labels the head learns are those of the format it serves (bf16 and int4 also run 4-6x faster than fp32
     here)."""
-    from dataclasses import replace
-
-    from engine.config import SpeculationConfig
+    from engine.config import LoRAConfig, SpeculationConfig
     from engine.llm_engine import LLMEngine
     from engine.loader import load_model
 
     engine_cfg = settings.engine
     copy = load_model(engine_cfg.model, device=engine_cfg.device, dtype=engine_cfg.dtype)
-    cfg = replace(engine_cfg.to_engine_config(), max_running_requests=32, lora=None,
-                  speculation=SpeculationConfig(enabled=False))
+    cfg = engine_cfg.model_copy(update={"max_running_requests": 32, "lora": LoRAConfig(max_loaded=0),
+                                        "speculation": SpeculationConfig(enabled=False)})
     engine = LLMEngine(copy, cfg)
     progress(f"the target serves as weights {engine.weight_format}: it generates and runs the target pass")
     return engine

@@ -10,8 +10,8 @@ import hashlib
 import json
 import time
 
+from engine.config import EngineConfig
 from schemas.events import Completion, CompletionRecord, ErrorEvent, GenerateRequest
-from streams.config import EngineSettings
 
 # Engine settings that only size or place the work (where it runs, how much memory it may take, how many requests
 # share a step): they change how fast, not what is generated, so two workers differing only in them share a
@@ -21,7 +21,7 @@ _CAPACITY_ONLY = {"device", "kv_cache_bytes", "kv_cache_fraction", "max_running_
                   "threads"}
 
 
-def config_fingerprint(engine: EngineSettings) -> str:
+def config_fingerprint(engine: EngineConfig) -> str:
     """A stable hash of the engine settings that decide the text (model, dtype, context, speculation): 16 hex digits."""
     settings = {k: v for k, v in engine.model_dump(mode="json").items() if k not in _CAPACITY_ONLY}
     canonical = json.dumps(settings, sort_keys=True, separators=(",", ":"))

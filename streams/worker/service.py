@@ -131,7 +131,7 @@ class EngineWorker:
     # --- lifecycle --------------------------------------------------------------------------------------------------
 
     async def _load_engine(self) -> None:
-        config = self.settings.engine.to_engine_config()
+        config = self.settings.engine
         # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
         self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
         self._base_models = sorted({self.engine.model_name, self.settings.engine.model})

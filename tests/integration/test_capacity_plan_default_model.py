@@ -11,11 +11,9 @@ def test_the_plan_for_the_default_model_equals_what_the_engine_allocates() -> No
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
     from streams.commands.plan import load_shape
-    from streams.config import EngineSettings
 
-    settings = EngineSettings(max_model_len=512, kv_cache_bytes=96 * 1024 * 1024, max_running_requests=8)
-    config: EngineConfig = settings.to_engine_config()
-    engine = LLMEngine.from_config(config)
+    settings = EngineConfig(max_model_len=512, kv_cache_bytes=96 * 1024 * 1024, max_running_requests=8)
+    engine = LLMEngine.from_config(settings)
     usage = engine.kv_cache.usage()
     result = plan(load_shape("smollm2-135m-instruct"), cpu_device(24 * GIB), dtype="float32", max_model_len=512,
                   kv_cache_bytes=96 * 1024 * 1024, max_running_requests=8,
@@ -28,14 +26,13 @@ def test_the_plan_for_the_default_model_equals_what_the_engine_allocates() -> No
 
 @pytest.mark.model
 def test_the_kv_cap_counts_the_batch_lines_beside_the_running_requests_as_the_engine_does() -> None:
-    from engine.config import batch_line_slots
+    from engine.config import EngineConfig, batch_line_slots
     from engine.llm_engine import LLMEngine
     from streams.commands.plan import load_shape
-    from streams.config import EngineSettings
 
     # A budget far above what 2 requests could use: the cap, not the budget, sizes the cache.
-    settings = EngineSettings(max_model_len=256, kv_cache_bytes=256 * 1024 * 1024, max_running_requests=2)
-    engine = LLMEngine.from_config(settings.to_engine_config())
+    settings = EngineConfig(max_model_len=256, kv_cache_bytes=256 * 1024 * 1024, max_running_requests=2)
+    engine = LLMEngine.from_config(settings)
     result = plan(load_shape("smollm2-135m-instruct"), cpu_device(24 * GIB), dtype="float32", max_model_len=256,
                   kv_cache_bytes=256 * 1024 * 1024, max_running_requests=2,
                   draft_tokens=settings.speculation.max_draft_tokens, workload=Workload(128, 64),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
 from engine.request import EngineRequest, SamplingOptions
@@ -28,7 +28,7 @@ def _served_as_bf16(target: str) -> Settings:
 
 def _greedy(model: str, weights: str, prompts: list[str], max_tokens: int) -> list[list[int]]:
     loaded = load_model(model)
-    engine = LLMEngine(loaded, EngineConfig(model=model, max_model_len=256, kv_cache_bytes=8 << 20, weights=weights,
+    engine = LLMEngine(loaded, embedded_engine_config(model=model, max_model_len=256, kv_cache_bytes=8 << 20, weights=weights,
                                             speculation=SpeculationConfig(enabled=False)))
     ids = [chat_prompt_ids(loaded.tokenizer, p) for p in prompts]
     outs = engine.generate([EngineRequest(f"r{i}", p, SamplingOptions(max_tokens=max_tokens, temperature=0.0))

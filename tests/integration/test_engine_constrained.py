@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import SpeculationConfig, embedded_engine_config
 from engine.grammar.constraint import json_constraint
 from engine.llm_engine import LLMEngine
 from engine.request import EngineRequest, SamplingOptions
@@ -35,7 +35,7 @@ CASES = [  # (prompt, schema, sampling)
 
 def engine(speculate: bool) -> LLMEngine:
     spec = SpeculationConfig(enabled=speculate, max_draft_tokens=4, adaptive=False)
-    return LLMEngine.from_config(EngineConfig(kv_cache_bytes=1 << 27, speculation=spec))
+    return LLMEngine.from_config(embedded_engine_config(kv_cache_bytes=1 << 27, speculation=spec))
 
 
 def prompt(eng: LLMEngine, text: str) -> list[int]:

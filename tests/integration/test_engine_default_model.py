@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.loader import resolve_model_dir
 from engine.request import EngineRequest, SamplingOptions
@@ -30,7 +30,8 @@ def test_default_model_greedy_equals_hf_generate() -> None:
 
     lines: list[str] = []
     engine = LLMEngine.from_config(
-        EngineConfig(kv_cache_bytes=1 << 28, speculation=SpeculationConfig(enabled=False)), progress=lines.append
+        embedded_engine_config(kv_cache_bytes=1 << 28, speculation=SpeculationConfig(enabled=False)),
+        progress=lines.append
     )
     folder = resolve_model_dir("smollm2-135m-instruct")
     assert (folder / "model.safetensors").is_file()

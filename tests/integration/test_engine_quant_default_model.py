@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bench.workloads import CODE_EDIT, OPEN_QUESTION, RAG_ANSWER, Workload
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
 from engine.model_ref import KNOWN_MODELS
@@ -36,7 +36,7 @@ PARAMS = [
 
 def _engine(fmt: str, speculate: bool, wide: bool = True) -> LLMEngine:
     spec = SpeculationConfig(enabled=speculate, method="ngram", adaptive=False)
-    cfg = EngineConfig(model=MODEL, weights=fmt, prepack_weights=wide, kv_cache_bytes=64 << 20, speculation=spec)
+    cfg = embedded_engine_config(model=MODEL, weights=fmt, prepack_weights=wide, kv_cache_bytes=64 << 20, speculation=spec)
     return LLMEngine.from_config(cfg)
 
 

@@ -49,7 +49,7 @@ def test_the_file_in_the_working_directory_is_read(tmp_path: Path) -> None:
     assert load_settings().edge.port == 9000
 
 
-def test_engine_section_builds_the_engine_config(tmp_path: Path) -> None:
+def test_the_engine_section_is_the_engines_configuration(tmp_path: Path) -> None:
     path = write(tmp_path, """
 engine:
   model: /models/tiny
@@ -66,7 +66,7 @@ engine:
     min_acceptance: 0.5
     probe_interval_steps: 7
 """)
-    config = load_settings(path).engine.to_engine_config()
+    config = load_settings(path).engine
     assert (config.model, config.device, config.dtype, config.max_model_len) == ("/models/tiny", "cpu", "float32", 1024)
     assert config.kv_cache_bytes == 256 * 1024 * 1024
     assert (config.max_running_requests, config.max_batched_tokens, config.threads) == (4, 256, 3)
@@ -74,15 +74,31 @@ engine:
     assert (spec.enabled, spec.max_draft_tokens, spec.min_acceptance, spec.probe_interval_steps) == (False, 3, 0.5, 7)
 
 
-def test_every_engine_config_field_is_configurable() -> None:
-    from dataclasses import fields
+def test_each_engine_setting_is_declared_once_in_the_engine() -> None:
+    """The YAML's engine section is the engine's own model: a field added there is a key, an environment variable,
+    a line of the example file and a row of the reference, with nothing to copy."""
+    from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
 
-    from engine.config import EngineConfig, SpeculationConfig
-    from streams.config import EngineSettings, SpeculationSettings
+    assert Settings.model_fields["engine"].annotation is EngineConfig
+    assert EngineConfig.model_fields["speculation"].annotation is SpeculationConfig
+    assert EngineConfig.model_fields["lora"].annotation is LoRAConfig
+    reference, example = reference_markdown(), example_yaml()
+    for section, model in (("engine", EngineConfig), ("engine.speculation", SpeculationConfig),
+                           ("engine.lora", LoRAConfig)):
+        for name, info in model.model_fields.items():
+            if name in ("speculation", "lora"):
+                continue
+            assert info.description, f"{section}.{name} needs a description: the docs are generated from it"
+            env = "SPECSTREAM_" + f"{section}.{name}".replace(".", "__").upper()
+            assert f"| `{section}.{name}` |" in reference and f"`{env}`" in reference
+            assert f"# {info.description}\n" in example
 
-    assert {f.name for f in fields(EngineConfig)} == set(EngineSettings.model_fields)
-    # The engine's one speculation config also holds tuning no user sets (controller priors, draft arena).
-    assert set(SpeculationSettings.model_fields) <= {f.name for f in fields(SpeculationConfig)}
+
+def test_reading_the_configuration_does_not_import_torch(tmp_path: Path) -> None:
+    code = "import sys; from streams.config import load_settings; load_settings(); assert 'torch' not in sys.modules"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env=_env_with_repo())
+    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from streams.config import Settings
 
 def test_lora_settings_reach_the_engine_config() -> None:
     cfg = Settings(engine={"lora": {"adapters": {"sql": "/a/sql"}, "max_loaded": 2, "max_rank": 32}})
-    lora = cfg.engine.to_engine_config().lora
-    assert lora is not None and lora.adapters == {"sql": "/a/sql"} and (lora.max_loaded, lora.max_rank) == (2, 32)
-    assert Settings(engine={"lora": {"max_loaded": 0}}).engine.to_engine_config().lora is None
+    lora = cfg.engine.lora
+    assert lora.enabled and lora.adapters == {"sql": "/a/sql"} and (lora.max_loaded, lora.max_rank) == (2, 32)
+    assert not Settings(engine={"lora": {"max_loaded": 0}}).engine.lora.enabled
 
 
 @pytest.mark.parametrize(("lora", "message"), [

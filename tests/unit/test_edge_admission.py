@@ -11,8 +11,9 @@ import pytest
 import pytest_asyncio
 from starlette.requests import Request
 
+from engine.config import EngineConfig
 from schemas.events import Completion, Timings, Usage
-from streams.config import EdgeAuthSettings, EdgeSettings, EngineSettings, Settings
+from streams.config import EdgeAuthSettings, EdgeSettings, Settings
 from streams.edge import errors
 from streams.edge.admission.admit import Ticket
 from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
@@ -29,7 +30,7 @@ ALICE = Principal("alice", "k1", TenantLimits(rpm=3, tpm=1000, concurrency=2))
 
 def _options(**edge) -> EdgeOptions:
     return EdgeOptions(Settings(edge=EdgeSettings(edge_id="adm", auth=EdgeAuthSettings(enabled=False), **edge),
-                                engine=EngineSettings(max_model_len=CONTEXT)))
+                                engine=EngineConfig(max_model_len=CONTEXT)))
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from engine.config import EngineConfig
 from schemas.events import Completion, ErrorEvent, TokenChunk, Timings, TraceContext, Usage
-from streams.config import EdgeSettings, EngineSettings, KafkaSettings, Settings, WorkerSettings
+from streams.config import EdgeSettings, KafkaSettings, Settings, WorkerSettings
 from streams.edge import errors
 from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
 from streams.edge.admission.build import build_request, conversation_of, trace_context
@@ -28,7 +29,7 @@ def chat(**kw):
 
 def test_options_are_the_project_settings_plus_what_the_edge_derives():
     s = Settings(kafka=KafkaSettings(topic_prefix="p"), edge=EdgeSettings(port=8123, edge_id="edge-7"),
-                 worker=WorkerSettings(heartbeat_s=2.0), engine=EngineSettings(max_model_len=300))
+                 worker=WorkerSettings(heartbeat_s=2.0), engine=EngineConfig(max_model_len=300))
     o = EdgeOptions.from_settings(s)
     assert o.kafka is s.kafka and o.edge is s.edge  # read as they are, not copied
     assert (o.kafka.topic_prefix, o.edge.port, o.edge_id, o.heartbeat_s, o.max_model_len, o.models) == (

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import EngineConfig, SpeculationConfig
 from schemas.events import Completion, CompletionRecord, ErrorEvent, GenerateRequest, ReplyRoute, SamplingParams, Timings, Usage
-from streams.config import CandidateSampling, EngineSettings, KafkaSettings, SpeculationSettings, load_settings
+from streams.config import CandidateSampling, KafkaSettings, load_settings
 from streams.eval.candidate import derived_config
 from streams.worker.completions_log import completion_record, config_fingerprint
 from streams.eval.gates import add_gate_options, check_gates, parse_fraction
@@ -54,11 +55,11 @@ def test_a_record_of_a_failed_request_carries_the_error() -> None:
 
 
 def test_the_fingerprint_follows_what_decides_the_text_not_capacity() -> None:
-    base = EngineSettings()
-    assert config_fingerprint(base) == config_fingerprint(EngineSettings())
-    assert config_fingerprint(base) == config_fingerprint(EngineSettings(kv_cache_bytes=1 << 26, max_running_requests=4))
-    assert config_fingerprint(base) != config_fingerprint(EngineSettings(dtype="bfloat16"))
-    assert config_fingerprint(base) != config_fingerprint(EngineSettings(speculation=SpeculationSettings(enabled=False)))
+    base = EngineConfig()
+    assert config_fingerprint(base) == config_fingerprint(EngineConfig())
+    assert config_fingerprint(base) == config_fingerprint(EngineConfig(kv_cache_bytes=1 << 26, max_running_requests=4))
+    assert config_fingerprint(base) != config_fingerprint(EngineConfig(dtype="bfloat16"))
+    assert config_fingerprint(base) != config_fingerprint(EngineConfig(speculation=SpeculationConfig(enabled=False)))
     assert len(config_fingerprint(base)) == 16
 
 

@@ -28,9 +28,9 @@ def engine_config_for(options: BackendOptions) -> Any:
     else:
         from streams.config import load_settings
 
-        config = load_settings().engine.to_engine_config()
+        config = load_settings().engine
     if options.model and options.model != config.model:
-        config.model = options.model
+        config = config.model_copy(update={"model": options.model})
     return config
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import engine_setup
-from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
+from engine.config import LoRAConfig, SpeculationConfig, embedded_engine_config
 from engine.kv_cache import kv_bytes_per_token
 from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel
@@ -111,7 +111,7 @@ def make_engine(
     progress: Any = None,  # the lines the engine says at start
 ) -> LLMEngine:
     kv_dtype = engine_setup.kv_cache_dtype(kv_cache_dtype, torch.float32, weights)
-    cfg = EngineConfig(
+    cfg = embedded_engine_config(
         model="tiny",
         kv_cache_bytes=kv_bytes_for(hf, kv_tokens, kv_dtype),  # exactly kv_tokens slots, whatever their dtype
         kv_cache_dtype=kv_cache_dtype,
@@ -121,10 +121,10 @@ def make_engine(
         speculation=speculation or SpeculationConfig(enabled=False),
         weights=weights,
         prepack_weights=prepack_weights,
-        lora=lora,
         kernel_dispatch=kernel_dispatch,
         fused_step=fused_step,
         quant_kernel=quant_kernel,
+        **({} if lora is None else {"lora": lora}),
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller, progress=progress)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from _engine_factories import hf_greedy, tiny_hf_model
 
-from engine.config import EngineConfig, SpeculationConfig
+from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model, resolve_device, resolve_dtype, resolve_model_dir
 from engine.model import UnsupportedModelError
@@ -44,8 +44,8 @@ def test_a_local_hf_folder_loads(tiny_folder: tuple[Path, object]) -> None:
     assert loaded.model.cfg.model_type == "qwen2" and 1 in loaded.eos_token_ids
     assert any("loading model" in line for line in lines)
     prompt = [5, 6, 7, 8]
-    engine = LLMEngine(loaded, EngineConfig(model=str(path), kv_cache_bytes=1 << 22,
-                                            speculation=SpeculationConfig(enabled=False)))
+    engine = LLMEngine(loaded, embedded_engine_config(model=str(path), kv_cache_bytes=1 << 22,
+                                                      speculation=SpeculationConfig(enabled=False)))
     out = engine.generate([EngineRequest("x", prompt, SamplingOptions(max_tokens=6, ignore_eos=True))])["x"]
     assert out.token_ids == hf_greedy(hf, prompt, 6)
     assert out.text == loaded.tokenizer.decode(out.token_ids) and out.text.startswith(f"t{out.token_ids[0]}")
@@ -73,7 +73,7 @@ def test_sharded_and_bin_checkpoints_load_the_same_model_as_one_safetensors_file
 def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: tuple[Path, object]) -> None:
     path, hf = tiny_folder
     spec = SpeculationConfig(enabled=True, method="draft", draft_model=str(path), max_draft_tokens=3)
-    cfg = EngineConfig(model=str(path), device="cpu", kv_cache_bytes=1 << 22, speculation=spec)
+    cfg = embedded_engine_config(model=str(path), device="cpu", kv_cache_bytes=1 << 22, speculation=spec)
     engine = LLMEngine.from_config(cfg)
     # A non-adaptive controller so every step drafts (the adaptive one may decide drafting does not pay).
     from engine.speculative.controller import SpeculationController

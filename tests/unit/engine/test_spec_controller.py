@@ -1,10 +1,14 @@
 """engine.speculative.controller: per-request acceptance control and the global cost model."""
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
-from engine.speculative.config import SpeculationConfig
+from engine.config import SpeculationConfig
+from engine.speculative.config import SpeculationTuning
 from engine.speculative.controller import (
+    CostModel,
     FixedCostModel,
     OnlineCostModel,
     SpecState,
@@ -13,10 +17,18 @@ from engine.speculative.controller import (
 )
 
 
+TUNING = {f.name for f in fields(SpeculationTuning)}
+
+
 def cfg(**kw: object) -> SpeculationConfig:
-    base: dict[str, object] = {"max_draft_tokens": 6, "explore_interval_steps": 0}
-    base.update(kw)
-    return SpeculationConfig(**base)  # type: ignore[arg-type]
+    return SpeculationConfig(**{"max_draft_tokens": 6, **kw})  # type: ignore[arg-type]
+
+
+def controller(cost_model: CostModel | None = None, **kw: object) -> SpeculationController:
+    """A controller for k_max 6 that never explores on its own, with the given settings and tuning."""
+    tuning = {"explore_interval_steps": 0, **{k: v for k, v in kw.items() if k in TUNING}}
+    settings = cfg(**{k: v for k, v in kw.items() if k not in TUNING})
+    return SpeculationController(settings, cost_model, SpeculationTuning(**tuning))  # type: ignore[arg-type]
 
 
 def feed(ctl: SpeculationController, states: list[SpecState], rate: float, steps: int) -> None:
@@ -38,7 +50,7 @@ def test_expected_tokens_per_step_grow_with_acceptance_and_draft_length() -> Non
 
 def test_poor_acceptance_drives_k_down_then_off_then_probes() -> None:
     # A step cost with a per-token part, so k trades off against acceptance.
-    ctl = SpeculationController(cfg(probe_interval_steps=10, probe_tokens=2), FixedCostModel(0.01, 0.002))
+    ctl = controller(FixedCostModel(0.01, 0.002), probe_interval_steps=10, probe_tokens=2)
     s = ctl.new_state("r")
     ks: list[int] = []
     while not s.off:
@@ -65,7 +77,7 @@ def test_poor_acceptance_drives_k_down_then_off_then_probes() -> None:
 
 
 def test_probe_without_a_proposal_stays_due() -> None:
-    ctl = SpeculationController(cfg(probe_interval_steps=3), FixedCostModel(0.01, 0.0))
+    ctl = controller(FixedCostModel(0.01, 0.0), probe_interval_steps=3)
     s = ctl.new_state("r")
     s.off, s.next_probe_step = True, 2
     assert ctl.plan([s], 1) == [0]
@@ -75,15 +87,15 @@ def test_probe_without_a_proposal_stays_due() -> None:
 
 
 def test_per_request_override_and_disabled_config() -> None:
-    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    ctl = controller(FixedCostModel(0.02, 0.0))
     on, off = ctl.new_state("a"), ctl.new_state("b", speculation=False)
     assert ctl.plan([on, off], 2) == [6, 0]
-    ctl = SpeculationController(cfg(enabled=False), FixedCostModel(0.02, 0.0))
+    ctl = controller(FixedCostModel(0.02, 0.0), enabled=False)
     assert ctl.plan([ctl.new_state("a")], 1) == [0]
 
 
 def test_caps_bound_the_draft() -> None:
-    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    ctl = controller(FixedCostModel(0.02, 0.0))
     states = [ctl.new_state("a"), ctl.new_state("b")]
     assert ctl.plan(states, 2, caps=[2, 0]) == [2, 0]
 
@@ -91,7 +103,7 @@ def test_caps_bound_the_draft() -> None:
 def test_compute_bound_moderate_acceptance_turns_speculation_off() -> None:
     # Verification cost linear in tokens, no fixed part to amortise: every draft
     # token costs as much as a real one and is only accepted 60% of the time.
-    ctl = SpeculationController(cfg(), FixedCostModel(fixed_s=0.0005, per_token_s=0.001))
+    ctl = controller(FixedCostModel(fixed_s=0.0005, per_token_s=0.001))
     states = [ctl.new_state(f"r{i}") for i in range(32)]
     feed(ctl, states, rate=0.6, steps=30)
     assert ctl.plan(states, base_tokens=32) == [0] * 32
@@ -100,7 +112,7 @@ def test_compute_bound_moderate_acceptance_turns_speculation_off() -> None:
 
 def test_memory_bound_high_acceptance_drafts_the_most() -> None:
     # Flat step cost (memory-bound decoding): drafts ride along for free.
-    ctl = SpeculationController(cfg(), FixedCostModel(fixed_s=0.03, per_token_s=0.0))
+    ctl = controller(FixedCostModel(fixed_s=0.03, per_token_s=0.0))
     states = [ctl.new_state(f"r{i}") for i in range(4)]
     feed(ctl, states, rate=0.9, steps=30)
     assert ctl.plan(states, base_tokens=4) == [6] * 4
@@ -108,7 +120,7 @@ def test_memory_bound_high_acceptance_drafts_the_most() -> None:
 
 
 def test_heterogeneous_acceptance_gets_different_k() -> None:
-    ctl = SpeculationController(cfg(), FixedCostModel(fixed_s=0.02, per_token_s=0.001))
+    ctl = controller(FixedCostModel(fixed_s=0.02, per_token_s=0.001))
     good, poor = ctl.new_state("good"), ctl.new_state("poor")
     for _ in range(30):
         ctl.observe_acceptance(good, 6, 6)
@@ -146,7 +158,7 @@ def test_measured_roofline_backs_off_at_large_batch() -> None:
         return max(0.02, 0.0004 * tokens)  # knee at 50 tokens
 
     def run(batch: int) -> int:
-        ctl = SpeculationController(cfg(explore_interval_steps=10))
+        ctl = controller(explore_interval_steps=10)
         states = [ctl.new_state(f"r{i}") for i in range(batch)]
         for _ in range(155):  # ends away from an exploration step (every 10th)
             ks = ctl.plan(states, base_tokens=batch)
@@ -162,12 +174,12 @@ def test_measured_roofline_backs_off_at_large_batch() -> None:
 
 
 def test_without_adaptation_every_sequence_drafts_the_maximum() -> None:
-    ctl = SpeculationController(cfg(adaptive=False), FixedCostModel(0.0, 1.0))
+    ctl = controller(FixedCostModel(0.0, 1.0), adaptive=False)
     assert ctl.plan([ctl.new_state("a")], 1) == [6]
 
 
 def test_telemetry_reports_the_cap_the_costs_and_each_requests_acceptance() -> None:
-    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.001, 0.0005))
+    ctl = controller(FixedCostModel(0.02, 0.001, 0.0005))
     s = ctl.new_state("a")
     [k] = ctl.plan([s], 1)
     ctl.observe_acceptance(s, k, 1)
@@ -180,7 +192,7 @@ def test_telemetry_reports_the_cap_the_costs_and_each_requests_acceptance() -> N
 
 
 def test_invalid_observations_are_refused() -> None:
-    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    ctl = controller(FixedCostModel(0.02, 0.0))
     with pytest.raises(ValueError):
         ctl.observe_acceptance(ctl.new_state("a"), 2, 3)
     with pytest.raises(ValueError):
@@ -192,7 +204,7 @@ def test_invalid_observations_are_refused() -> None:
 def test_free_drafts_still_switch_off_on_evidence() -> None:
     # Flat cost: k stays at max while the estimate is uncertain, then the
     # acceptance gate switches the request off once min_trials back it.
-    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.0))
+    ctl = controller(FixedCostModel(0.02, 0.0))
     s = ctl.new_state("r")
     ks: list[int] = []
     while not s.off:
@@ -200,7 +212,7 @@ def test_free_drafts_still_switch_off_on_evidence() -> None:
         ks.append(k)
         ctl.observe_acceptance(s, k, 0)
         assert len(ks) < 100
-    assert set(ks) == {6} and s.trials >= ctl.cfg.min_trials
+    assert set(ks) == {6} and s.trials >= ctl.tuning.min_trials
 
 
 def _accepting_one_draft_in_four(ctl: SpeculationController) -> SpecState:
@@ -215,19 +227,19 @@ def _accepting_one_draft_in_four(ctl: SpeculationController) -> SpecState:
 
 def test_a_request_whose_drafts_still_pay_keeps_drafting_under_min_acceptance() -> None:
     # Flat verification, a draft costing 2 % of the step: at 0.25 a draft pays, so the gate stays open.
-    paying = _accepting_one_draft_in_four(SpeculationController(cfg(), FixedCostModel(0.02, 0.0, 0.0004)))
+    paying = _accepting_one_draft_in_four(controller(FixedCostModel(0.02, 0.0, 0.0004)))
     assert not paying.off and paying.drafted_total >= 60
     # The same acceptance where a draft costs a third of the step (it pays from 0.33): drafting stops within a few
     # steps, and the gate stays at min_acceptance.
-    ctl = SpeculationController(cfg(), FixedCostModel(0.02, 0.004, 0.004))
+    ctl = controller(FixedCostModel(0.02, 0.004, 0.004))
     costly = _accepting_one_draft_in_four(ctl)
     assert costly.drafted_total <= 10 and costly.k == 0 and ctl.off_below() == cfg().min_acceptance
     # However cheap the drafts, never below half of min_acceptance (free drafts still switch off, above).
-    assert SpeculationController(cfg(), FixedCostModel(0.02, 0.0)).off_below() == cfg().min_acceptance / 2
+    assert controller(FixedCostModel(0.02, 0.0)).off_below() == cfg().min_acceptance / 2
 
 
 def test_probes_wait_while_no_draft_could_pay() -> None:
-    ctl = SpeculationController(cfg(probe_interval_steps=2), FixedCostModel(fixed_s=0.0, per_token_s=0.001))
+    ctl = controller(FixedCostModel(fixed_s=0.0, per_token_s=0.001), probe_interval_steps=2)
     s = ctl.new_state("r")
     s.off, s.next_probe_step = True, 1
     for _ in range(5):

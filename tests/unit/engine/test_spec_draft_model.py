@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 import torch
 
+from engine.config import SpeculationConfig
 from engine.model import Decoder
 from engine.request import SamplingOptions
 from engine.sampler import RequestRng, sample_next
-from engine.speculative.config import SpeculationConfig
+from engine.speculative.config import SpeculationTuning
 from engine.speculative.draft_model import DraftModelMismatch, DraftModelProposer, check_draft_compatible
 from engine.speculative.proposer import ProposalInput, Proposer
 from engine.speculative.verifier import verify
@@ -155,8 +156,9 @@ def test_startup_refuses_a_draft_with_another_tokenizer(tmp_path: Path) -> None:
     msg = f"draft model {bad_dir} has vocab 80 tokens, target {target_dir} has 64"
     with pytest.raises(DraftModelMismatch, match=re.escape(msg)):
         DraftModelProposer.from_engine(SpeculationConfig(method="draft", draft_model=bad_dir), target)
-    cfg = SpeculationConfig(method="draft", draft_model=good_dir, draft_kv_cache_bytes=1 << 20)
-    prop = DraftModelProposer.from_engine(cfg, target, max_model_len=128, max_running_requests=2)
+    cfg = SpeculationConfig(method="draft", draft_model=good_dir)
+    prop = DraftModelProposer.from_engine(cfg, target, max_model_len=128, max_running_requests=2,
+                                          tuning=SpeculationTuning(draft_kv_cache_bytes=1 << 20))
     assert isinstance(prop, Proposer)
     assert prop.kv_cache.num_tokens == 2 * (128 + cfg.max_draft_tokens + 1)
     [out] = prop.propose([ProposalInput("a", [1, 5, 9], GREEDY, 3)], [3])

@@ -240,7 +240,7 @@ def test_a_missing_head_or_a_config_of_another_format_fails_at_load(hf, head_dir
 
 
 def test_method_eagle_without_a_head_is_a_config_error() -> None:
-    with pytest.raises(ValueError, match="eagle needs draft_head"):
+    with pytest.raises(ValueError, match="method 'eagle' needs draft_head"):
         SpeculationConfig(enabled=True, method="eagle")
 
 

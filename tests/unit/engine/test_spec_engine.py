@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -57,7 +56,7 @@ def reference(target: Any) -> dict[str, list[int]]:
 
 def draft_engine(target: Any, draft_hf: Any, mode: str, adaptive: bool) -> Any:
     spec = SpeculationConfig(enabled=True, method="draft", draft_model="tiny-draft", max_draft_tokens=4)
-    cfg = replace(spec, draft_sampling=mode, adaptive=adaptive)
+    cfg = spec.model_copy(update={"draft_sampling": mode, "adaptive": adaptive})
     proposer = DraftModelProposer(Decoder.from_hf(draft_hf, 512), cfg, VOCAB, kv_cache_tokens=4096)
     return make_engine(target, speculation=spec, proposer=proposer, controller=SpeculationController(cfg))
 
@@ -70,7 +69,7 @@ def test_batch_composition_does_not_change_tokens(target: Any, reference: dict[s
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-k", "adaptive"])
 def test_ngram_speculation_keeps_seeded_tokens(target: Any, reference: dict[str, list[int]], adaptive: bool) -> None:
     spec = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4)
-    controller = SpeculationController(replace(spec, adaptive=adaptive))
+    controller = SpeculationController(spec.model_copy(update={"adaptive": adaptive}))
     tokens, drafted, _ = run(make_engine(target, speculation=spec, controller=controller))
     assert tokens == reference
     assert drafted > 0

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from engine.speculative.config import SpeculationConfig
+from engine.config import SpeculationConfig
 from engine.speculative.controller import FixedCostModel, SpeculationController
 from engine.speculative.proposer import DraftProposal, ProposalInput
 from tests.unit.engine._engine_factories import VOCAB, greedy_request, make_engine, random_prompts, tiny_hf_model
