@@ -158,7 +158,9 @@ class SpecStepStats(BaseModel):
     accepted: int = Field(default=0, ge=0, description="Draft tokens the target accepted in this step.")
 
 
-# Why a generation ended (the engine's own literal, engine.outputs.FinishReason, says the same; a test keeps them equal).
+# Why a generation ended: stop (EOS or a stop string), length (max_tokens), abort (cancelled), deadline (its
+# deadline passed). The engine's literal (engine.outputs, which cannot import schemas) names the same ones, a unit
+# test says so; the edge's chat answers add OpenAI's "tool_calls".
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
 

@@ -64,3 +64,14 @@ def test_catalog_names_derive_from_one_prefix():
     assert all(n.startswith("acme.") for n in names)
     assert len(set(names)) == len(names)
     assert json.loads(json.dumps(catalog.services.config(min_insync_replicas=2)))["cleanup.policy"] == "compact"
+
+
+def test_the_wire_carries_exactly_the_finish_reasons_the_engine_reports():
+    from typing import get_args
+
+    from engine.outputs import FinishReason as EngineFinishReason
+    from schemas.events import FinishReason
+
+    # The engine cannot import schemas (it runs without the bus), so its literal is checked here instead.
+    assert get_args(EngineFinishReason) == get_args(FinishReason)
+    assert Completion.model_fields["finish_reason"].annotation == FinishReason
