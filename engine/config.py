@@ -17,8 +17,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 __all__ = [
     "ADAPTER_NAME",
     "DEFAULT_MODEL",
-    "DispatchMode",
     "ByteSize",
+    "DispatchMode",
     "DraftSampling",
     "EngineConfig",
     "LoRAConfig",
