@@ -4,8 +4,8 @@ Precedence, highest first: values passed to ``Settings(...)`` in code, then
 environment variables ``SPECSTREAM_<SECTION>__<KEY>`` (``__`` nests, e.g.
 ``SPECSTREAM_ENGINE__SPECULATION__ENABLED=false``), then the YAML file, then
 the defaults below. The ``engine`` section is the engine's own settings model
-(engine.config.EngineConfig), declared there once. Every model forbids unknown keys so a typo fails at start
-instead of being silently ignored.
+(engine.config.EngineConfig), each setting declared there once. Every model
+forbids unknown keys so a typo fails at start instead of being silently ignored.
 
 :func:`load_settings` is the one entry point processes use; it turns every
 problem (unreadable file, bad YAML, unknown key, bad value) into a
