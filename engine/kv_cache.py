@@ -72,10 +72,27 @@ class ArenaAllocator:
             raise ValueError(f"{region} is not an allocated region")
         del self._allocated[region.start]
         self.used -= region.size
-        i = bisect.bisect_left(self._free_starts, region.start)
-        start, size = region.start, region.size
+        self._free_run(region.start, region.size)
+
+    def shrink(self, region: Region, size: int) -> Region:
+        """Keep the first `size` slots of an allocated region and free the rest (a finished sequence's cached
+        prefix keeps its blocks, not the room it had reserved for its completion)."""
+        if self._allocated.get(region.start) != region.size:
+            raise ValueError(f"{region} is not an allocated region")
+        if not 0 < size <= region.size:
+            raise ValueError(f"cannot shrink {region} to {size} slots")
+        if size < region.size:
+            self._allocated[region.start] = size
+            self.used -= region.size - size
+            self._free_run(region.start + size, region.size - size)
+        return Region(region.start, size)
+
+    def _free_run(self, start: int, size: int) -> None:
+        """Return [start, start + size) to the free list, merged with its neighbours."""
+        end = start + size
+        i = bisect.bisect_left(self._free_starts, start)
         # Merge with the run just after, then with the run just before.
-        if i < len(self._free_starts) and self._free_starts[i] == region.end:
+        if i < len(self._free_starts) and self._free_starts[i] == end:
             size += self._free_sizes[i]
             del self._free_starts[i]
             del self._free_sizes[i]
@@ -115,6 +132,8 @@ class CacheUsage:
     total_tokens: int
     used_bytes: int
     total_bytes: int
+    # Slots held only by the prefix cache (finished sequences' blocks): free for the taking, not in used_tokens.
+    cached_tokens: int = 0
 
     @property
     def fraction(self) -> float:
@@ -214,6 +233,11 @@ class KVCache:
         # One index_copy_ per layer for the whole flat batch, K and V together (rounded to a bfloat16 arena's
         # dtype first, to nearest even, as the fused step's write rounds).
         self.kv[layer].index_copy_(2, slot_mapping, kv.permute(1, 2, 0, 3).to(self.dtype))
+
+    def copy(self, src_start: int, dst_start: int, length: int) -> None:
+        """Copy the KV of arena slots [src_start, +length) to [dst_start, +length), every layer, K and V: one
+        strided copy (a cached prefix into a new sequence's region; the regions never overlap)."""
+        self.kv[:, :, :, dst_start : dst_start + length].copy_(self.kv[:, :, :, src_start : src_start + length])
 
     def view(self, layer: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of arena slots [start, start + length): views, each [kv_heads, length, head_dim]."""
