@@ -229,7 +229,7 @@ class EngineConfig(Section):
         default=0.5, gt=0.0, le=1.0,
         description="Share of max_running_requests that batch-job lines (the lowest priority) may hold, in slots "
         "interactive work leaves free; interactive requests still get every slot, admitted at the next step beside "
-        "running lines without preempting anything.",
+        "running lines, preempting one only when KV memory is short.",
     )
     batch_headroom: int = Field(
         default=2, ge=0,
@@ -241,6 +241,14 @@ class EngineConfig(Section):
         description="Most tokens of batch-job work in one engine step beyond one decode row per running line (their "
         "prompt tokens, then their speculative drafts); steps that carry interactive prefill carry no batch work at "
         "all. Bounds how much longer batch work makes the step an interactive request waits behind.",
+    )
+    # engine.prefix_cache: reuse the KV of any earlier or running sequence whose prompt prefix (and adapter) matches.
+    prefix_caching: bool = Field(
+        default=True,
+        description="Automatic prefix caching (vLLM's enable_prefix_caching): a request whose prompt starts with "
+        "the tokens of an earlier or running request (same LoRA adapter) copies their KV instead of computing it "
+        "again, in blocks of 16 tokens; the last prompt token is always computed. Cached blocks nobody runs on are "
+        "evicted least recently used first. Outputs are the same with it on and off.",
     )
     # engine.packed_linear; with a quantized format engine.quant.linear.
     prepack_weights: bool = Field(

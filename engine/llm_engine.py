@@ -46,7 +46,7 @@ from engine.loader import LoadedModel, apply_weights, load_model
 from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
-from engine.outputs import RequestOutput, RequestOutputAccum, SpecCounters
+from engine.outputs import PrefixCacheCounters, RequestOutput, RequestOutputAccum, SpecCounters
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
 from engine.sampler import RequestRng
@@ -145,6 +145,7 @@ class LLMEngine:
             batch_max_share=config.batch_max_share,
             batch_headroom=config.batch_headroom,
             batch_step_tokens=config.batch_step_tokens,
+            prefix_caching=config.prefix_caching,
         )
         # A draft head reads the target's hidden states: only then does the runner keep them.
         self.hidden_consumer = self.proposer if isinstance(self.proposer, HiddenStateConsumer) else None
@@ -210,7 +211,14 @@ class LLMEngine:
         return self.scheduler.has_unfinished() or (self.lora is not None and bool(self.lora.parked))
 
     def cache_usage(self) -> CacheUsage:
-        return self.kv_cache.usage()
+        """KV held by running sequences (blocks only the prefix cache holds count as free, as vLLM counts them)."""
+        return self.scheduler.blocks.usage()
+
+    def prefix_cache_counters(self) -> PrefixCacheCounters:
+        """Cumulative: prompt tokens looked up and found in the prefix cache (vLLM's prefix_cache_queries / _hits),
+        and preemptions."""
+        blocks = self.scheduler.blocks
+        return PrefixCacheCounters(blocks.queries, blocks.hits, self.scheduler.num_preemptions)
 
     def add_step_observer(self, observer: StepObserver) -> None:
         """Call `observer` once per `step()`, after the step, with a StepRecord of it (empty steps included).

@@ -51,6 +51,15 @@ class SpecTally(SpecCounters):
         return replace(self, drafted_at=list(self.drafted_at), accepted_at=list(self.accepted_at))
 
 
+@dataclass(frozen=True)
+class PrefixCacheCounters:
+    """The engine's cumulative prefix-cache and preemption counters (LLMEngine.prefix_cache_counters)."""
+
+    queries: int  # prompt tokens looked up (vLLM counts tokens, not requests)
+    hits: int  # of them, found cached
+    preemptions: int
+
+
 @dataclass
 class RequestStats:
     prompt_tokens: int
@@ -61,6 +70,10 @@ class RequestStats:
     spec: SpecTally = field(default_factory=SpecTally)
     # Tokens emitted per target forward that included this request (1.0 without speculation).
     tokens_per_forward: float = 1.0
+    # Prompt tokens whose KV came from the prefix cache (OpenAI's usage.prompt_tokens_details.cached_tokens).
+    cached_prompt_tokens: int = 0
+    # Times the request gave its KV back to a more urgent one and was recomputed.
+    preemptions: int = 0
 
 
 @dataclass

@@ -19,8 +19,8 @@ Batch work (priority at or above ``batch_priority``: offline batch jobs) sorts
 after every interactive request. Batch lines never take an interactive
 request's slot: interactive requests count only themselves against
 ``max_running_requests``, so an interactive arrival is admitted at the next
-step (KV room permitting) however many batch lines run, without preempting
-anything. A batch line is admitted into the slots interactive work leaves
+step however many batch lines run, taking their slots never and their KV
+only when memory is short (below). A batch line is admitted into the slots interactive work leaves
 free: at most ``batch_max_share`` of ``max_running_requests`` in all, and only
 while ``batch_headroom`` slots stay free after it, so as interactive work
 grows, finishing batch lines hand their slots back instead of being
@@ -38,11 +38,22 @@ prefill step (every chunk of it, for a long prompt) runs as if no batch were
 there. While interactive prefill fills every step, batch lines wait.
 
 Admission reserves a KV region for the sequence's whole life (prompt +
-max_tokens + draft slack), so a running sequence never runs out of memory and
-nothing is ever preempted: a request that does not fit right now waits; one
-that could never fit is rejected when it is added. The queue is strict: when
-its head does not fit, nothing behind it jumps ahead (a big request is not
-starved by a stream of small ones).
+max_tokens + draft slack), so a running sequence never runs out of memory
+mid-generation; one that could never fit is rejected when it is added. The
+region comes through the prefix cache (engine.prefix_cache): the longest
+cached prefix of the prompt is copied in and not computed again, and cached
+blocks nobody runs on are evicted, least recently used first, to make room.
+When the queue's head does not fit even so:
+* it preempts running sequences of a strictly lower priority (batch lines
+  first, then the newest), if that frees enough: they give their region back
+  (their blocks stay cached, so recomputing them is mostly a copy), go back to
+  the queue in their old place, and resume with every token they had, the same
+  output (recompute, as vLLM v1 preempts);
+* otherwise up to ``LOOKAHEAD`` requests of the same class behind it that fit
+  are admitted instead (no head-of-line blocking), each counted against the
+  head; once ``HEAD_BYPASS_LIMIT`` requests have passed it, nothing more does
+  until it fits (it is never starved: running sequences finish and free their
+  regions).
 
 The scheduler owns two decisions the rest of the engine only reads:
 * how many drafts a decode may verify (`draft_cap`, the one place k is capped);
@@ -59,11 +70,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.config import batch_line_slots
-from engine.kv_cache import KVCache
+from engine.kv_cache import CacheSlot, KVCache
 from engine.outputs import FinishReason
+from engine.prefix_cache import PrefixCache
 from engine.request import RequestRejected
 from engine.sequence import Sequence, SequenceStatus
 from engine.speculative.proposer import DraftProposal
+
+# Waiting requests (the head included) looked at for one admission when the head does not fit.
+LOOKAHEAD = 8
+# Admissions that may pass a head that does not fit before it blocks the queue until it does.
+HEAD_BYPASS_LIMIT = 16
 
 
 def draft_cap(seq: Sequence, max_draft_tokens: int, free_tokens: int | None = None) -> int:
@@ -139,6 +156,7 @@ class Scheduler:
         batch_max_share: float = 1.0,
         batch_step_tokens: int | None = None,
         batch_headroom: int = 0,
+        prefix_caching: bool = False,
     ) -> None:
         if max_running_requests < 1 or max_batched_tokens < 1:
             raise ValueError("max_running_requests and max_batched_tokens must be at least 1")
@@ -149,6 +167,11 @@ class Scheduler:
         if batch_step_tokens is not None and batch_step_tokens < 1:
             raise ValueError(f"batch_step_tokens must be at least 1, got {batch_step_tokens}")
         self.kv_cache = kv_cache
+        # Every region is allocated and given back through it (a pass-through with prefix caching off).
+        self.blocks = PrefixCache(kv_cache, enabled=prefix_caching)
+        self.num_preemptions = 0
+        # Admissions that passed each waiting head that did not fit (by request id).
+        self._bypassed: dict[str, int] = {}
         self.max_model_len = max_model_len
         self.max_running_requests = max_running_requests
         self.max_batched_tokens = max_batched_tokens
@@ -229,9 +252,8 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         # A waiting entry stays in the heap and is skipped when it surfaces.
-        if seq.kv is not None:
-            self.kv_cache.free(seq.kv)
-            seq.kv = None
+        self.blocks.release(seq)
+        self._bypassed.pop(seq.request_id, None)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.finish_time = time.time() if now is None else now
@@ -243,8 +265,8 @@ class Scheduler:
 
     def pending_prefill_tokens(self) -> int:
         """Prompt tokens not yet computed, running and waiting (the speculation controller's base load)."""
-        running = sum(s.num_prompt_tokens - s.num_computed for s in self.running if s.is_prefilling)
-        waiting = sum(s.num_prompt_tokens for *_, s in self._waiting if s.status is SequenceStatus.WAITING)
+        running = sum(s.prefill_target - s.num_computed for s in self.running if s.is_prefilling)
+        waiting = sum(s.prefill_target for *_, s in self._waiting if s.status is SequenceStatus.WAITING)
         return running + waiting
 
     # --------------------------------------------------------------- schedule
@@ -334,7 +356,7 @@ class Scheduler:
                 scheduled.append(self._prefill_chunk(seq, budget))
                 budget -= scheduled[-1].num_new_tokens
         while budget > 0 and self._has_slot(batch):
-            seq = self._admit(now, batch)
+            seq = self._admit(now, batch, scheduled)
             if seq is None:
                 break
             scheduled.append(self._prefill_chunk(seq, budget))
@@ -349,24 +371,70 @@ class Scheduler:
         return (self.num_running_batch < self.batch_slots
                 and len(self.running) + 1 + self.batch_headroom <= self.max_running_requests)
 
-    def _admit(self, now: float, batch: bool) -> Sequence | None:
-        """The queue's head when it is of this class of work and fits; strictly in queue order."""
+    def _admit(self, now: float, batch: bool, scheduled: list[ScheduledSequence]) -> Sequence | None:
+        """The first waiting request of this class of work that gets a region: the head (preempting lower
+        priorities if need be), else one behind it while the head may still be passed."""
         self._pop_finished_heads()
         if not self._waiting:
             return None
-        seq = self._waiting[0][3]
-        if self.is_batch(seq) != batch:
-            return None  # the other class's turn: the queue is strict, nothing jumps its head
-        slot = self.kv_cache.allocate(seq.kv_tokens_needed(self.max_draft_tokens))
-        if slot is None:
-            return None  # waits until a running sequence frees its region
-        heapq.heappop(self._waiting)
+        head = self._waiting[0][3]
+        if self.is_batch(head) != batch:
+            return None  # the other class's turn: interactive work always sorts first
+        slot = self._region_for(head) or self._preempt_for(head, scheduled)
+        if slot is not None:
+            self._bypassed.pop(head.request_id, None)
+            return self._start(head, slot, now)
+        if self._bypassed.get(head.request_id, 0) >= HEAD_BYPASS_LIMIT:
+            return None  # the head's turn: what finishes frees room for it
+        for *_, seq in heapq.nsmallest(LOOKAHEAD, self._waiting)[1:]:
+            if seq.status is not SequenceStatus.WAITING or self.is_batch(seq) != batch:
+                continue
+            slot = self._region_for(seq)
+            if slot is not None:
+                self._bypassed[head.request_id] = self._bypassed.get(head.request_id, 0) + 1
+                return self._start(seq, slot, now)
+        return None
+
+    def _region_for(self, seq: Sequence) -> CacheSlot | None:
+        return self.blocks.allocate(seq, seq.kv_tokens_needed(self.max_draft_tokens))
+
+    def _start(self, seq: Sequence, slot: CacheSlot, now: float) -> Sequence:
+        self._waiting = [e for e in self._waiting if e[3] is not seq]
+        heapq.heapify(self._waiting)
         seq.kv = slot
         seq.status = SequenceStatus.RUNNING
         if seq.first_scheduled_time is None:
             seq.first_scheduled_time = now
         self.running.append(seq)
         return seq
+
+    def _preempt_for(self, seq: Sequence, scheduled: list[ScheduledSequence]) -> CacheSlot | None:
+        """Free room for `seq` by preempting running sequences of a strictly lower priority, lowest and newest
+        first, when that is enough; not those already fed in this step."""
+        in_step = {id(s.seq) for s in scheduled}
+        victims = sorted(
+            (r for r in self.running if r.request.priority > seq.request.priority and id(r) not in in_step),
+            key=lambda r: (r.request.priority, r.request.arrival_time),
+            reverse=True,
+        )
+        need = seq.kv_tokens_needed(self.max_draft_tokens)
+        if not victims or not self.blocks.can_free(need, [v.kv.region for v in victims if v.kv is not None]):
+            return None
+        for victim in victims:
+            self.preempt(victim)
+            slot = self._region_for(seq)
+            if slot is not None:
+                return slot
+        return None
+
+    def preempt(self, seq: Sequence) -> None:
+        """`seq` gives its region back and waits in its old place; it recomputes what it had when it runs again."""
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        heapq.heappush(self._waiting, (seq.request.priority, seq.request.arrival_time, next(self._tiebreak), seq))
 
     def update_from_step(self, batch: SchedulerOutput, accepted: Mapping[str, int]) -> None:
         """After the forward (which wrote the KV of every fed row) and verification.
@@ -381,9 +449,11 @@ class Scheduler:
                 raise RuntimeError(f"{sched.seq.request_id} lost its KV region mid-step")
             rejected = len(sched.draft_tokens) - accepted.get(sched.seq.request_id, 0)
             kv.num_cached += sched.num_new_tokens - rejected
+            self.blocks.committed(sched.seq)
 
     @staticmethod
     def _prefill_chunk(seq: Sequence, budget: int) -> ScheduledSequence:
-        remaining = seq.num_prompt_tokens - seq.num_computed
+        remaining = seq.prefill_target - seq.num_computed
         n = min(remaining, budget)
-        return ScheduledSequence(seq, n, is_prefill=True, needs_logits=n == remaining)
+        # A resumed sequence (preempted) recomputes KV only: its next token comes from its next decode.
+        return ScheduledSequence(seq, n, is_prefill=True, needs_logits=n == remaining and not seq.output_ids)

@@ -43,6 +43,15 @@ class Sequence:
     # The grammar's state after output_ids, for a constrained request (engine.grammar.matchers).
     matcher: LLMatcher | None = None
 
+    # Prefix caching (engine.prefix_cache): the chained hashes of the full blocks hashed so far, the root of the
+    # chain (the inputs besides tokens that change KV: the LoRA adapter), and the prompt tokens whose KV the
+    # first admission found cached (None until admitted).
+    block_hashes: list[bytes] = field(default_factory=list)
+    cache_salt: str = ""
+    num_cached_prompt_tokens: int | None = None
+    # Times this sequence gave its KV region back for a more urgent one (recomputed when it runs again).
+    num_preemptions: int = 0
+
     # Timing (time.time()) and counters for RequestStats.
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -74,8 +83,14 @@ class Sequence:
         return self.kv.num_cached if self.kv is not None else 0
 
     @property
+    def prefill_target(self) -> int:
+        """Tokens to compute before the next decode: the prompt, or after a preemption the prompt and every
+        output token but the last sampled one (which the next decode feeds)."""
+        return self.num_tokens - 1 if self.output_ids else self.num_prompt_tokens
+
+    @property
     def is_prefilling(self) -> bool:
-        return self.num_computed < self.num_prompt_tokens
+        return self.num_computed < self.prefill_target
 
     @property
     def last_token(self) -> int:
@@ -110,4 +125,6 @@ class Sequence:
             total_s=max(0.0, end - arrival),
             spec=self.spec.copy(),
             tokens_per_forward=n_out / self.num_sampling_forwards if self.num_sampling_forwards else 1.0,
+            cached_prompt_tokens=self.num_cached_prompt_tokens or 0,
+            preemptions=self.num_preemptions,
         )

@@ -58,6 +58,10 @@ class LoRAManager:
         self._ready: dict[str, LoRAAdapter] = {}  # read, waiting for a free slot
         self._stale: set[str] = set()  # resident from a path since replaced; evicted when its requests end
         self._pool: ThreadPoolExecutor | None = None
+        # Placements so far: a new one per weight write, so KV computed under older weights of a name is never
+        # taken for the new ones' (the prefix cache's key, cache_key).
+        self._placements = 0
+        self._placement: dict[str, int] = {}
 
     # --- names -------------------------------------------------------------------------------------------------------
 
@@ -152,6 +156,8 @@ class LoRAManager:
         for layer, linear in self._linears:
             linear.write(slot, layer, adapter)
         self.rows.version += 1
+        self._placements += 1
+        self._placement[adapter.name] = self._placements
         self.slots[adapter.name] = slot
         self.slots.move_to_end(adapter.name)
         self.ranks[slot] = adapter.rank
@@ -195,6 +201,10 @@ class LoRAManager:
 
     def end_step(self) -> None:
         self.rows.clear()
+
+    def cache_key(self, name: str) -> str:
+        """What names the resident weights of `name` for the prefix cache: its name and which placement."""
+        return f"lora\0{name}\0{self._placement[name]}"
 
     def slot_of(self, name: str | None) -> int:
         return 0 if name is None else self.slots[name]

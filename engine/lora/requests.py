@@ -42,6 +42,7 @@ class LoRARequests:
             served = ", ".join([self.base_model, *self.manager.served()])
             raise RequestRejected("unknown_model", f"model '{name}' is not served; available: {served}")
         if self.manager.is_resident(name):
+            seq.cache_salt = self.manager.cache_key(name)
             self._enter(seq)
             self._pin(seq, name)
             return
@@ -60,6 +61,7 @@ class LoRARequests:
                 why = failed.get(name) or f"LoRA adapter '{name}' was unloaded"
                 failures.append(ParkedFailure(seq, "unknown_model" if name not in failed else "internal_error", why))
             elif self.manager.is_resident(name):
+                seq.cache_salt = self.manager.cache_key(name)
                 try:
                     self._enter(seq)
                 except RequestRejected as rejected:

@@ -108,6 +108,7 @@ def make_engine(
     fused_step: bool = True,
     quant_kernel: str = "auto",
     kv_cache_dtype: str = "auto",
+    prefix_caching: bool = True,
     progress: Any = None,  # the lines the engine says at start
 ) -> LLMEngine:
     kv_dtype = engine_setup.kv_cache_dtype(kv_cache_dtype, torch.float32, weights)
@@ -124,6 +125,7 @@ def make_engine(
         kernel_dispatch=kernel_dispatch,
         fused_step=fused_step,
         quant_kernel=quant_kernel,
+        prefix_caching=prefix_caching,
         **({} if lora is None else {"lora": lora}),
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller, progress=progress)

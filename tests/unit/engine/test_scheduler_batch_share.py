@@ -177,24 +177,35 @@ def test_every_chunk_of_a_long_interactive_prompt_runs_without_batch_rows() -> N
     assert {s.seq.request_id for s in step(sch).scheduled} == {"i0", "b0", "b1"}
 
 
-def test_batch_lines_keep_decoding_while_an_interactive_request_waits_for_memory() -> None:
+def test_an_interactive_request_short_of_memory_preempts_a_batch_line_which_resumes_after_it() -> None:
     sch = make_capped_scheduler(max_running=8, batch_step_tokens=8, kv_tokens=60)
     sch.add(long_seq("b0", BATCH, prompt_len=4, max_tokens=20))
     step(sch)
-    sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))  # needs 51 KV slots; b0 holds 25 of 60: it waits
-    out = step(sch)
-    assert [(s.seq.request_id, s.is_prefill) for s in out.scheduled] == [("b0", False)]
-
-
-def test_batch_prompts_go_on_while_an_interactive_request_waits_for_memory() -> None:
-    # The interactive head does not fit until a batch line ends: batch prefill must not wait on it (no deadlock).
-    sch = make_capped_scheduler(max_running=8, batch_step_tokens=8, kv_tokens=60)
-    sch.add(long_seq("b0", BATCH, prompt_len=20, max_tokens=4))
-    step(sch)
+    step(sch)  # b0 has decoded: 2 output tokens
     sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))  # needs 51 KV slots; b0 holds 25 of 60
+    out = step(sch)
+    assert [(s.seq.request_id, s.is_prefill) for s in out.scheduled] == [("i0", True)]
+    b0 = sch.get("b0")
+    assert b0 is not None and b0.kv is None and b0.num_preemptions == 1 and sch.num_preemptions == 1
+    assert b0.output_ids == [7, 7]  # kept: it resumes where it was, recomputing its KV
+    sch.finish(sch.get("i0"), "stop")
+    resumed = step(sch)
+    # Prompt and output but the last sampled token: KV only, no new token from this chunk.
+    assert [(s.seq.request_id, s.num_new_tokens, s.needs_logits) for s in resumed.scheduled] == [("b0", 5, False)]
+    assert [(s.seq.request_id, s.is_prefill) for s in step(sch).scheduled] == [("b0", False)]
+
+
+def test_batch_prompts_go_on_while_an_interactive_request_waits_for_memory_held_by_interactive_work() -> None:
+    # The interactive head does not fit and may not preempt its peers: batch prefill must not wait on it.
+    sch = make_capped_scheduler(max_running=8, batch_step_tokens=8, kv_tokens=70)
+    sch.add(long_seq("i_a", 0, prompt_len=4, max_tokens=20))
+    sch.add(long_seq("b0", BATCH, prompt_len=20, max_tokens=4))
+    assert [batch_step_tokens(step(sch), sch) for _ in range(2)] == [0, 8]
+    # i0 needs 51 KV slots; i_a holds 25 and b0 25 of 70: even without b0 it would not fit, so b0 stays.
+    sch.add(long_seq("i0", 0, prompt_len=30, max_tokens=20))
     outs = [step(sch) for _ in range(2)]
     assert [batch_step_tokens(o, sch) for o in outs] == [8, 4]
-    assert "i0" not in running_ids(sch)
+    assert "i0" not in running_ids(sch) and sch.num_preemptions == 0
 
 
 def test_batch_decodes_verify_drafts_only_in_steps_without_interactive_prefill() -> None:
