@@ -18,7 +18,7 @@ from schemas.events import Completion, CompletionRecord, ErrorEvent, GenerateReq
 # fingerprint.
 _CAPACITY_ONLY = {"device", "kv_cache_bytes", "kv_cache_fraction", "max_running_requests", "max_batched_tokens",
                   "batch_max_share", "batch_headroom", "batch_step_tokens", "prepack_weights", "kernel_dispatch", "fused_step",
-                  "threads"}
+                  "threads", "prefix_caching"}
 
 
 def config_fingerprint(engine: EngineConfig) -> str:
