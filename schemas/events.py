@@ -206,12 +206,21 @@ class TokenChunk(Event):
     )
 
 
+class PromptTokensDetails(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cached_tokens: int = Field(
+        default=0, ge=0, description="Prompt tokens whose KV the engine's prefix cache already held (not computed).")
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        default=None, description="OpenAI's breakdown of the prompt tokens (null from workers before prefix caching).")
 
 
 class Timings(BaseModel):

@@ -95,6 +95,13 @@ class WorkerMetrics:
                                      ["model_name", "tenant"], registry=registry)
         self.generation_tokens = Counter(f"{PREFIX}generation_tokens", "Generated tokens of finished requests.",
                                          ["model_name", "tenant"], registry=registry)
+        # vLLM's prefix-cache counters count tokens: prompt tokens looked up, and of them found cached.
+        self.prefix_cache_queries = Counter(f"{PREFIX}prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                            "cache (finished requests).", ["model_name"], registry=registry)
+        self.prefix_cache_hits = Counter(f"{PREFIX}prefix_cache_hits", "Prompt tokens found in the prefix cache "
+                                         "(finished requests).", ["model_name"], registry=registry)
+        self.preemptions = Counter(f"{PREFIX}num_preemptions", "Times a request gave its KV back to a more urgent "
+                                   "one and was recomputed (finished requests).", ["model_name"], registry=registry)
         self.request_success = Counter(f"{PREFIX}request_success", "Finished requests by finish reason.",
                                        ["model_name", "finished_reason"], registry=registry)
 

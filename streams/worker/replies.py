@@ -17,6 +17,7 @@ from engine.request import EngineRequest
 from schemas.events import (
     Completion,
     GenerateRequest,
+    PromptTokensDetails,
     SpecStats,
     SpecStepStats,
     Timings,
@@ -66,6 +67,7 @@ class Generation:
                 prompt_tokens=stats.prompt_tokens,
                 completion_tokens=stats.completion_tokens,
                 total_tokens=stats.prompt_tokens + stats.completion_tokens,
+                prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_prompt_tokens),
             )
             timings = Timings(
                 queued_s=max(0.0, stats.queued_s) + self.transit_s,
@@ -80,7 +82,8 @@ class Generation:
             )
         else:  # the engine gave no stats (e.g. an abort before the first step): our own clock
             prompt_tokens = len(self.engine_request.prompt_token_ids) if self.engine_request else 0
-            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens)
+            usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=0, total_tokens=prompt_tokens,
+                          prompt_tokens_details=PromptTokensDetails(cached_tokens=0))
             total = time.time() - self.delivery.received_at + self.transit_s
             timings = Timings(queued_s=total, ttft_s=total, total_s=total)
             spec = SpecStats()

@@ -126,6 +126,10 @@ class WorkerTelemetry:
         metrics.prompt_tokens.labels(model, tenant).inc(final.usage.prompt_tokens)
         metrics.generation_tokens.labels(model, tenant).inc(final.usage.completion_tokens)
         metrics.request_success.labels(model, final.finish_reason).inc()
+        if stats is not None:
+            metrics.prefix_cache_queries.labels(model).inc(stats.prompt_tokens)
+            metrics.prefix_cache_hits.labels(model).inc(stats.cached_prompt_tokens)
+            metrics.preemptions.labels(model).inc(stats.preemptions)
         if stats is None or not stats.spec.drafted:
             return
         # drafted_at[0] counts the steps in which this request drafted at least one token: its drafts.

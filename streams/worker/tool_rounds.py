@@ -31,6 +31,7 @@ from schemas.events import (
     Completion,
     GenerateRequest,
     OutputConstraint,
+    PromptTokensDetails,
     TokenChunk,
     ToolCall,
     Usage,
@@ -55,6 +56,7 @@ class _Conversation:
     calls: int = 0  # calls made in all rounds (the next call's index)
     round_start: int = 0  # where the current round's text starts in the whole answer
     prompt_tokens: int = 0  # of the rounds before the current one
+    cached_tokens: int = 0  # of those, found in the engine's prefix cache
     results: list[ToolResult] = field(default_factory=list)
 
 
@@ -81,7 +83,9 @@ class ToolRounds:
             return False
         self._conversations[request.request_id] = convo
         generation.delivery.reply(generation.chunk(output, None))
-        convo.prompt_tokens += output.stats.prompt_tokens if output.stats is not None else 0
+        if output.stats is not None:
+            convo.prompt_tokens += output.stats.prompt_tokens
+            convo.cached_tokens += output.stats.cached_prompt_tokens
         self._spawn(self._round(generation, convo, text, calls))
         return True
 
@@ -91,7 +95,10 @@ class ToolRounds:
         if convo is None or not convo.results:
             return completion
         prompt = convo.prompt_tokens + completion.usage.prompt_tokens
-        usage = Usage(prompt_tokens=prompt, completion_tokens=generation.tokens, total_tokens=prompt + generation.tokens)
+        last = completion.usage.prompt_tokens_details
+        cached = PromptTokensDetails(cached_tokens=convo.cached_tokens + (last.cached_tokens if last else 0))
+        usage = Usage(prompt_tokens=prompt, completion_tokens=generation.tokens, total_tokens=prompt + generation.tokens,
+                      prompt_tokens_details=cached)
         return completion.model_copy(update={"tool_results": list(convo.results), "usage": usage})
 
     def forget(self, request_id: str) -> None:
