@@ -19,9 +19,10 @@ every attention path, for a few percent of one turn. Measured by
 `python -m bench.prefix_cache copy`.
 
 Holders. A region whose leading blocks are indexed is a holder: a running
-sequence's own region (its blocks are indexed as their KV is committed, so
-requests arriving while it runs reuse them), and, once it finishes, what is left
-of it (shrunk to its full blocks) as an unreferenced holder in LRU order. An
+sequence's own region (its prompt's blocks are indexed as their KV is
+committed, so requests arriving while it runs reuse them), and, once it
+finishes, what is left of it (shrunk to those blocks) as an unreferenced holder
+in LRU order. An
 allocation that does not fit evicts unreferenced holders, least recently used
 first. A holder made redundant (another holder has all its blocks, as when the
 next turn of a conversation copied the whole previous turn) is freed at once,
@@ -29,7 +30,13 @@ so one conversation holds one copy of its history.
 
 Lossless: the copied KV is the KV a cache-off run computes for those positions
 (same tokens, same positions, same adapter, same kernels), and the last prompt
-token is always computed again, for the first sample's logits.
+token is always computed again, for the first sample's logits. Only prompt
+positions are indexed, never those a decode wrote: a decode's row goes through
+the row-attention kernel, a later prompt's chunk through the chunk kernel, and
+the two round differently (on the real model in int4, reusing a turn's answer
+KV flipped a near tie in the third turn of a chat; prompt-only reuse gives the
+cache-off text). So the next turn of a chat computes the previous answer and
+the new message, not the whole history.
 """
 from __future__ import annotations
 
@@ -139,11 +146,12 @@ class PrefixCache:
     # ---------------------------------------------------------- bookkeeping
 
     def committed(self, seq: Sequence) -> None:
-        """After a step: index the blocks of `seq` whose KV is now committed (prompt and output alike)."""
+        """After a step: index the blocks of `seq`'s prompt whose KV is now committed (not those of its output:
+        a decode's KV rounds differently from what a later prompt's prefill computes for the same tokens)."""
         holder = self._running.get(seq.request_id)
         if not self.enabled or holder is None:
             return
-        full = min(seq.num_computed, seq.num_tokens, holder.region.size) // self.block_size
+        full = min(seq.num_computed, seq.num_prompt_tokens, holder.region.size) // self.block_size
         if full > len(holder.hashes):
             self._extend_hashes(seq, full)
             self._add_blocks(holder, seq.block_hashes[len(holder.hashes) : full])
