@@ -125,6 +125,26 @@ def test_chat_stream_with_include_usage_matches_the_unstreamed_answer(client: Op
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) >= 2  # streamed in steps
 
 
+def test_the_next_turn_of_a_conversation_reports_its_cached_prompt_tokens_and_the_same_text(client: OpenAI) -> None:
+    conversation = uuid.uuid4().hex  # first in the prompt: no earlier test's blocks match
+    system = {"role": "system", "content": f"Session {conversation}. You are a terse assistant who answers in "
+              "one short sentence about colors, paint, light and how people see them."}
+    turn1 = [system, {"role": "user", "content": "Name three colors."}]
+    key = {"prompt_cache_key": conversation}
+    first = client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=8, extra_body=key)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    turn2 = [*turn1, {"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "And three more?"}]
+    cold = client.chat.completions.create(model=MODEL, messages=turn2, max_tokens=8, seed=3, temperature=0.7,
+                                          extra_body=key)
+    # Turn 1's prompt (whole blocks of 16) was not computed again.
+    assert cold.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens // 16 * 16 - 16 > 0
+    warm = client.chat.completions.create(model=MODEL, messages=turn2, max_tokens=8, seed=3, temperature=0.7,
+                                          extra_body=key)
+    assert warm.usage.prompt_tokens_details.cached_tokens > cold.usage.prompt_tokens_details.cached_tokens
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+
+
 def test_chat_stream_without_include_usage_has_no_usage(client: OpenAI) -> None:
     chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=3, stream=True))
     assert all(c.usage is None for c in chunks) and chunks[-1].choices[0].finish_reason in ("length", "stop")
