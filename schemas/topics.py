@@ -73,7 +73,7 @@ class TopicCatalog:
     @property
     def requests(self) -> Topic:
         return Topic(
-            name=f"{self.prefix}.requests", partitions=self.request_partitions, key="request_id",
+            name=f"{self.prefix}.requests", partitions=self.request_partitions, key="conversation_id, else request_id",
             retention_ms=24 * HOUR_MS, carries=_describe(GenerateRequest),
             purpose="Generation requests; engine workers consume them as one consumer group.",
         )

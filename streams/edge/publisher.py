@@ -73,8 +73,10 @@ class RequestPublisher:
         ``request.trace``: the worker's consumer span continues this trace.
         """
         topic = self.rollouts.request_topic(request.model, request.request_id, request.conversation_id)
+        # A conversation's turns share a partition, so the worker that holds its prefix in its KV cache gets them.
+        key = request_key(request.conversation_id or request.request_id)
         if self.tracer is None:
-            await self.producer.send_and_wait(topic, encode(request), key=request_key(request.request_id))
+            await self.producer.send_and_wait(topic, encode(request), key=key)
             return
         with self.tracer.start_as_current_span(
             f"publish {topic}", kind=SpanKind.PRODUCER,
@@ -83,8 +85,7 @@ class RequestPublisher:
         ):
             carrier = tracing.carrier_of()
             request = request.model_copy(update={"trace": tracing.trace_context(carrier)})
-            await self.producer.send_and_wait(topic, encode(request), key=request_key(request.request_id),
-                                              headers=tracing.kafka_headers(carrier))
+            await self.producer.send_and_wait(topic, encode(request), key=key, headers=tracing.kafka_headers(carrier))
 
     async def publish_cancel(self, request_id: str, reason: str = "client disconnected") -> None:
         for topic in self.rollouts.cancel_topics():
