@@ -6,6 +6,7 @@
     python -m bench.engine_bench --kernel-dispatch fixed ...   # the Intel thresholds instead of this CPU's (A/B)
     python -m bench.engine_bench --weights int4 --fused-step off ...   # layer by layer instead of one C++ call (A/B)
     python -m bench.engine_bench --weights int4 --quant-kernel torch ...   # torch's int4/int8 kernels (A/B)
+    python -m bench.engine_bench --prefix-caching off ...   # engine.prefix_caching off (A/B: no slowdown with it on)
     python -m bench.engine_bench --rows ours_plain,ours_ngram,ours_eagle,ours_eagle_lookup --concurrency 16 \
         --draft-head smollm2-135m-instruct        # a trained EAGLE head (specstream draft train), issue 16
 
@@ -80,7 +81,7 @@ def _dispatch_line(line: str) -> None:
 @dataclass(frozen=True)
 class OurEngine:
     """How our rows' engine is set up: the command line's --model, --weights, --draft-head, --kernel-dispatch,
-    --fused-step, --quant-kernel."""
+    --fused-step, --quant-kernel, --prefix-caching."""
 
     model: str = "smollm2-135m-instruct"
     weights: str = "fp32"
@@ -88,6 +89,7 @@ class OurEngine:
     kernel_dispatch: str = "auto"
     fused_step: bool = True
     quant_kernel: str = "auto"
+    prefix_caching: bool = True
 
     def args(self) -> list[str]:
         """The same settings as arguments of a row's subprocess."""
@@ -95,7 +97,8 @@ class OurEngine:
         fused = "on" if self.fused_step else "off"
         return [
             "--model", self.model, "--weights", self.weights, "--kernel-dispatch", self.kernel_dispatch,
-            "--fused-step", fused, "--quant-kernel", self.quant_kernel, *head,
+            "--fused-step", fused, "--quant-kernel", self.quant_kernel,
+            "--prefix-caching", "on" if self.prefix_caching else "off", *head,
         ]  # fmt: skip
 
 
@@ -118,7 +121,7 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
         )
     cfg = embedded_engine_config(
         model=ours.model, speculation=spec, weights=ours.weights, kernel_dispatch=ours.kernel_dispatch,
-        fused_step=ours.fused_step, quant_kernel=ours.quant_kernel,
+        fused_step=ours.fused_step, quant_kernel=ours.quant_kernel, prefix_caching=ours.prefix_caching,
     )  # fmt: skip
     engine = LLMEngine.from_config(cfg, progress=_dispatch_line)
     params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
@@ -386,12 +389,17 @@ def main(argv: list[str] | None = None) -> int:
         "--quant-kernel", default="auto", choices=("auto", "torch"),
         help="engine.quant_kernel of our int4/int8 rows: auto (ours, int8 activations, where the CPU has VNNI) or torch",
     )
+    ap.add_argument(
+        "--prefix-caching", default="on", choices=("on", "off"),
+        help="engine.prefix_caching of our rows (the warm-up's prompt and repeated workloads then hit the cache)",
+    )
     ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ours = OurEngine(
-        args.model, args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on", args.quant_kernel
+        args.model, args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on", args.quant_kernel,
+        args.prefix_caching == "on",
     )
 
     if args.row:  # subprocess mode

@@ -168,6 +168,17 @@ def test_prometheus_acceptance_rate_equals_what_the_completions_reported(scraped
     assert recorded is not None and 0.0 <= recorded <= 1.0
 
 
+def test_prometheus_counts_prefix_cache_queries_and_hits_in_tokens_as_vllm_does(
+        scraped: tuple[Prometheus, list[dict]]) -> None:
+    prometheus, _ = scraped
+    # Every prompt token is looked up; the chat template's system prompt, the same in every request, is found.
+    queries = prometheus.value("sum(specstream:prefix_cache_queries_total)")
+    assert queries == prometheus.value("sum(specstream:prompt_tokens_total)") and queries > 0
+    hits = prometheus.value("sum(specstream:prefix_cache_hits_total)")
+    assert hits is not None and 0 < hits < queries and hits % 16 == 0
+    assert prometheus.value("sum(specstream:num_preemptions_total)") == 0
+
+
 def test_prometheus_ttft_median_equals_the_completions_timings(scraped: tuple[Prometheus, list[dict]]) -> None:
     prometheus, measured_answers = scraped
     expected = histogram_quantile(0.5, [_extras(a)["timings"]["ttft_s"] for a in SERVED], TTFT_BUCKETS)

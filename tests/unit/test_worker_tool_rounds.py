@@ -65,12 +65,15 @@ class Harness:
         self.delivery = RecordingDelivery()
         self.generation = Generation(request(tool, max_tokens), self.delivery, transit_s=0.0)  # type: ignore[arg-type]
 
-    def finish_round(self, text: str, reason: str = "stop") -> bool:
-        output = RequestOutput(request_id="req-1", token_ids=[1, 2, 3], text=text, finished=True,
-                               finish_reason=reason,  # type: ignore[arg-type]
-                               stats=RequestStats(prompt_tokens=10, completion_tokens=3, queued_s=0, ttft_s=0,
-                                                  total_s=0))
-        return self.rounds.takes_over(self.generation, output)
+    def finish_round(self, text: str, reason: str = "stop", prompt_tokens: int = 10, cached: int = 0) -> bool:
+        return self.rounds.takes_over(self.generation, self.output(text, reason, prompt_tokens, cached))
+
+    @staticmethod
+    def output(text: str, reason: str = "stop", prompt_tokens: int = 10, cached: int = 0) -> RequestOutput:
+        return RequestOutput(request_id="req-1", token_ids=[1, 2, 3], text=text, finished=True,
+                             finish_reason=reason,  # type: ignore[arg-type]
+                             stats=RequestStats(prompt_tokens=prompt_tokens, completion_tokens=3, queued_s=0,
+                                                ttft_s=0, total_s=0, cached_prompt_tokens=cached))
 
     async def intents(self, count: int) -> list[ToolIntent]:
         for _ in range(200):
@@ -133,3 +136,15 @@ async def test_other_rounds_end_the_answer_as_before(tool: str, reason: str, max
 async def test_calls_stop_after_max_rounds() -> None:
     h = Harness(max_rounds=0)
     assert not h.finish_round(CALL % ("python", '{"code": "1"}'))
+
+
+async def test_the_answers_usage_adds_up_every_rounds_prompt_and_cached_tokens() -> None:
+    h = Harness()
+    assert h.finish_round(CALL % ("python", '{"code": "print(42)"}'), prompt_tokens=10, cached=0)
+    [intent] = await h.intents(1)
+    await h.rounds.on_result(result(intent.call_id, "42\n"))
+    await asyncio.gather(*h.tasks)
+    # The next round resent the conversation: the engine found its first 16 tokens cached.
+    last = h.output("The answer is 42.", prompt_tokens=40, cached=16)
+    usage = h.rounds.finish(h.generation, h.generation.completion(last, "stop", "m")).usage
+    assert usage.prompt_tokens == 50 and usage.prompt_tokens_details.cached_tokens == 16
