@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from _engine_factories import every_format_runs, needs_bf16_gemm, single_thread  # noqa: F401  (fixtures)
 
+from bench.prefix_cache import PrefillTally
 from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.prefix_cache import BLOCK_SIZE
 from engine.request import EngineRequest, SamplingOptions
-from engine.step_record import StepRecord
 
 pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
@@ -32,14 +32,7 @@ def _engine(fmt: str, prefix_caching: bool) -> LLMEngine:
 
 def _chat(engine: LLMEngine, sampling: SamplingOptions) -> tuple[list[str], dict[str, int], list[int]]:
     """Three turns; returns the answers, the prompt tokens each turn computed, and each turn's prompt length."""
-    computed: dict[str, int] = {}
-
-    def count(record: StepRecord) -> None:
-        for s in record.batch.scheduled:
-            if s.is_prefill:
-                computed[s.seq.request_id] = computed.get(s.seq.request_id, 0) + s.num_new_tokens
-
-    engine.add_step_observer(count)
+    computed = PrefillTally(engine).tokens
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
     answers, lengths = [], []
     for turn, question in enumerate(QUESTIONS):

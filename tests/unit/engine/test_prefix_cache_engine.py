@@ -16,11 +16,11 @@ from _engine_factories import (  # noqa: F401
     tiny_hf_model,
 )
 
+from bench.prefix_cache import PrefillTally
 from engine.config import LoRAConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.prefix_cache import BLOCK_SIZE
 from engine.request import EngineRequest, SamplingOptions
-from engine.step_record import StepRecord
 from tests.lora_support import save_random_adapter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -38,19 +38,6 @@ def _req(rid: str, prompt: list[int], n: int = 12, seed: int | None = None, **kw
     sampling = SamplingOptions(max_tokens=n, ignore_eos=True, temperature=0.8 if seed is not None else 0.0,
                                top_p=0.9, seed=seed)
     return EngineRequest(rid, prompt, sampling, **kw)
-
-
-class PrefillCounter:
-    """Prompt tokens each request fed to the model (a step observer)."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.tokens: dict[str, int] = {}
-        engine.add_step_observer(self)
-
-    def __call__(self, record: StepRecord) -> None:
-        for s in record.batch.scheduled:
-            if s.is_prefill:
-                self.tokens[s.seq.request_id] = self.tokens.get(s.seq.request_id, 0) + s.num_new_tokens
 
 
 def _waves(engine: LLMEngine, waves: list[list[EngineRequest]]) -> dict[str, list[int]]:
@@ -79,14 +66,14 @@ def _same_with_cache_on_and_off(make: Any) -> dict[str, Any]:
     first = _waves(off, _conversation_waves(None))
     want = _waves(off, _conversation_waves(first))
     on = make(prefix_caching=True)
-    counter = PrefillCounter(on)
+    counter = PrefillTally(on)
     assert _waves(on, _conversation_waves(first)) == want
     return {"engine": on, "prefill": counter.tokens}
 
 
 def test_a_repeated_prompt_prefills_only_its_uncached_tail_and_says_how_much_was_cached(llama: Any) -> None:
     engine = make_engine(llama)
-    counter = PrefillCounter(engine)
+    counter = PrefillTally(engine)
     prompt = SYSTEM + TAILS[0]  # 42 tokens: two full blocks can be reused, the last token is always computed
     first = engine.generate([_req("a", prompt)])["a"]
     second = engine.generate([_req("b", prompt)])["b"]
@@ -102,7 +89,7 @@ def test_a_repeated_prompt_prefills_only_its_uncached_tail_and_says_how_much_was
 
 def test_a_prompt_of_exactly_whole_blocks_still_computes_its_last_token(llama: Any) -> None:
     engine = make_engine(llama)
-    counter = PrefillCounter(engine)
+    counter = PrefillTally(engine)
     prompt = (SYSTEM + TAILS[2])[: 2 * BLOCK_SIZE]
     engine.generate([_req("a", prompt)])
     assert engine.generate([_req("b", prompt)])["b"].stats.cached_prompt_tokens == BLOCK_SIZE
@@ -111,7 +98,7 @@ def test_a_prompt_of_exactly_whole_blocks_still_computes_its_last_token(llama: A
 
 def test_the_next_turn_prefills_only_the_new_messages_and_the_conversation_holds_one_copy(llama: Any) -> None:
     engine = make_engine(llama)
-    counter = PrefillCounter(engine)
+    counter = PrefillTally(engine)
     turn1 = SYSTEM + TAILS[1]
     answer = engine.generate([_req("turn1", turn1, n=20)])["turn1"].token_ids
     new = TAILS[2]
@@ -151,7 +138,7 @@ def test_the_lora_adapter_is_part_of_the_key(llama: Any, tmp_path: Path) -> None
             [_req("base-again", prompt), _req("mixed", prompt, lora="all", seed=3)]]
     want = _waves(make(prefix_caching=False), jobs)
     on = make(prefix_caching=True)
-    counter = PrefillCounter(on)
+    counter = PrefillTally(on)
     assert _waves(on, jobs) == want
     assert want["lora"] != want["base"]
     assert counter.tokens["lora"] == len(prompt)  # the base model's blocks are not the adapter's
@@ -165,7 +152,7 @@ def test_least_recently_used_blocks_are_evicted_under_pressure_and_outputs_stay_
     # 120 slots: each request needs ~60 while it runs, so earlier prompts' blocks must make room.
     want = _waves(make_engine(llama, kv_tokens=120, prefix_caching=False), jobs)
     on = make_engine(llama, kv_tokens=120)
-    counter = PrefillCounter(on)
+    counter = PrefillTally(on)
     assert _waves(on, jobs) == want
     assert counter.tokens["p4-again"] == 44 - 2 * BLOCK_SIZE  # the most recent prompt survived
     usage = on.cache_usage()
