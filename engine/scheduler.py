@@ -20,8 +20,8 @@ after every interactive request. Batch lines never take an interactive
 request's slot: interactive requests count only themselves against
 ``max_running_requests``, so an interactive arrival is admitted at the next
 step however many batch lines run, taking their slots never and their KV
-only when memory is short (below). A batch line is admitted into the slots interactive work leaves
-free: at most ``batch_max_share`` of ``max_running_requests`` in all, and only
+only when memory is short (below). A batch line is admitted into the slots
+interactive work leaves free: at most ``batch_max_share`` of ``max_running_requests`` in all, and only
 while ``batch_headroom`` slots stay free after it, so as interactive work
 grows, finishing batch lines hand their slots back instead of being
 replaced. Batch work only ever yields at admission, and otherwise yields
@@ -46,9 +46,9 @@ blocks nobody runs on are evicted, least recently used first, to make room.
 When the queue's head does not fit even so:
 * it preempts running sequences of a strictly lower priority (batch lines
   first, then the newest), if that frees enough: they give their region back
-  (their blocks stay cached, so recomputing them is mostly a copy), go back to
-  the queue in their old place, and resume with every token they had, the same
-  output (recompute, as vLLM v1 preempts);
+  (their prompt's blocks stay cached, so recomputing those is a copy), go back
+  to the queue in their old place, and resume with every token they had,
+  recomputing the KV of their output (recompute, as vLLM v1 preempts);
 * otherwise up to ``LOOKAHEAD`` requests of the same class behind it that fit
   are admitted instead (no head-of-line blocking), each counted against the
   head; once ``HEAD_BYPASS_LIMIT`` requests have passed it, nothing more does
