@@ -112,6 +112,8 @@ class PrefixCache:
         slot = self._allocate(need)
         if hit is not None and hit.holder.owner is None:
             self._lru[hit.holder] = None  # back, most recently used
+            if slot is None:  # only evicting the source itself makes room: a miss then, never a wait for nothing
+                hit, slot = None, self._allocate(need)
         if slot is None:
             return None
         self._running[seq.request_id] = holder = Holder(slot.region, owner=seq.request_id)

@@ -159,6 +159,14 @@ def test_least_recently_used_blocks_are_evicted_under_pressure_and_outputs_stay_
     assert usage.used_tokens == 0 and 0 < usage.cached_tokens <= 120
 
 
+def test_a_hit_whose_source_must_be_evicted_to_make_room_runs_as_a_miss_instead_of_waiting(llama: Any) -> None:
+    prompt = SYSTEM + TAILS[0]  # 42 tokens: 55 slots with 12 new; its two cached blocks and 55 do not fit in 60
+    engine = make_engine(llama, kv_tokens=60)
+    first = engine.generate([_req("a", prompt)])["a"]
+    second = engine.generate([_req("b", prompt)])["b"]
+    assert second.token_ids == first.token_ids and second.stats.cached_prompt_tokens == 0
+
+
 def test_an_interactive_request_preempts_a_batch_line_which_resumes_with_the_same_output(llama: Any) -> None:
     batch_prompt, chat_prompt = random_prompts([30, 40], seed=31)
     alone = {
