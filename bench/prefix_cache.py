@@ -26,9 +26,9 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any
 
-WORDS = ("kafka partition offset consumer group broker replica leader follower producer batch linger acks "
-         "retention compaction segment index rebalance heartbeat session assignor coordinator transaction "
-         "idempotent sequence epoch fetch").split()
+WORDS = ["kafka", "partition", "offset", "consumer", "group", "broker", "replica", "leader", "follower", "producer",
+         "batch", "linger", "acks", "retention", "compaction", "segment", "index", "rebalance", "heartbeat", "session",
+         "assignor", "coordinator", "transaction", "idempotent", "sequence", "epoch", "fetch"]
 
 
 def filler(n_words: int, seed: int) -> str:

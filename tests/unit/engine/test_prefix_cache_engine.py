@@ -132,7 +132,7 @@ def test_outputs_are_the_same_with_the_cache_on_and_off_in_every_weight_format_a
 
 def test_the_lora_adapter_is_part_of_the_key(llama: Any, tmp_path: Path) -> None:
     adapters = {"all": str(save_random_adapter(llama, tmp_path / "all", r=4, alpha=8, seed=1))}
-    make = lambda **kw: make_engine(llama, lora=LoRAConfig(adapters=adapters), speculation=NGRAM, **kw)  # noqa: E731
+    make = lambda **kw: make_engine(llama, lora=LoRAConfig(adapters=adapters), speculation=NGRAM, **kw)
     prompt = SYSTEM + TAILS[1]
     jobs = [[_req("base", prompt)], [_req("lora", prompt, lora="all")], [_req("lora-again", prompt, lora="all")],
             [_req("base-again", prompt), _req("mixed", prompt, lora="all", seed=3)]]

@@ -5,15 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from _engine_factories import every_format_runs, needs_bf16_gemm, single_thread  # noqa: F401  (fixtures)
 
 from bench.prefix_cache import PrefillTally
 from engine.config import EngineConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.prefix_cache import BLOCK_SIZE
 from engine.request import EngineRequest, SamplingOptions
+from tests.unit.engine._engine_factories import (  # noqa: F401  (fixtures)
+    every_format_runs,
+    needs_bf16_gemm,
+    single_thread,
+)
 
-pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("single_thread", "every_format_runs")]
 
 MODEL = "smollm2-135m-instruct"
 SYSTEM = ("You are a helpful assistant for an event-streaming team. Answer briefly and precisely; when unsure, "
