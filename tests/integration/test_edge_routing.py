@@ -64,6 +64,7 @@ class FakeWorker:
         self.catalog = catalog
         self.worker_id = worker_id
         self.requests: list[GenerateRequest] = []
+        self.placed: dict[str, tuple[bytes | None, int]] = {}  # request_id -> the record's key and partition
         self.cancelled: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
 
@@ -103,6 +104,7 @@ class FakeWorker:
         async for message in self.consumer:
             request = decode(message.value, GenerateRequest)
             self.requests.append(request)
+            self.placed[request.request_id] = (message.key, message.partition)
             task = asyncio.create_task(self._answer(request))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -288,6 +290,26 @@ def test_the_openai_client_is_served_chat_streamed_and_not_and_completions(edge_
     assert "".join(parts).count("w") == 3 and finish == "length" and usage.completion_tokens == 3
     completion = client.completions.create(model=MODEL, prompt="hello", max_tokens=2)
     assert completion.choices[0].text.startswith("w0-") and completion.id.startswith("cmpl-")
+
+
+def test_a_conversations_turns_share_its_key_and_partition_so_one_worker_holds_its_prefix(edge_a, worker):
+    conversation = f"conv-{uuid.uuid4().hex[:8]}"
+    request_ids = []
+    with httpx.Client(timeout=20) as client:
+        for turn, extra in enumerate([{"prompt_cache_key": conversation}, {"prompt_cache_key": conversation}, {}]):
+            body = {"model": MODEL, "messages": [{"role": "user", "content": f"turn {turn}"}], "max_tokens": 2, **extra}
+            headers = {"x-conversation-id": conversation} if not extra else {}
+            response = client.post(edge_a.base_url + "/v1/chat/completions", json=body, headers=headers)
+            assert response.status_code == 200, response.text
+            request_ids.append(response.json()["id"])
+        lone = client.post(edge_a.base_url + "/v1/chat/completions",
+                           json={"model": MODEL, "messages": [{"role": "user", "content": "alone"}], "max_tokens": 2})
+        assert lone.status_code == 200, lone.text
+    lone_id = lone.json()["id"]
+    _wait(lambda: all(r in worker.placed for r in [*request_ids, lone_id]), what="the requests at the worker")
+    # The body's prompt_cache_key and the X-Conversation-Id header both key the record by the conversation.
+    assert {worker.placed[r] for r in request_ids} == {(conversation.encode(), worker.placed[request_ids[0]][1])}
+    assert worker.placed[lone_id][0] == lone_id.encode()  # no conversation: keyed by its own id, as before
 
 
 def test_http_stream_abort_publishes_cancel(edge_a, worker):
