@@ -175,34 +175,69 @@ def bench_tools(args: argparse.Namespace) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------------------------------- pressure
 
-def bench_pressure(args: argparse.Namespace) -> dict[str, Any]:
-    """16 long requests (three priorities) in a quarter of the KV they need at once: all complete, each output equal
-    to the request run alone, preemptions counted."""
-    from engine.kv_cache import kv_bytes_per_token
+def pressure_jobs(engine: Any, n: int, prompt_words: int, new_tokens: int) -> tuple[list[Any], list[Any]]:
+    """n long chat requests, half greedy and half seeded: the first half at a low priority (2), the second half
+    urgent (0), so that the urgent ones, arriving while the others hold the KV, preempt them."""
     from engine.request import EngineRequest, SamplingOptions
 
-    n, prompt_words, new = (4, 60, 8) if args.quick else (16, 300, 64)
-    alone_engine = _engine(args.weights, prefix_caching=False)
     jobs = []
     for i in range(n):
-        ids = _prompt(alone_engine, [{"role": "user", "content": filler(prompt_words, i)}])
-        sampling = SamplingOptions(max_tokens=new, ignore_eos=True, temperature=0.7 if i % 2 else 0.0, seed=i)
-        jobs.append(EngineRequest(f"r{i}", ids, sampling, priority=i % 3))
-    alone = {j.request_id: alone_engine.generate([j])[j.request_id].token_ids for j in jobs}
-    cfg = alone_engine.model.cfg
-    per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, alone_engine.kv_cache.dtype)
-    slack = alone_engine.max_draft_tokens + 1  # engine.kv_cache.region_size
-    need = sum(len(j.prompt_token_ids) + new + slack for j in jobs)
-    largest = max(len(j.prompt_token_ids) + new + slack for j in jobs)
-    # A quarter of what all need at once, but never less than the largest one alone (it would be refused).
-    engine = _engine(args.weights, prefix_caching=True, kv_bytes=max(need // 4, largest) * per_token)
-    fresh = [EngineRequest(j.request_id, j.prompt_token_ids, j.sampling, priority=j.priority) for j in jobs]
+        ids = _prompt(engine, [{"role": "user", "content": f"Request {i}: " + filler(prompt_words + 7 * i, i)}])
+        sampling = SamplingOptions(max_tokens=new_tokens, ignore_eos=True, temperature=0.8 if i % 2 else 0.0,
+                                   top_p=0.95, seed=i)
+        jobs.append(EngineRequest(f"r{i}", ids, sampling, priority=2 if i < n // 2 else 0))
+    return jobs[: n // 2], jobs[n // 2 :]
+
+
+def kv_budget_for(engine: Any, jobs: list[Any], fraction: float) -> int:
+    """Bytes of KV for `fraction` of the slots all of `jobs` reserve at once (never below the largest one alone,
+    which would be refused)."""
+    from engine.kv_cache import region_size
+
+    slots = [region_size(len(j.prompt_token_ids) + j.sampling.max_tokens, engine.max_draft_tokens) for j in jobs]
+    return int(max(sum(slots) * fraction, max(slots))) * engine.kv_cache.bytes_per_token
+
+
+def generate_staggered(engine: Any, first: list[Any], later: list[Any], steps_between: int) -> dict[str, Any]:
+    """`first` added at once, `later` added after `steps_between` steps (while `first` holds the KV); every output
+    merged per request, as LLMEngine.generate returns them."""
+    from engine.outputs import RequestOutputAccum
+
+    acc = {r.request_id: RequestOutputAccum(r.request_id) for r in [*first, *later]}
+    for r in first:
+        engine.add_request(r)
+    steps = 0
+    while engine.has_unfinished() or later:
+        if steps == steps_between:
+            for r in later:
+                engine.add_request(r)
+            later = []
+        for out in engine.step():
+            acc[out.request_id].add(out)
+        steps += 1
+    return acc
+
+
+def _fresh(jobs: list[Any]) -> list[Any]:
+    from engine.request import EngineRequest
+
+    return [EngineRequest(j.request_id, j.prompt_token_ids, j.sampling, priority=j.priority) for j in jobs]
+
+
+def bench_pressure(args: argparse.Namespace) -> dict[str, Any]:
+    """16 long requests in a quarter of the KV they need at once, the urgent half arriving while the rest hold it:
+    all complete, each output equal to the request run alone, preemptions counted."""
+    n, prompt_words, new = (4, 60, 8) if args.quick else (16, 300, 64)
+    alone_engine = _engine(args.weights, prefix_caching=False)
+    first, later = pressure_jobs(alone_engine, n, prompt_words, new)
+    alone = {j.request_id: alone_engine.generate([j])[j.request_id].token_ids for j in _fresh([*first, *later])}
+    engine = _engine(args.weights, prefix_caching=True, kv_bytes=kv_budget_for(alone_engine, [*first, *later], 0.25))
     t0 = time.perf_counter()
-    got = engine.generate(fresh)
+    got = generate_staggered(engine, _fresh(first), _fresh(later), steps_between=4)
     wall = time.perf_counter() - t0
     counters = engine.prefix_cache_counters()
     return {"part": "pressure", "weights": args.weights, "requests": n, "kv_tokens": engine.kv_cache.num_tokens,
-            "tokens_needed_at_once": need, "completed": sum(r.finished for r in got.values()),
+            "completed": sum(r.finished for r in got.values()),
             "same_as_alone": all(got[k].token_ids == v for k, v in alone.items()),
             "preemptions": counters.preemptions, "wall_s": round(wall, 1)}
 

@@ -410,10 +410,11 @@ class Scheduler:
 
     def _preempt_for(self, seq: Sequence, scheduled: list[ScheduledSequence]) -> CacheSlot | None:
         """Free room for `seq` by preempting running sequences of a strictly lower priority, lowest and newest
-        first, when that is enough; not those already fed in this step."""
-        in_step = {id(s.seq) for s in scheduled}
+        first, when that is enough. A victim's rows already in this step's batch leave it (nothing has run yet: the
+        decodes are scheduled before admissions, so an interactive victim always has one); the tokens they took
+        from this step's budget are not handed on."""
         victims = sorted(
-            (r for r in self.running if r.request.priority > seq.request.priority and id(r) not in in_step),
+            (r for r in self.running if r.request.priority > seq.request.priority),
             key=lambda r: (r.request.priority, r.request.arrival_time),
             reverse=True,
         )
@@ -421,6 +422,7 @@ class Scheduler:
         if not victims or not self.blocks.can_free(need, [v.kv.region for v in victims if v.kv is not None]):
             return None
         for victim in victims:
+            scheduled[:] = [s for s in scheduled if s.seq is not victim]
             self.preempt(victim)
             slot = self._region_for(seq)
             if slot is not None:

@@ -16,7 +16,7 @@ from _engine_factories import (  # noqa: F401
     tiny_hf_model,
 )
 
-from bench.prefix_cache import PrefillTally
+from bench.prefix_cache import PrefillTally, generate_staggered
 from engine.config import LoRAConfig, SpeculationConfig
 from engine.llm_engine import LLMEngine
 from engine.prefix_cache import BLOCK_SIZE
@@ -193,12 +193,21 @@ def test_an_interactive_request_preempts_a_batch_line_which_resumes_with_the_sam
     assert list(stats) == ["chat", "line"]  # the chat did not wait for the line to end
 
 
-def test_under_kv_pressure_every_request_completes_with_its_output_alone(llama: Any) -> None:
+def test_under_kv_pressure_every_request_completes_with_its_output_alone_and_urgent_arrivals_preempt(
+        llama: Any) -> None:
     prompts = random_prompts([30 + 3 * i for i in range(16)], seed=41)
-    jobs = [_req(f"r{i}", p, n=24, seed=i if i % 2 else None, priority=i % 3) for i, p in enumerate(prompts)]
-    alone = {j.request_id: make_engine(llama, prefix_caching=False).generate([j])[j.request_id].token_ids for j in jobs}
+
+    def jobs() -> list[EngineRequest]:  # the first half at a low priority, the second half urgent
+        return [_req(f"r{i}", p, n=24, seed=i if i % 2 else None, priority=2 if i < 8 else 0)
+                for i, p in enumerate(prompts)]
+
+    alone = {j.request_id: make_engine(llama, prefix_caching=False).generate([j])[j.request_id].token_ids
+             for j in jobs()}
     need = sum(len(p) + 24 + 1 for p in prompts)
     engine = make_engine(llama, kv_tokens=need // 4, max_batched_tokens=32)
-    jobs = [_req(f"r{i}", p, n=24, seed=i if i % 2 else None, priority=i % 3) for i, p in enumerate(prompts)]
-    assert {rid: r.token_ids for rid, r in engine.generate(jobs).items()} == alone
+    # The urgent half arrives while the low-priority half holds the KV, mid-decode (interactive, like them).
+    got = generate_staggered(engine, jobs()[:8], jobs()[8:], steps_between=6)
+    assert {rid: r.token_ids for rid, r in got.items()} == alone
+    preemptions = engine.prefix_cache_counters().preemptions
+    assert preemptions > 0 and sum(got[f"r{i}"].stats.preemptions for i in range(8)) == preemptions
     assert engine.cache_usage().used_tokens == 0
