@@ -239,6 +239,15 @@ class KVCache:
         strided copy (a cached prefix into a new sequence's region; the regions never overlap)."""
         self.kv[:, :, :, dst_start : dst_start + length].copy_(self.kv[:, :, :, src_start : src_start + length])
 
+    def save(self, start: int, length: int) -> torch.Tensor:
+        """A copy, outside the arena, of the KV of slots [start, +length), every layer (a preempted sequence's
+        output positions, put back by `load` when it resumes)."""
+        return self.kv[:, :, :, start : start + length].clone()
+
+    def load(self, start: int, saved: torch.Tensor) -> None:
+        """Write KV taken by `save` back at slots [start, +its length)."""
+        self.kv[:, :, :, start : start + saved.shape[3]].copy_(saved)
+
     def view(self, layer: int, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K, V of arena slots [start, start + length): views, each [kv_heads, length, head_dim]."""
         return self.k[layer, :, start : start + length], self.v[layer, :, start : start + length]

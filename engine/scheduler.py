@@ -430,8 +430,13 @@ class Scheduler:
         return None
 
     def preempt(self, seq: Sequence) -> None:
-        """`seq` gives its region back and waits in its old place; it recomputes what it had when it runs again."""
+        """`seq` gives its region back and waits in its old place. When it runs again it recomputes its prompt (a
+        copy for the blocks still cached) and gets its output's KV back as it was (kept outside the arena)."""
         self.running.remove(seq)
+        kv = seq.kv
+        if kv is not None and seq.output_ids and seq.saved_output_kv is None:
+            start = kv.region.start + seq.num_prompt_tokens
+            seq.saved_output_kv = self.kv_cache.save(start, kv.num_cached - seq.num_prompt_tokens)
         self.blocks.release(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -452,6 +457,17 @@ class Scheduler:
             rejected = len(sched.draft_tokens) - accepted.get(sched.seq.request_id, 0)
             kv.num_cached += sched.num_new_tokens - rejected
             self.blocks.committed(sched.seq)
+            self._restore_output(sched.seq)
+
+    def _restore_output(self, seq: Sequence) -> None:
+        """A resumed sequence whose prompt is computed again gets its output's KV back: bit for bit what its decodes
+        wrote, so it goes on exactly as if never preempted."""
+        saved, kv = seq.saved_output_kv, seq.kv
+        if saved is None or kv is None or kv.num_cached < seq.num_prompt_tokens:
+            return
+        self.kv_cache.load(kv.region.start + seq.num_prompt_tokens, saved)
+        kv.num_cached = seq.num_prompt_tokens + saved.shape[3]
+        seq.saved_output_kv = None
 
     @staticmethod
     def _prefill_chunk(seq: Sequence, budget: int) -> ScheduledSequence:

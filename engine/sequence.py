@@ -13,6 +13,7 @@ from engine.sampler import RequestRng
 from engine.speculative.controller import SpecState
 
 if TYPE_CHECKING:
+    import torch
     from llguidance import LLMatcher
 
 
@@ -51,6 +52,9 @@ class Sequence:
     num_cached_prompt_tokens: int | None = None
     # Times this sequence gave its KV region back for a more urgent one (recomputed when it runs again).
     num_preemptions: int = 0
+    # After a preemption, until it is put back: the KV of its output positions (every layer), kept outside the
+    # arena, because recomputing them with the chunk kernel rounds differently from the decodes that wrote them.
+    saved_output_kv: torch.Tensor | None = None
 
     # Timing (time.time()) and counters for RequestStats.
     first_scheduled_time: float | None = None
@@ -84,9 +88,12 @@ class Sequence:
 
     @property
     def prefill_target(self) -> int:
-        """Tokens to compute before the next decode: the prompt, or after a preemption the prompt and every
-        output token but the last sampled one (which the next decode feeds)."""
-        return self.num_tokens - 1 if self.output_ids else self.num_prompt_tokens
+        """Tokens to compute before the next decode: the prompt (also after a preemption, whose output's KV is
+        put back once the prompt is computed), or every token but the last sampled one (which the next decode
+        feeds) once it has output."""
+        if not self.output_ids or self.saved_output_kv is not None:
+            return self.num_prompt_tokens
+        return self.num_tokens - 1
 
     @property
     def is_prefilling(self) -> bool:

@@ -190,8 +190,9 @@ def test_an_interactive_request_short_of_memory_preempts_a_batch_line_which_resu
     assert b0.output_ids == [7, 7]  # kept: it resumes where it was, recomputing its KV
     sch.finish(sch.get("i0"), "stop")
     resumed = step(sch)
-    # Prompt and output but the last sampled token: KV only, no new token from this chunk.
-    assert [(s.seq.request_id, s.num_new_tokens, s.needs_logits) for s in resumed.scheduled] == [("b0", 5, False)]
+    # The prompt is computed again (KV only, no new token from this chunk); the output's KV, kept aside, is put back.
+    assert [(s.seq.request_id, s.num_new_tokens, s.needs_logits) for s in resumed.scheduled] == [("b0", 4, False)]
+    assert b0.num_computed == 5 and b0.saved_output_kv is None  # every token but the last sampled one
     assert [(s.seq.request_id, s.is_prefill) for s in step(sch).scheduled] == [("b0", False)]
 
 
