@@ -24,7 +24,10 @@ import argparse
 import json
 import time
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
+
+from bench.result_files import default_out
 
 WORDS = ["kafka", "partition", "offset", "consumer", "group", "broker", "replica", "leader", "follower", "producer",
          "batch", "linger", "acks", "retention", "compaction", "segment", "index", "rebalance", "heartbeat", "session",
@@ -72,6 +75,7 @@ def bench_copy(args: argparse.Namespace) -> dict[str, Any]:
     from engine.request import EngineRequest, SamplingOptions
 
     engine = _engine(args.weights, prefix_caching=False)
+    engine.generate([EngineRequest("warm-up", list(range(100, 164)), SamplingOptions(max_tokens=2))])  # first call
     cache, out = engine.kv_cache, {}
     for n in ([256] if args.quick else [256, 1024, 1536]):
         src, dst = cache.allocate(n + 8), cache.allocate(n + 8)
@@ -268,8 +272,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="/tmp/specstream-shared-600.jsonl", help="shared-dataset: where to write it")
     ap.add_argument("--requests", type=int, default=64, help="shared-dataset: chats in the file")
     ap.add_argument("--system-words", type=int, default=560, help="shared-dataset: ~600 tokens with the template")
+    ap.add_argument("--result", help="where to write the JSON figures (default bench/results/<date>-prefix-cache-"
+                    "<part>-<weights>.json; a smoke run or a busy machine's: --result /tmp/...)")
     args = ap.parse_args(argv)
-    print(json.dumps(PARTS[args.part](args)), flush=True)
+    result = PARTS[args.part](args)
+    print(json.dumps(result), flush=True)
+    if args.part != "shared-dataset":
+        path = Path(args.result or default_out(f"prefix-cache-{args.part}-{args.weights}"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ Memory: copy, not pages. Every sequence keeps one contiguous region of the
 arena (engine.kv_cache; the C++ row and chunk kernels read plain slices of
 it). A hit copies the matched blocks from whichever region holds them into the
 new sequence's region (one strided copy, all layers): for SmolLM2-135M in fp32
-K and V are 46 KiB a token, so a 1,500-token prefix is 69 MB. Measured by
+K and V are 46 KiB a token, so a 1,500-token prefix is 69 MB. A smoke run of
 `python -m bench.prefix_cache copy --quick` on the shared 2-core dev machine
-(busy): 15 ms to copy 256 tokens against 4.1 s to prefill them, so well under
-a tenth of a second for 1,500 tokens against several seconds (bfloat16 KV:
-half the bytes). A paged arena would save that copy but needs block tables in
+(busy) copied 256 tokens in 15 ms (bfloat16 KV: half the bytes); prefilling
+them takes a forward over every layer. A paged arena would save that copy but needs block tables in
 both C++ kernels and every attention path; the copy keeps them untouched.
 
 Holders. A region whose leading blocks are indexed is a holder: a running

@@ -45,10 +45,13 @@ cached prefix of the prompt is copied in and not computed again, and cached
 blocks nobody runs on are evicted, least recently used first, to make room.
 When the queue's head does not fit even so:
 * it preempts running sequences of a strictly lower priority (batch lines
-  first, then the newest), if that frees enough: they give their region back
-  (their prompt's blocks stay cached, so recomputing those is a copy), go back
-  to the queue in their old place, and resume with every token they had,
-  recomputing the KV of their output (recompute, as vLLM v1 preempts);
+  first, then the newest; their rows in the step being built leave it), if
+  that frees enough: they give their region back (their prompt's blocks stay
+  cached, so recomputing those is a copy), go back to the queue in their old
+  place, and resume with every token they had: the prompt recomputed (as
+  vLLM v1 recomputes), the output's KV put back from a copy kept outside the
+  arena (recomputing it with the chunk kernel would round differently from
+  the decodes that wrote it);
 * otherwise up to ``LOOKAHEAD`` requests of the same class behind it that fit
   are admitted instead (no head-of-line blocking), each counted against the
   head; once ``HEAD_BYPASS_LIMIT`` requests have passed it, nothing more does
