@@ -4,19 +4,22 @@
                                                                      # into a region against prefilling it
     .venv/bin/python -m bench.prefix_cache chat --weights int4       # 6 turns through the stack (edge, Kafka,
                                                                      # worker), history to ~1,500 tokens: TTFT per
-                                                                     # turn, cache on and off
+                                                                     # turn, cache on and off (a broker must run)
     .venv/bin/python -m bench.prefix_cache tools --weights int4      # 3 tool rounds: prompt tokens computed
                                                                      # against the tokens each round adds
-    .venv/bin/python -m bench.prefix_cache pressure --weights fp32   # 16 long requests in a quarter of their KV:
-                                                                     # all complete, outputs as alone, preemptions
+    .venv/bin/python -m bench.prefix_cache pressure --weights fp32   # 16 long requests in a quarter of their KV,
+                                                                     # the urgent half arriving while the rest hold
+                                                                     # it: all complete, outputs as alone,
+                                                                     # preemptions counted
     .venv/bin/python -m bench.prefix_cache shared-dataset --out /tmp/shared-600.jsonl
         # a specstream bench dataset: 64 chats sharing a 600-token system prompt; then, on a stack started with
         # SPECSTREAM_ENGINE__PREFIX_CACHING=true and again =false:
         #   specstream bench --dataset /tmp/shared-600.jsonl --no-shuffle --concurrency 16 --num-requests 64
 
-`--quick` shrinks every part to a smoke run (a few tokens, fewer turns). The batch-1 and 16-concurrent rows of
-`bench.engine_bench` take `--prefix-caching on|off` for the no-slowdown check. Every part prints one JSON line of
-figures; run them on a quiet machine.
+Each part but shared-dataset prints one JSON line of figures and writes it to
+bench/results/<date>-prefix-cache-<part>-<weights>.json (`--result PATH` elsewhere). `--quick` shrinks every part
+to a smoke run (a few tokens, fewer turns and requests): write those to /tmp. The batch-1 and 16-concurrent rows of
+`bench.engine_bench` take `--prefix-caching on|off` for the no-slowdown check. Run them on a quiet machine.
 """
 from __future__ import annotations
 
