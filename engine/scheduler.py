@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from engine.config import batch_line_slots
 from engine.kv_cache import CacheSlot, KVCache
 from engine.outputs import FinishReason
+from engine.preemption import restore_output, save_output, victims_for
 from engine.prefix_cache import PrefixCache
 from engine.request import RequestRejected
 from engine.sequence import Sequence, SequenceStatus
@@ -416,11 +417,7 @@ class Scheduler:
         first, when that is enough. A victim's rows already in this step's batch leave it (nothing has run yet: the
         decodes are scheduled before admissions, so an interactive victim always has one); the tokens they took
         from this step's budget are not handed on."""
-        victims = sorted(
-            (r for r in self.running if r.request.priority > seq.request.priority),
-            key=lambda r: (r.request.priority, r.request.arrival_time),
-            reverse=True,
-        )
+        victims = victims_for(seq, self.running)
         need = seq.kv_tokens_needed(self.max_draft_tokens)
         if not victims or not self.blocks.can_free(need, [v.kv.region for v in victims if v.kv is not None]):
             return None
@@ -434,12 +431,9 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         """`seq` gives its region back and waits in its old place. When it runs again it recomputes its prompt (a
-        copy for the blocks still cached) and gets its output's KV back as it was (kept outside the arena)."""
+        copy for the blocks still cached) and gets its output's KV back as it was (engine.preemption)."""
         self.running.remove(seq)
-        kv = seq.kv
-        if kv is not None and seq.output_ids and seq.saved_output_kv is None:
-            start = kv.region.start + seq.num_prompt_tokens
-            seq.saved_output_kv = self.kv_cache.save(start, kv.num_cached - seq.num_prompt_tokens)
+        save_output(seq, self.kv_cache)
         self.blocks.release(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -460,17 +454,7 @@ class Scheduler:
             rejected = len(sched.draft_tokens) - accepted.get(sched.seq.request_id, 0)
             kv.num_cached += sched.num_new_tokens - rejected
             self.blocks.committed(sched.seq)
-            self._restore_output(sched.seq)
-
-    def _restore_output(self, seq: Sequence) -> None:
-        """A resumed sequence whose prompt is computed again gets its output's KV back: bit for bit what its decodes
-        wrote, so it goes on exactly as if never preempted."""
-        saved, kv = seq.saved_output_kv, seq.kv
-        if saved is None or kv is None or kv.num_cached < seq.num_prompt_tokens:
-            return
-        self.kv_cache.load(kv.region.start + seq.num_prompt_tokens, saved)
-        kv.num_cached = seq.num_prompt_tokens + saved.shape[3]
-        seq.saved_output_kv = None
+            restore_output(sched.seq, self.kv_cache)
 
     @staticmethod
     def _prefill_chunk(seq: Sequence, budget: int) -> ScheduledSequence:
