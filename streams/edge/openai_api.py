@@ -312,12 +312,7 @@ async def _sse(
     # and one wakeup of the client, so the stream's last byte (the client's end-to-end latency) comes sooner.
     pending: list[str] = [_data(chunk("", None, role=True))] if chat else []
     try:
-        async def all_events() -> AsyncIterator:
-            yield first
-            async for e in events:
-                yield e
-
-        async for event in all_events():
+        async for event in chained(first, events):
             if isinstance(event, TokenChunk):
                 ticket.saw(event)
                 if event.tool_result is not None:
@@ -361,9 +356,22 @@ async def _sse(
         pending.append("data: [DONE]\n\n")
         yield "".join(pending)
     finally:
-        # Reached with the stream unfinished when the client aborted (this generator is cancelled).
-        if stream.finished:
-            stream.close()
-        else:
-            edge.abandon(stream)
-        ticket.finish(499, code="client_gone")
+        released(edge, stream, ticket)
+
+
+async def chained(first: TokenChunk | Completion | None, events: AsyncIterator) -> AsyncIterator:
+    """A streamed reply's events: the first one (already awaited, if any), then the rest."""
+    if first is not None:
+        yield first
+    async for e in events:
+        yield e
+
+
+def released(edge: Edge, stream: ReplyStream, ticket: Ticket) -> None:
+    """The end of a relay, however it ended: a stream unfinished here means the client went away (the relay was
+    cancelled), so the worker stops it; a ticket not finished yet is the client's 499."""
+    if stream.finished:
+        stream.close()
+    else:
+        edge.abandon(stream)
+    ticket.finish(499, code="client_gone")

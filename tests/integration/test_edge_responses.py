@@ -83,7 +83,8 @@ def test_a_text_input_gets_a_completed_response_in_openais_shape(client: OpenAI)
 
 
 def test_the_stream_sends_openais_event_sequence_and_ends_with_the_same_object(client: OpenAI) -> None:
-    kwargs: dict[str, Any] = dict(model=MODEL, input="Count from one to five.", max_output_tokens=16, temperature=0)
+    kwargs: dict[str, Any] = {"model": MODEL, "input": "Count from one to five.", "max_output_tokens": 16,
+                              "temperature": 0}
     whole = client.responses.create(**kwargs)
     events = list(client.responses.create(stream=True, **kwargs))
     kinds = [e.type for e in events]

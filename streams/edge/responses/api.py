@@ -25,7 +25,7 @@ from schemas.responses import StoredResponse
 from streams.edge import errors
 from streams.edge.admission.admit import Ticket
 from streams.edge.keys import Principal
-from streams.edge.openai_api import principal, start_generation
+from streams.edge.openai_api import chained, principal, released, start_generation
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.responses.body import ResponsesBody
 from streams.edge.responses.events import ResponseBuilder, answered
@@ -121,13 +121,7 @@ async def relay(edge: Any, store: ResponseStore, ticket: Ticket, stream: ReplySt
     builder = ResponseBuilder(body, gen)
     pending = builder.start()
     try:
-        async def all_events() -> AsyncIterator[Any]:
-            if first is not None:
-                yield first
-            async for e in events:
-                yield e
-
-        async for event in all_events():
+        async for event in chained(first, events):
             if isinstance(event, TokenChunk):
                 ticket.saw(event)
                 if event.text:
@@ -156,12 +150,7 @@ async def relay(edge: Any, store: ResponseStore, ticket: Ticket, stream: ReplySt
         error = errors.reply_timeout(gen.request_id)
         yield pending + [builder.error(error)]
     finally:
-        # Reached with the stream unfinished when the client went away (this generator is closed).
-        if stream.finished:
-            stream.close()
-        else:
-            edge.abandon(stream)
-        ticket.finish(499, code="client_gone")
+        released(edge, stream, ticket)
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)

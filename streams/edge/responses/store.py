@@ -2,9 +2,9 @@
 
 Storage is the topic, never this process: every edge follows the topic from its beginning
 (:class:`~streams.kafka.compacted_table.CompactedTable`), so a response created on one replica is found on another
-(a key not in the view yet makes the reader catch up to the topic's end before saying "not found"). A record's key is
-``<tenant>/<id>`` (:func:`schemas.responses.response_key`): a tenant asking for another's id finds nothing, exactly
-as for an id that never existed. A response older than the topic's retention (``edge.responses_retention_h``) is
+(a reader catches up to the topic's end before it answers, so what another replica just wrote or deleted is
+seen). A record's key is ``<tenant>/<id>`` (:func:`schemas.responses.response_key`): a tenant asking for another's
+id finds nothing, exactly as for an id that never existed. A response older than the topic's retention (``edge.responses_retention_h``) is
 gone even before the broker deletes its segment.
 """
 from __future__ import annotations
@@ -54,10 +54,9 @@ class ResponseStore(BackgroundView[StoredResponse]):
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         """The tenant's stored response, or None (another tenant's, deleted, expired, or never stored)."""
-        key = response_key(tenant, response_id)
-        if self.table.get(key) is None:
-            await self._caught_up()  # written by another edge a moment ago?
-        stored = self.table.get(key)
+        # Written or deleted by another edge a moment ago? Catch up with the topic first (one end-offsets request).
+        await self._caught_up()
+        stored = self.table.get(response_key(tenant, response_id))
         if stored is None or self._expired(stored):
             return None
         return stored
