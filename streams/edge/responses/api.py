@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from schemas.responses import StoredResponse
-from streams.edge import errors
+from streams.edge import errors, openapi
 from streams.edge.admission.admit import Ticket
 from streams.edge.keys import Principal
 from streams.edge.openai_api import chained, principal, released, start_generation
@@ -81,7 +81,8 @@ async def keep(store: ResponseStore, ticket: Ticket, response: dict[str, Any]) -
         raise errors.not_ready(str(error)) from None
 
 
-@router.post("/v1/responses", response_model=None)
+@router.post("/v1/responses", response_model=None, openapi_extra=openapi.request_body("ResponsesBody"),
+             responses=openapi.responses_api_responses())
 async def create_response(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Create a model response (OpenAI's Responses API), streamed with `stream: true`."""
     store = _store(request)
@@ -153,7 +154,7 @@ async def relay(edge: Any, store: ResponseStore, ticket: Ticket, stream: ReplySt
         released(edge, stream, ticket)
 
 
-@router.get("/v1/responses/{response_id}", response_model=None)
+@router.get("/v1/responses/{response_id}", response_model=None, responses=openapi.stored_response_responses())
 async def get_response(response_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
     """A stored response (only the tenant that created it sees it)."""
     stored = await _stored(_store(request), caller.tenant, response_id)
@@ -162,7 +163,8 @@ async def get_response(response_id: str, request: Request, caller: Principal = D
     return stored.response
 
 
-@router.delete("/v1/responses/{response_id}", response_model=None)
+@router.delete("/v1/responses/{response_id}", response_model=None,
+               responses=openapi.stored_response_responses())
 async def delete_response(response_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
     """Delete a stored response."""
     try:

@@ -28,6 +28,7 @@ from pydantic import (
     Tag,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 from schemas.events import ChatMessage, OutputConstraint, ToolCall, ToolSpec
 from streams.edge import errors
@@ -224,6 +225,13 @@ class ResponsesBody(Body):
                                      "previous_response_id.")
     previous_response_id: str | None = Field(default=None, min_length=1)
     prompt_cache_key: str | None = Field(default=None, min_length=1, max_length=128)
+    # The shared Body's chat-only fields, out of this API (refused by _refuse_unsupported, left out of its schema).
+    max_tokens: SkipJsonSchema[None] = None
+    stop: SkipJsonSchema[None] = None
+    n: SkipJsonSchema[None] = None
+    frequency_penalty: SkipJsonSchema[None] = None
+    presence_penalty: SkipJsonSchema[None] = None
+    stream_options: SkipJsonSchema[None] = None
 
     # The stored conversation previous_response_id continues (set by the route before the request is built).
     _history: list[dict[str, Any]] = PrivateAttr(default_factory=list)
