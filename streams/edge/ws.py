@@ -307,10 +307,13 @@ class WsSession:
         try:
             stream = await submit(getattr(self.websocket.app.state, "rag", None), self.edge, ticket.request,
                                   ticket.body.file_search())
-            async for batch in relay(self.edge, self.edge.responses, ticket, stream, None, stream):
-                for event in batch:
-                    await self._send({**event, "id": tag})
-                first_event = first_event or time.monotonic()
+            # Closed explicitly: a cancel or a closed socket ends the relay (and the request) at once.
+            async with contextlib.aclosing(relay(self.edge, self.edge.responses, ticket, stream, None,
+                                                 stream)) as batches:
+                async for batch in batches:
+                    for event in batch:
+                        await self._send({**event, "id": tag})
+                    first_event = first_event or time.monotonic()
             status = 200
         except errors.EdgeError as exc:
             status = exc.status

@@ -195,7 +195,13 @@ def test_the_websocket_carries_a_response_create_frame(edges: tuple[str, str], k
             async for frame in ws:
                 frames.append(json.loads(frame))
                 if frames[-1]["type"] in ("response.completed", "response.incomplete", "error"):
-                    return frames
+                    break
+            # A field the Responses API does not have is refused by name, and the socket stays open.
+            await ws.send(json.dumps({"type": "response.create", "id": 8, "model": MODEL, "input": "x",
+                                      "max_tokens": 5}))
+            refused = json.loads(await ws.recv())
+            assert (refused["type"], refused["id"], refused["param"], refused["status"]) == ("error", 8, "max_tokens",
+                                                                                            400)
         return frames
 
     frames = asyncio.run(run())

@@ -12,9 +12,10 @@ right after finds it, on any edge. ``previous_response_id`` naming nothing the t
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -24,6 +25,7 @@ from schemas.events import Completion, ErrorEvent, TokenChunk
 from schemas.responses import StoredResponse
 from streams.edge import errors, openapi
 from streams.edge.admission.admit import Ticket
+from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.openai_api import chained, principal, released, start_generation
 from streams.edge.replies import ReplyStream, ReplyTimeout
@@ -107,13 +109,16 @@ def _sse(event: dict[str, Any]) -> str:
     return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n"
 
 
-async def _as_sse(events: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[str]:
-    async for batch in events:
-        yield "".join(_sse(e) for e in batch)
+async def _as_sse(events: AsyncGenerator[list[dict[str, Any]], None]) -> AsyncIterator[str]:
+    # Closed explicitly, so a client gone mid-stream ends the relay (and cancels the request) at once, not at GC.
+    async with contextlib.aclosing(events) as batches:
+        async for batch in batches:
+            yield "".join(_sse(e) for e in batch)
 
 
-async def relay(edge: Any, store: ResponseStore, ticket: Ticket, stream: ReplyStream, first: Any,
-                events: Any) -> AsyncIterator[list[dict[str, Any]]]:
+async def relay(edge: Edge, store: ResponseStore, ticket: Ticket, stream: ReplyStream,
+                first: TokenChunk | Completion | None, events: AsyncIterator[Any],
+                ) -> AsyncGenerator[list[dict[str, Any]], None]:
     """A streamed response's events, in batches (what is ready goes out as one write), from the reply stream.
 
     The HTTP stream and the websocket both relay this; it ends the ticket and the stream, however it ends."""
