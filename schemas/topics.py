@@ -22,6 +22,7 @@ from schemas.events import (
     RolloutState,
     ServiceAnnouncement,
 )
+from schemas.responses import StoredResponse
 from schemas.retrieval import IndexCommand, RetrievalRequest, VectorStoreRecord
 from schemas.tools import ToolIntent, ToolResult
 
@@ -43,11 +44,14 @@ class Topic:
     # Topic-level segment.ms; None keeps the broker's default (7 days). Retention only ever deletes whole closed
     # segments, so a short retention needs segments that roll about as often, or nothing expires for a week.
     segment_ms: int | None = None
+    # A compacted topic that also deletes what is past its retention (cleanup.policy compact,delete): kept per key,
+    # but not forever.
+    expires: bool = False
 
     def config(self, min_insync_replicas: int | None = None) -> dict[str, str]:
         cfg = {"retention.ms": str(self.retention_ms)}
         if self.compacted:
-            cfg["cleanup.policy"] = "compact"
+            cfg["cleanup.policy"] = "compact,delete" if self.expires else "compact"
         if self.max_message_bytes is not None:
             cfg["max.message.bytes"] = str(self.max_message_bytes)
         if self.segment_ms is not None:
@@ -69,6 +73,7 @@ class TopicCatalog:
     request_partitions: int = 6
     completions_retention_ms: int = 7 * 24 * HOUR_MS
     tools_retention_ms: int = 7 * 24 * HOUR_MS
+    responses_retention_ms: int = 30 * 24 * HOUR_MS
 
     @property
     def requests(self) -> Topic:
@@ -281,12 +286,24 @@ class TopicCatalog:
             segment_ms=1 * HOUR_MS,
         )
 
+    @property
+    def responses(self) -> Topic:
+        return Topic(
+            name=f"{self.prefix}.responses", partitions=1, key="tenant/response id",
+            retention_ms=self.responses_retention_ms, carries=_describe(StoredResponse), compacted=True, expires=True,
+            purpose="Stored responses of the Responses API (`/v1/responses`, `store: true`): each response and the "
+            "conversation it continued, for GET and `previous_response_id`; a tombstone deletes one. Every edge reads "
+            "it whole, so any replica answers. Retention: edge.responses_retention_h.",
+            segment_ms=1 * HOUR_MS,
+        )
+
     def shared_topics(self) -> list[Topic]:
         """Topics created once per deployment (reply topics are created by each edge)."""
         return [self.requests, self.cancellations, self.services, self.edges, self.dead_letters, self.rollouts,
                 self.completions, self.eval_samples, self.adapters, self.files, self.ingest_jobs,
                 self.document_chunks, self.documents, self.vector_stores, self.retrieval, self.index_commands,
-                self.batch_lines, self.batch_results, self.batches, self.tool_intents, self.tool_results]
+                self.batch_lines, self.batch_results, self.batches, self.tool_intents, self.tool_results,
+                self.responses]
 
     def markdown(self) -> str:
         rows = [*self.shared_topics(), self.replies("<edge-id>")]

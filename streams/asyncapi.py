@@ -19,6 +19,7 @@ from faststream.specification import AsyncAPI
 from schemas.batch import BatchState
 from schemas.documents import DocumentChunks, DocumentState, FileObject, IngestJob
 from schemas.events import Completion, EdgeAnnouncement, ErrorEvent, EvalSample, GenerateRequest, RolloutState
+from schemas.responses import StoredResponse
 from schemas.retrieval import (
     IndexCommand,
     IndexState,
@@ -66,6 +67,8 @@ def document(settings: Settings) -> Any:
     declare_output(worker.broker, Output(catalog.vector_stores, VectorStoreRecord))
     declare_output(worker.broker, Output(catalog.retrieval, RetrievalRequest))
     declare_output(worker.broker, Output(catalog.index_commands, IndexCommand))
+    # The Responses API keeps stored responses, which every edge follows (streams/edge/responses/store.py).
+    declare_output(worker.broker, Output(catalog.responses, StoredResponse))
     # The reply topics also carry the rag service's answers: a channel of their own (same address, another title).
     replies = catalog.replies("<edge-id>")
     worker.broker.publisher(replies.name, schema=SearchResults | Retrieved | IndexState,

@@ -82,7 +82,8 @@ class Settings(BaseSettings):
     def catalog(self) -> TopicCatalog:
         return TopicCatalog(prefix=self.kafka.topic_prefix, request_partitions=self.kafka.request_partitions,
                             completions_retention_ms=int(self.eval.completions_retention_h * 3_600_000),
-                            tools_retention_ms=int(self.tools.retention_h * 3_600_000))
+                            tools_retention_ms=int(self.tools.retention_h * 3_600_000),
+                            responses_retention_ms=int(self.edge.responses_retention_h * 3_600_000))
 
 
 # The file's contents for the Settings() call in progress. A context variable

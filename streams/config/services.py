@@ -120,6 +120,10 @@ class EdgeSettings(Section):
     max_ws_frame_bytes: ByteSize = Field(
         default=MIB, ge=1024, description="Larger websocket frames close the socket with code 1009."
     )
+    responses_retention_h: float = Field(
+        default=720.0, gt=0, description="Hours a stored response of the Responses API (`store: true`) is kept for "
+        "GET /v1/responses/{id} and `previous_response_id` (the responses topic's retention; OpenAI keeps 30 days).",
+    )
     auth: EdgeAuthSettings = Field(default_factory=EdgeAuthSettings)
     limits: EdgeLimitSettings = Field(default_factory=EdgeLimitSettings)
 

@@ -40,6 +40,7 @@ from streams.edge import errors, files_api, lora_api, openai_api, openapi, vecto
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.rag_client import RagEdge
+from streams.edge.responses import api as responses_api
 from streams.edge.settings import EdgeOptions
 from streams.kafka.connection import KafkaAccessError
 from streams.service.gc_pauses import freeze_startup_heap
@@ -119,6 +120,7 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.include_router(openai_api.router)
+    app.include_router(responses_api.router)
     app.include_router(files_api.router)
     app.include_router(batch_api.router)
     app.include_router(lora_api.router)

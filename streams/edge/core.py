@@ -27,6 +27,7 @@ from streams.files.purposes import register_validator
 from streams.edge.publisher import RequestPublisher
 from streams.edge.readiness import ReadinessWatch, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
+from streams.edge.responses.store import ResponseStore
 from streams.edge.settings import EdgeOptions
 from streams.files.blobs import BlobStore
 from streams.files.store import FileStore
@@ -66,6 +67,9 @@ class Edge:
         files = settings.settings.files
         self.files = FileStore(settings.kafka, settings.catalog, BlobStore(files.dir), max_bytes=files.max_bytes,
                                client_id=f"{settings.client_id}-{settings.edge_id}-files")
+        # Stored responses of the Responses API (streams/edge/responses): the topic, read whole by every edge.
+        self.responses = ResponseStore(settings.kafka, settings.catalog.responses,
+                                       client_id=f"{settings.client_id}-{settings.edge_id}-responses")
         # Batch jobs (streams/batch): their lines are read from the files store, their state is on the bus.
         self.batches = BatchDesk(settings, StoreFiles(self.files), lambda: self.publisher.producer)
         register_validator("batch", upload_validator(settings.settings.batch))
@@ -135,6 +139,7 @@ class Edge:
         await self.router.start()
         await self.readiness.start()
         await self.files.start()
+        await self.responses.start()
         await self.batches.start()
 
     def _topics_gone(self, names: list[str]) -> None:
@@ -175,7 +180,7 @@ class Edge:
         await self.publisher.producer.send_and_wait(topic, value, key=key)
 
     async def _stop_parts(self) -> None:
-        for part in (self.batches, self.files, self.readiness, self.router, self.publisher):
+        for part in (self.batches, self.responses, self.files, self.readiness, self.router, self.publisher):
             try:
                 await part.stop()
             except Exception:

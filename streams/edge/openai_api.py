@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Security
@@ -73,6 +74,8 @@ bearer = HTTPBearer(
 def _api_of(path: str) -> str:
     if path.startswith("/v1/files"):
         return "files"
+    if path.startswith("/v1/responses"):
+        return "responses"
     return {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path, "models")
 
 
@@ -127,6 +130,35 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
     edge = _edge(request)
     ticket = await _pipeline(request).admit_http(caller, body_type, request)
     gen, body, chat = ticket.request, ticket.body, body_type is ChatCompletionBody
+    started = await start_generation(request, ticket)
+    if isinstance(started, Response):
+        return started
+    if started.final is not None:
+        ticket.finish(200, started.final)
+        return JSONResponse(_full_response(gen, started.final, chat=chat, edge=edge, retrieved=started.stream.retrieved))
+    # The passages of a grounded request came before its first event: known by now.
+    sse = _sse(edge, gen, started.stream, started.first, started.events, chat=chat, include_usage=body.include_usage,
+               input_param=ticket.input_param, ticket=ticket, retrieved=started.stream.retrieved)
+    return StreamingResponse(sse, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
+
+
+@dataclass
+class Started:
+    """A published request: its final event when not streamed, else its first event and the ones after it."""
+
+    stream: ReplyStream
+    final: Completion | None = None
+    first: TokenChunk | Completion | None = None
+    events: AsyncIterator | None = None
+
+
+async def start_generation(request: Request, ticket: Ticket) -> Started | Response:
+    """Publish an admitted request and wait for what its answer starts with (every generation API's first half).
+
+    An error the worker reports up front is raised as the status its code calls for; a client gone meanwhile is
+    a 499 response (the request cancelled)."""
+    edge, gen, body = _edge(request), ticket.request, ticket.body
     try:
         stream = await submit(getattr(request.app.state, "rag", None), edge, gen, body.file_search())
     except BaseException as exc:
@@ -142,8 +174,7 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
                 raise errors.reply_timeout(gen.request_id) from None
             if isinstance(final, ErrorEvent):
                 raise errors.from_worker_error(final, input_param=input_param)
-            ticket.finish(200, final)
-            return JSONResponse(_full_response(gen, final, chat=chat, edge=edge, retrieved=stream.retrieved))
+            return Started(stream, final=final)
 
         events = stream.events()
         try:
@@ -153,6 +184,7 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
             raise errors.reply_timeout(gen.request_id) from None
         if isinstance(first, ErrorEvent):
             raise errors.from_worker_error(first, input_param=input_param)
+        return Started(stream, first=first, events=events)
     except ClientGone:
         edge.abandon(stream)
         ticket.finish(499, code="client_gone")
@@ -162,11 +194,6 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
         ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 500,
                       code=exc.code if isinstance(exc, errors.EdgeError) else type(exc).__name__)
         raise
-    # The passages of a grounded request came before its first event: known by now.
-    sse = _sse(edge, gen, stream, first, events, chat=chat, include_usage=body.include_usage,
-               input_param=input_param, ticket=ticket, retrieved=stream.retrieved)
-    return StreamingResponse(sse, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
 
 
 async def _final_event(stream: ReplyStream, ticket: Ticket) -> Completion | ErrorEvent:
@@ -285,12 +312,7 @@ async def _sse(
     # and one wakeup of the client, so the stream's last byte (the client's end-to-end latency) comes sooner.
     pending: list[str] = [_data(chunk("", None, role=True))] if chat else []
     try:
-        async def all_events() -> AsyncIterator:
-            yield first
-            async for e in events:
-                yield e
-
-        async for event in all_events():
+        async for event in chained(first, events):
             if isinstance(event, TokenChunk):
                 ticket.saw(event)
                 if event.tool_result is not None:
@@ -334,9 +356,22 @@ async def _sse(
         pending.append("data: [DONE]\n\n")
         yield "".join(pending)
     finally:
-        # Reached with the stream unfinished when the client aborted (this generator is cancelled).
-        if stream.finished:
-            stream.close()
-        else:
-            edge.abandon(stream)
-        ticket.finish(499, code="client_gone")
+        released(edge, stream, ticket)
+
+
+async def chained(first: TokenChunk | Completion | None, events: AsyncIterator) -> AsyncIterator:
+    """A streamed reply's events: the first one (already awaited, if any), then the rest."""
+    if first is not None:
+        yield first
+    async for e in events:
+        yield e
+
+
+def released(edge: Edge, stream: ReplyStream, ticket: Ticket) -> None:
+    """The end of a relay, however it ended: a stream unfinished here means the client went away (the relay was
+    cancelled), so the worker stops it; a ticket not finished yet is the client's 499."""
+    if stream.finished:
+        stream.close()
+    else:
+        edge.abandon(stream)
+    ticket.finish(499, code="client_gone")

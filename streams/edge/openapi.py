@@ -24,6 +24,7 @@ from pydantic.json_schema import models_json_schema
 
 from schemas.events import FinishReason, SpecStats, Timings, Usage
 from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody
+from streams.edge.responses.body import ResponsesBody
 
 
 class ErrorDetail(BaseModel):
@@ -276,6 +277,24 @@ def generation_responses(ok_model: type[BaseModel], chunk_model: type[BaseModel]
     }
 
 
+def responses_api_responses() -> dict[int | str, dict[str, Any]]:
+    """POST /v1/responses: the chat path's statuses; its 200 is OpenAI's response object (or its event stream)."""
+    statuses = generation_responses(ChatCompletion, ChatCompletionChunk)
+    statuses[200] = {"description": "OpenAI's response object; with `stream: true`, its events as Server-Sent "
+                     "Events (`event:` the event's type), ending with response.completed or response.incomplete.",
+                     "content": {"application/json": {"schema": {"type": "object"}},
+                                 "text/event-stream": {"schema": {"type": "string"}}}}
+    statuses[400] = _error("Invalid input, naming the parameter (as for chat completions), or "
+                           "previous_response_not_found.")
+    return statuses
+
+
+def stored_response_responses() -> dict[int | str, dict[str, Any]]:
+    """GET / DELETE /v1/responses/{id}."""
+    return {**AUTH_ERRORS, 404: _error("No stored response of the caller's tenant has this id."),
+            503: _error("The responses topic cannot be read or written now (service_unavailable).")}
+
+
 DESCRIPTION = """OpenAI-compatible LLM generation served over Apache Kafka.
 
 **Authentication**: every `/v1/*` call needs `Authorization: Bearer <API key>`; keys are managed with
@@ -307,16 +326,16 @@ def install(app: FastAPI, served_models: tuple[str, ...], max_model_len: int | N
         doc = get_openapi(title=app.title, version=app.version, description=DESCRIPTION, routes=app.routes)
         components = doc.setdefault("components", {}).setdefault("schemas", {})
         _, defs = models_json_schema(
-            [(ChatCompletionBody, "validation"), (CompletionBody, "validation"),
+            [(ChatCompletionBody, "validation"), (CompletionBody, "validation"), (ResponsesBody, "validation"),
              *((model, "serialization") for model in STREAM_MODELS)],
             ref_template="#/components/schemas/{model}")
         for name, schema in defs.get("$defs", {}).items():
             components.setdefault(name, schema)
-        for name in ("ChatCompletionBody", "CompletionBody"):
+        for name in ("ChatCompletionBody", "CompletionBody", "ResponsesBody"):
             properties = components[name]["properties"]
             properties["model"]["enum"] = list(served_models)
             if max_model_len is not None:
-                for field in ("max_tokens", "max_completion_tokens"):
+                for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
                     for option in properties.get(field, {}).get("anyOf", []):
                         if option.get("type") == "integer":
                             option["maximum"] = min(option.get("maximum", max_model_len), max_model_len - 1)

@@ -5,6 +5,9 @@ Client -> edge, one JSON object per text frame:
 * a request: the chat API's fields (``model``, ``messages`` or ``prompt``,
   ``max_tokens``, ``temperature``, ``seed``, ``stop``, ...) plus an optional
   ``id`` (string or number; the edge's request id is used when absent);
+* ``{"type": "response.create", "id": ..., ...}``: a Responses API request (the fields of ``POST /v1/responses``
+  beside ``type`` and ``id``), answered with the Responses API's stream events (``response.created`` ...
+  ``response.completed``), each a frame with the request's ``id`` added; stored as on HTTP;
 * ``{"type": "cancel", "id": ...}`` to cancel one in-flight request.
 
 Edge -> client:
@@ -66,6 +69,8 @@ from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.rag_client import submit
+from streams.edge.responses.api import continuation, relay
+from streams.edge.responses.body import ResponsesBody
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, result_view
 from streams.rag.grounding import citations
@@ -75,6 +80,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 MAX_IN_FLIGHT_PER_SOCKET = 64
+RESPONSE_CREATE = "response.create"  # a Responses API request (streams/edge/responses), answered with its events
 AUTH_FRAME_TIMEOUT_S = 30.0
 
 
@@ -192,14 +198,21 @@ class WsSession:
             self._count(refusal.status, started, refusal=refusal)
             await self._error(client_id, refusal)
             return
+        respond = data.get("type") == RESPONSE_CREATE
         try:
-            ticket = await self.pipeline.admit(self.principal, WsRequestBody, data)
+            if respond:
+                fields = {k: v for k, v in data.items() if k not in ("type", "id")}
+                ticket = await self.pipeline.admit(self.principal, ResponsesBody, fields, prepare=continuation(
+                    self.edge.responses, self.principal.tenant))
+            else:
+                ticket = await self.pipeline.admit(self.principal, WsRequestBody, data)
         except errors.EdgeError as exc:
             self._count(exc.status, started, refusal=exc)
             await self._error(client_id, exc)
             return
         tag = client_id if client_id is not None else ticket.request.request_id
-        task = asyncio.create_task(self._serve(tag, ticket, started), name=f"ws-{ticket.request.request_id}")
+        serve = self._serve_response if respond else self._serve
+        task = asyncio.create_task(serve(tag, ticket, started), name=f"ws-{ticket.request.request_id}")
         self._tasks[tag] = task
         task.add_done_callback(lambda _t, tag=tag: self._tasks.pop(tag, None))
 
@@ -287,6 +300,29 @@ class WsSession:
                 self.edge.abandon(stream, reason)
             ticket.finish(status, final, code=code)
             self._count(status, started, first_chunk)
+
+    async def _serve_response(self, tag: Any, ticket: Ticket, started: float) -> None:
+        """A ``response.create`` frame: the Responses API's stream events, each a frame tagged with ``id``."""
+        status, first_event = 499, None
+        try:
+            stream = await submit(getattr(self.websocket.app.state, "rag", None), self.edge, ticket.request,
+                                  ticket.body.file_search())
+            # Closed explicitly: a cancel or a closed socket ends the relay (and the request) at once.
+            async with contextlib.aclosing(relay(self.edge, self.edge.responses, ticket, stream, None,
+                                                 stream)) as batches:
+                async for batch in batches:
+                    for event in batch:
+                        await self._send({**event, "id": tag})
+                    first_event = first_event or time.monotonic()
+            status = 200
+        except errors.EdgeError as exc:
+            status = exc.status
+            ticket.finish(exc.status, code=exc.code)
+            await self._error(tag, exc)
+        except (WebSocketDisconnect, OSError, RuntimeError) as exc:
+            log.debug("ws %s: send failed, client gone: %r", ticket.request.request_id, exc)
+        finally:
+            self._count(status, started, first_event)
 
     async def _send(self, message: dict[str, Any]) -> None:
         if self.websocket.application_state != WebSocketState.CONNECTED:

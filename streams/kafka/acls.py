@@ -79,6 +79,8 @@ def edge_grants(catalog: TopicCatalog, edge_id: str | None = None) -> list[Grant
         _topic("READ", catalog.batches),  # /v1/batches: every batch's state
         _topic("WRITE", catalog.batches),
         _topic("WRITE", catalog.adapters),  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+        _topic("READ", catalog.responses),  # /v1/responses: stored responses, read whole
+        _topic("WRITE", catalog.responses),
         Grant("WRITE", "TOPIC", f"{catalog.prefix}-candidate.", prefixed=True),  # a candidate pool's requests
         *own,
         *_vector_store_grants(catalog),

@@ -75,12 +75,14 @@ FILE_BY_ID = ["GET /v1/files/{file_id}", "DELETE /v1/files/{file_id}", "GET /v1/
               f"GET {STORE}", f"DELETE {STORE}", f"POST {STORE}/files", f"GET {STORE}/files",
               f"GET {STORE}/files/{{file_id}}", f"DELETE {STORE}/files/{{file_id}}", f"POST {STORE}/file_batches",
               f"GET {STORE}/file_batches/{{batch_id}}", f"POST {STORE}/search",
-              "POST /v1/batches", "GET /v1/batches/{batch_id}", "POST /v1/batches/{batch_id}/cancel"]
+              "POST /v1/batches", "GET /v1/batches/{batch_id}", "POST /v1/batches/{batch_id}/cancel",
+              "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}"]
 OPERATIONS = ["GET /healthz", "GET /readyz", "GET /v1/models", "GET /v1/models/{model}",
-              "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/files", "GET /v1/files",
-              "POST /v1/vector_stores", "GET /v1/vector_stores", "GET /v1/batches", *FILE_BY_ID]
+              "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "POST /v1/files",
+              "GET /v1/files", "POST /v1/vector_stores", "GET /v1/vector_stores", "GET /v1/batches", *FILE_BY_ID]
 # Operations with no parameter or body have no invalid input to generate.
-WITH_INPUT = ["GET /v1/models/{model}", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/files",
+WITH_INPUT = ["GET /v1/models/{model}", "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses",
+              "POST /v1/files",
               "GET /v1/files", "GET /v1/vector_stores", "GET /v1/batches", *FILE_BY_ID]
 CASES = [(label, GenerationMode.POSITIVE) for label in OPERATIONS] + [(label, GenerationMode.NEGATIVE) for label in WITH_INPUT]
 

@@ -122,6 +122,21 @@ def test_four_formats_are_indexed_search_finds_the_fact_and_chat_cites_it(docs: 
     assert body["specstream"]["index_versions"] == {store.id: 1}
 
 
+
+def test_the_responses_api_grounds_its_answer_with_the_file_search_tool(docs: Docs) -> None:
+    client = docs.client
+    report = upload(client, "report.pdf", DOCUMENTS["report.pdf"])
+    store = client.vector_stores.create(name="harbour-responses", file_ids=[report], chunking_strategy=SMALL_CHUNKS)
+    assert {f.status for f in settle(client, store.id).values()} == {"completed"}
+    response = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=24, temperature=0, store=False,
+                                       tools=[{"type": "file_search", "vector_store_ids": [store.id],
+                                               "max_num_results": 2}])
+    [message] = response.output
+    assert message.type == "message" and message.content[0].text, "no answer"
+    cited = [a for a in message.content[0].annotations if a.type == "file_citation" and a.file_id == report]
+    assert cited and cited[0].filename == "report.pdf"
+
+
 BAD_FILES = {
     "tool.exe": (b"MZ\x90\x00binary", "unsupported_file", "not supported"),
     "empty.md": (b"", "invalid_file", "is empty"),

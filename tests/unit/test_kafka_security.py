@@ -141,6 +141,7 @@ def test_the_edge_may_publish_requests_read_announcements_and_own_its_reply_topi
                       ("READ", "topic p.files"), ("WRITE", "topic p.files"),  # /v1/files
                       ("WRITE", "topic p.batch-lines"), ("READ", "topic p.batches"), ("WRITE", "topic p.batches"),
                       ("WRITE", "topic p.adapters"),  # POST /v1/load_lora_adapter
+                      ("READ", "topic p.responses"), ("WRITE", "topic p.responses"),  # /v1/responses
                       # /v1/vector_stores: the stores' and documents' tables, ingest jobs, the retriever's input
                       ("READ", "topic p.vector-stores"), ("WRITE", "topic p.vector-stores"),
                       ("READ", "topic p.documents"), ("WRITE", "topic p.documents"),

@@ -24,7 +24,7 @@ once it is otherwise valid, and a refused request is never charged.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Request
@@ -42,6 +42,9 @@ from streams.edge.keys import Principal, TenantLimits
 from streams.edge.limits import Limiter, make_limiter
 from streams.edge.settings import EdgeOptions
 from streams.edge.tokenizers import Tokenizers
+
+# Completes a parsed body before it is built; may refuse it (EdgeError).
+Prepare = Callable[[Any], Awaitable[None]]
 
 
 class Pipeline:
@@ -74,7 +77,8 @@ class Pipeline:
             access.refused(exc, api=api)
             raise
 
-    async def admit_http(self, caller: Principal, body_type: type[Body], request: Request) -> Ticket:
+    async def admit_http(self, caller: Principal, body_type: type[Body], request: Request, *,
+                         prepare: Prepare | None = None) -> Ticket:
         """Read, parse, build, validate and admit an HTTP request's body."""
         size: int | None = None
         try:
@@ -85,15 +89,18 @@ class Pipeline:
             access.refused(exc, api=body_type.api, principal=caller, body_bytes=size)
             raise
         return await self.admit(caller, body_type, data, body_bytes=size, trace=trace_context(request.headers),
-                                conversation_id=conversation_of(request.headers))
+                                conversation_id=conversation_of(request.headers), prepare=prepare)
 
     async def admit(self, caller: Principal, body_type: type[Body], data: dict[str, Any], *,
                     body_bytes: int | None = None, trace: TraceContext | None = None,
-                    conversation_id: str | None = None) -> Ticket:
-        """Parse, build, validate and admit a decoded JSON object (a websocket frame's, or an HTTP body's)."""
+                    conversation_id: str | None = None, prepare: Prepare | None = None) -> Ticket:
+        """Parse, build, validate and admit a decoded JSON object (a websocket frame's, or an HTTP body's).
+        ``prepare``: completes the parsed body from elsewhere before it is built (a stored conversation)."""
         request: GenerateRequest | None = None
         try:
             body = parse_body(body_type, data)
+            if prepare is not None:
+                await prepare(body)
             request = build_request(body, self.options, tenant=caller.tenant, log_prompt=caller.log_prompts,
                                     trace=trace, conversation_id=conversation_id)
             adapters = self.served_adapters()
