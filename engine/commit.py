@@ -1,6 +1,6 @@
 """The end of a step: emitted tokens through the finish checks into outputs, and what a leaving request gives back.
 
-Finish checks per token, in order: EOS (never detokenized), a stop string
+Finish checks per token, in order: EOS or one of the request's stop_token_ids (never detokenized), a stop string
 the token completes, max_tokens; tokens after a finish are dropped. A request
 that leaves (finished, aborted, expired, failed) frees its KV region at once
 (the scheduler), its adapter and its proposer state.
@@ -56,7 +56,7 @@ class Committer:
             seq.output_ids.append(tok)
             new.append(tok)
             # EOS tokens are not text: they never reach the detokenizer.
-            eos = not params.ignore_eos and tok in self.eos_token_ids
+            eos = (not params.ignore_eos and tok in self.eos_token_ids) or tok in params.stop_token_ids
             if eos or detok.add_token(tok):  # EOS, or a stop string completed
                 reason = "stop"
             elif len(seq.output_ids) >= params.max_tokens:

@@ -43,6 +43,7 @@ from engine.fused.norm import install_norm_kernel
 from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
+from engine.logits_processors import SequenceRows, process_
 from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
@@ -74,6 +75,20 @@ def _grammatical(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
     if n == proposal.num_tokens:
         return proposal
     return DraftProposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n])
+
+
+def _first_rows(with_logits: list[ScheduledSequence]) -> list[int]:
+    """Each sequence's first row in the step's logits: 1 + k rows per sequence (k = 0 for a prefill)."""
+    starts, row = [], 0
+    for s in with_logits:
+        starts.append(row)
+        row += 1 + len(s.draft_tokens)
+    return starts
+
+
+def _rows(sched: ScheduledSequence, first_row: int) -> SequenceRows:
+    seq = sched.seq
+    return SequenceRows(seq.params, seq.request.prompt_token_ids, seq.output_ids, sched.draft_tokens, first_row)
 
 
 def _proposal_input(seq: Sequence) -> ProposalInput:
@@ -181,6 +196,13 @@ class LLMEngine:
             raise RequestRejected(
                 "invalid_request", f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
             )
+        sampling = req.sampling
+        for field, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]), ("stop_token_ids", sampling.stop_token_ids)):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise RequestRejected(
+                    "invalid_request", f"{field}: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
+                )
         speculate = self.speculation_enabled and req.speculation is not False
         seq = Sequence(request=req, speculate=speculate)
         seq.rng = RequestRng(req.sampling.seed)
@@ -363,6 +385,9 @@ class LLMEngine:
             if s.seq.matcher is not None:
                 constrained.append(ConstrainedRows(s.seq.matcher, row, s.draft_tokens))
             row += 1 + len(s.draft_tokens)
+        # The request's processors (penalties, bias, min_tokens) before the grammar's mask, which must win.
+        process_(result.logits, [_rows(s, r) for s, r in zip(with_logits, _first_rows(with_logits))],
+                 self.eos_token_ids)
         self.matchers.mask_(result.logits, constrained)  # [rows, V], in place
         return verify_batch(
             result.logits,
