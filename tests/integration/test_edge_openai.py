@@ -158,8 +158,8 @@ def test_the_openai_client_raises_typed_errors_naming_the_code_and_param(setup: 
         client.chat.completions.create(model=MODEL, messages=QUESTION, n=2)
     assert caught.value.param == "n"
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, logit_bias={"1": 5})
-    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "logit_bias")
+        client.chat.completions.create(model=MODEL, messages=QUESTION, logit_bias={"1": 101})
+    assert (caught.value.code, caught.value.param) == ("invalid_value", "logit_bias")
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=3)
     assert caught.value.param == "temperature" and caught.value.type == "invalid_request_error"
@@ -185,3 +185,30 @@ def test_runtime_lora_updates_are_refused_unless_the_operator_allows_them(setup:
         assert response.status_code == 403, response.text
         error = response.json()["error"]
         assert error["code"] == "lora_updates_disabled" and "engine.lora.runtime_updates" in error["message"]
+
+
+def test_logit_bias_forces_a_token_and_stop_token_ids_end_on_it(client: OpenAI) -> None:
+    from engine.model_text import load_tokenizer
+
+    tokenizer = load_tokenizer(MODEL)
+    blue = tokenizer(" blue", add_special_tokens=False)["input_ids"][0]
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                       logit_bias={str(blue): 100})
+    assert forced.choices[0].text == tokenizer.decode([blue] * 4)
+    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logit_bias={str(blue): 100},
+                                        extra_body={"stop_token_ids": [blue]})
+    assert (stopped.choices[0].finish_reason, stopped.choices[0].text) == ("stop", "")
+    assert stopped.usage is not None and stopped.usage.completion_tokens == 1
+
+
+def test_seeded_penalties_are_the_same_text_with_and_without_speculation(client: OpenAI) -> None:
+    extras = {"repetition_penalty": 1.3, "min_p": 0.05, "min_tokens": 12, "top_k": 40}
+    answers = [
+        client.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_completion_tokens=16, temperature=0.9, seed=7, presence_penalty=0.5,
+            frequency_penalty=0.3, extra_body={**extras, "speculation": speculation})
+        for speculation in (False, True, True)
+    ]
+    texts = [a.choices[0].message.content for a in answers]
+    assert texts[0] and texts[0] == texts[1] == texts[2]
+    assert all(a.usage is not None and a.usage.completion_tokens >= 12 for a in answers)

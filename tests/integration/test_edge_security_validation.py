@@ -85,7 +85,7 @@ CASES = [
     ("response_format-bad-schema", CHAT, _j(model=MODEL, messages=USER, response_format={
         "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 5}}}), 400, "invalid_schema",
      "response_format.json_schema.schema"),
-    ("logit_bias", CHAT, _j(model=MODEL, messages=USER, logit_bias={"1": 5}), 400, "unsupported_parameter",
+    ("logit_bias", CHAT, _j(model=MODEL, messages=USER, logit_bias={"1": 101}), 400, "invalid_value",
      "logit_bias"),
     ("n=2", CHAT, _j(model=MODEL, messages=USER, n=2), 400, "unsupported_value", "n"),
     ("logprobs", CHAT, _j(model=MODEL, messages=USER, logprobs=True), 400, "unsupported_value", "logprobs"),
