@@ -8,6 +8,7 @@ that leaves (finished, aborted, expired, failed) frees its KV region at once
 from __future__ import annotations
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.logprobs import TokenLogprob
 from engine.lora.requests import LoRARequests
 from engine.outputs import FinishReason, RequestOutput, SpecCounters
 from engine.scheduler import Scheduler
@@ -46,8 +47,9 @@ class Committer:
         self.proposer = proposer
         self.lora = lora
 
-    def commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float) -> RequestOutput:
-        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens)."""
+    def commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float,
+               logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens); logprobs: one per token."""
         detok = _detok(seq)
         new: list[int] = []
         reason: FinishReason | None = None
@@ -63,13 +65,16 @@ class Committer:
                 reason = "length"
             if reason is not None:
                 break  # tokens after a finish are dropped
+        kept = None if logprobs is None else logprobs[: len(new)]  # the tokens after a finish are dropped
         if reason is not None:
             self.scheduler.finish(seq, reason, now)
             self.release(seq)
-            return final_output(seq, new, detok.take_delta(final=True), step_spec)
+            out = final_output(seq, new, detok.take_delta(final=True), step_spec)
+            out.logprobs = kept
+            return out
         if self.proposer is not None and seq.speculate:
             self.proposer.rollback(seq.request_id, seq.num_tokens)
-        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec)
+        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec, logprobs=kept)
 
     def release(self, seq: Sequence) -> None:
         """What the scheduler does not hold: the request's adapter and its proposer state."""

@@ -33,6 +33,7 @@ class SamplingOptions:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     stop_token_ids: tuple[int, ...] = ()  # tokens that end generation like EOS (never detokenized)
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens were generated
+    logprobs: int | None = None  # report each emitted token's raw logprob and this many top tokens; None: none
 
     @property
     def greedy(self) -> bool:

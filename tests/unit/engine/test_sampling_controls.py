@@ -6,14 +6,19 @@ from dataclasses import replace
 
 import pytest
 import torch
-from _engine_factories import VOCAB, make_engine, random_prompts, tiny_hf_model
+from _engine_factories import (
+    VOCAB,
+    TruthProposer,
+    make_engine,
+    random_prompts,
+    tiny_hf_model,
+)
 
 from engine.config import SpeculationConfig
 from engine.logits_processors import SequenceRows, process_
 from engine.request import EngineRequest, SamplingOptions
 from engine.sampler import target_probs
 from engine.speculative.controller import SpeculationController
-from engine.speculative.proposer import DraftProposal, ProposalInput
 
 torch.set_num_threads(1)
 
@@ -34,31 +39,6 @@ CONTROLS = {
     "all_together": {"presence_penalty": 0.5, "frequency_penalty": 0.3, "repetition_penalty": 1.2, "min_p": 0.05,
                      "logit_bias": ((9, 2.0),), "min_tokens": 3},
 }
-
-
-class TruthProposer:
-    """Drafts plain decoding's own continuation, corrupted at every third step, so drafts are accepted (their
-    penalties then count inside the step) and rejected (the correction comes from a processed row)."""
-
-    def __init__(self, truth: dict[str, list[int]], prompt_len: dict[str, int]) -> None:
-        self.truth, self.prompt_len, self.calls = truth, prompt_len, 0
-
-    def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
-        out = []
-        for inp, k in zip(inputs, num_tokens):
-            self.calls += 1
-            pos = len(inp.token_ids) - self.prompt_len[inp.seq_id]
-            drafts = list(self.truth[inp.seq_id][pos : pos + k])
-            if self.calls % 3 == 0 and len(drafts) > 2:
-                drafts[2] = (drafts[2] + 1) % VOCAB
-            out.append(DraftProposal(drafts, None))
-        return out
-
-    def rollback(self, seq_id: str, num_tokens: int) -> None:
-        pass
-
-    def release(self, seq_id: str) -> None:
-        pass
 
 
 def _requests(prompts: list[list[int]], params: SamplingOptions) -> list[EngineRequest]:
