@@ -88,6 +88,10 @@ class SamplingParams(BaseModel):
     min_tokens: int = Field(
         default=0, ge=0, le=32768, description="EOS and stop_token_ids cannot end generation before this many tokens.")
     ignore_eos: bool = Field(default=False, description="Keep generating past EOS (until max_tokens or a stop).")
+    logprobs: int | None = Field(
+        default=None, ge=0, le=20,
+        description="Report each generated token's log-probability (the model's raw log_softmax, before any "
+        "sampling processor) and this many most likely tokens at its position; None: no logprobs.")
 
     @model_validator(mode="after")
     def _sampling_ranges(self) -> "SamplingParams":
@@ -190,6 +194,20 @@ class SpecStepStats(BaseModel):
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
 
+class TopLogprob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token_id: int = Field(ge=0)
+    token: str = Field(description="The token's text (one token decoded alone).")
+    logprob: float = Field(description="Raw log-probability (log_softmax of the model's logits); -9999.0 below that.")
+
+
+class TokenLogprob(TopLogprob):
+    """One generated token's log-probability and the most likely tokens at its position."""
+
+    top: list[TopLogprob] = Field(default_factory=list, description="The sampling.logprobs most likely tokens.")
+
+
 class TokenChunk(Event):
     model_config = ConfigDict(
         extra="forbid",
@@ -230,6 +248,8 @@ class TokenChunk(Event):
         description="A server-side tool call's result (the chunk has no text): the worker ran the call the answer "
         "made, and generation continues with it as a `tool` message; the edge shows it as a `specstream` event.",
     )
+    logprobs: list[TokenLogprob] | None = Field(
+        default=None, description="One per token of token_ids when the request asked for logprobs; None otherwise.")
 
 
 class Usage(BaseModel):
@@ -285,6 +305,8 @@ class Completion(Event):
     )
     adapter: str | None = Field(
         default=None, description="The LoRA adapter the request ran with (its served name); null: the base model.")
+    logprobs: list[TokenLogprob] | None = Field(
+        default=None, description="One per generated token when the request asked for logprobs; None otherwise.")
 
 
 # What a consumer on the bus may answer with; the worker maps anything else it meets to invalid_request.

@@ -42,6 +42,7 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.auth import key_from_headers
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
+from streams.edge.logprobs import chat_logprobs, completion_logprobs
 from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
@@ -209,7 +210,8 @@ def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge:
 def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool,
                     retrieved: Retrieved | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion / text_completion object of a finished request (batch output lines reuse it)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
+    logprobs = chat_logprobs(final.logprobs) if chat else completion_logprobs(final.logprobs)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": logprobs}
     if chat and calls_tools(gen):
         content, calls = parse_message(final.text, gen.request_id)
         choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
@@ -261,8 +263,8 @@ async def _sse(
     parser = ToolCallParser(gen.request_id) if chat and calls_tools(gen) else None
 
     def chunk(text: str | None, reason: str | None, *, role: bool = False, extra: dict | None = None,
-              fields: dict | None = None) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+              fields: dict | None = None, logprobs: dict | None = None) -> dict:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
         if chat:
             delta: dict[str, Any] = {}
             if role:
@@ -297,10 +299,12 @@ async def _sse(
                     # A server-side call's result: an event of its own, with an empty delta, between the call's
                     # tool_calls deltas and the next round's.
                     pending.append(_data(chunk(None, None, extra={"tool_result": result_view(event.tool_result)})))
-                if event.text:
+                if event.text or event.logprobs:
                     extra = {"index": event.index, "spec": event.spec.model_dump()}
                     if parser is None:
-                        pending.append(_data(chunk(event.text, None, extra=extra)))
+                        logprobs = (chat_logprobs(event.logprobs) if chat
+                                    else completion_logprobs(event.logprobs, event.text_offset or 0))
+                        pending.append(_data(chunk(event.text, None, extra=extra, logprobs=logprobs)))
                     else:
                         pending.extend(_data(chunk(None, None, extra=extra, fields=f)) for f in parser.feed(event.text))
                 if event.finish_reason is None and pending:

@@ -47,6 +47,7 @@ def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time:
             logit_bias=tuple(sorted(sampling.logit_bias.items())),
             stop_token_ids=tuple(sampling.stop_token_ids),
             min_tokens=sampling.min_tokens,
+            logprobs=sampling.logprobs,
         ),
         priority=request.priority,
         deadline=request.deadline,

@@ -212,3 +212,25 @@ def test_seeded_penalties_are_the_same_text_with_and_without_speculation(client:
     texts = [a.choices[0].message.content for a in answers]
     assert texts[0] and texts[0] == texts[1] == texts[2]
     assert all(a.usage is not None and a.usage.completion_tokens >= 12 for a in answers)
+
+
+def test_logprobs_in_openais_shapes_streamed_and_not(client: OpenAI) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, logprobs=True,
+                                           top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens and all(len(t.top_logprobs) == 3 for t in content)
+    # Greedy, no processors: each token is the most likely one at its position.
+    assert all(t.token == t.top_logprobs[0].token and abs(t.logprob - t.top_logprobs[0].logprob) < 1e-6
+               for t in content)
+    assert "".join(t.token for t in content).startswith(whole.choices[0].message.content[:5])
+    streamed = [t for c in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                                          logprobs=True, top_logprobs=3, stream=True)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, content)) < 1e-3
+
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, logprobs=2)
+    lp = completion.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == completion.usage.completion_tokens
+    assert all(len(top) == 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == completion.choices[0].text

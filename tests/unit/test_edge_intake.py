@@ -133,8 +133,8 @@ def test_a_body_that_is_not_a_json_object_is_400_invalid_json(raw, code, param):
          "top_k"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}, 400,
          "invalid_value", "presence_penalty"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400,
-         "unsupported_value", "logprobs"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400,
+         "invalid_value", "logprobs"),
     ],
 )
 def test_body_validation_errors_name_the_field(body, status, code, param):

@@ -50,7 +50,6 @@ def test_valid_unicode_passes() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("top_logprobs", 2),
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "alloy"}),
     ("modalities", ["text", "audio"]), ("store", True), ("reasoning_effort", "low"), ("prediction", {"x": 1}),
 ])
@@ -91,7 +90,8 @@ def test_the_chat_body_refuses_an_unsupported_parameter_before_anything_else() -
     ({"temperature": -0.1}, "invalid_value", "temperature"),
     ({"top_p": 0}, "invalid_value", "top_p"),
     ({"n": 2}, "unsupported_value", "n"),
-    ({"logprobs": True}, "unsupported_value", "logprobs"),
+    ({"top_logprobs": 2}, "invalid_value", "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "invalid_value", "top_logprobs"),
     ({"presence_penalty": 2.5}, "invalid_value", "presence_penalty"),
     ({"frequency_penalty": -3}, "invalid_value", "frequency_penalty"),
     ({"repetition_penalty": 0}, "invalid_value", "repetition_penalty"),

@@ -9,7 +9,7 @@ engine needs it, mapping it in :mod:`streams.edge.admission.build`); adding
 an API is adding a class.
 
 A few OpenAI parameters the engine does not implement are accepted only with
-their neutral value (``n=1``, no logprobs); the validators say so with ``unsupported_value``.
+their neutral value (``n=1``, ``echo`` false); the validators say so with ``unsupported_value``.
 """
 from __future__ import annotations
 
@@ -196,6 +196,10 @@ class Body(_Strict):
         """The client's max_tokens; None: the edge's default, capped to what the context leaves."""
         return self.max_tokens
 
+    def wanted_logprobs(self) -> int | None:
+        """How many top tokens to report with each token's logprob; None: no logprobs."""
+        return None
+
     def wire_tools(self) -> list[ToolSpec] | None:
         """The functions the model is offered (rendered into its prompt); None: no tools."""
         return None
@@ -277,14 +281,21 @@ class ChatCompletionBody(_Chat):
     unsupported: ClassVar[frozenset[str]] = FOR_CHAT
 
     messages: list[ClientMessage] = Field(min_length=1, description="The conversation so far.")
-    logprobs: StrictBool | None = Field(default=None, description="Not supported: only false.",
-                                        json_schema_extra={"enum": [False, None]})
+    logprobs: StrictBool | None = Field(
+        default=None, description="Return each answer token's log-probability (the model's raw log_softmax).")
+    top_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=20, description="With logprobs: this many most likely tokens at each position.")
 
     @model_validator(mode="after")
-    def _no_logprobs(self) -> "ChatCompletionBody":
-        if self.logprobs:
-            raise _unsupported_value("logprobs are not supported.", "logprobs")
+    def _logprobs(self) -> "ChatCompletionBody":
+        if self.top_logprobs and not self.logprobs:
+            raise _invalid_value("top_logprobs needs logprobs: true.", "top_logprobs")
+        if self.logprobs and self.tools:
+            raise _unsupported_value("logprobs are not supported together with tools.", "logprobs")
         return self
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_input(self) -> list[ChatMessage] | None:
         return [m.to_schema() for m in self.messages]
@@ -304,8 +315,9 @@ class CompletionBody(Body):
         description="The prompt: a non-empty string, or a list holding exactly one.")
     echo: StrictBool | None = Field(default=None, description="Not supported: only false.",
                                     json_schema_extra={"enum": [False, None]})
-    logprobs: StrictInt | None = Field(default=None, description="Not supported: only 0.",
-                                       json_schema_extra={"enum": [0, None]})
+    logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=20, description="Return each token's log-probability (the model's raw log_softmax) "
+        "and this many most likely tokens at its position (OpenAI allows up to 5, vLLM 20).")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "CompletionBody":
@@ -313,9 +325,10 @@ class CompletionBody(Body):
             raise _unsupported_value("Exactly one prompt per request is supported.", "prompt")
         if self.echo:
             raise _unsupported_value("echo is not supported.", "echo")
-        if self.logprobs:
-            raise _unsupported_value("logprobs are not supported.", "logprobs")
         return self
+
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompt_input(self) -> str | None:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

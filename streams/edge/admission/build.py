@@ -59,6 +59,8 @@ def sampling_of(body: Body, max_tokens_default: int) -> SamplingParams:
         "seed": body.seed if body.seed is not None else secrets.randbits(63),
     }
     sampling.update({name: getattr(body, name) for name in _SAMPLING_FIELDS if getattr(body, name) is not None})
+    if body.wanted_logprobs() is not None:
+        sampling["logprobs"] = body.wanted_logprobs()
     if body.logit_bias:
         sampling["logit_bias"] = body.token_bias()
     if body.stop is not None:

@@ -27,7 +27,6 @@ def _any(value: Any) -> bool:
 _UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "functions": ("function calling", _empty),
     "function_call": ("function calling", lambda v: v in (None, "none")),
-    "top_logprobs": ("log probabilities", lambda v: v in (None, 0)),
     "audio": ("audio output", _empty),
     "modalities": ("other output modalities", lambda v: v is None or v == ["text"]),
     "prediction": ("predicted outputs", _empty),
