@@ -43,7 +43,7 @@ from engine.fused.norm import install_norm_kernel
 from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
-from engine.logits_processors import SequenceRows, process_
+from engine.logits_processors import SequenceRows, out_of_vocabulary, process_
 from engine.logprobs import RawLogprobs
 from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
@@ -197,13 +197,9 @@ class LLMEngine:
             raise RequestRejected(
                 "invalid_request", f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
             )
-        sampling = req.sampling
-        for field, ids in (("logit_bias", [t for t, _ in sampling.logit_bias]), ("stop_token_ids", sampling.stop_token_ids)):
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise RequestRejected(
-                    "invalid_request", f"{field}: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
-                )
+        outside = out_of_vocabulary(req.sampling, self.vocab_size)
+        if outside is not None:
+            raise RequestRejected("invalid_request", outside)
         speculate = self.speculation_enabled and req.speculation is not False
         seq = Sequence(request=req, speculate=speculate)
         seq.rng = RequestRng(req.sampling.seed)
@@ -385,12 +381,8 @@ class LLMEngine:
             for i, (s, first) in enumerate(zip(with_logits, firsts)) if s.seq.params.logprobs is not None})
         if not with_logits:
             return [], raw
-        constrained: list[ConstrainedRows] = []
-        row = 0
-        for s in with_logits:  # rows: consecutive per sequence, 1 + k each (k = 0 for a prefill)
-            if s.seq.matcher is not None:
-                constrained.append(ConstrainedRows(s.seq.matcher, row, s.draft_tokens))
-            row += 1 + len(s.draft_tokens)
+        constrained = [ConstrainedRows(s.seq.matcher, first, s.draft_tokens)
+                       for s, first in zip(with_logits, firsts) if s.seq.matcher is not None]
         # The request's processors (penalties, bias, min_tokens) before the grammar's mask, which must win.
         process_(result.logits, [_rows(s, r) for s, r in zip(with_logits, firsts)], self.eos_token_ids)
         self.matchers.mask_(result.logits, constrained)  # [rows, V], in place

@@ -30,6 +30,15 @@ class SequenceRows:
     first_row: int
 
 
+def out_of_vocabulary(params: SamplingOptions, vocab_size: int) -> str | None:
+    """Why a token id of logit_bias or stop_token_ids cannot be honoured with this vocabulary; None: all fit."""
+    for field, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            return f"{field}: token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})"
+    return None
+
+
 @torch.inference_mode()  # the runner's logits are inference tensors
 def process_(logits: Tensor, seqs: Sequence[SequenceRows], stop_ids: frozenset[int]) -> None:
     """Apply every sequence's processors to its rows of logits [rows, V], in place.

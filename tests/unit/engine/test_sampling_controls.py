@@ -157,3 +157,14 @@ def test_a_stop_token_id_ends_generation_with_stop(llama) -> None:
     res = make_engine(llama).generate([EngineRequest("b", [5, 6, 7], SamplingOptions(max_tokens=12,
                                                                                       stop_token_ids=(stop,)))])["b"]
     assert res.finish_reason == "stop" and res.token_ids == plain[: first + 1]
+
+
+def test_token_ids_outside_the_vocabulary_are_rejected_naming_the_field(llama) -> None:
+    from engine.request import RequestRejected
+
+    engine = make_engine(llama)
+    for params, field in ((SamplingOptions(logit_bias=((VOCAB, 1.0),)), "logit_bias"),
+                          (SamplingOptions(stop_token_ids=(VOCAB + 3,)), "stop_token_ids")):
+        with pytest.raises(RequestRejected) as caught:
+            engine.add_request(EngineRequest("x", [1, 2], params))
+        assert caught.value.code == "invalid_request" and caught.value.message.startswith(field)
