@@ -40,6 +40,7 @@ from streams.edge.admission.admit import Ticket
 from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.auth import key_from_headers
+from streams.edge.choices import choice_requests, for_ticket, merged_body
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.logprobs import chat_logprobs, completion_logprobs
@@ -128,6 +129,8 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
     edge = _edge(request)
     ticket = await _pipeline(request).admit_http(caller, body_type, request)
     gen, body, chat = ticket.request, ticket.body, body_type is ChatCompletionBody
+    if body.choices > 1:
+        return await _choices(request, edge, ticket, chat=chat)
     try:
         stream = await submit(getattr(request.app.state, "rag", None), edge, gen, body.file_search())
     except BaseException as exc:
@@ -168,6 +171,42 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
                input_param=input_param, ticket=ticket, retrieved=stream.retrieved)
     return StreamingResponse(sse, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
+
+
+async def _choices(request: Request, edge: Edge, ticket: Ticket, *, chat: bool) -> Response:
+    """n > 1 (not streamed): each choice's request published, all awaited together, answered as one response."""
+    gens = choice_requests(ticket.request, ticket.body.choices)
+    rag = getattr(request.app.state, "rag", None)
+    streams: list[ReplyStream] = []
+    try:
+        for gen in gens:
+            streams.append(await submit(rag, edge, gen, ticket.body.file_search()))
+        events = await _unless_disconnected(request, asyncio.gather(*(_final_event(s, ticket) for s in streams)))
+        finals: list[Completion] = []
+        for event in events:
+            if isinstance(event, ErrorEvent):
+                raise errors.from_worker_error(event, input_param=ticket.input_param)
+            finals.append(event)
+    except ClientGone:
+        for stream in streams:
+            edge.abandon(stream)
+        ticket.finish(499, code="client_gone")
+        return Response(status_code=499)
+    except ReplyTimeout:
+        for stream in streams:
+            edge.abandon(stream, "deadline passed at the edge")
+        ticket.finish(504, code="deadline_exceeded")
+        raise errors.reply_timeout(ticket.request.request_id) from None
+    except BaseException as exc:
+        for stream in streams:
+            edge.abandon(stream) if not stream.finished else stream.close()
+        ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 500,
+                      code=exc.code if isinstance(exc, errors.EdgeError) else type(exc).__name__)
+        raise
+    ticket.finish(200, for_ticket(finals))
+    bodies = [completion_body(g, f, chat=chat, retrieved=s.retrieved) for g, f, s in zip(gens, finals, streams)]
+    extras = [_extras(f, edge, s.retrieved) for f, s in zip(finals, streams)]
+    return JSONResponse({**merged_body(bodies, finals), "specstream": {"choices": extras}})
 
 
 async def _final_event(stream: ReplyStream, ticket: Ticket) -> Completion | ErrorEvent:

@@ -155,7 +155,7 @@ def test_the_openai_client_raises_typed_errors_naming_the_code_and_param(setup: 
         client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=600)
     assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "max_tokens")
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, n=2)
+        client.chat.completions.create(model=MODEL, messages=QUESTION, n=9)
     assert caught.value.param == "n"
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=QUESTION, logit_bias={"1": 101})
@@ -234,3 +234,19 @@ def test_logprobs_in_openais_shapes_streamed_and_not(client: OpenAI) -> None:
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == completion.usage.completion_tokens
     assert all(len(top) == 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
     assert "".join(lp.tokens) == completion.choices[0].text
+
+
+def test_n_choices_are_seeded_sequences_with_summed_usage(client: OpenAI) -> None:
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "seed": 40}
+    both = client.chat.completions.create(n=2, **ask)
+    assert [c.index for c in both.choices] == [0, 1]
+    texts = [c.message.content for c in both.choices]
+    assert client.chat.completions.create(n=2, **ask).choices[1].message.content == texts[1]  # regenerated: same
+    # Choice i is the single answer with seed + i.
+    assert client.chat.completions.create(**ask).choices[0].message.content == texts[0]
+    assert client.chat.completions.create(**{**ask, "seed": 41}).choices[0].message.content == texts[1]
+    singles = [client.chat.completions.create(**{**ask, "seed": 40 + i}).usage for i in range(2)]
+    assert both.usage.prompt_tokens == singles[0].prompt_tokens
+    assert both.usage.completion_tokens == sum(u.completion_tokens for u in singles)
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=3, temperature=1.0, seed=2)
+    assert [c.index for c in completion.choices] == [0, 1, 2]

@@ -87,7 +87,7 @@ CASES = [
      "response_format.json_schema.schema"),
     ("logit_bias", CHAT, _j(model=MODEL, messages=USER, logit_bias={"1": 101}), 400, "invalid_value",
      "logit_bias"),
-    ("n=2", CHAT, _j(model=MODEL, messages=USER, n=2), 400, "unsupported_value", "n"),
+    ("n=2-streamed", CHAT, _j(model=MODEL, messages=USER, n=2, stream=True), 400, "unsupported_value", "n"),
     ("top_logprobs", CHAT, _j(model=MODEL, messages=USER, logprobs=True, top_logprobs=21), 400, "invalid_value",
      "top_logprobs"),
     ("best_of", COMPLETIONS, _j(model=MODEL, prompt="hi", best_of=2), 400, "unsupported_parameter", "best_of"),

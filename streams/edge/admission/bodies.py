@@ -9,7 +9,7 @@ engine needs it, mapping it in :mod:`streams.edge.admission.build`); adding
 an API is adding a class.
 
 A few OpenAI parameters the engine does not implement are accepted only with
-their neutral value (``n=1``, ``echo`` false); the validators say so with ``unsupported_value``.
+their neutral value (``echo`` false, ``n=1`` when streaming); the validators say so with ``unsupported_value``.
 """
 from __future__ import annotations
 
@@ -142,8 +142,9 @@ class Body(_Strict):
                                    description="Same seed, same parameters: same text. Default: a random seed.")
     stop: str | Annotated[list[str], Field(max_length=8)] | None = Field(
         default=None, description="Up to 8 strings that end generation; they are not returned.")
-    n: StrictInt | None = Field(default=None, description="Only 1 is supported.",
-                                json_schema_extra={"minimum": 1, "maximum": 1})
+    n: StrictInt | None = Field(
+        default=None, ge=1, le=8, description="Choices to generate (1..8), each its own sequence; choice i samples "
+        "with seed + i, so a regeneration is the same. Not yet with stream: true.")
     frequency_penalty: StrictFloat | None = Field(
         default=None, ge=-2.0, le=2.0, description="Times a token's count in the answer so far, off its logit.")
     presence_penalty: StrictFloat | None = Field(
@@ -170,8 +171,8 @@ class Body(_Strict):
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "Body":
-        if self.n not in (None, 1):
-            raise _unsupported_value("Only n=1 is supported.", "n")
+        if self.choices > 1 and self.streams:
+            raise _unsupported_value("n > 1 is not supported when streaming (stream: true, the websocket) yet.", "n")
         self.token_bias()  # a 400 naming logit_bias when a key or a bias is out of range
         if any(t < 0 for t in self.stop_token_ids or []):
             raise _invalid_value("stop_token_ids holds token ids, which are >= 0.", "stop_token_ids")
@@ -191,6 +192,11 @@ class Body(_Strict):
                 raise _invalid_value(f"logit_bias[{key}] is {bias}; biases are in [-100, 100].", "logit_bias")
             out[int(key)] = float(bias)
         return out
+
+    @property
+    def choices(self) -> int:
+        """How many choices the client asked for (n)."""
+        return self.n or 1
 
     def max_new_tokens(self) -> int | None:
         """The client's max_tokens; None: the edge's default, capped to what the context leaves."""
