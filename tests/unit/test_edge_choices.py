@@ -1,7 +1,14 @@
 """n choices: seeded copies of the admitted request, merged into one OpenAI answer with summed usage."""
 from __future__ import annotations
 
-from schemas.events import Completion, GenerateRequest, ReplyRoute, SamplingParams, Timings, Usage
+from schemas.events import (
+    Completion,
+    GenerateRequest,
+    ReplyRoute,
+    SamplingParams,
+    Timings,
+    Usage,
+)
 from streams.edge.choices import choice_requests, for_ticket, merged_body
 
 
