@@ -8,7 +8,7 @@ that leaves (finished, aborted, expired, failed) frees its KV region at once
 from __future__ import annotations
 
 from engine.detokenizer import IncrementalDetokenizer
-from engine.logprobs import TokenLogprob
+from engine.logprobs import LogprobEntry
 from engine.lora.requests import LoRARequests
 from engine.outputs import FinishReason, RequestOutput, SpecCounters
 from engine.scheduler import Scheduler
@@ -48,7 +48,7 @@ class Committer:
         self.lora = lora
 
     def commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float,
-               logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+               logprobs: list[LogprobEntry] | None = None) -> RequestOutput:
         """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens); logprobs: one per token."""
         detok = _detok(seq)
         new: list[int] = []

@@ -14,7 +14,7 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
-class TokenLogprob:
+class LogprobEntry:
     """One emitted token: its log-probability and the `top` most likely tokens at its position (id, logprob)."""
 
     token_id: int
@@ -35,7 +35,7 @@ class RawLogprobs:
         return cls({i: (logits[first : first + n].float().log_softmax(dim=-1), top)
                     for i, (first, n, top) in wanted.items()})
 
-    def of(self, i: int, tokens: list[int]) -> list[TokenLogprob] | None:
+    def of(self, i: int, tokens: list[int]) -> list[LogprobEntry] | None:
         """The emitted tokens of sequence i (token j from row j) with their log-probs; None: it did not ask."""
         if i not in self.rows:
             return None
@@ -45,5 +45,5 @@ class RawLogprobs:
         out = []
         for j, (tok, lp) in enumerate(zip(tokens, picked)):
             alts = () if best is None else tuple(zip(best.indices[j].tolist(), best.values[j].tolist()))
-            out.append(TokenLogprob(tok, lp, alts))
+            out.append(LogprobEntry(tok, lp, alts))
         return out

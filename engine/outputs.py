@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from engine.logprobs import TokenLogprob
+from engine.logprobs import LogprobEntry
 
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
@@ -86,7 +86,7 @@ class RequestOutput:
     # that failed to load again); the worker answers it with an ErrorEvent.
     error: tuple[str, str] | None = None
     # One per token of token_ids when the request asked for logprobs (engine.logprobs); None otherwise.
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[LogprobEntry] | None = None
 
 
 @dataclass
@@ -100,7 +100,7 @@ class RequestOutputAccum:
     finish_reason: FinishReason | None = None
     spec: SpecCounters = field(default_factory=SpecCounters)
     stats: RequestStats | None = None
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[LogprobEntry] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.token_ids.extend(out.token_ids)

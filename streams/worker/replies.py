@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.logprobs import TokenLogprob as EngineLogprob
+from engine.logprobs import LogprobEntry
 from engine.outputs import RequestOutput
 from engine.request import EngineRequest
 from schemas.events import (
@@ -109,7 +109,7 @@ class Generation:
         )
 
 
-def wire_logprobs(entries: list[EngineLogprob] | None, decode: Callable[[int], str] | None) -> list[TokenLogprob] | None:
+def wire_logprobs(entries: list[LogprobEntry] | None, decode: Callable[[int], str] | None) -> list[TokenLogprob] | None:
     if entries is None:
         return None
     text = decode or str

@@ -1,7 +1,7 @@
 """Logprobs from the worker's reply events to OpenAI's shapes (chat and completions, whole and per chunk)."""
 from __future__ import annotations
 
-from engine.logprobs import TokenLogprob as EngineLogprob
+from engine.logprobs import LogprobEntry
 from engine.outputs import RequestOutput
 from schemas.events import TokenLogprob, TopLogprob
 from streams.edge.logprobs import chat_logprobs, completion_logprobs
@@ -31,7 +31,7 @@ def test_completion_logprobs_are_openais_parallel_lists_with_text_offsets() -> N
 
 
 def test_the_worker_decodes_each_token_and_floors_minus_infinity() -> None:
-    out = RequestOutput("r", [5], "x", logprobs=[EngineLogprob(5, float("-inf"), ((5, -0.5),))])
+    out = RequestOutput("r", [5], "x", logprobs=[LogprobEntry(5, float("-inf"), ((5, -0.5),))])
     wire = wire_logprobs(out.logprobs, lambda t: f"<{t}>")
     assert wire == [TokenLogprob(token_id=5, token="<5>", logprob=-9999.0,
                                  top=[TopLogprob(token_id=5, token="<5>", logprob=-0.5)])]
