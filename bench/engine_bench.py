@@ -7,6 +7,7 @@
     python -m bench.engine_bench --weights int4 --fused-step off ...   # layer by layer instead of one C++ call (A/B)
     python -m bench.engine_bench --weights int4 --quant-kernel torch ...   # torch's int4/int8 kernels (A/B)
     python -m bench.engine_bench --prefix-caching off ...   # engine.prefix_caching off (A/B: no slowdown with it on)
+    python -m bench.engine_bench --rows ours_plain,ours_ngram --penalties   # with sampling processors (A/B)
     python -m bench.engine_bench --rows ours_plain,ours_ngram,ours_eagle,ours_eagle_lookup --concurrency 16 \
         --draft-head smollm2-135m-instruct        # a trained EAGLE head (specstream draft train), issue 16
 
@@ -90,6 +91,7 @@ class OurEngine:
     fused_step: bool = True
     quant_kernel: str = "auto"
     prefix_caching: bool = True
+    penalties: bool = False  # our rows decode with repetition/presence/frequency penalties (the processors' cost)
 
     def args(self) -> list[str]:
         """The same settings as arguments of a row's subprocess."""
@@ -99,6 +101,7 @@ class OurEngine:
             "--model", self.model, "--weights", self.weights, "--kernel-dispatch", self.kernel_dispatch,
             "--fused-step", fused, "--quant-kernel", self.quant_kernel,
             "--prefix-caching", "on" if self.prefix_caching else "off", *head,
+            *(["--penalties"] if self.penalties else []),
         ]  # fmt: skip
 
 
@@ -124,7 +127,8 @@ def _run_ours(method: str | None, workloads: list[str], max_new: int, concurrent
         fused_step=ours.fused_step, quant_kernel=ours.quant_kernel, prefix_caching=ours.prefix_caching,
     )  # fmt: skip
     engine = LLMEngine.from_config(cfg, progress=_dispatch_line)
-    params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
+    penalties = {"repetition_penalty": 1.1, "presence_penalty": 0.2, "frequency_penalty": 0.2} if ours.penalties else {}
+    params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True, **penalties)
 
     def run(batch: list[tuple[str, list[int]]]) -> tuple[float, dict[str, list[int]], int, int, int, float]:
         for rid, ids in batch:
@@ -393,13 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         "--prefix-caching", default="on", choices=("on", "off"),
         help="engine.prefix_caching of our rows (the warm-up's prompt and repeated workloads then hit the cache)",
     )
+    ap.add_argument("--penalties", action="store_true",
+                    help="our rows decode with repetition/presence/frequency penalties (A/B: the processors' cost)")
     ap.add_argument("--row", help=argparse.SUPPRESS)
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ours = OurEngine(
         args.model, args.weights, args.draft_head, args.kernel_dispatch, args.fused_step == "on", args.quant_kernel,
-        args.prefix_caching == "on",
+        args.prefix_caching == "on", args.penalties,
     )
 
     if args.row:  # subprocess mode

@@ -1,6 +1,6 @@
 """The end of a step: emitted tokens through the finish checks into outputs, and what a leaving request gives back.
 
-Finish checks per token, in order: EOS (never detokenized), a stop string
+Finish checks per token, in order: EOS or one of the request's stop_token_ids (never detokenized), a stop string
 the token completes, max_tokens; tokens after a finish are dropped. A request
 that leaves (finished, aborted, expired, failed) frees its KV region at once
 (the scheduler), its adapter and its proposer state.
@@ -8,6 +8,7 @@ that leaves (finished, aborted, expired, failed) frees its KV region at once
 from __future__ import annotations
 
 from engine.detokenizer import IncrementalDetokenizer
+from engine.logprobs import LogprobEntry
 from engine.lora.requests import LoRARequests
 from engine.outputs import FinishReason, RequestOutput, SpecCounters
 from engine.scheduler import Scheduler
@@ -46,8 +47,9 @@ class Committer:
         self.proposer = proposer
         self.lora = lora
 
-    def commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float) -> RequestOutput:
-        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens)."""
+    def commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float,
+               logprobs: list[LogprobEntry] | None = None) -> RequestOutput:
+        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens); logprobs: one per token."""
         detok = _detok(seq)
         new: list[int] = []
         reason: FinishReason | None = None
@@ -56,20 +58,23 @@ class Committer:
             seq.output_ids.append(tok)
             new.append(tok)
             # EOS tokens are not text: they never reach the detokenizer.
-            eos = not params.ignore_eos and tok in self.eos_token_ids
+            eos = (not params.ignore_eos and tok in self.eos_token_ids) or tok in params.stop_token_ids
             if eos or detok.add_token(tok):  # EOS, or a stop string completed
                 reason = "stop"
             elif len(seq.output_ids) >= params.max_tokens:
                 reason = "length"
             if reason is not None:
                 break  # tokens after a finish are dropped
+        kept = None if logprobs is None else logprobs[: len(new)]  # the tokens after a finish are dropped
         if reason is not None:
             self.scheduler.finish(seq, reason, now)
             self.release(seq)
-            return final_output(seq, new, detok.take_delta(final=True), step_spec)
+            out = final_output(seq, new, detok.take_delta(final=True), step_spec)
+            out.logprobs = kept
+            return out
         if self.proposer is not None and seq.speculate:
             self.proposer.rollback(seq.request_id, seq.num_tokens)
-        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec)
+        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec, logprobs=kept)
 
     def release(self, seq: Sequence) -> None:
         """What the scheduler does not hold: the request's adapter and its proposer state."""

@@ -43,6 +43,8 @@ from engine.fused.norm import install_norm_kernel
 from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
+from engine.logits_processors import SequenceRows, out_of_vocabulary, process_
+from engine.logprobs import RawLogprobs
 from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
@@ -74,6 +76,20 @@ def _grammatical(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
     if n == proposal.num_tokens:
         return proposal
     return DraftProposal(proposal.tokens[:n], None if proposal.probs is None else proposal.probs[:n])
+
+
+def _first_rows(with_logits: list[ScheduledSequence]) -> list[int]:
+    """Each sequence's first row in the step's logits: 1 + k rows per sequence (k = 0 for a prefill)."""
+    starts, row = [], 0
+    for s in with_logits:
+        starts.append(row)
+        row += 1 + len(s.draft_tokens)
+    return starts
+
+
+def _rows(sched: ScheduledSequence, first_row: int) -> SequenceRows:
+    seq = sched.seq
+    return SequenceRows(seq.params, seq.request.prompt_token_ids, seq.output_ids, sched.draft_tokens, first_row)
 
 
 def _proposal_input(seq: Sequence) -> ProposalInput:
@@ -182,6 +198,9 @@ class LLMEngine:
             raise RequestRejected(
                 "invalid_request", f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})"
             )
+        outside = out_of_vocabulary(req.sampling, self.vocab_size)
+        if outside is not None:
+            raise RequestRejected("invalid_request", outside)
         speculate = self.speculation_enabled and req.speculation is not False
         seq = Sequence(request=req, speculate=speculate)
         seq.rng = RequestRng(req.sampling.seed)
@@ -252,7 +271,7 @@ class LLMEngine:
         self.num_forwards += 1
         t0 = time.perf_counter()
         with_logits = [s for s in batch.scheduled if s.needs_logits]
-        emitted = self._verify(with_logits, result)
+        emitted, raw = self._verify(with_logits, result)
         verify_s = result.forward_s + time.perf_counter() - t0
         accepted = [len(tokens) - 1 for tokens in emitted]  # every step emits one token of the target's own
         accepted_by_id = {s.seq.request_id: a for s, a in zip(with_logits, accepted)}
@@ -260,13 +279,13 @@ class LLMEngine:
         self.scheduler.update_from_step(batch, accepted_by_id)
 
         outputs: list[RequestOutput] = []
-        for sched, tokens, n_accepted in zip(with_logits, emitted, accepted):
+        for i, (sched, tokens, n_accepted) in enumerate(zip(with_logits, emitted, accepted)):
             now = time.time()
             if sched.seq.matcher is not None:
                 Matchers.advance(sched.seq.matcher, tokens)
             self._learn(sched, n_accepted, draft_s, verify_s, now)
             step_spec = SpecCounters(len(sched.draft_tokens), n_accepted)
-            outputs.append(self.committer.commit(sched.seq, tokens, step_spec, now))
+            outputs.append(self.committer.commit(sched.seq, tokens, step_spec, now, raw.of(i, tokens)))
         if self.controller is not None:
             drafted = sum(len(s.draft_tokens) for s in with_logits)
             self.controller.observe_step(batch.num_batched_tokens, verify_s, draft_s, drafted)
@@ -361,16 +380,19 @@ class LLMEngine:
             hidden = result.hidden[start : start + kept]  # [kept, hidden]
             self.hidden_consumer.observe_hidden(sched.seq.request_id, sched.seq.num_computed, hidden)
 
-    def _verify(self, with_logits: list[ScheduledSequence], result: RunnerOutput) -> list[list[int]]:
-        """Per sequence needing logits, its emitted tokens (k = 0 is plain sampling)."""
+    def _verify(self, with_logits: list[ScheduledSequence], result: RunnerOutput) -> tuple[list[list[int]], RawLogprobs]:
+        """Per sequence needing logits, its emitted tokens (k = 0 is plain sampling), and the raw logprobs of the
+        rows of those that asked for them (before any processing)."""
+        firsts = _first_rows(with_logits)
+        raw = RawLogprobs.capture(result.logits, {
+            i: (first, 1 + len(s.draft_tokens), s.seq.params.logprobs)
+            for i, (s, first) in enumerate(zip(with_logits, firsts)) if s.seq.params.logprobs is not None})
         if not with_logits:
-            return []
-        constrained: list[ConstrainedRows] = []
-        row = 0
-        for s in with_logits:  # rows: consecutive per sequence, 1 + k each (k = 0 for a prefill)
-            if s.seq.matcher is not None:
-                constrained.append(ConstrainedRows(s.seq.matcher, row, s.draft_tokens))
-            row += 1 + len(s.draft_tokens)
+            return [], raw
+        constrained = [ConstrainedRows(s.seq.matcher, first, s.draft_tokens)
+                       for s, first in zip(with_logits, firsts) if s.seq.matcher is not None]
+        # The request's processors (penalties, bias, min_tokens) before the grammar's mask, which must win.
+        process_(result.logits, [_rows(s, r) for s, r in zip(with_logits, firsts)], self.eos_token_ids)
         self.matchers.mask_(result.logits, constrained)  # [rows, V], in place
         return verify_batch(
             result.logits,
@@ -378,7 +400,7 @@ class LLMEngine:
             [s.seq.params for s in with_logits],
             [s.seq.rng for s in with_logits],
             [len(s.seq.output_ids) for s in with_logits],
-        )
+        ), raw
 
     def _learn(self, sched: ScheduledSequence, accepted: int, draft_s: float, verify_s: float, now: float) -> None:
         """Per-sequence bookkeeping of one verification: timing, counters, the controller's estimate."""

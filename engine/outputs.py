@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from engine.logprobs import LogprobEntry
+
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
 
@@ -96,6 +98,8 @@ class RequestOutput:
     # (code, message) when the engine could not run the request after accepting it (a LoRA adapter
     # that failed to load again); the worker answers it with an ErrorEvent.
     error: tuple[str, str] | None = None
+    # One per token of token_ids when the request asked for logprobs (engine.logprobs); None otherwise.
+    logprobs: list[LogprobEntry] | None = None
 
 
 @dataclass
@@ -109,9 +113,12 @@ class RequestOutputAccum:
     finish_reason: FinishReason | None = None
     spec: SpecCounters = field(default_factory=SpecCounters)
     stats: RequestStats | None = None
+    logprobs: list[LogprobEntry] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.token_ids.extend(out.token_ids)
+        if out.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + out.logprobs
         self.text += out.text
         self.spec.drafted += out.spec.drafted
         self.spec.accepted += out.spec.accepted

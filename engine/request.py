@@ -24,10 +24,26 @@ class SamplingOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # OpenAI's penalties, on generated tokens: logit -= frequency * count + presence * (count > 0).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's / transformers' penalty on every token seen (prompt and generated): positive logits / p, others * p.
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0  # drop tokens below min_p * the top token's probability (after temperature)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end generation like EOS (never detokenized)
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens were generated
+    logprobs: int | None = None  # report each emitted token's raw logprob and this many top tokens; None: none
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the logits need engine.logits_processors before sampling (anything beyond temperature/top-k/p)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens)
 
 
 @dataclass

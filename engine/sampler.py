@@ -219,7 +219,7 @@ def _as_param_list(params: SamplingOptions | Sequence[SamplingOptions], n: int) 
 
 
 def target_probs(logits: Tensor, params: SamplingOptions | Sequence[SamplingOptions]) -> Tensor:
-    """The distribution the target samples from, after temperature, top-k and top-p.
+    """The distribution the target samples from, after temperature, min_p, top-k and top-p.
 
     logits [n, V]; params one SamplingOptions for all rows or one per row.
     Returns [n, V] float32 rows summing to 1. Greedy rows (temperature 0) are
@@ -240,6 +240,14 @@ def target_probs(logits: Tensor, params: SamplingOptions | Sequence[SamplingOpti
     greedy_rows = [i for i, p in enumerate(plist) if p.greedy]
     temps = torch.tensor([1.0 if p.greedy else p.temperature for p in plist], device=device).unsqueeze(1)  # [n, 1]
     x = x / temps  # [n, V]
+
+    min_ps = [p.min_p if 0.0 < p.min_p <= 1.0 else 0.0 for p in plist]
+    if any(min_ps):
+        # vLLM's order: min_p on the tempered distribution, before top-k/top-p (transformers' MinPLogitsWarper rule:
+        # drop p_i < min_p * max p; the top token always stays).
+        probs = x.softmax(dim=-1)  # [n, V]
+        floor = torch.tensor(min_ps, device=device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values  # [n, 1]
+        x = x.masked_fill(probs < floor, float("-inf"))
 
     top_ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in plist]
     if any(top_ks):

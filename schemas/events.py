@@ -71,6 +71,38 @@ class SamplingParams(BaseModel):
     speculation: bool | None = Field(
         default=None, description="None follows the engine's configuration; false disables speculative decoding for this request."
     )
+    presence_penalty: float = Field(
+        default=0.0, ge=-2.0, le=2.0, description="OpenAI's: subtracted from the logit of every token generated so far.")
+    frequency_penalty: float = Field(
+        default=0.0, ge=-2.0, le=2.0,
+        description="OpenAI's: times a token's count among the generated tokens, subtracted from its logit.")
+    repetition_penalty: float = Field(
+        default=1.0, gt=0.0, le=10.0,
+        description="vLLM's: tokens of the prompt or generated have positive logits divided by it, others multiplied.")
+    min_p: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="Drop tokens less likely than min_p times the most likely one.")
+    logit_bias: dict[int, float] = Field(
+        default_factory=dict, max_length=300, description="Token id -> bias (-100..100) added to its logit.")
+    stop_token_ids: list[int] = Field(
+        default_factory=list, max_length=64, description="Token ids that end generation like EOS; not in the text.")
+    min_tokens: int = Field(
+        default=0, ge=0, le=32768, description="EOS and stop_token_ids cannot end generation before this many tokens.")
+    ignore_eos: bool = Field(default=False, description="Keep generating past EOS (until max_tokens or a stop).")
+    logprobs: int | None = Field(
+        default=None, ge=0, le=20,
+        description="Report each generated token's log-probability (the model's raw log_softmax, before any "
+        "sampling processor) and this many most likely tokens at its position; None: no logprobs.")
+
+    @model_validator(mode="after")
+    def _sampling_ranges(self) -> "SamplingParams":
+        bad = [t for t, b in self.logit_bias.items() if t < 0 or not -100.0 <= b <= 100.0]
+        if bad:
+            raise ValueError(f"logit_bias: token {bad[0]} needs an id >= 0 and a bias in [-100, 100]")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids: token ids are >= 0")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        return self
 
 
 class ReplyRoute(BaseModel):
@@ -164,6 +196,20 @@ class SpecStepStats(BaseModel):
 FinishReason = Literal["stop", "length", "abort", "deadline"]
 
 
+class TopLogprob(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token_id: int = Field(ge=0)
+    token: str = Field(description="The token's text (one token decoded alone).")
+    logprob: float = Field(description="Raw log-probability (log_softmax of the model's logits); -9999.0 below that.")
+
+
+class TokenLogprob(TopLogprob):
+    """One generated token's log-probability and the most likely tokens at its position."""
+
+    top: list[TopLogprob] = Field(default_factory=list, description="The sampling.logprobs most likely tokens.")
+
+
 class TokenChunk(Event):
     model_config = ConfigDict(
         extra="forbid",
@@ -204,6 +250,8 @@ class TokenChunk(Event):
         description="A server-side tool call's result (the chunk has no text): the worker ran the call the answer "
         "made, and generation continues with it as a `tool` message; the edge shows it as a `specstream` event.",
     )
+    logprobs: list[TokenLogprob] | None = Field(
+        default=None, description="One per token of token_ids when the request asked for logprobs; None otherwise.")
 
 
 class PromptTokensDetails(BaseModel):
@@ -268,6 +316,8 @@ class Completion(Event):
     )
     adapter: str | None = Field(
         default=None, description="The LoRA adapter the request ran with (its served name); null: the base model.")
+    logprobs: list[TokenLogprob] | None = Field(
+        default=None, description="One per generated token when the request asked for logprobs; None otherwise.")
 
 
 # What a consumer on the bus may answer with; the worker maps anything else it meets to invalid_request.

@@ -134,6 +134,8 @@ def _body(body_type: type[Body], data: Any, fail: Any) -> Body:
         raise fail(error.message, f"body.{error.param}" if error.param else "body") from None
     if body.streams:
         raise fail("stream is not supported in a batch; each line's answer is written whole", "body.stream")
+    if body.choices > 1:
+        raise fail("n > 1 is not supported in a batch yet; send one line per choice (with its own seed)", "body.n")
     return body
 
 

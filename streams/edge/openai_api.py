@@ -41,8 +41,10 @@ from streams.edge.admission.admit import Ticket
 from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.auth import key_from_headers
+from streams.edge.choices import choice_requests, for_ticket, merged_body
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
+from streams.edge.logprobs import chat_logprobs, completion_logprobs
 from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
@@ -130,6 +132,8 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
     edge = _edge(request)
     ticket = await _pipeline(request).admit_http(caller, body_type, request)
     gen, body, chat = ticket.request, ticket.body, body_type is ChatCompletionBody
+    if body.choices > 1:
+        return await _choices(request, edge, ticket, chat=chat)
     started = await start_generation(request, ticket)
     if isinstance(started, Response):
         return started
@@ -196,6 +200,42 @@ async def start_generation(request: Request, ticket: Ticket) -> Started | Respon
         raise
 
 
+async def _choices(request: Request, edge: Edge, ticket: Ticket, *, chat: bool) -> Response:
+    """n > 1 (not streamed): each choice's request published, all awaited together, answered as one response."""
+    gens = choice_requests(ticket.request, ticket.body.choices)
+    rag = getattr(request.app.state, "rag", None)
+    streams: list[ReplyStream] = []
+    try:
+        for gen in gens:
+            streams.append(await submit(rag, edge, gen, ticket.body.file_search()))
+        events = await _unless_disconnected(request, asyncio.gather(*(_final_event(s, ticket) for s in streams)))
+        finals: list[Completion] = []
+        for event in events:
+            if isinstance(event, ErrorEvent):
+                raise errors.from_worker_error(event, input_param=ticket.input_param)
+            finals.append(event)
+    except ClientGone:
+        for stream in streams:
+            edge.abandon(stream)
+        ticket.finish(499, code="client_gone")
+        return Response(status_code=499)
+    except ReplyTimeout:
+        for stream in streams:
+            edge.abandon(stream, "deadline passed at the edge")
+        ticket.finish(504, code="deadline_exceeded")
+        raise errors.reply_timeout(ticket.request.request_id) from None
+    except BaseException as exc:
+        for stream in streams:
+            edge.abandon(stream) if not stream.finished else stream.close()
+        ticket.finish(exc.status if isinstance(exc, errors.EdgeError) else 500,
+                      code=exc.code if isinstance(exc, errors.EdgeError) else type(exc).__name__)
+        raise
+    ticket.finish(200, for_ticket(finals))
+    bodies = [completion_body(g, f, chat=chat, retrieved=s.retrieved) for g, f, s in zip(gens, finals, streams)]
+    extras = [_extras(f, edge, s.retrieved) for f, s in zip(finals, streams)]
+    return JSONResponse({**merged_body(bodies, finals), "specstream": {"choices": extras}})
+
+
 async def _final_event(stream: ReplyStream, ticket: Ticket) -> Completion | ErrorEvent:
     async for event in stream:
         if not isinstance(event, TokenChunk):
@@ -236,7 +276,8 @@ def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge:
 def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool,
                     retrieved: Retrieved | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion / text_completion object of a finished request (batch output lines reuse it)."""
-    choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
+    logprobs = chat_logprobs(final.logprobs) if chat else completion_logprobs(final.logprobs)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": logprobs}
     if chat and calls_tools(gen):
         content, calls = parse_message(final.text, gen.request_id)
         choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
@@ -288,8 +329,8 @@ async def _sse(
     parser = ToolCallParser(gen.request_id) if chat and calls_tools(gen) else None
 
     def chunk(text: str | None, reason: str | None, *, role: bool = False, extra: dict | None = None,
-              fields: dict | None = None) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+              fields: dict | None = None, logprobs: dict | None = None) -> dict:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
         if chat:
             delta: dict[str, Any] = {}
             if role:
@@ -319,10 +360,12 @@ async def _sse(
                     # A server-side call's result: an event of its own, with an empty delta, between the call's
                     # tool_calls deltas and the next round's.
                     pending.append(_data(chunk(None, None, extra={"tool_result": result_view(event.tool_result)})))
-                if event.text:
+                if event.text or event.logprobs:
                     extra = {"index": event.index, "spec": event.spec.model_dump()}
                     if parser is None:
-                        pending.append(_data(chunk(event.text, None, extra=extra)))
+                        logprobs = (chat_logprobs(event.logprobs) if chat
+                                    else completion_logprobs(event.logprobs, event.text_offset or 0))
+                        pending.append(_data(chunk(event.text, None, extra=extra, logprobs=logprobs)))
                     else:
                         pending.extend(_data(chunk(None, None, extra=extra, fields=f)) for f in parser.feed(event.text))
                 if event.finish_reason is None and pending:

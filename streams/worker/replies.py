@@ -9,9 +9,11 @@ request) and speculation statistics.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.logprobs import LogprobEntry
 from engine.outputs import RequestOutput
 from engine.request import EngineRequest
 from schemas.events import (
@@ -22,6 +24,8 @@ from schemas.events import (
     SpecStepStats,
     Timings,
     TokenChunk,
+    TokenLogprob,
+    TopLogprob,
     Usage,
 )
 from streams.service import Delivery
@@ -37,12 +41,18 @@ class Generation:
     text: list[str] = field(default_factory=list)
     text_chars: int = 0  # characters published so far: the next chunk's text_offset
     tokens: int = 0  # tokens published so far: the next chunk's token_offset
+    logprobs: list[TokenLogprob] | None = None  # the whole answer's, when the request asked for them
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
-    def chunk(self, output: RequestOutput, finish_reason: Any) -> TokenChunk:
+    def chunk(self, output: RequestOutput, finish_reason: Any,
+              decode: Callable[[int], str] | None = None) -> TokenChunk:
+        """The step's chunk; decode: one token's text (for logprobs)."""
+        logprobs = wire_logprobs(output.logprobs, decode)
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or []) + logprobs
         chunk = TokenChunk(
             request_id=self.request_id,
             index=self.next_index,
@@ -52,6 +62,7 @@ class Generation:
             spec=SpecStepStats(drafted=output.spec.drafted, accepted=output.spec.accepted),
             text_offset=self.text_chars,
             token_offset=self.tokens,
+            logprobs=logprobs,
         )
         self.next_index += 1
         self.text.append(output.text)
@@ -97,4 +108,18 @@ class Generation:
             spec=spec,
             model=model,
             adapter=adapter,
+            logprobs=self.logprobs,
         )
+
+
+def wire_logprobs(entries: list[LogprobEntry] | None, decode: Callable[[int], str] | None) -> list[TokenLogprob] | None:
+    if entries is None:
+        return None
+    text = decode or str
+
+    def lp(x: float) -> float:
+        return max(x, -9999.0)  # OpenAI's floor; keeps -inf out of JSON
+
+    return [TokenLogprob(token_id=e.token_id, token=text(e.token_id), logprob=lp(e.logprob),
+                         top=[TopLogprob(token_id=t, token=text(t), logprob=lp(v)) for t, v in e.top])
+            for e in entries]

@@ -292,7 +292,7 @@ class EngineWorker:
             return  # its calls run on the bus; the generation goes on with their results
         finish_reason = (output.finish_reason or "stop") if output.finished else None
         delivery = generation.delivery
-        chunk = generation.chunk(output, finish_reason)
+        chunk = generation.chunk(output, finish_reason, self._decode_token)
         if not self.batch_lane.is_batch_line(generation.request):  # a batch line's answer is written whole
             delivery.reply(chunk)
         if output.finished:
@@ -304,6 +304,10 @@ class EngineWorker:
             delivery.reply(completion)
             self._generations.pop(generation.request_id, None)
             self._spawn(self.completions.finish(delivery, self._model_name()))
+
+    def _decode_token(self, token_id: int) -> str:
+        """One token's text, as vLLM reports it in logprobs."""
+        return self.engine.tokenizer.decode([token_id]) if self.engine else str(token_id)
 
     def _model_name(self) -> str | None:
         return self.engine.model_name if self.engine else None

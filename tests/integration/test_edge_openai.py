@@ -175,11 +175,11 @@ def test_the_openai_client_raises_typed_errors_naming_the_code_and_param(setup: 
         client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=600)
     assert (caught.value.code, caught.value.param) == ("context_length_exceeded", "max_tokens")
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, n=2)
+        client.chat.completions.create(model=MODEL, messages=QUESTION, n=9)
     assert caught.value.param == "n"
     with pytest.raises(openai.BadRequestError) as caught:
-        client.chat.completions.create(model=MODEL, messages=QUESTION, logit_bias={"1": 5})
-    assert (caught.value.code, caught.value.param) == ("unsupported_parameter", "logit_bias")
+        client.chat.completions.create(model=MODEL, messages=QUESTION, logit_bias={"1": 101})
+    assert (caught.value.code, caught.value.param) == ("invalid_value", "logit_bias")
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=3)
     assert caught.value.param == "temperature" and caught.value.type == "invalid_request_error"
@@ -205,3 +205,68 @@ def test_runtime_lora_updates_are_refused_unless_the_operator_allows_them(setup:
         assert response.status_code == 403, response.text
         error = response.json()["error"]
         assert error["code"] == "lora_updates_disabled" and "engine.lora.runtime_updates" in error["message"]
+
+
+def test_logit_bias_forces_a_token_and_stop_token_ids_end_on_it(client: OpenAI) -> None:
+    from engine.model_text import load_tokenizer
+
+    tokenizer = load_tokenizer(MODEL)
+    blue = tokenizer(" blue", add_special_tokens=False)["input_ids"][0]
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                       logit_bias={str(blue): 100})
+    assert forced.choices[0].text == tokenizer.decode([blue] * 4)
+    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logit_bias={str(blue): 100},
+                                        extra_body={"stop_token_ids": [blue]})
+    assert (stopped.choices[0].finish_reason, stopped.choices[0].text) == ("stop", "")
+    assert stopped.usage is not None and stopped.usage.completion_tokens == 1
+
+
+def test_seeded_penalties_are_the_same_text_with_and_without_speculation(client: OpenAI) -> None:
+    extras = {"repetition_penalty": 1.3, "min_p": 0.05, "min_tokens": 12, "top_k": 40}
+    answers = [
+        client.chat.completions.create(
+            model=MODEL, messages=QUESTION, max_completion_tokens=16, temperature=0.9, seed=7, presence_penalty=0.5,
+            frequency_penalty=0.3, extra_body={**extras, "speculation": speculation})
+        for speculation in (False, True, True)
+    ]
+    texts = [a.choices[0].message.content for a in answers]
+    assert texts[0] and texts[0] == texts[1] == texts[2]
+    assert all(a.usage is not None and a.usage.completion_tokens >= 12 for a in answers)
+
+
+def test_logprobs_in_openais_shapes_streamed_and_not(client: OpenAI) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, logprobs=True,
+                                           top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens and all(len(t.top_logprobs) == 3 for t in content)
+    # Greedy, no processors: each token is the most likely one at its position.
+    assert all(t.token == t.top_logprobs[0].token and abs(t.logprob - t.top_logprobs[0].logprob) < 1e-6
+               for t in content)
+    assert "".join(t.token for t in content).startswith(whole.choices[0].message.content[:5])
+    streamed = [t for c in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                                          logprobs=True, top_logprobs=3, stream=True)
+                if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [t.token for t in streamed] == [t.token for t in content]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, content)) < 1e-3
+
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, logprobs=2)
+    lp = completion.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == completion.usage.completion_tokens
+    assert all(len(top) == 2 for top in lp.top_logprobs) and lp.text_offset[0] == 0
+    assert "".join(lp.tokens) == completion.choices[0].text
+
+
+def test_n_choices_are_seeded_sequences_with_summed_usage(client: OpenAI) -> None:
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "seed": 40}
+    both = client.chat.completions.create(n=2, **ask)
+    assert [c.index for c in both.choices] == [0, 1]
+    texts = [c.message.content for c in both.choices]
+    assert client.chat.completions.create(n=2, **ask).choices[1].message.content == texts[1]  # regenerated: same
+    # Choice i is the single answer with seed + i.
+    assert client.chat.completions.create(**ask).choices[0].message.content == texts[0]
+    assert client.chat.completions.create(**{**ask, "seed": 41}).choices[0].message.content == texts[1]
+    singles = [client.chat.completions.create(**{**ask, "seed": 40 + i}).usage for i in range(2)]
+    assert both.usage.prompt_tokens == singles[0].prompt_tokens
+    assert both.usage.completion_tokens == sum(u.completion_tokens for u in singles)
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=3, temperature=1.0, seed=2)
+    assert [c.index for c in completion.choices] == [0, 1, 2]

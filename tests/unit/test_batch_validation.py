@@ -36,11 +36,12 @@ def test_each_bad_line_is_named_with_its_problem() -> None:
         dumps_line("d", "/v1/chat/completions", {**CHAT, "bogus": 1}),
         json.dumps({"custom_id": "e", "method": "GET", "url": "/v1/completions", "body": {}}),
         dumps_line("f", "/v1/completions", {"model": "m", "prompt": "x", "stream": True}),
+        dumps_line("g", "/v1/chat/completions", {**CHAT, "n": 2}),
     ])
     found = problems_of(text)
     assert [p.split(":")[0] for p in found] == [
         "line 2", "line 3 (url)", "line 4 (custom_id)", "line 5 (body.max_tokens)", "line 6 (body.bogus)",
-        "line 7 (method)", "line 8 (body.stream)"]
+        "line 7 (method)", "line 8 (body.stream)", "line 9 (body.n)"]
     assert "also on line 1" in found[2]
 
 

@@ -6,15 +6,15 @@ import json
 from typing import Any
 
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseStreamEvent, ResponseUsage
 from pydantic import TypeAdapter
 
-from schemas.events import Completion, ReplyRoute, SamplingParams, Timings, Usage
+from schemas.events import Completion, PromptTokensDetails, ReplyRoute, SamplingParams, Timings, Usage
 from streams.edge import errors
-from streams.edge.admission.build import build_request
+from streams.edge.admission.build import build_request, sampling_of
 from streams.edge.admission.parse import parse_body
 from streams.edge.responses.body import ResponsesBody
-from streams.edge.responses.events import ResponseBuilder, answered
+from streams.edge.responses.events import ResponseBuilder, answered, usage_of
 from streams.edge.settings import EdgeOptions
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {
@@ -66,6 +66,7 @@ def test_text_format_json_schema_is_the_structured_output_path() -> None:
 @pytest.mark.parametrize(("fields", "param", "code"), [
     ({"max_tokens": 16}, "max_tokens", "unknown_parameter"),
     ({"stop": "x"}, "stop", "unknown_parameter"),
+    ({"logit_bias": {"1": 5.0}}, "logit_bias", "unknown_parameter"),
     ({"include": ["message.output_text.logprobs"]}, "include", "unsupported_parameter"),
     ({"background": True}, "background", "unsupported_parameter"),
     ({"truncation": "auto"}, "truncation", "unsupported_parameter"),
@@ -84,6 +85,12 @@ def test_what_the_chat_path_cannot_honour_is_refused_naming_the_responses_field(
     assert (error.status, error.param, error.code) == (400, param, code)
 
 
+def test_vllm_sampling_extensions_are_honoured_as_on_chat() -> None:
+    sampling = sampling_of(body(top_k=5, min_p=0.1, repetition_penalty=1.2, min_tokens=20, ignore_eos=True), 64)
+    assert (sampling.top_k, sampling.min_p, sampling.repetition_penalty) == (5, 0.1, 1.2)
+    assert sampling.min_tokens == 20 and sampling.ignore_eos
+
+
 def test_neutral_values_of_unsupported_parameters_are_accepted() -> None:
     assert body(include=[], truncation="disabled", background=False, reasoning=None).stores
 
@@ -98,6 +105,15 @@ def _final(text: str, reason: str = "stop") -> Completion:
     return Completion(request_id="chatcmpl-abc", text=text, finish_reason=reason, num_chunks=1,  # type: ignore[arg-type]
                       usage=Usage(prompt_tokens=5, completion_tokens=3, total_tokens=8),
                       timings=Timings(queued_s=0, ttft_s=0, total_s=0))
+
+
+def test_usage_reports_the_prefix_caches_hits_as_cached_input_tokens() -> None:
+    final = _final("Hi").model_copy(update={"usage": Usage(
+        prompt_tokens=40, completion_tokens=3, total_tokens=43, prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=32))})
+    usage = ResponseUsage.model_validate(usage_of(final))
+    assert (usage.input_tokens, usage.input_tokens_details.cached_tokens) == (40, 32)
+    assert usage_of(_final("Hi"))["input_tokens_details"]["cached_tokens"] == 0
 
 
 def test_a_streamed_text_answer_is_openais_event_sequence_ending_in_the_whole_object() -> None:

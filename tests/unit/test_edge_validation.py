@@ -50,7 +50,6 @@ def test_valid_unicode_passes() -> None:
 
 
 @pytest.mark.parametrize(("name", "value"), [
-    ("logit_bias", {"50256": -100}), ("top_logprobs", 2),
     ("functions", [{"name": "f"}]), ("function_call", "auto"), ("audio", {"voice": "alloy"}),
     ("modalities", ["text", "audio"]), ("store", True), ("reasoning_effort", "low"), ("prediction", {"x": 1}),
 ])
@@ -68,7 +67,7 @@ def test_an_integer_is_a_valid_float() -> None:
 
 def test_neutral_values_of_unsupported_parameters_are_dropped() -> None:
     data = {"model": MODEL, "functions": [], "function_call": "none",
-            "logit_bias": {}, "store": False, "service_tier": "auto"}
+            "store": False, "service_tier": "auto"}
     assert strip_unsupported(data, FOR_CHAT) == {"model": MODEL}
     assert _error(strip_unsupported, {"best_of": 3}, FOR_COMPLETIONS).param == "best_of"
     assert _error(strip_unsupported, {"suffix": "end"}, FOR_COMPLETIONS).param == "suffix"
@@ -90,9 +89,20 @@ def test_the_chat_body_refuses_an_unsupported_parameter_before_anything_else() -
     ({"temperature": 2.5}, "invalid_value", "temperature"),
     ({"temperature": -0.1}, "invalid_value", "temperature"),
     ({"top_p": 0}, "invalid_value", "top_p"),
-    ({"n": 2}, "unsupported_value", "n"),
-    ({"logprobs": True}, "unsupported_value", "logprobs"),
-    ({"presence_penalty": 0.5}, "unsupported_value", "presence_penalty"),
+    ({"n": 9}, "invalid_value", "n"),
+    ({"n": 2, "stream": True}, "unsupported_value", "n"),
+    ({"top_logprobs": 2}, "invalid_value", "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "invalid_value", "top_logprobs"),
+    ({"presence_penalty": 2.5}, "invalid_value", "presence_penalty"),
+    ({"frequency_penalty": -3}, "invalid_value", "frequency_penalty"),
+    ({"repetition_penalty": 0}, "invalid_value", "repetition_penalty"),
+    ({"min_p": 1.5}, "invalid_value", "min_p"),
+    ({"logit_bias": {"12": 101}}, "invalid_value", "logit_bias"),
+    ({"logit_bias": {"x": 1}}, "invalid_value", "logit_bias"),
+    ({"stop_token_ids": [-1]}, "invalid_value", "stop_token_ids"),
+    ({"min_tokens": 20, "max_tokens": 10}, "invalid_value", "min_tokens"),
+    ({"max_tokens": 10, "max_completion_tokens": 12}, "invalid_value", "max_completion_tokens"),
+    ({"ignore_eos": 1}, "invalid_value", "ignore_eos"),
     ({"stop": ["a"] * 9}, "invalid_value", "stop"),
     ({"temprature": 0.5}, "unknown_parameter", "temprature"),
     # Numbers and booleans are strict, as in OpenAI's API: true is not 1.0, "5" is not 5, 1 is not true.

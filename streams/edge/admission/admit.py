@@ -88,6 +88,7 @@ async def admit(limiter: Limiter, principal: Principal, body: Body, validated: V
     prompt_tokens = validated.prompt_tokens
     if prompt_tokens is None:
         prompt_tokens = access.prompt_chars(request) // 2 + 1
-    lease = await limiter.acquire(principal.tenant, principal.limits, prompt_tokens + request.sampling.max_tokens,
-                                  lease_ttl_s)
+    # n choices: each its own sequence with its own prompt and answer.
+    tokens = (prompt_tokens + request.sampling.max_tokens) * body.choices
+    lease = await limiter.acquire(principal.tenant, principal.limits, tokens, lease_ttl_s)
     return Ticket(principal, body, validated, lease, body_bytes=body_bytes)

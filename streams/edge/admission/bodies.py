@@ -9,8 +9,7 @@ engine needs it, mapping it in :mod:`streams.edge.admission.build`); adding
 an API is adding a class.
 
 A few OpenAI parameters the engine does not implement are accepted only with
-their neutral value (``n=1``, penalties 0, no logprobs); the validators say so
-with ``unsupported_value``.
+their neutral value (``echo`` false, ``n=1`` when streaming); the validators say so with ``unsupported_value``.
 """
 from __future__ import annotations
 
@@ -121,6 +120,10 @@ def _unsupported_value(message: str, param: str) -> errors.EdgeError:
     return errors.EdgeError(400, message, param=param, code="unsupported_value")
 
 
+def _invalid_value(message: str, param: str) -> errors.EdgeError:
+    return errors.EdgeError(400, message, param=param, code="invalid_value")
+
+
 class Body(_Strict):
     """Sampling fields shared by every API, and what the pipeline asks of each body."""
 
@@ -139,12 +142,25 @@ class Body(_Strict):
                                    description="Same seed, same parameters: same text. Default: a random seed.")
     stop: str | Annotated[list[str], Field(max_length=8)] | None = Field(
         default=None, description="Up to 8 strings that end generation; they are not returned.")
-    n: StrictInt | None = Field(default=None, description="Only 1 is supported.",
-                                json_schema_extra={"minimum": 1, "maximum": 1})
-    frequency_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
-                                                  json_schema_extra={"minimum": 0, "maximum": 0})
-    presence_penalty: StrictFloat | None = Field(default=None, description="Only 0 is supported.",
-                                                 json_schema_extra={"minimum": 0, "maximum": 0})
+    n: StrictInt | None = Field(
+        default=None, ge=1, le=8, description="Choices to generate (1..8), each its own sequence; choice i samples "
+        "with seed + i, so a regeneration is the same. Not yet with stream: true.")
+    frequency_penalty: StrictFloat | None = Field(
+        default=None, ge=-2.0, le=2.0, description="Times a token's count in the answer so far, off its logit.")
+    presence_penalty: StrictFloat | None = Field(
+        default=None, ge=-2.0, le=2.0, description="Off the logit of every token already in the answer.")
+    logit_bias: dict[str, StrictFloat] | None = Field(
+        default=None, max_length=300, description="Token id (as a string) -> bias in [-100, 100] added to its logit.")
+    # vLLM's sampling extensions, under vLLM's names.
+    repetition_penalty: StrictFloat | None = Field(
+        default=None, gt=0.0, le=10.0, description="Extension (vLLM): > 1 discourages tokens of the prompt and answer.")
+    min_p: StrictFloat | None = Field(
+        default=None, ge=0.0, le=1.0, description="Extension (vLLM): drop tokens below min_p x the top probability.")
+    stop_token_ids: Annotated[list[StrictInt], Field(max_length=64)] | None = Field(
+        default=None, description="Extension (vLLM): token ids that end generation (not in the text).")
+    min_tokens: StrictInt | None = Field(
+        default=None, ge=0, le=32768, description="Extension (vLLM): no EOS or stop token before this many tokens.")
+    ignore_eos: StrictBool | None = Field(default=None, description="Extension (vLLM): generate past EOS.")
     user: str | None = Field(default=None, description="End-user id; accepted and ignored.")
     stream: StrictBool | None = Field(default=None, description="Stream chunks as Server-Sent Events.")
     stream_options: StreamOptions | None = None
@@ -155,16 +171,40 @@ class Body(_Strict):
 
     @model_validator(mode="after")
     def _neutral_only(self) -> "Body":
-        if self.n not in (None, 1):
-            raise _unsupported_value("Only n=1 is supported.", "n")
-        for name in ("frequency_penalty", "presence_penalty"):
-            if getattr(self, name) not in (None, 0, 0.0):
-                raise _unsupported_value(f"'{name}' is not supported; only 0 is accepted.", name)
+        if self.choices > 1 and self.streams:
+            raise _unsupported_value("n > 1 is not supported when streaming (stream: true, the websocket) yet.", "n")
+        self.token_bias()  # a 400 naming logit_bias when a key or a bias is out of range
+        if any(t < 0 for t in self.stop_token_ids or []):
+            raise _invalid_value("stop_token_ids holds token ids, which are >= 0.", "stop_token_ids")
+        limit = self.max_new_tokens()
+        if self.min_tokens and limit is not None and self.min_tokens > limit:
+            raise _invalid_value(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({limit}).",
+                                 "min_tokens")
         return self
+
+    def token_bias(self) -> dict[int, float]:
+        """logit_bias with integer keys (OpenAI's shape has string keys)."""
+        out: dict[int, float] = {}
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise _invalid_value(f"logit_bias keys are token ids (digits), got {key!r}.", "logit_bias")
+            if not -100.0 <= bias <= 100.0:
+                raise _invalid_value(f"logit_bias[{key}] is {bias}; biases are in [-100, 100].", "logit_bias")
+            out[int(key)] = float(bias)
+        return out
+
+    @property
+    def choices(self) -> int:
+        """How many choices the client asked for (n)."""
+        return self.n or 1
 
     def max_new_tokens(self) -> int | None:
         """The client's max_tokens; None: the edge's default, capped to what the context leaves."""
         return self.max_tokens
+
+    def wanted_logprobs(self) -> int | None:
+        """How many top tokens to report with each token's logprob; None: no logprobs."""
+        return None
 
     def wire_tools(self) -> list[ToolSpec] | None:
         """The functions the model is offered (rendered into its prompt); None: no tools."""
@@ -222,6 +262,13 @@ class _Chat(Body):
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @model_validator(mode="after")
+    def _one_max_tokens(self) -> "_Chat":
+        if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
+            raise _invalid_value(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
+                                 f"({self.max_completion_tokens}) differ; give one of them.", "max_completion_tokens")
+        return self
+
     def wire_tools(self) -> list[ToolSpec] | None:
         return wire_tools(self.tools, self.tool_choice)
 
@@ -240,14 +287,21 @@ class ChatCompletionBody(_Chat):
     unsupported: ClassVar[frozenset[str]] = FOR_CHAT
 
     messages: list[ClientMessage] = Field(min_length=1, description="The conversation so far.")
-    logprobs: StrictBool | None = Field(default=None, description="Not supported: only false.",
-                                        json_schema_extra={"enum": [False, None]})
+    logprobs: StrictBool | None = Field(
+        default=None, description="Return each answer token's log-probability (the model's raw log_softmax).")
+    top_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=20, description="With logprobs: this many most likely tokens at each position.")
 
     @model_validator(mode="after")
-    def _no_logprobs(self) -> "ChatCompletionBody":
-        if self.logprobs:
-            raise _unsupported_value("logprobs are not supported.", "logprobs")
+    def _logprobs(self) -> "ChatCompletionBody":
+        if self.top_logprobs and not self.logprobs:
+            raise _invalid_value("top_logprobs needs logprobs: true.", "top_logprobs")
+        if self.logprobs and self.tools:
+            raise _unsupported_value("logprobs are not supported together with tools.", "logprobs")
         return self
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_input(self) -> list[ChatMessage] | None:
         return [m.to_schema() for m in self.messages]
@@ -267,8 +321,9 @@ class CompletionBody(Body):
         description="The prompt: a non-empty string, or a list holding exactly one.")
     echo: StrictBool | None = Field(default=None, description="Not supported: only false.",
                                     json_schema_extra={"enum": [False, None]})
-    logprobs: StrictInt | None = Field(default=None, description="Not supported: only 0.",
-                                       json_schema_extra={"enum": [0, None]})
+    logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=20, description="Return each token's log-probability (the model's raw log_softmax) "
+        "and this many most likely tokens at its position (OpenAI allows up to 5, vLLM 20).")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "CompletionBody":
@@ -276,9 +331,10 @@ class CompletionBody(Body):
             raise _unsupported_value("Exactly one prompt per request is supported.", "prompt")
         if self.echo:
             raise _unsupported_value("echo is not supported.", "echo")
-        if self.logprobs:
-            raise _unsupported_value("logprobs are not supported.", "logprobs")
         return self
+
+    def wanted_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompt_input(self) -> str | None:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

@@ -28,7 +28,8 @@ from streams.edge.admission.bodies import Body
 from streams.edge.settings import EdgeOptions
 
 # Body fields that go into SamplingParams under the same name when the client gives them.
-_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "speculation")
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "speculation", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "min_p", "stop_token_ids", "min_tokens", "ignore_eos")
 
 
 def new_request_id(kind: str = "chatcmpl") -> str:
@@ -58,6 +59,10 @@ def sampling_of(body: Body, max_tokens_default: int) -> SamplingParams:
         "seed": body.seed if body.seed is not None else secrets.randbits(63),
     }
     sampling.update({name: getattr(body, name) for name in _SAMPLING_FIELDS if getattr(body, name) is not None})
+    if body.wanted_logprobs() is not None:
+        sampling["logprobs"] = body.wanted_logprobs()
+    if body.logit_bias:
+        sampling["logit_bias"] = body.token_bias()
     if body.stop is not None:
         sampling["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
     return SamplingParams(**sampling)

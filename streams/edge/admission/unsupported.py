@@ -27,8 +27,6 @@ def _any(value: Any) -> bool:
 _UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "functions": ("function calling", _empty),
     "function_call": ("function calling", lambda v: v in (None, "none")),
-    "logit_bias": ("logit bias", _empty),
-    "top_logprobs": ("log probabilities", lambda v: v in (None, 0)),
     "audio": ("audio output", _empty),
     "modalities": ("other output modalities", lambda v: v is None or v == ["text"]),
     "prediction": ("predicted outputs", _empty),
@@ -47,7 +45,7 @@ _UNSUPPORTED: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 # Which API has which (OpenAI's completions API has no tools, its chat API no best_of): in a body of the other API
 # the name is an unknown parameter.
-FOR_COMPLETIONS: frozenset[str] = frozenset({"logit_bias", "best_of", "suffix"})
+FOR_COMPLETIONS: frozenset[str] = frozenset({"best_of", "suffix"})
 FOR_CHAT: frozenset[str] = frozenset(_UNSUPPORTED) - {"best_of", "suffix"}
 
 

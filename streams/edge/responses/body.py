@@ -6,10 +6,11 @@ A Responses request is a chat request written differently: ``input`` (a string, 
 same code (:mod:`streams.edge.admission.structured`) with errors renamed to the Responses fields. The body is a
 :class:`~streams.edge.admission.bodies.Body`, so it passes the same admission pipeline as a chat request.
 
-What the chat path cannot honour yet is refused by name: the parameters of
-:data:`UNSUPPORTED` unless neutral, the chat-only sampling fields the Responses API does not have
-(``max_tokens``, ``stop``, ``n``, the penalties, ``stream_options``) as unknown, and input content that is not text
-(images, files, item references).
+What the chat path cannot honour yet is refused by name: the parameters of :data:`UNSUPPORTED` unless neutral,
+the chat-only sampling fields the Responses API does not have (``max_tokens``, ``stop``, ``n``, the OpenAI
+penalties, ``logit_bias``, ``stream_options``) as unknown, and input content that is not text (images, files, item
+references). vLLM's sampling extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ...) are
+honoured as on chat.
 """
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "prompt_cache_retention": _any,
 }
 # The shared Body's chat-only fields: not Responses parameters, so a typo-like unknown_parameter here.
-_CHAT_ONLY = ("max_tokens", "stop", "n", "frequency_penalty", "presence_penalty", "stream_options")
+_CHAT_ONLY = ("max_tokens", "stop", "n", "frequency_penalty", "presence_penalty", "logit_bias", "stream_options")
 
 
 class InputText(_Strict):

@@ -37,10 +37,11 @@ def _item_id(kind: str) -> str:
 
 
 def usage_of(final: Completion) -> dict[str, Any]:
-    """OpenAI's Responses usage. No prefix cache is applied yet, so no input token is cached, and the model has
-    no reasoning tokens; nothing is written to a prompt cache."""
+    """OpenAI's Responses usage: cached tokens are the engine's prefix-cache hits; the cache is automatic, so no
+    write is billed (cache_write_tokens 0), and the model has no reasoning tokens."""
     u = final.usage
-    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+    cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+    return {"input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": u.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.total_tokens}
 

@@ -18,6 +18,7 @@ from engine.loader import LoadedModel
 from engine.model import Decoder
 from engine.quant import formats
 from engine.request import EngineRequest, SamplingOptions
+from engine.speculative.proposer import DraftProposal, ProposalInput
 
 VOCAB = 300
 
@@ -129,6 +130,31 @@ def make_engine(
         **({} if lora is None else {"lora": lora}),
     )
     return LLMEngine(loaded_from_hf(hf, eos), cfg, proposer=proposer, controller=controller, progress=progress)
+
+
+class TruthProposer:
+    """Drafts plain decoding's own continuation, corrupted at every third step, so drafts are accepted (their
+    penalties then count inside the step) and rejected (the correction comes from a processed row)."""
+
+    def __init__(self, truth: dict[str, list[int]], prompt_len: dict[str, int]) -> None:
+        self.truth, self.prompt_len, self.calls = truth, prompt_len, 0
+
+    def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
+        out = []
+        for inp, k in zip(inputs, num_tokens):
+            self.calls += 1
+            pos = len(inp.token_ids) - self.prompt_len[inp.seq_id]
+            drafts = list(self.truth[inp.seq_id][pos : pos + k])
+            if self.calls % 3 == 0 and len(drafts) > 2:
+                drafts[2] = (drafts[2] + 1) % VOCAB
+            out.append(DraftProposal(drafts, None))
+        return out
+
+    def rollback(self, seq_id: str, num_tokens: int) -> None:
+        pass
+
+    def release(self, seq_id: str) -> None:
+        pass
 
 
 def random_prompts(lengths: list[int], seed: int = 1) -> list[list[int]]:
