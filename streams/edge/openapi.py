@@ -277,13 +277,27 @@ def generation_responses(ok_model: type[BaseModel], chunk_model: type[BaseModel]
     }
 
 
+# One event of a streamed response: `event:` names its type, `data:` is the event object (OpenAI's
+# ResponseStreamEvent shapes: every event has its type and a sequence number counting from 0).
+_RESPONSES_SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["event", "data"],
+    "properties": {
+        "event": {"type": "string", "description": "The event's type, as in its data (response.created, ...)."},
+        "data": {"type": "string", "contentMediaType": "application/json", "contentSchema": {
+            "type": "object", "required": ["type", "sequence_number"],
+            "properties": {"type": {"type": "string"}, "sequence_number": {"type": "integer", "minimum": 0}}}},
+    },
+}
+
+
 def responses_api_responses() -> dict[int | str, dict[str, Any]]:
     """POST /v1/responses: the chat path's statuses; its 200 is OpenAI's response object (or its event stream)."""
     statuses = generation_responses(ChatCompletion, ChatCompletionChunk)
     statuses[200] = {"description": "OpenAI's response object; with `stream: true`, its events as Server-Sent "
                      "Events (`event:` the event's type), ending with response.completed or response.incomplete.",
                      "content": {"application/json": {"schema": {"type": "object"}},
-                                 "text/event-stream": {"schema": {"type": "string"}}}}
+                                 "text/event-stream": {"schema": _RESPONSES_SSE_EVENT}}}
     statuses[400] = _error("Invalid input, naming the parameter (as for chat completions), or "
                            "previous_response_not_found.")
     return statuses

@@ -342,7 +342,7 @@ def test_http_non_stream_client_gone_publishes_cancel(edge_a, worker):
         (None, {"messages": []}, 400, "invalid_value", "messages"),
         (None, {"messages": [{"role": "user", "content": "x", "nme": "a"}]}, 400, "unknown_parameter",
          "messages[0].nme"),
-        (None, {"n": 2}, 400, "unsupported_value", "n"),
+        (None, {"n": 2, "stream": True}, 400, "unsupported_value", "n"),
         (None, {"stop": ["a"] * 9}, 400, "invalid_value", "stop"),
     ],
 )
