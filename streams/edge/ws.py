@@ -16,6 +16,8 @@ Edge -> client:
   for every TokenChunk, in order;
 * ``{"type": "done", "id", "request_id", "text", "finish_reason", "usage",
   "timings", "spec"}`` once, at the end;
+* with ``logprobs: true`` (and ``top_logprobs``): chunk frames carry their tokens' ``logprobs`` and the done frame
+  the answer's, in the chat API's shape (``{"content": [...]}``);
 * with ``tools``: chunk frames also carry ``deltas``, the chat API's delta fields
   (``content`` or ``tool_calls`` fragments, as OpenAI streams them), and the done
   frame the last ``deltas``, ``content`` and ``tool_calls`` (OpenAI's message form), with
@@ -68,6 +70,7 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
+from streams.edge.logprobs import chat_logprobs
 from streams.edge.rag_client import submit
 from streams.edge.responses.api import continuation, relay
 from streams.edge.responses.body import ResponsesBody
@@ -257,6 +260,8 @@ class WsSession:
                         "text": event.text, "token_ids": event.token_ids, "spec": event.spec.model_dump(),
                         "draft_chars": draft_chars,
                     }
+                    if event.logprobs is not None:
+                        frame["logprobs"] = chat_logprobs(event.logprobs)
                     if parser is not None:
                         frame["deltas"] = parser.feed(event.text)
                     if event.tool_result is not None:
@@ -271,6 +276,8 @@ class WsSession:
                         "timings": event.timings.model_dump(), "spec": event.spec.model_dump(),
                         "num_chunks": event.num_chunks, "model": request.model,
                     }
+                    if event.logprobs is not None:
+                        done["logprobs"] = chat_logprobs(event.logprobs)
                     if stream.retrieved is not None:  # a file_search request: what grounded it
                         done.update(annotations=citations(event.text, stream.retrieved.passages),
                                     index_versions=stream.retrieved.index_versions)

@@ -256,6 +256,38 @@ def test_logprobs_in_openais_shapes_streamed_and_not(client: OpenAI) -> None:
     assert "".join(lp.tokens) == completion.choices[0].text
 
 
+def test_the_websocket_carries_logprobs_per_chunk_and_whole_in_the_done_frame(setup: dict, client: OpenAI) -> None:
+    import asyncio
+    import json
+
+    import websockets
+
+    ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "logprobs": True, "top_logprobs": 2}
+
+    async def run() -> list[dict]:
+        url = setup["edge"].base_url.replace("http://", "ws://") + "/v1/ws"
+        async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {setup['key']}"}) as ws:
+            await ws.send(json.dumps({"id": 1, **ask}))
+            frames = []
+            async for frame in ws:
+                frames.append(json.loads(frame))
+                if frames[-1]["type"] in ("done", "error"):
+                    return frames
+        return frames
+
+    frames = asyncio.run(run())
+    done = frames[-1]
+    assert done["type"] == "done", done
+    whole = done["logprobs"]["content"]
+    per_chunk = [t for f in frames[:-1] for t in f["logprobs"]["content"]]
+    assert [t["token"] for t in per_chunk] == [t["token"] for t in whole] and len(whole) == done["usage"][
+        "completion_tokens"]
+    assert all(len(t["top_logprobs"]) == 2 for t in whole)
+    http = client.chat.completions.create(**ask).choices[0].logprobs.content
+    assert [t.token for t in http] == [t["token"] for t in whole]
+    assert max(abs(a.logprob - b["logprob"]) for a, b in zip(http, whole)) < 1e-3
+
+
 def test_n_choices_are_seeded_sequences_with_summed_usage(client: OpenAI) -> None:
     ask = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, "temperature": 1.0, "seed": 40}
     both = client.chat.completions.create(n=2, **ask)

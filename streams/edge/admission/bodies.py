@@ -258,9 +258,24 @@ class _Chat(Body):
     parallel_tool_calls: StrictBool | None = Field(default=None, description="Allow several calls in one answer.")
     response_format: ResponseFormat | None = Field(
         default=None, description="text, json_object or json_schema; JSON is enforced by constrained decoding.")
+    logprobs: StrictBool | None = Field(
+        default=None, description="Return each answer token's log-probability (the model's raw log_softmax).")
+    top_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=20, description="With logprobs: this many most likely tokens at each position.")
 
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @model_validator(mode="after")
+    def _logprobs(self) -> "_Chat":
+        if self.top_logprobs and not self.logprobs:
+            raise _invalid_value("top_logprobs needs logprobs: true.", "top_logprobs")
+        if self.logprobs and self.tools:
+            raise _unsupported_value("logprobs are not supported together with tools.", "logprobs")
+        return self
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _one_max_tokens(self) -> "_Chat":
@@ -287,21 +302,6 @@ class ChatCompletionBody(_Chat):
     unsupported: ClassVar[frozenset[str]] = FOR_CHAT
 
     messages: list[ClientMessage] = Field(min_length=1, description="The conversation so far.")
-    logprobs: StrictBool | None = Field(
-        default=None, description="Return each answer token's log-probability (the model's raw log_softmax).")
-    top_logprobs: StrictInt | None = Field(
-        default=None, ge=0, le=20, description="With logprobs: this many most likely tokens at each position.")
-
-    @model_validator(mode="after")
-    def _logprobs(self) -> "ChatCompletionBody":
-        if self.top_logprobs and not self.logprobs:
-            raise _invalid_value("top_logprobs needs logprobs: true.", "top_logprobs")
-        if self.logprobs and self.tools:
-            raise _unsupported_value("logprobs are not supported together with tools.", "logprobs")
-        return self
-
-    def wanted_logprobs(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
 
     def chat_input(self) -> list[ChatMessage] | None:
         return [m.to_schema() for m in self.messages]
