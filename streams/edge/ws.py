@@ -60,22 +60,31 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from streams.edge import errors
-from streams.edge.auth import (
-    WS_CLOSE_POLICY, WS_CLOSE_TOO_BIG, WS_PROTOCOL, key_from_headers, key_from_subprotocols,
-)
 from streams.edge.admission.admit import Ticket
 from streams.edge.admission.bodies import WsRequestBody
 from streams.edge.admission.parse import decode_json
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.admission.read import FrameTooLarge, read_frame
+from streams.edge.auth import (
+    WS_CLOSE_POLICY,
+    WS_CLOSE_TOO_BIG,
+    WS_PROTOCOL,
+    key_from_headers,
+    key_from_subprotocols,
+)
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.logprobs import chat_logprobs
 from streams.edge.rag_client import submit
+from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.responses.api import continuation, relay
 from streams.edge.responses.body import ResponsesBody
-from streams.edge.replies import ReplyStream, ReplyTimeout
-from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, result_view
+from streams.edge.tool_calls import (
+    ToolCallParser,
+    calls_tools,
+    finish_reason,
+    result_view,
+)
 from streams.rag.grounding import citations
 from streams.telemetry.edge import EdgeTelemetry
 

@@ -18,7 +18,7 @@ import pytest
 from openai import OpenAI
 
 from streams.edge.keys import create_key
-from streams.edge.server import RunningEdge, serve_in_thread
+from streams.edge.server import serve_in_thread
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack
 from tests.edge_support import edge_options, shared_worker, wait_ready

@@ -15,14 +15,22 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    model_validator,
+)
 
 from schemas.events import ChatMessage, OutputConstraint, ToolCall, ToolSpec
 from streams.edge import errors
 from streams.edge.admission.structured import (
     MAX_TOOLS,
-    ResponseFormat,
     FileSearchTool,
+    ResponseFormat,
     Tool,
     ToolChoice,
     file_search,
@@ -87,7 +95,7 @@ class AssistantMessageParam(_Message):
     tool_calls: list[ToolCallParam] | None = Field(default=None, description="The calls this answer made.")
 
     @model_validator(mode="after")
-    def _content_or_calls(self) -> "AssistantMessageParam":
+    def _content_or_calls(self) -> AssistantMessageParam:
         if self.content is None and not self.tool_calls:
             raise ValueError("an assistant message needs 'content' or 'tool_calls'")
         return self
@@ -170,7 +178,7 @@ class Body(_Strict):
     priority: StrictInt | None = Field(default=None, ge=-10, le=10, description="Extension: lower runs first.")
 
     @model_validator(mode="after")
-    def _neutral_only(self) -> "Body":
+    def _neutral_only(self) -> Body:
         if self.choices > 1 and self.streams:
             raise _unsupported_value("n > 1 is not supported when streaming (stream: true, the websocket) yet.", "n")
         self.token_bias()  # a 400 naming logit_bias when a key or a bias is out of range
@@ -267,7 +275,7 @@ class _Chat(Body):
         return self.max_completion_tokens or self.max_tokens
 
     @model_validator(mode="after")
-    def _logprobs(self) -> "_Chat":
+    def _logprobs(self) -> _Chat:
         if self.top_logprobs and not self.logprobs:
             raise _invalid_value("top_logprobs needs logprobs: true.", "top_logprobs")
         if self.logprobs and self.tools:
@@ -278,7 +286,7 @@ class _Chat(Body):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
-    def _one_max_tokens(self) -> "_Chat":
+    def _one_max_tokens(self) -> _Chat:
         if None not in (self.max_tokens, self.max_completion_tokens) and self.max_tokens != self.max_completion_tokens:
             raise _invalid_value(f"max_tokens ({self.max_tokens}) and max_completion_tokens "
                                  f"({self.max_completion_tokens}) differ; give one of them.", "max_completion_tokens")
@@ -326,7 +334,7 @@ class CompletionBody(Body):
         "and this many most likely tokens at its position (OpenAI allows up to 5, vLLM 20).")
 
     @model_validator(mode="after")
-    def _one_prompt(self) -> "CompletionBody":
+    def _one_prompt(self) -> CompletionBody:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise _unsupported_value("Exactly one prompt per request is supported.", "prompt")
         if self.echo:
@@ -357,7 +365,7 @@ class WsRequestBody(_Chat):
     prompt: str | None = None
 
     @model_validator(mode="after")
-    def _one_input(self) -> "WsRequestBody":
+    def _one_input(self) -> WsRequestBody:
         if (self.messages is None) == (self.prompt is None):
             raise errors.EdgeError(400, "Give exactly one of 'messages' and 'prompt'.", param="messages",
                                    code="invalid_value")
