@@ -198,6 +198,20 @@ def test_a_line_without_max_tokens_gets_the_default_capped_to_the_context_left(c
         ("given", "context_length_exceeded")]  # a max_tokens the client gave is not changed
 
 
+def test_logprob_lines_carry_the_logprobs_an_interactive_request_gets(client: OpenAI, stack: Stack) -> None:
+    lines = [("chat", CHAT, chat("Name a color.", max_tokens=6, logprobs=True, top_logprobs=2)),
+             ("text", COMPLETIONS, completion("The sky is", max_tokens=6, logprobs=2))]
+    batch = wait_for(client, submit(client, lines), finished, stack)
+    answers = {o["custom_id"]: o["response"]["body"]["choices"][0] for o in file_lines(client, batch.output_file_id)}
+    interactive = client.chat.completions.create(**lines[0][2]).choices[0].logprobs.content
+    batched = answers["chat"]["logprobs"]["content"]
+    assert [t["token"] for t in batched] == [t.token for t in interactive]
+    assert max(abs(t["logprob"] - i.logprob) for t, i in zip(batched, interactive)) < 1e-3
+    assert all(len(t["top_logprobs"]) == 2 for t in batched)
+    text = answers["text"]["logprobs"]
+    assert "".join(text["tokens"]) == answers["text"]["text"] and all(len(top) == 2 for top in text["top_logprobs"])
+
+
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"],
     "additionalProperties": False}}}
