@@ -9,6 +9,7 @@ import torch
 from _engine_factories import make_engine, random_prompts, tiny_hf_model
 
 from engine.logprobs import LogprobEntry
+from engine.outputs import RequestOutputAccum
 from engine.request import EngineRequest, SamplingOptions
 
 torch.set_num_threads(1)
@@ -81,3 +82,21 @@ def test_no_prompt_logprobs_unless_asked_and_a_one_token_prompt_has_none_to_give
                            EngineRequest("b", [7], SamplingOptions(max_tokens=2, prompt_logprobs=2))])
     assert res["a"].prompt_logprobs is None
     assert res["b"].prompt_logprobs == [] and len(res["b"].token_ids) == 2
+
+
+def test_a_request_preempted_mid_prefill_still_gets_every_prompt_logprob_once(llama: Any) -> None:
+    # 100 slots, 8 tokens a step: the line (45 slots) is part-way through its prompt when the chat (61) preempts it.
+    engine = make_engine(llama, kv_tokens=100, max_batched_tokens=8)
+    chat_prompt = random_prompts([50], seed=12)[0]
+    engine.add_request(EngineRequest("line", PROMPT, SamplingOptions(max_tokens=4, prompt_logprobs=2), priority=10))
+    outs = {rid: RequestOutputAccum(rid) for rid in ("line", "chat")}
+    for _ in range(2):
+        for out in engine.step():
+            outs[out.request_id].add(out)
+    engine.add_request(EngineRequest("chat", chat_prompt, SamplingOptions(max_tokens=10)))
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs[out.request_id].add(out)
+    line = outs["line"]
+    assert line.stats is not None and line.stats.preemptions == 1 and len(line.token_ids) == 4
+    _assert_matches(line.prompt_logprobs, PROMPT, _hf_prompt_logprobs(llama, PROMPT), 2)
