@@ -49,12 +49,14 @@ class Committer:
 
     def commit(self, seq: Sequence, tokens: list[int], step_spec: SpecCounters, now: float,
                logprobs: list[LogprobEntry] | None = None) -> RequestOutput:
-        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens); logprobs: one per token."""
+        """Append the emitted tokens up to the first finish (EOS, stop string, max_tokens); logprobs: one per token.
+        max_tokens 0 (a prompt scored, not continued: echo) finishes at the prompt, the sampled token dropped."""
         detok = _detok(seq)
         new: list[int] = []
-        reason: FinishReason | None = None
         params = seq.params
-        for tok in tokens:
+        prompt_logprobs = seq.prompt_logprobs if params.prompt_logprobs is not None and not seq.output_ids else None
+        reason: FinishReason | None = "length" if params.max_tokens == 0 else None
+        for tok in tokens if reason is None else []:
             seq.output_ids.append(tok)
             new.append(tok)
             # EOS tokens are not text: they never reach the detokenizer.
@@ -70,11 +72,12 @@ class Committer:
             self.scheduler.finish(seq, reason, now)
             self.release(seq)
             out = final_output(seq, new, detok.take_delta(final=True), step_spec)
-            out.logprobs = kept
+            out.logprobs, out.prompt_logprobs = kept, prompt_logprobs
             return out
         if self.proposer is not None and seq.speculate:
             self.proposer.rollback(seq.request_id, seq.num_tokens)
-        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec, logprobs=kept)
+        return RequestOutput(seq.request_id, new, detok.take_delta(), spec=step_spec, logprobs=kept,
+                             prompt_logprobs=prompt_logprobs)
 
     def release(self, seq: Sequence) -> None:
         """What the scheduler does not hold: the request's adapter and its proposer state."""

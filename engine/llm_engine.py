@@ -44,7 +44,7 @@ from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
 from engine.loader import LoadedModel, apply_weights, load_model
 from engine.logits_processors import SequenceRows, out_of_vocabulary, process_
-from engine.logprobs import RawLogprobs
+from engine.logprobs import RawLogprobs, prompt_entries
 from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
@@ -90,6 +90,14 @@ def _first_rows(with_logits: list[ScheduledSequence]) -> list[int]:
 def _rows(sched: ScheduledSequence, first_row: int) -> SequenceRows:
     seq = sched.seq
     return SequenceRows(seq.params, seq.request.prompt_token_ids, seq.output_ids, sched.draft_tokens, first_row)
+
+
+def _record_prompt_logprobs(scheduled: list[ScheduledSequence], result: RunnerOutput) -> None:
+    """The prompt logprobs of this step's prefill chunks, for the sequences that asked (before their first output)."""
+    for i, (pos, logits) in result.prompt_logits.items():
+        seq = scheduled[i].seq
+        following = seq.request.prompt_token_ids[pos + 1 : pos + 1 + logits.shape[0]]
+        seq.prompt_logprobs.extend(prompt_entries(logits, following, seq.params.prompt_logprobs or 0))
 
 
 def _proposal_input(seq: Sequence) -> ProposalInput:
@@ -269,6 +277,7 @@ class LLMEngine:
         draft_s = self._propose(batch.scheduled)
         result = self._execute(batch)
         self.num_forwards += 1
+        _record_prompt_logprobs(batch.scheduled, result)
         t0 = time.perf_counter()
         with_logits = [s for s in batch.scheduled if s.needs_logits]
         emitted, raw = self._verify(with_logits, result)

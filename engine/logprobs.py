@@ -4,6 +4,9 @@ Captured from a step's logits before any processor, grammar mask, temperature or
 are ``log_softmax`` of the model's own output at that position, whether the token came from an accepted draft,
 a correction, or plain sampling: row j of a decode is the target's distribution after the prefix plus the
 drafts accepted before it, which is the position of the j-th emitted token.
+
+Prompt logprobs (vLLM's ``prompt_logprobs``) come from the same raw logits at the prompt's positions during prefill:
+row p is the distribution of prompt token p + 1 (the first prompt token has none).
 """
 from __future__ import annotations
 
@@ -40,10 +43,22 @@ class RawLogprobs:
         if i not in self.rows:
             return None
         rows, top = self.rows[i]
-        picked = rows[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()  # [m]
-        best = rows[: len(tokens)].topk(top, dim=-1) if top else None
-        out = []
-        for j, (tok, lp) in enumerate(zip(tokens, picked)):
-            alts = () if best is None else tuple(zip(best.indices[j].tolist(), best.values[j].tolist()))
-            out.append(LogprobEntry(tok, lp, alts))
-        return out
+        return entries(rows, tokens, top)
+
+
+def entries(rows: Tensor, tokens: list[int], top: int) -> list[LogprobEntry]:
+    """Token j's log-prob from row j of `rows` ([>= len(tokens), V] log-probs), with the `top` best at that row."""
+    picked = rows[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()  # [m]
+    best = rows[: len(tokens)].topk(top, dim=-1) if top else None
+    out = []
+    for j, (tok, lp) in enumerate(zip(tokens, picked)):
+        alts = () if best is None else tuple(zip(best.indices[j].tolist(), best.values[j].tolist()))
+        out.append(LogprobEntry(tok, lp, alts))
+    return out
+
+
+@torch.inference_mode()
+def prompt_entries(logits: Tensor, next_tokens: list[int], top: int) -> list[LogprobEntry]:
+    """Prompt logprobs of one prefill chunk: logits [n, V] of positions p..p+n-1 (raw, unprocessed) and the prompt
+    tokens p+1..p+n they predict. Only this chunk's rows are ever held as float32 log-probs."""
+    return entries(logits.float().log_softmax(dim=-1), next_tokens, top)

@@ -100,6 +100,8 @@ class RequestOutput:
     error: tuple[str, str] | None = None
     # One per token of token_ids when the request asked for logprobs (engine.logprobs); None otherwise.
     logprobs: list[LogprobEntry] | None = None
+    # On the request's first output, when it asked for prompt logprobs: one per prompt token after the first.
+    prompt_logprobs: list[LogprobEntry] | None = None
 
 
 @dataclass
@@ -114,9 +116,12 @@ class RequestOutputAccum:
     spec: SpecCounters = field(default_factory=SpecCounters)
     stats: RequestStats | None = None
     logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: list[LogprobEntry] | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.token_ids.extend(out.token_ids)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         if out.logprobs is not None:
             self.logprobs = (self.logprobs or []) + out.logprobs
         self.text += out.text

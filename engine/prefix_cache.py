@@ -105,7 +105,9 @@ class PrefixCache:
     def allocate(self, seq: Sequence, need: int) -> CacheSlot | None:
         """A region of `need` slots for `seq` with its longest cached prefix copied in (num_cached set), evicting
         unreferenced holders as needed; None when it cannot fit now."""
-        hit = self._lookup(seq) if self.enabled else None
+        # Cached KV comes without logits: a request asking for prompt logprobs computes its prompt (as vLLM does);
+        # it still indexes its blocks for others.
+        hit = self._lookup(seq) if self.enabled and not seq.wants_prompt_rows else None
         if hit is not None and hit.holder.owner is None:
             self._lru.pop(hit.holder)  # pinned: the eviction below must not take the source
         slot = self._allocate(need)

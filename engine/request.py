@@ -34,6 +34,9 @@ class SamplingOptions:
     stop_token_ids: tuple[int, ...] = ()  # tokens that end generation like EOS (never detokenized)
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens were generated
     logprobs: int | None = None  # report each emitted token's raw logprob and this many top tokens; None: none
+    # Report each prompt token's raw logprob (all but the first) and this many top tokens; None: none. Such a
+    # request computes its whole prompt (no prefix-cache hit: cached KV has no logits).
+    prompt_logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:

@@ -17,6 +17,7 @@ import torch
 from engine.kv_cache import KVCache
 from engine.model import AttentionMetadata, Decoder, SeqAttention, causal_mask_at_end
 from engine.scheduler import SchedulerOutput
+from engine.sequence import Sequence
 
 
 @dataclass
@@ -63,6 +64,9 @@ class FlatBatch:
     # [n] int64: rows of the batch whose hidden state goes to the LM head, in
     # schedule order: a completing prefill chunk's last row, every row of a decode.
     logit_rows: torch.Tensor
+    # Prefill chunks of sequences asking for prompt logprobs: (index in the schedule, first flat row, first prompt
+    # position, rows): the positions whose next prompt token has no logprob recorded yet.
+    prompt_rows: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,6 +80,20 @@ class RunnerOutput:
     hidden: torch.Tensor | None = None
     # [n_scheduled]: the first flat row of each scheduled sequence, in schedule order (with hidden).
     row_starts: list[int] = field(default_factory=list)
+    # Index in the schedule -> (first prompt position p, [n, V] raw fp32 logits of positions p..p+n-1): the prompt
+    # rows of the sequences asking for prompt logprobs (FlatBatch.prompt_rows).
+    prompt_logits: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+
+
+def prompt_rows(seq: Sequence, start: int, n: int) -> tuple[int, int] | None:
+    """(first position, count) of a prefill chunk over positions [start, start + n) whose logits give prompt logprobs
+    not yet recorded (position p predicts prompt token p + 1); None: none of them (or the sequence did not ask)."""
+    if not seq.wants_prompt_rows:
+        return None
+    lo, hi = len(seq.prompt_logprobs), min(start + n, seq.num_prompt_tokens - 1)
+    if lo < start:  # the prefill starts past what is recorded: the prefix cache must not have served it
+        raise RuntimeError(f"{seq.request_id}: prompt logprobs recorded to {lo}, prefill starts at {start}")
+    return (lo, hi - lo) if hi > lo else None
 
 
 class ModelRunner:
@@ -89,7 +107,8 @@ class ModelRunner:
     def prepare(self, batch: SchedulerOutput) -> FlatBatch:
         builder = FlatBatchBuilder(self.device)
         logit_rows: list[int] = []
-        for sched in batch.scheduled:
+        prompt: list[tuple[int, int, int, int]] = []
+        for i, sched in enumerate(batch.scheduled):
             seq = sched.seq
             if seq.kv is None:
                 raise RuntimeError(f"{seq.request_id} is scheduled without a KV region")
@@ -107,9 +126,13 @@ class ModelRunner:
             q_start = builder.add(tokens, start, seq.kv.region.start, prompt=sched.is_prefill)
             if sched.needs_logits:
                 logit_rows.extend([q_start + n - 1] if sched.is_prefill else range(q_start, q_start + n))
+            wanted = prompt_rows(seq, start, n) if sched.is_prefill else None
+            if wanted is not None:
+                prompt.append((i, q_start + wanted[0] - start, *wanted))
 
         input_ids, positions, attn = builder.build(self.kv_cache)
-        return FlatBatch(input_ids=input_ids, positions=positions, attn=attn, logit_rows=builder.tensor(logit_rows))
+        return FlatBatch(input_ids=input_ids, positions=positions, attn=attn, logit_rows=builder.tensor(logit_rows),
+                         prompt_rows=prompt)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
@@ -118,9 +141,13 @@ class ModelRunner:
         flat = self.prepare(batch)
         hidden = self.model(flat.input_ids, flat.positions, flat.attn)  # [T, hidden]
         logits = self.model.compute_logits(hidden[flat.logit_rows])  # [n, V]
+        # Only for the requests that asked: [rows, V] fp32 of one chunk each.
+        prompt = {i: (pos, self.model.compute_logits(hidden[row : row + count]))
+                  for i, row, pos, count in flat.prompt_rows}
         if logits.is_cuda:
             torch.cuda.synchronize(logits.device)
         if not self.keep_hidden:
-            return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start)
+            return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start, prompt_logits=prompt)
         starts = [s.q_start for s in flat.attn.seqs]
-        return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start, hidden=hidden, row_starts=starts)
+        return RunnerOutput(logits=logits, forward_s=time.perf_counter() - start, hidden=hidden, row_starts=starts,
+                            prompt_logits=prompt)

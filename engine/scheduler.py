@@ -223,8 +223,8 @@ class Scheduler:
         n, m, c = seq.num_prompt_tokens, seq.params.max_tokens, self.max_model_len
         if n == 0:
             raise RequestRejected("invalid_request", "prompt is empty")
-        if m < 1:
-            raise RequestRejected("invalid_request", f"max_tokens must be at least 1, got {m}")
+        if m < 0:  # 0: the prompt is computed (and scored, with prompt logprobs), nothing generated
+            raise RequestRejected("invalid_request", f"max_tokens must be at least 0, got {m}")
         if n + m > c:
             raise RequestRejected(
                 "context_length_exceeded",

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import torch
     from llguidance import LLMatcher
 
+    from engine.logprobs import LogprobEntry
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued, holds no KV memory
@@ -50,6 +52,9 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     cache_salt: str = ""
     num_cached_prompt_tokens: int | None = None
+    # A request asking for prompt logprobs: one entry per prompt token after the first, recorded chunk by chunk as
+    # the prefill computes them (engine.runner); the first output carries them.
+    prompt_logprobs: list[LogprobEntry] = field(default_factory=list)
     # Times this sequence gave its KV region back for a more urgent one (recomputed when it runs again).
     num_preemptions: int = 0
     # After a preemption, until it is put back: the KV of its output positions (every layer), kept outside the
@@ -98,6 +103,11 @@ class Sequence:
     @property
     def is_prefilling(self) -> bool:
         return self.num_computed < self.prefill_target
+
+    @property
+    def wants_prompt_rows(self) -> bool:
+        """Asked for prompt logprobs and does not have them all yet: its prefill must compute (not reuse) the prompt."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def last_token(self) -> int:

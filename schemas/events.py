@@ -59,7 +59,9 @@ class OutputConstraint(BaseModel):
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int = Field(default=128, ge=1, le=32768, description="Most tokens to generate.")
+    max_tokens: int = Field(
+        default=128, ge=0, le=32768,
+        description="Most tokens to generate; 0 computes the prompt only (its prompt_logprobs, an echo).")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 is greedy decoding.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(default=0, ge=0, description="Keep only the k most likely tokens; 0 disables the filter.")
@@ -92,6 +94,11 @@ class SamplingParams(BaseModel):
         default=None, ge=0, le=20,
         description="Report each generated token's log-probability (the model's raw log_softmax, before any "
         "sampling processor) and this many most likely tokens at its position; None: no logprobs.")
+    prompt_logprobs: int | None = Field(
+        default=None, ge=0, le=20,
+        description="vLLM's: report each prompt token's log-probability (raw log_softmax of the model's logits at "
+        "the position before it; null for the first token) and this many most likely tokens there, on the first "
+        "chunk and the Completion. The prompt is then computed whole (no prefix-cache reuse); None: none.")
 
     @model_validator(mode="after")
     def _sampling_ranges(self) -> "SamplingParams":
@@ -171,6 +178,9 @@ class GenerateRequest(Event):
     tools: list[ToolSpec] | None = Field(default=None, description="Functions offered to the model, rendered into the prompt.")
     constraint: OutputConstraint | None = Field(default=None, description="What the output must match; None: free text.")
     created_at: float | None = Field(default=None, description="Unix time the request was published.")
+    echo: bool = Field(
+        default=False, description="Completions' echo: the answer starts with the prompt (the edge renders it; the "
+        "worker ignores it).")
     log_prompt: bool = Field(
         default=True,
         description="False keeps the prompt out of the completions log (the edge sets it from the tenant's "
@@ -208,6 +218,18 @@ class TokenLogprob(TopLogprob):
     """One generated token's log-probability and the most likely tokens at its position."""
 
     top: list[TopLogprob] = Field(default_factory=list, description="The sampling.logprobs most likely tokens.")
+
+
+class PromptLogprob(BaseModel):
+    """One prompt token and its log-probability given the tokens before it (none for the first)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    token_id: int = Field(ge=0)
+    token: str = Field(description="The token's text (one token decoded alone).")
+    logprob: float | None = Field(description="Raw log-probability; null for the first prompt token; -9999.0 floor.")
+    top: list[TopLogprob] | None = Field(
+        default=None, description="The sampling.prompt_logprobs most likely tokens; null for the first prompt token.")
 
 
 class TokenChunk(Event):
@@ -252,6 +274,9 @@ class TokenChunk(Event):
     )
     logprobs: list[TokenLogprob] | None = Field(
         default=None, description="One per token of token_ids when the request asked for logprobs; None otherwise.")
+    prompt_logprobs: list[PromptLogprob] | None = Field(
+        default=None, description="On the first chunk (token_offset 0) of a request that asked for prompt_logprobs: "
+        "one per prompt token; None otherwise.")
 
 
 class PromptTokensDetails(BaseModel):
@@ -318,6 +343,8 @@ class Completion(Event):
         default=None, description="The LoRA adapter the request ran with (its served name); null: the base model.")
     logprobs: list[TokenLogprob] | None = Field(
         default=None, description="One per generated token when the request asked for logprobs; None otherwise.")
+    prompt_logprobs: list[PromptLogprob] | None = Field(
+        default=None, description="One per prompt token when the request asked for prompt_logprobs; None otherwise.")
 
 
 # What a consumer on the bus may answer with; the worker maps anything else it meets to invalid_request.

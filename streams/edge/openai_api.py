@@ -44,7 +44,7 @@ from streams.edge.auth import key_from_headers
 from streams.edge.choices import choice_requests, for_ticket, merged_body
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
-from streams.edge.logprobs import chat_logprobs, completion_logprobs
+from streams.edge.logprobs import StreamedEcho, chat_logprobs, completion_logprobs, text_logprobs
 from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
@@ -276,7 +276,7 @@ def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge:
 def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool,
                     retrieved: Retrieved | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion / text_completion object of a finished request (batch output lines reuse it)."""
-    logprobs = chat_logprobs(final.logprobs) if chat else completion_logprobs(final.logprobs)
+    logprobs = chat_logprobs(final.logprobs) if chat else text_logprobs(final, gen.echo)
     choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": logprobs}
     if chat and calls_tools(gen):
         content, calls = parse_message(final.text, gen.request_id)
@@ -287,7 +287,7 @@ def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool,
         if retrieved is not None:
             choice["message"]["annotations"] = citations(final.text, retrieved.passages)
     else:
-        choice["text"] = final.text
+        choice["text"] = (gen.prompt or "") + final.text if gen.echo else final.text
     return {
         "id": gen.request_id,
         "object": "chat.completion" if chat else "text_completion",
@@ -352,8 +352,12 @@ async def _sse(
     # finish chunk, the usage chunk and [DONE] together. Each write is one trip through the ASGI stack and the socket
     # and one wakeup of the client, so the stream's last byte (the client's end-to-end latency) comes sooner.
     pending: list[str] = [_data(chunk("", None, role=True))] if chat else []
+    echo = StreamedEcho(gen.prompt or "") if gen.echo and not chat else None
     try:
         async for event in chained(first, events):
+            echoed = echo.prompt_chunk(event) if echo is not None and not isinstance(event, ErrorEvent) else None
+            if echoed is not None:
+                pending.append(_data(chunk(echoed[0], None, logprobs=echoed[1])))
             if isinstance(event, TokenChunk):
                 ticket.saw(event)
                 if event.tool_result is not None:
@@ -363,8 +367,8 @@ async def _sse(
                 if event.text or event.logprobs:
                     extra = {"index": event.index, "spec": event.spec.model_dump()}
                     if parser is None:
-                        logprobs = (chat_logprobs(event.logprobs) if chat
-                                    else completion_logprobs(event.logprobs, event.text_offset or 0))
+                        start = (event.text_offset or 0) + (echo.answer_start if echo is not None else 0)
+                        logprobs = chat_logprobs(event.logprobs) if chat else completion_logprobs(event.logprobs, start)
                         pending.append(_data(chunk(event.text, None, extra=extra, logprobs=logprobs)))
                     else:
                         pending.extend(_data(chunk(None, None, extra=extra, fields=f)) for f in parser.feed(event.text))

@@ -105,11 +105,20 @@ class ChatCompletion(BaseModel):
     specstream: SpecstreamExtras
 
 
+class TextLogprobs(BaseModel):
+    """Completions' logprobs: parallel lists, one entry per token (an echoed prompt's first, with nulls, first)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None] = Field(description="Null for an echoed prompt's first token.")
+    top_logprobs: list[dict[str, float] | None] = Field(description="Null for an echoed prompt's first token.")
+    text_offset: list[int]
+
+
 class TextChoice(BaseModel):
     index: int
-    text: str
+    text: str = Field(description="The completion; with echo, the prompt before it.")
     finish_reason: FinishReason
-    logprobs: None
+    logprobs: TextLogprobs | None
 
 
 class TextCompletion(BaseModel):
@@ -176,7 +185,7 @@ class TextChunkChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReason | None
-    logprobs: None
+    logprobs: TextLogprobs | None
 
 
 class TextCompletionChunk(BaseModel):

@@ -48,6 +48,7 @@ def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time:
             stop_token_ids=tuple(sampling.stop_token_ids),
             min_tokens=sampling.min_tokens,
             logprobs=sampling.logprobs,
+            prompt_logprobs=sampling.prompt_logprobs,
         ),
         priority=request.priority,
         deadline=request.deadline,

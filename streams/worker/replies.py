@@ -19,6 +19,7 @@ from engine.request import EngineRequest
 from schemas.events import (
     Completion,
     GenerateRequest,
+    PromptLogprob,
     PromptTokensDetails,
     SpecStats,
     SpecStepStats,
@@ -42,6 +43,7 @@ class Generation:
     text_chars: int = 0  # characters published so far: the next chunk's text_offset
     tokens: int = 0  # tokens published so far: the next chunk's token_offset
     logprobs: list[TokenLogprob] | None = None  # the whole answer's, when the request asked for them
+    prompt_logprobs: list[PromptLogprob] | None = None  # the prompt's, when the request asked for them
 
     @property
     def request_id(self) -> str:
@@ -53,6 +55,10 @@ class Generation:
         logprobs = wire_logprobs(output.logprobs, decode)
         if logprobs is not None:
             self.logprobs = (self.logprobs or []) + logprobs
+        prompt = None
+        if output.prompt_logprobs is not None:
+            first = self.engine_request.prompt_token_ids[0] if self.engine_request is not None else None
+            prompt = self.prompt_logprobs = wire_prompt_logprobs(first, output.prompt_logprobs, decode)
         chunk = TokenChunk(
             request_id=self.request_id,
             index=self.next_index,
@@ -63,6 +69,7 @@ class Generation:
             text_offset=self.text_chars,
             token_offset=self.tokens,
             logprobs=logprobs,
+            prompt_logprobs=prompt,
         )
         self.next_index += 1
         self.text.append(output.text)
@@ -109,17 +116,28 @@ class Generation:
             model=model,
             adapter=adapter,
             logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
         )
+
+
+def _floor(x: float) -> float:
+    return max(x, -9999.0)  # OpenAI's floor; keeps -inf out of JSON
 
 
 def wire_logprobs(entries: list[LogprobEntry] | None, decode: Callable[[int], str] | None) -> list[TokenLogprob] | None:
     if entries is None:
         return None
     text = decode or str
-
-    def lp(x: float) -> float:
-        return max(x, -9999.0)  # OpenAI's floor; keeps -inf out of JSON
-
-    return [TokenLogprob(token_id=e.token_id, token=text(e.token_id), logprob=lp(e.logprob),
-                         top=[TopLogprob(token_id=t, token=text(t), logprob=lp(v)) for t, v in e.top])
+    return [TokenLogprob(token_id=e.token_id, token=text(e.token_id), logprob=_floor(e.logprob),
+                         top=[TopLogprob(token_id=t, token=text(t), logprob=_floor(v)) for t, v in e.top])
             for e in entries]
+
+
+def wire_prompt_logprobs(first: int | None, entries: list[LogprobEntry],
+                         decode: Callable[[int], str] | None) -> list[PromptLogprob]:
+    """The prompt's logprobs on the wire: the first token (nothing before it to predict it: null, as OpenAI and vLLM
+    report it), then one per engine entry; first None: not known (left out)."""
+    text = decode or str
+    head = [] if first is None else [PromptLogprob(token_id=first, token=text(first), logprob=None, top=None)]
+    return head + [PromptLogprob(token_id=t.token_id, token=t.token, logprob=t.logprob, top=t.top)
+                   for t in wire_logprobs(entries, decode) or []]

@@ -302,3 +302,42 @@ def test_n_choices_are_seeded_sequences_with_summed_usage(client: OpenAI) -> Non
     assert both.usage.completion_tokens == sum(u.completion_tokens for u in singles)
     completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, n=3, temperature=1.0, seed=2)
     assert [c.index for c in completion.choices] == [0, 1, 2]
+
+
+def _close(a: list[float | None], b: list[float | None]) -> bool:
+    return len(a) == len(b) and all((x is None) == (y is None) and (x is None or abs(x - y) < 1e-3) for x, y in zip(a, b))
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_evals_loglikelihood_asks_streamed_and_not(client: OpenAI) -> None:
+    # lm-evaluation-harness's local-completions loglikelihood payload: it reads token_logprobs[ctxlen:-1].
+    scored = client.completions.create(model=MODEL, prompt=[PROMPT], max_tokens=1, logprobs=1, echo=True,
+                                       temperature=0, seed=1234)
+    choice, n = scored.choices[0], scored.usage.prompt_tokens
+    lp = choice.logprobs
+    assert choice.text.startswith(PROMPT) and len(choice.text) > len(PROMPT)
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    assert all(len(top) == 1 for top in lp.top_logprobs[1:]) and lp.text_offset == sorted(lp.text_offset)
+    assert abs(lp.token_logprobs[-1] - max(lp.top_logprobs[-1].values())) < 1e-6  # greedy: lm-eval's is_greedy
+
+    # max_tokens 0: the prompt alone, with the same logprobs (its KV cached by now: computed again all the same).
+    only = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, logprobs=1, echo=True)
+    assert only.choices[0].text == PROMPT and only.usage.completion_tokens == 0
+    assert only.choices[0].finish_reason == "length"
+    assert only.choices[0].logprobs.tokens == lp.tokens[:n]
+    assert _close(only.choices[0].logprobs.token_logprobs, lp.token_logprobs[:n])
+
+    # Streamed: the prompt's chunk (with its logprobs) first, then the answer's, offsets after the prompt's.
+    chunks = [c for c in client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1, logprobs=1, echo=True,
+                                                   temperature=0, stream=True) if c.choices]
+    first = chunks[0].choices[0]
+    assert first.text == PROMPT and first.logprobs.tokens == lp.tokens[:n]
+    assert _close(first.logprobs.token_logprobs, lp.token_logprobs[:n])
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    rest = [c.choices[0].logprobs for c in chunks[1:] if c.choices[0].logprobs is not None]
+    assert [o for r in rest for o in r.text_offset] == lp.text_offset[n:]
+
+    # An echo without logprobs: the text only.
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, echo=True)
+    assert plain.choices[0].text.startswith(PROMPT) and plain.choices[0].logprobs is None

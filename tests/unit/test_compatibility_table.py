@@ -21,7 +21,7 @@ BASES: dict[str, tuple[type[Body], dict[str, Any]]] = {
 }
 # A value each refused field cannot take (not its neutral one).
 REFUSED_VALUES: dict[str, Any] = {
-    "echo": True, "best_of": 2, "suffix": "end",
+    "best_of": 2, "suffix": "end",
     "functions": [{"name": "f"}], "function_call": "auto", "audio": {"voice": "alloy"}, "modalities": ["audio"],
     "prediction": {"type": "content"}, "reasoning_effort": "low", "web_search_options": {"x": 1}, "store": True,
     "metadata": {"a": "b"}, "service_tier": "flex", "verbosity": "low", "moderation": True,
@@ -37,6 +37,7 @@ SUPPORTED_VALUES: dict[str | tuple[str, str], Any] = {
     "prompt_cache_options": {"x": 1}, "top_k": 5, "min_p": 0.1, "repetition_penalty": 1.2, "stop_token_ids": [2],
     "min_tokens": 2, "ignore_eos": True, "priority": 1, "speculation": False, "logprobs": True, "top_logprobs": 0,
     ("logprobs", "completions"): 2, "n": 2,  # completions' logprobs is a count, chat's a boolean
+    "echo": True,
 }
 
 

@@ -9,7 +9,8 @@ engine needs it, mapping it in :mod:`streams.edge.admission.build`); adding
 an API is adding a class.
 
 A few OpenAI parameters the engine does not implement are accepted only with
-their neutral value (``echo`` false, ``n=1`` when streaming); the validators say so with ``unsupported_value``.
+their neutral value (``n=1`` when streaming, ``echo`` false with ``n`` > 1); the validators say so with
+``unsupported_value``.
 """
 from __future__ import annotations
 
@@ -214,6 +215,10 @@ class Body(_Strict):
         """How many top tokens to report with each token's logprob; None: no logprobs."""
         return None
 
+    def echoes(self) -> bool:
+        """Whether the answer starts with the prompt (completions' echo); with logprobs, the prompt's come too."""
+        return False
+
     def wire_tools(self) -> list[ToolSpec] | None:
         """The functions the model is offered (rendered into its prompt); None: no tools."""
         return None
@@ -327,8 +332,13 @@ class CompletionBody(Body):
     prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
                                                              Field(min_length=1, max_length=1)] = Field(
         description="The prompt: a non-empty string, or a list holding exactly one.")
-    echo: StrictBool | None = Field(default=None, description="Not supported: only false.",
-                                    json_schema_extra={"enum": [False, None]})
+    max_tokens: StrictInt | None = Field(
+        default=None, ge=0, le=32768,
+        description="Most tokens to generate; prompt + max_tokens must fit the model's context; 0 only with echo "
+        "(the prompt scored, nothing generated). Default: edge.max_tokens_default, capped to what the context leaves.")
+    echo: StrictBool | None = Field(
+        default=None, description="Answer with the prompt before the completion; with logprobs, the prompt tokens' "
+        "logprobs come first (the first one null), as lm-evaluation-harness's loglikelihood asks. Not with n > 1.")
     logprobs: StrictInt | None = Field(
         default=None, ge=0, le=20, description="Return each token's log-probability (the model's raw log_softmax) "
         "and this many most likely tokens at its position (OpenAI allows up to 5, vLLM 20).")
@@ -337,12 +347,17 @@ class CompletionBody(Body):
     def _one_prompt(self) -> CompletionBody:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
             raise _unsupported_value("Exactly one prompt per request is supported.", "prompt")
-        if self.echo:
-            raise _unsupported_value("echo is not supported.", "echo")
+        if self.echo and self.choices > 1:
+            raise _unsupported_value("echo is not supported with n > 1.", "echo")
+        if self.max_tokens == 0 and not self.echo:
+            raise _invalid_value("max_tokens must be at least 1 (0 only with echo: true).", "max_tokens")
         return self
 
     def wanted_logprobs(self) -> int | None:
         return self.logprobs
+
+    def echoes(self) -> bool:
+        return bool(self.echo)
 
     def prompt_input(self) -> str | None:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

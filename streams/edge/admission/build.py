@@ -55,12 +55,14 @@ def trace_context(headers: Mapping[str, str]) -> TraceContext | None:
 
 def sampling_of(body: Body, max_tokens_default: int) -> SamplingParams:
     sampling: dict[str, Any] = {
-        "max_tokens": body.max_new_tokens() or max_tokens_default,
+        "max_tokens": max_tokens_default if body.max_new_tokens() is None else body.max_new_tokens(),
         "seed": body.seed if body.seed is not None else secrets.randbits(63),
     }
     sampling.update({name: getattr(body, name) for name in _SAMPLING_FIELDS if getattr(body, name) is not None})
     if body.wanted_logprobs() is not None:
         sampling["logprobs"] = body.wanted_logprobs()
+        if body.echoes():  # echoed with logprobs: the prompt's too (none computed for a plain echo)
+            sampling["prompt_logprobs"] = body.wanted_logprobs()
     if body.logit_bias:
         sampling["logit_bias"] = body.token_bias()
     if body.stop is not None:
@@ -99,6 +101,7 @@ def build_request(
             conversation_id=conversation_id or body.conversation_key(),
             tools=body.wire_tools(),
             constraint=body.constraint(),
+            echo=body.echoes(),
             created_at=now,
         )
     except ValidationError as exc:
