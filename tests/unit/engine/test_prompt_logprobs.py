@@ -34,7 +34,7 @@ def _assert_matches(entries: list[LogprobEntry] | None, prompt: list[int], want:
         assert abs(entry.logprob - want[j, entry.token_id].item()) < 1e-4, j
         best = want[j].topk(top)
         assert [t for t, _ in entry.top] == best.indices.tolist(), j
-        assert max(abs(lp - w) for (_, lp), w in zip(entry.top, best.values.tolist())) < 1e-4, j
+        assert all(abs(lp - w) < 1e-4 for (_, lp), w in zip(entry.top, best.values.tolist(), strict=True)), j
 
 
 @pytest.mark.parametrize("max_batched_tokens", [512, 7], ids=["whole-prefill", "chunked-prefill"])
