@@ -13,7 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.events import Completion, PromptLogprob, TokenChunk, TokenLogprob, TopLogprob
+from schemas.events import (
+    Completion,
+    PromptLogprob,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+)
 
 
 def _entry(e: TopLogprob) -> dict[str, Any]:
