@@ -7,53 +7,21 @@ parameter.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.base import SCHEMA_VERSION, Event
+from schemas.answer import (
+    PromptLogprob,
+    SpecStats,
+    SpecStepStats,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
+from schemas.base import SCHEMA_VERSION, Event  # noqa: F401  (SCHEMA_VERSION: consumers import it from here)
+from schemas.conversation import ChatMessage, OutputConstraint, ToolCall, ToolSpec  # noqa: F401  (ToolCall too)
 from schemas.tools import ToolResult
-
-
-class ToolCall(BaseModel):
-    """A call an assistant message made (OpenAI's `tool_calls[i]`, flattened)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str = Field(min_length=1, description="The call's id; a `tool` message answers it by this id.")
-    name: str = Field(min_length=1, description="The function called.")
-    arguments: str = Field(description="Its arguments, as JSON text.")
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    role: Literal["system", "user", "assistant", "tool"] = Field(description="Author of the message.")
-    content: str = Field(description="Text of the message.")
-    tool_calls: list[ToolCall] | None = Field(default=None, description="An assistant message's tool calls.")
-    tool_call_id: str | None = Field(default=None, description="A tool message: the call it answers.")
-
-
-class ToolSpec(BaseModel):
-    """A function the model may call (OpenAI's `tools[i].function`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1, max_length=64, description="The function's name.")
-    description: str | None = Field(default=None, description="What it does, for the model.")
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}},
-                                       description="JSON schema of its arguments.")
-
-
-class OutputConstraint(BaseModel):
-    """What the output must be, enforced token by token by constrained decoding."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    kind: Literal["json", "tool_calls"] = Field(description="json: one JSON value; tool_calls: Hermes <tool_call> blocks.")
-    json_schema: dict[str, Any] | None = Field(default=None, description="kind json: the value's schema; None: any object.")
-    tool_choice: str = Field(default="auto", description="kind tool_calls: auto, required, or the one function's name.")
-    parallel_tool_calls: bool = Field(default=True, description="kind tool_calls: more than one call allowed.")
 
 
 class SamplingParams(BaseModel):
@@ -193,43 +161,10 @@ class GenerateRequest(Event):
         return self
 
 
-class SpecStepStats(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    drafted: int = Field(default=0, ge=0, description="Draft tokens proposed for this request in this step.")
-    accepted: int = Field(default=0, ge=0, description="Draft tokens the target accepted in this step.")
-
-
 # Why a generation ended: stop (EOS or a stop string), length (max_tokens), abort (cancelled), deadline (its
 # deadline passed). The engine's literal (engine.outputs, which cannot import schemas) names the same ones, a unit
 # test says so; the edge's chat answers add OpenAI's "tool_calls".
 FinishReason = Literal["stop", "length", "abort", "deadline"]
-
-
-class TopLogprob(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    token_id: int = Field(ge=0)
-    token: str = Field(description="The token's text (one token decoded alone).")
-    logprob: float = Field(description="Raw log-probability (log_softmax of the model's logits); -9999.0 below that.")
-
-
-class TokenLogprob(TopLogprob):
-    """One generated token's log-probability and the most likely tokens at its position."""
-
-    top: list[TopLogprob] = Field(default_factory=list, description="The sampling.logprobs most likely tokens.")
-
-
-class PromptLogprob(BaseModel):
-    """One prompt token and its log-probability given the tokens before it (none for the first)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    token_id: int = Field(ge=0)
-    token: str = Field(description="The token's text (one token decoded alone).")
-    logprob: float | None = Field(description="Raw log-probability; null for the first prompt token; -9999.0 floor.")
-    top: list[TopLogprob] | None = Field(
-        default=None, description="The sampling.prompt_logprobs most likely tokens; null for the first prompt token.")
 
 
 class TokenChunk(Event):
@@ -277,40 +212,6 @@ class TokenChunk(Event):
     prompt_logprobs: list[PromptLogprob] | None = Field(
         default=None, description="On the first chunk (token_offset 0) of a request that asked for prompt_logprobs: "
         "one per prompt token; None otherwise.")
-
-
-class PromptTokensDetails(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cached_tokens: int = Field(
-        default=0, ge=0, description="Prompt tokens whose KV the engine's prefix cache already held (not computed).")
-
-
-class Usage(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    prompt_tokens: int = Field(ge=0)
-    completion_tokens: int = Field(ge=0)
-    total_tokens: int = Field(ge=0)
-    prompt_tokens_details: PromptTokensDetails | None = Field(
-        default=None, description="OpenAI's breakdown of the prompt tokens (null from workers before prefix caching).")
-
-
-class Timings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    queued_s: float = Field(ge=0, description="Publication to first scheduled step.")
-    ttft_s: float = Field(ge=0, description="Publication to first token.")
-    total_s: float = Field(ge=0, description="Publication to completion.")
-
-
-class SpecStats(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    drafted: int = Field(default=0, ge=0)
-    accepted: int = Field(default=0, ge=0)
-    acceptance_rate: float = Field(default=0.0, ge=0, le=1)
-    tokens_per_forward: float = Field(default=1.0, ge=0, description="Tokens emitted per target forward pass.")
 
 
 class Completion(Event):

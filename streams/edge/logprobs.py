@@ -13,13 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schemas.events import (
-    Completion,
-    PromptLogprob,
-    TokenChunk,
-    TokenLogprob,
-    TopLogprob,
-)
+from schemas.answer import TopLogprob
+from schemas.events import Completion, PromptLogprob, TokenChunk, TokenLogprob
 
 
 def _entry(e: TopLogprob) -> dict[str, Any]:

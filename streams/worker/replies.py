@@ -16,17 +16,16 @@ from typing import Any
 from engine.logprobs import LogprobEntry
 from engine.outputs import RequestOutput
 from engine.request import EngineRequest
+from schemas.answer import PromptTokensDetails, TopLogprob
 from schemas.events import (
     Completion,
     GenerateRequest,
     PromptLogprob,
-    PromptTokensDetails,
     SpecStats,
     SpecStepStats,
     Timings,
     TokenChunk,
     TokenLogprob,
-    TopLogprob,
     Usage,
 )
 from streams.service import Delivery

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.outputs import RequestOutput
+from schemas.answer import PromptTokensDetails
 from schemas.events import (
     ChatMessage,
     Completion,
     GenerateRequest,
     OutputConstraint,
-    PromptTokensDetails,
     TokenChunk,
     ToolCall,
     Usage,

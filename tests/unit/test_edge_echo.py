@@ -9,6 +9,7 @@ import pytest
 from engine.logprobs import LogprobEntry
 from engine.outputs import RequestOutput, RequestStats
 from engine.request import EngineRequest
+from schemas.answer import TopLogprob
 from schemas.events import (
     Completion,
     GenerateRequest,
@@ -17,7 +18,6 @@ from schemas.events import (
     SamplingParams,
     Timings,
     TokenLogprob,
-    TopLogprob,
     Usage,
 )
 from streams.config import Settings

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from engine.logprobs import LogprobEntry
 from engine.outputs import RequestOutput
-from schemas.events import TokenLogprob, TopLogprob
+from schemas.answer import TopLogprob
+from schemas.events import TokenLogprob
 from streams.edge.logprobs import chat_logprobs, completion_logprobs
 from streams.worker.replies import wire_logprobs
 

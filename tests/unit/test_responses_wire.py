@@ -9,14 +9,8 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent, ResponseUsage
 from pydantic import TypeAdapter
 
-from schemas.events import (
-    Completion,
-    PromptTokensDetails,
-    ReplyRoute,
-    SamplingParams,
-    Timings,
-    Usage,
-)
+from schemas.answer import PromptTokensDetails
+from schemas.events import Completion, ReplyRoute, SamplingParams, Timings, Usage
 from streams.edge import errors
 from streams.edge.admission.build import build_request, sampling_of
 from streams.edge.admission.parse import parse_body
