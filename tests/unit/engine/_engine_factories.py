@@ -18,6 +18,7 @@ from engine.loader import LoadedModel
 from engine.model import Decoder
 from engine.quant import formats
 from engine.request import EngineRequest, SamplingOptions
+from engine.scheduler import Scheduler, SchedulerOutput
 from engine.speculative.proposer import DraftProposal, ProposalInput
 
 VOCAB = 300
@@ -237,3 +238,16 @@ def every_format_runs() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True)))
         yield
+
+
+def scheduler_step(sch: Scheduler, *, finish_at_max_tokens: bool = False) -> SchedulerOutput:
+    """One step as the engine runs it, without a model: every sequence that samples gets token 7 (and, when asked,
+    those at max_tokens finish)."""
+    out = sch.schedule()
+    sch.update_from_step(out, {})
+    for s in out.scheduled:
+        if s.needs_logits:
+            s.seq.output_ids.append(7)
+            if finish_at_max_tokens and len(s.seq.output_ids) == s.seq.params.max_tokens:
+                sch.finish(s.seq, "length")
+    return out

@@ -3,6 +3,7 @@ finished sequences, LRU eviction, and a queue head that does not fit holding bac
 from __future__ import annotations
 
 import torch
+from _engine_factories import scheduler_step
 
 from engine.kv_cache import KVCache
 from engine.prefix_cache import BLOCK_SIZE, PrefixCache, chain_hashes, salt_hash
@@ -112,15 +113,7 @@ def scheduler(kv_tokens: int) -> Scheduler:
 
 
 def step(sch: Scheduler) -> SchedulerOutput:
-    """One step as the engine runs it: every sequence that samples gets a token, those at max_tokens finish."""
-    out = sch.schedule()
-    sch.update_from_step(out, {})
-    for s in out.scheduled:
-        if s.needs_logits:
-            s.seq.output_ids.append(7)
-            if len(s.seq.output_ids) == s.seq.params.max_tokens:
-                sch.finish(s.seq, "length")
-    return out
+    return scheduler_step(sch, finish_at_max_tokens=True)
 
 
 def test_a_head_that_does_not_fit_holds_back_nobody_behind_it_that_does() -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _engine_factories import scheduler_step
 
 from engine.kv_cache import KVCache
 from engine.request import EngineRequest, SamplingOptions
@@ -23,12 +24,7 @@ def make_seq(rid: str, priority: int = 0, max_tokens: int = 10) -> Sequence:
 
 
 def step(sch: Scheduler) -> SchedulerOutput:
-    out = sch.schedule()
-    sch.update_from_step(out, {})
-    for s in out.scheduled:
-        if s.needs_logits:
-            s.seq.output_ids.append(7)
-    return out
+    return scheduler_step(sch)
 
 
 def running_ids(sch: Scheduler) -> set[str]:
