@@ -87,11 +87,28 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class ChatTopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] = Field(description="The token's UTF-8 bytes.")
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    top_logprobs: list[ChatTopLogprob] = Field(description="The top_logprobs most likely tokens at this position.")
+
+
+class ChatLogprobs(BaseModel):
+    """Chat's logprobs (with logprobs: true): one entry per answer token, the model's raw log_softmax."""
+
+    content: list[ChatTokenLogprob]
+    refusal: None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: ChatFinishReason
-    logprobs: None
+    logprobs: ChatLogprobs | None
 
 
 class ChatCompletion(BaseModel):
@@ -166,7 +183,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     finish_reason: ChatFinishReason | None
-    logprobs: None
+    logprobs: ChatLogprobs | None
 
 
 class ChatCompletionChunk(BaseModel):
