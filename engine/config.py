@@ -181,6 +181,11 @@ def batch_line_slots(max_running_requests: int, batch_max_share: float) -> int:
 
 
 class EngineConfig(Section):
+    backend: Literal["specstream", "vllm"] = Field(
+        default="specstream",
+        description="Which engine the worker runs: specstream (ours) or vllm (vLLM's engine behind the same topics; "
+        "installed apart by ./dev setup vllm into .venv-vllm, where specstream worker moves itself).",
+    )
     # A known model name (engine.model_ref.KNOWN_MODELS), a local HF model folder or a .gguf file.
     model: str = Field(
         default=DEFAULT_MODEL, min_length=1,

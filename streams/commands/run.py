@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 from streams.commands.common import describe, say
+from streams.commands.vllm_env import move_to_vllm_environment
 from streams.config import Settings
 
 
@@ -27,6 +28,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     def progress(line: str) -> None:
         say(f"engine: {line}")
 
+    if settings.engine.backend == "vllm":
+        move_to_vllm_environment(say)
     try:
         # Before the engine's import (torch: seconds), so a model that is not there fails at once.
         check_model_ref(settings.engine.model)

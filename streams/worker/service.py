@@ -69,7 +69,11 @@ _ERROR_CODES = frozenset(get_args(BusErrorCode))
 
 
 def load_engine(config: Any, progress: Progress | None) -> Engine:
-    """The real engine (imported lazily: torch takes seconds to import)."""
+    """The configured backend's engine (imported lazily: torch takes seconds to import)."""
+    if config.backend == "vllm":
+        from streams.worker.vllm_backend import load_vllm_engine
+
+        return load_vllm_engine(config, progress)
     from engine.llm_engine import LLMEngine
 
     engine: Engine = LLMEngine.from_config(config, progress=progress)

@@ -1,0 +1,37 @@
+"""Where a vLLM-backed worker runs: vLLM's own environment (``.venv-vllm``, installed by ``./dev setup vllm``).
+
+vLLM pins torch and transformers to versions the main environment has moved past, so it lives in a second virtual
+environment with specstream installed editable beside it. ``specstream worker`` with ``engine.backend: vllm``
+re-executes itself there, with the same arguments and environment, so ``specstream up``, the autoscaler and users
+start it the same way as any worker.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+# Where ./dev puts it; SPECSTREAM_VLLM_PYTHON names another interpreter that has vLLM and specstream.
+_REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_python() -> Path:
+    named = os.environ.get("SPECSTREAM_VLLM_PYTHON")
+    return Path(named) if named else _REPO_VENV
+
+
+def move_to_vllm_environment(say: Callable[[str], None]) -> None:
+    """Return when this interpreter has vLLM; else exec the vLLM environment's (never returns) or exit 1."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    python = vllm_python()
+    if not python.is_file():
+        say(f"worker: error: engine.backend: vllm needs vLLM's environment, and {python} does not exist: "
+            "run ./dev setup vllm (or set SPECSTREAM_VLLM_PYTHON)")
+        raise SystemExit(1)
+    say(f"worker: engine.backend is vllm: continuing in {python}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(python, [str(python), "-m", "streams.cli", *sys.argv[1:]])

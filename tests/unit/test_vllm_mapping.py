@@ -1,0 +1,73 @@
+"""Our requests and settings in vLLM's terms (streams.worker.vllm_mapping), checked without vLLM installed.
+
+The stack test (tests/integration/test_vllm_backend.py) runs the same mapping against vLLM itself."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.request import EngineRequest, RequestRejected, SamplingOptions
+from streams.worker.vllm_mapping import engine_kwargs, sampling_kwargs
+
+# SamplingOptions fields and the SamplingParams argument each becomes (same name unless listed).
+_RENAMED: dict[str, str] = {}
+
+
+def test_every_sampling_option_reaches_vllm_under_its_name() -> None:
+    options = SamplingOptions(max_tokens=9, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=("x",), ignore_eos=True,
+                              presence_penalty=0.1, frequency_penalty=0.2, repetition_penalty=1.1, min_p=0.05,
+                              logit_bias=((7, 2.0),), stop_token_ids=(4,), min_tokens=2, logprobs=3,
+                              prompt_logprobs=1)
+    kwargs = sampling_kwargs(EngineRequest("r", [1, 2], options), speculates=False)
+    for option in dataclasses.fields(SamplingOptions):
+        value = getattr(options, option.name)
+        expected = dict(value) if option.name == "logit_bias" else list(value) if isinstance(value, tuple) else value
+        assert kwargs[_RENAMED.get(option.name, option.name)] == expected, option.name
+    assert kwargs["n"] == 1 and kwargs["include_stop_str_in_output"] is False
+
+
+def test_defaults_mean_the_same_no_filter_in_both() -> None:
+    kwargs = sampling_kwargs(EngineRequest("r", [1]), speculates=True)
+    assert kwargs["top_k"] == 0 and kwargs["top_p"] == 1.0 and kwargs["seed"] is None and "logit_bias" not in kwargs
+
+
+@pytest.mark.parametrize(("request_fields", "named"), [
+    ({"lora": "my-adapter"}, "my-adapter"),
+    ({"speculation": False}, "speculation: false"),
+])
+def test_what_vllm_cannot_run_as_asked_is_refused_by_name(request_fields: dict, named: str) -> None:
+    with pytest.raises(RequestRejected) as refused:
+        sampling_kwargs(EngineRequest("r", [1], **request_fields), speculates=True)
+    assert refused.value.code == "invalid_request" and named in refused.value.message
+
+
+def test_speculation_off_per_request_is_accepted_when_the_engine_does_not_speculate() -> None:
+    assert sampling_kwargs(EngineRequest("r", [1], speculation=False), speculates=False)["n"] == 1
+
+
+def test_engine_settings_map_onto_engine_args() -> None:
+    config = EngineConfig(backend="vllm", max_model_len=1024, kv_cache_bytes="512MiB", max_running_requests=16,
+                          prefix_caching=False, speculation={"method": "ngram", "max_draft_tokens": 5})
+    kwargs = engine_kwargs(config, "/m", max_model_len_default=2048)
+    assert kwargs["model"] == "/m" and kwargs["max_model_len"] == 1024 and kwargs["max_num_seqs"] == 16
+    assert kwargs["kv_cache_memory_bytes"] == 512 << 20 and "gpu_memory_utilization" not in kwargs
+    assert kwargs["enable_prefix_caching"] is False and kwargs["scheduling_policy"] == "priority"
+    assert kwargs["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 5,
+                                            "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    assert kwargs["dtype"] == "bfloat16"
+
+
+def test_the_default_context_is_our_engines_and_speculation_off_sends_no_speculative_config() -> None:
+    kwargs = engine_kwargs(EngineConfig(speculation={"enabled": False}), "/m", max_model_len_default=2048)
+    assert kwargs["max_model_len"] == 2048 and "speculative_config" not in kwargs
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    ({"speculation": {"method": "eagle", "draft_head": "/heads/h"}}, "engine.speculation.method"),
+    ({"lora": {"adapters": {"a": "/x"}}}, "engine.lora.adapters"),
+])
+def test_settings_vllm_cannot_run_fail_at_start_naming_the_key(settings: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        engine_kwargs(EngineConfig(**settings), "/m", max_model_len_default=2048)
