@@ -24,6 +24,8 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--device", default="cpu", help="cpu (this machine) or one of " + ", ".join(DEVICES))
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "int8", "int4"],
                    help="weights dtype (default: float32 on cpu, bfloat16 on a GPU)")
+    p.add_argument("--backend", choices=["specstream", "vllm"], default=None,
+                   help="the engine that will serve it (default: engine.backend); only its formats are offered")
     p.add_argument("--max-model-len", type=int, help="longest prompt + completion (default: min(context, 2048))")
     p.add_argument("--kv-cache-fraction", type=float, default=None,
                    help="share of the memory left after the weights for the KV cache (default: engine's)")
@@ -68,6 +70,7 @@ def _plan(args: argparse.Namespace, settings: Settings) -> Plan:
         draft_tokens=spec.max_draft_tokens if spec.enabled else 0,
         workload=Workload(args.prompt_tokens, args.output_tokens, args.request_rate),
         batch_lines=batch_line_slots(engine.max_running_requests, engine.batch_max_share),
+        backend=args.backend or engine.backend,
     )
 
 

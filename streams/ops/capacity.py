@@ -20,6 +20,14 @@ from typing import Any
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "int4": 0.5}
+# The weight formats each engine runs, by device kind (engine.backend). Our int8/int4 kernels are CPU kernels;
+# vLLM's quantized formats need checkpoints quantized for them, so a plan from a float model offers only floats.
+RUNNABLE_DTYPES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("specstream", "cpu"): ("float32", "bfloat16", "float16", "int8", "int4"),
+    ("specstream", "gpu"): ("float32", "bfloat16", "float16"),
+    ("vllm", "cpu"): ("float32", "bfloat16"),
+    ("vllm", "gpu"): ("float32", "bfloat16", "float16"),
+}
 
 
 class PlanError(ValueError):
@@ -146,11 +154,15 @@ class Plan:
     max_running_requests: int = 0
     replicas: int | None = None
     partitions: int = 6
+    backend: str = "specstream"
 
     def settings(self) -> dict[str, Any]:
         """The configuration keys to use, as `specstream` reads them."""
+        # Quantized formats are engine.weights (int8, int4); float formats engine.dtype.
+        weights = {"engine.weights": self.dtype} if self.dtype in ("int8", "int4") else {"engine.dtype": self.dtype}
         return {
-            "engine.dtype": self.dtype,
+            "engine.backend": self.backend,
+            **weights,
             "engine.max_model_len": self.max_model_len,
             "engine.kv_cache_bytes": self.kv_budget_bytes,
             "engine.max_running_requests": self.max_running_requests,
@@ -160,10 +172,15 @@ class Plan:
 
 def plan(model: ModelShape, device: Device, *, dtype: str = "bfloat16", max_model_len: int | None = None,
          kv_cache_bytes: int | None = None, kv_cache_fraction: float = 0.9, max_running_requests: int = 256,
-         draft_tokens: int = 8, workload: Workload | None = None, batch_lines: int = 0) -> Plan:
+         draft_tokens: int = 8, workload: Workload | None = None, batch_lines: int = 0,
+         backend: str = "specstream") -> Plan:
     """batch_lines: batch-job lines that may run beside max_running_requests (engine.config.batch_line_slots)."""
     if dtype not in DTYPE_BYTES:
         raise PlanError(f"dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+    runnable = RUNNABLE_DTYPES[(backend, "cpu" if device.name == "cpu" else "gpu")]
+    if dtype not in runnable:
+        raise PlanError(f"engine.backend {backend} does not run {dtype} weights on {device.name}; it runs "
+                        f"{', '.join(runnable)}")
     if device.memory_bytes <= 0:
         raise PlanError(f"device {device.name} has no memory ({device.memory_bytes} bytes)")
     if not 0 < kv_cache_fraction <= 1:
@@ -194,7 +211,8 @@ def plan(model: ModelShape, device: Device, *, dtype: str = "bfloat16", max_mode
     sequences = tokens // (workload.sequence_tokens + slack)
     running = max(1, min(max_running_requests, sequences))
     estimates = [estimate(model, device, dtype, b, workload) for b in _batches(running)]
-    result = Plan(model, device, dtype, length, weights, per_token, budget, tokens, sequences, estimates, running)
+    result = Plan(model, device, dtype, length, weights, per_token, budget, tokens, sequences, estimates, running,
+                  backend=backend)
     return _size_fleet(result, workload)
 
 

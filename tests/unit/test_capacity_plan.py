@@ -63,3 +63,23 @@ def test_nonsense_inputs_get_a_message_naming_them(kwargs: dict, message: str) -
 def test_a_device_without_memory_is_refused() -> None:
     with pytest.raises(PlanError, match="has no memory"):
         plan(preset("llama-2-7b"), cpu_device(0))
+
+
+@pytest.mark.parametrize(("backend", "device", "dtype"), [
+    ("specstream", "H100-80GB", "int4"),  # our quantized kernels are CPU kernels
+    ("vllm", "cpu", "int8"),
+    ("vllm", "H100-80GB", "int4"),
+])
+def test_a_format_the_chosen_backend_cannot_run_on_the_device_is_not_offered(backend: str, device: str,
+                                                                           dtype: str) -> None:
+    target = DEVICES[device] if device != "cpu" else cpu_device(24 * GIB)
+    with pytest.raises(PlanError, match=f"engine.backend {backend} does not run {dtype}"):
+        plan(preset("llama-3-8b"), target, dtype=dtype, backend=backend)
+
+
+def test_the_settings_name_the_backend_and_put_quantized_formats_under_engine_weights() -> None:
+    quantized = plan(preset("llama-3-8b"), cpu_device(24 * GIB), dtype="int4").settings()
+    assert quantized["engine.weights"] == "int4" and "engine.dtype" not in quantized
+    assert quantized["engine.backend"] == "specstream"
+    gpu = plan(preset("llama-3-8b"), DEVICES["H100-80GB"], dtype="bfloat16", backend="vllm").settings()
+    assert gpu["engine.dtype"] == "bfloat16" and gpu["engine.backend"] == "vllm"
