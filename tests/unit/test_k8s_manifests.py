@@ -74,8 +74,12 @@ def test_prod_scales_gpu_workers_by_the_request_topics_lag_up_to_its_partitions(
     worker = find(resources, "Deployment", "specstream-worker")["spec"]["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert {e["name"] for e in worker["env"]} >= {"SPECSTREAM_CONFIG", "SPECSTREAM_WORKER__ID"}  # merged, not lost
-    assert worker["image"] == "ghcr.io/specstream/specstream:0.1.0"
-    assert find(resources, "Deployment", "specstream-edge")["spec"]["replicas"] == 3
+    # GPU workers run vLLM's engine, from the image that has vLLM's CUDA build; the other services keep the plain one.
+    assert settings.engine.backend == "vllm" and settings.engine.device == "cuda"
+    assert worker["image"] == "ghcr.io/specstream/specstream-vllm:0.1.0"
+    edge = find(resources, "Deployment", "specstream-edge")
+    assert edge["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/specstream/specstream:0.1.0"
+    assert edge["spec"]["replicas"] == 3
     assert find(resources, "KafkaNodePool", "dual-role")["spec"]["replicas"] == 3
 
 
