@@ -30,7 +30,7 @@ import torch
 
 from engine.model import Decoder, DecoderConfig, UnsupportedModelError
 from engine.model_ref import cache_root, check_model_ref, converted_dir, gguf_for, is_model_dir
-from engine.model_text import CHATML_TEMPLATE, Progress, noop, tokenizer_from_folder
+from engine.model_text import Progress, fallback_chat_template, noop, tokenizer_from_folder
 
 def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     """Dequantise a GGUF into a safetensors model folder once; returns the folder."""
@@ -45,9 +45,8 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        if not tokenizer.chat_template:
-            # This GGUF has no tokenizer.chat_template: use SmolLM2's ChatML.
-            tokenizer.chat_template = CHATML_TEMPLATE
+        if not tokenizer.chat_template:  # only a SmolLM2 file gets SmolLM2's ChatML
+            tokenizer.chat_template = fallback_chat_template(name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The weights are dequantised now; without this the saved config would
         # send the next load through the GGUF quantizer again.
