@@ -8,8 +8,10 @@ import pytest
 import torch
 from _engine_factories import (
     TruthProposer,
+    every_format_runs,  # noqa: F401  (fixture)
     hf_greedy,
     make_engine,
+    needs_bf16_gemm,
     random_prompts,
     tiny_hf_model,
 )
@@ -120,3 +122,18 @@ def test_verified_drafts_past_the_window_keep_hf_greedy(gemma: Any, hf_reference
     res = make_engine(gemma, speculation=spec, proposer=proposer, controller=controller).generate(requests())
     assert sum(r.spec.accepted for r in res.values()) > 0
     assert {rid: r.token_ids for rid, r in res.items()} == hf_reference
+
+
+@pytest.mark.usefixtures("every_format_runs")
+@pytest.mark.parametrize("fmt", [pytest.param("bf16", marks=needs_bf16_gemm), "int8", "int4"])
+def test_every_weight_format_runs_gemma_layer_by_layer_and_speculation_keeps_its_tokens(gemma: Any, fmt: str) -> None:
+    lines: list[str] = []
+    plain = make_engine(gemma, weights=fmt, progress=lines.append)
+    assert plain.weight_format == fmt and plain.model.fused_step is None
+    assert any("not the fused step's" in line for line in lines)  # the start-up line saying why
+    spec = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4)
+    controller = SpeculationController(spec.model_copy(update={"adaptive": False}))
+    fast = make_engine(gemma, weights=fmt, speculation=spec, controller=controller).generate(requests())
+    assert sum(r.spec.drafted for r in fast.values()) > 0
+    assert {rid: r.token_ids for rid, r in fast.items()} == {
+        rid: r.token_ids for rid, r in plain.generate(requests()).items()}
