@@ -1,7 +1,6 @@
 """Gemma 3 (tiny random config, windows shorter than the sequences) in our decoder and engine equals transformers."""
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +12,7 @@ from _engine_factories import (
     make_engine,
     needs_bf16_gemm,
     random_prompts,
+    single_thread,  # noqa: F401  (fixture)
     tiny_hf_model,
 )
 from test_model_parity import cache_for, hf_logits, run_chunks
@@ -22,13 +22,7 @@ from engine.model import Decoder, DecoderConfig, UnsupportedModelError
 from engine.request import EngineRequest, SamplingOptions
 from engine.speculative.controller import SpeculationController
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
