@@ -114,7 +114,8 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        """Longest sequence the model handles exactly (sliding windows are never applied)."""
+        """Longest sequence the model handles exactly (a window the engine does not apply, Mistral's, caps it;
+        Gemma's are applied)."""
         cfg = self.model.cfg
         if cfg.attention_window:
             return min(cfg.max_position_embeddings, cfg.attention_window)
