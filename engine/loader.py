@@ -30,24 +30,25 @@ import torch
 
 from engine.model import Decoder, DecoderConfig, UnsupportedModelError
 from engine.model_ref import cache_root, check_model_ref, converted_dir, gguf_for, is_model_dir
-from engine.model_text import CHATML_TEMPLATE, Progress, noop, tokenizer_from_folder
+from engine.model_text import Progress, fallback_chat_template, noop, tokenizer_from_folder
 
 def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     """Dequantise a GGUF into a safetensors model folder once; returns the folder."""
     final = converted_dir(gguf, name)
     if is_model_dir(final):
         return final
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    # An architecture we do not serve is refused from the file's metadata, not after minutes of conversion.
+    DecoderConfig.from_hf(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
     progress(f"converting GGUF to safetensors (once): {gguf.name} -> {final}")
     t0 = time.perf_counter()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        if not tokenizer.chat_template:
-            # This GGUF has no tokenizer.chat_template: use SmolLM2's ChatML.
-            tokenizer.chat_template = CHATML_TEMPLATE
+        if not tokenizer.chat_template:  # only a SmolLM2 file gets SmolLM2's ChatML
+            tokenizer.chat_template = fallback_chat_template(name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         # The weights are dequantised now; without this the saved config would
         # send the next load through the GGUF quantizer again.
@@ -113,7 +114,8 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        """Longest sequence the model handles exactly (sliding windows are never applied)."""
+        """Longest sequence the model handles exactly (a window the engine does not apply, Mistral's, caps it;
+        Gemma's are applied)."""
         cfg = self.model.cfg
         if cfg.attention_window:
             return min(cfg.max_position_embeddings, cfg.attention_window)

@@ -1,4 +1,4 @@
-"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3), on a flat varlen batch.
+"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3) and Gemma 3 (engine.gemma), on a flat varlen batch.
 
 Why not run the HF module: HF attention wants a padded [B, S] batch and its own
 cache objects. Here every step is ONE flat batch of T tokens from many
@@ -21,15 +21,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.gemma import (
+    GEMMA_ARCHITECTURES,
+    GEMMA_EXTRA_NORMS,
+    SandwichDecoderLayer,
+    UnsupportedGemmaError,
+    gemma_fields,
+)
 from engine.kv_cache import KVCache
 from engine.meta_init import skeleton
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
 from engine.rotary import RopeStep, apply_rotary_
+from engine.sliding_window import needs_window, window_band, window_rows
 
 if TYPE_CHECKING:
     from engine.fused.decoder_step import FusedDecoderStep
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 class UnsupportedModelError(ValueError):
@@ -111,9 +119,17 @@ class DecoderConfig:
     qk_norm: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
-    # Sliding-window attention span when some layer uses one; the engine keeps
-    # max_model_len within it so the window never has to be applied.
+    # Sliding-window attention span when some layer uses one and the window is not applied (the Llama
+    # family's): the engine keeps max_model_len within it. Gemma's windows are applied: layer_windows.
     attention_window: int | None
+    # Gemma 3's (engine.gemma.gemma_fields); the defaults are the Llama family's.
+    norm_offset: float = 0.0  # norms scale by (offset + w)
+    embed_scale: float | None = None  # the embedding's output times this
+    sandwich_norms: bool = False  # norms after attention and around the MLP (engine.gemma.SandwichDecoderLayer)
+    attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    layer_windows: tuple[int | None, ...] = ()  # per layer: the applied sliding window, None for a global layer
+    local_rope_layers: tuple[bool, ...] = ()  # per layer: rotates with the sliding_attention RoPE parameters
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> DecoderConfig:
@@ -129,7 +145,13 @@ class DecoderConfig:
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // num_heads
         window: int | None = None
         layer_types = getattr(c, "layer_types", None)
-        if model_type == "mistral" or (layer_types and "sliding_attention" in layer_types):
+        gemma: dict[str, Any] = {}
+        if model_type in GEMMA_ARCHITECTURES:
+            try:
+                gemma = gemma_fields(c)
+            except UnsupportedGemmaError as e:
+                raise UnsupportedModelError(f"{model_type}: {e}") from None
+        elif model_type == "mistral" or (layer_types and "sliding_attention" in layer_types):
             window = getattr(c, "sliding_window", None)
         return cls(
             model_type=model_type,
@@ -141,20 +163,26 @@ class DecoderConfig:
             num_kv_heads=getattr(c, "num_key_value_heads", None) or num_heads,
             head_dim=head_dim,
             rms_norm_eps=c.rms_norm_eps,
-            hidden_act=c.hidden_act,
+            hidden_act=gemma.get("hidden_act") or c.hidden_act,
             # qwen2 always has q/k/v biases; llama-style configs say so with attention_bias.
             qkv_bias=model_type == "qwen2" or bool(getattr(c, "attention_bias", False)),
             o_bias=model_type != "qwen2" and bool(getattr(c, "attention_bias", False)),
             mlp_bias=bool(getattr(c, "mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type == "qwen3" or bool(gemma.get("qk_norm")),
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             max_position_embeddings=c.max_position_embeddings,
             attention_window=window,
+            **{k: v for k, v in gemma.items() if k not in ("hidden_act", "qk_norm")},
         )
 
 
-def rope_inv_freq(hf_config: Any, device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
+def rope_inv_freq(
+    hf_config: Any, device: torch.device | str = "cpu", layer_type: str = "full_attention"
+) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim / 2] and the cos/sin scale, exactly as HF computes them.
+
+    layer_type: which entry of rope_parameters when they are given per layer type (Gemma 3's local and
+    global layers have their own bases).
 
     rope_scaling variants (linear, llama3, yarn, ...) come from transformers'
     own ROPE_INIT_FUNCTIONS so they match HF. "dynamic" and "longrope" change
@@ -170,6 +198,9 @@ def rope_inv_freq(hf_config: Any, device: torch.device | str = "cpu") -> tuple[t
             "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
             "rope_theta": getattr(hf_config, "rope_theta", 10000.0),
         }
+    per_type = "full_attention" in params
+    if per_type:
+        params = params[layer_type]
     rope_type = params.get("rope_type", "default")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModelError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
@@ -180,19 +211,25 @@ def rope_inv_freq(hf_config: Any, device: torch.device | str = "cpu") -> tuple[t
         return inv_freq, 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise UnsupportedModelError(f"unsupported rope_type {rope_type!r}")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device)
+    extra = {"layer_type": layer_type} if per_type else {}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device, **extra)
     return inv_freq.to(device, torch.float), float(scaling)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        # Gemma's norms scale by (1 + w): added at each call, in fp32 as HF does, rather than folded into a
+        # bf16 weight, where 1 + w would lose w's low bits.
+        self.offset = offset
         # (x, weight, eps) -> the norm, one C++ loop (engine/fused/norm.py), where the fused step runs; None: ATen's.
         self.kernel: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            return self._offset_norm(x)
         if self.kernel is not None:
             return self.kernel(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
@@ -204,6 +241,14 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def _offset_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """Gemma's order: normalise and scale by (offset + w) in fp32, then cast."""
+        scale = self.weight.float() + self.offset
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, scale, self.eps)
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * scale).to(x.dtype)
 
 
 def widened(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,8 +269,10 @@ class Attention(nn.Module):
         # q, k and v in one matmul.
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.qk_norm else None
+        self.scale = cfg.attn_scale  # None: SDPA's 1 / sqrt(head_dim)
+        self.window = cfg.layer_windows[layer] if cfg.layer_windows else None  # applied (engine.sliding_window)
         # > 0: masked steps of up to this many rows (verifications) attend row by row like decodes
         # (set by engine.quant.apply for bf16-activation formats; see _rows_as_decodes).
         self.rows_as_decodes = 0
@@ -252,42 +299,60 @@ class Attention(nn.Module):
         # the sequence's region (prefix + this step's rows), no gather copies.
         k_arena, v_arena = cache.k[self.layer], cache.v[self.layer]  # [Hkv, N, D]
         q_heads = qk[:, : self.num_heads].transpose(0, 1)  # [Hq, T, D]
-        routes = [self.route(s) for s in attn.seqs]
-        if routes == [Route.SDPA]:
+        plan = self.plan(attn.seqs, k_arena.device)
+        if len(plan) == 1 and plan[0][1] == Route.SDPA:
             # One sequence (a batch-1 decode or verification): its output is the step's, no buffer to fill.
-            out = self._attend(q_heads, k_arena, v_arena, attn.seqs[0]).transpose(0, 1)  # [T, Hq, D]
+            out = self._attend(q_heads, k_arena, v_arena, plan[0][0], self.scale).transpose(0, 1)  # [T, Hq, D]
             return self.o_proj(out.reshape(T, self.q_size))  # [T, hidden]
         out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
-        for s, route in zip(attn.seqs, routes):
+        for s, route in plan:
             kernel = self.row_attention if route == Route.ROW_KERNEL else \
                 self.chunk_attention if route == Route.CHUNK_KERNEL else None
             if kernel is not None:
                 rows, kv = slice(s.q_start, s.q_start + s.q_len), slice(s.kv_start, s.kv_start + s.kv_len)
                 out[rows] = kernel(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv], s.kv_len - s.q_len + 1)
             elif route == Route.SDPA_ROWS:
-                self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
+                self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s, self.scale)
             else:
-                out_heads[:, s.q_start : s.q_start + s.q_len] = self._attend(q_heads, k_arena, v_arena, s)
+                out_heads[:, s.q_start : s.q_start + s.q_len] = self._attend(q_heads, k_arena, v_arena, s, self.scale)
         return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
 
     def route(self, s: SeqAttention) -> Route:
         return attention_route(s, self.rows_as_decodes, self.row_attention is not None)
 
+    def plan(self, seqs: list[SeqAttention], device: torch.device) -> list[tuple[SeqAttention, Route]]:
+        """Each sequence with its route; a sliding-window layer narrows the regions its rows may see: rows that
+        would attend as decodes stay decodes over their own window, other rows go to SDPA with a band mask (the
+        C++ chunk kernel takes no mask)."""
+        plan = []
+        for s in seqs:
+            route = self.route(s)
+            if self.window is None or not needs_window(s, self.window):
+                plan.append((s, route))
+            elif s.q_len == 1 or route in (Route.SDPA_ROWS, Route.ROW_KERNEL):
+                plan += [(row, self.route(row)) for row in window_rows(s, self.window)]
+            else:
+                plan.append((window_band(s, self.window, device), Route.SDPA))
+        return plan
+
     @staticmethod
-    def _attend(q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention) -> torch.Tensor:
+    def _attend(
+        q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention, scale: float | None
+    ) -> torch.Tensor:
         """The sequence's rows attending to its region: [Hq, q_len, D]."""
         kv = slice(s.kv_start, s.kv_start + s.kv_len)
         # No mask on several rows means the rows are the whole sequence: plain causal.
         causal = s.mask is None and s.q_len > 1
         return F.scaled_dot_product_attention(
             q_heads[:, s.q_start : s.q_start + s.q_len], *widened(q_heads, k_arena[:, kv], v_arena[:, kv]),
-            attn_mask=s.mask, is_causal=causal, enable_gqa=True,
+            attn_mask=s.mask, is_causal=causal, enable_gqa=True, scale=scale,
         )
 
     @staticmethod
     def _rows_as_decodes(
-        q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, out_heads: torch.Tensor, s: SeqAttention
+        q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, out_heads: torch.Tensor, s: SeqAttention,
+        scale: float | None,
     ) -> None:
         """A verification step's rows one by one, each exactly the SDPA call a decode of that position
         makes: SDPA's rounding depends on the query count, and bf16 activations magnify the difference
@@ -296,7 +361,8 @@ class Attention(nn.Module):
         for i in range(s.q_len):
             row, kv = s.q_start + i, slice(s.kv_start, first_kv_end + i)
             out_heads[:, row : row + 1] = F.scaled_dot_product_attention(
-                q_heads[:, row : row + 1], *widened(q_heads, k_arena[:, kv], v_arena[:, kv]), enable_gqa=True
+                q_heads[:, row : row + 1], *widened(q_heads, k_arena[:, kv], v_arena[:, kv]), enable_gqa=True,
+                scale=scale,
             )  # [Hq, 1, D]
 
 
@@ -335,8 +401,9 @@ class Decoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        layer_cls = SandwichDecoderLayer if cfg.sandwich_norms else DecoderLayer
+        self.layers = nn.ModuleList(layer_cls(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # cos/sin tables [max_positions, head_dim] in fp32, set by init_rope; buffers so
         # that .to(device) moves them, non-persistent because they are derived.
@@ -346,6 +413,8 @@ class Decoder(nn.Module):
         self.register_buffer("rope_sin", None, persistent=False)
         self.rope_sin_rot: torch.Tensor | None  # rope_sin with rotate_half's sign folded in (RopeStep)
         self.register_buffer("rope_sin_rot", None, persistent=False)
+        # The sliding layers' own tables (Gemma 3's local RoPE base), when cfg.local_rope_layers says so.
+        self.local_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # (cos, sin_rot)
         # The LM head's matmul [n, hidden] -> [n, vocab] when its weight (maybe the tied
         # embedding) lives in another form: prepacked (prepack_for_cpu) or quantized (engine.quant.apply).
         self.head_matmul: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -384,6 +453,11 @@ class Decoder(nn.Module):
         self.rope_sin = emb.sin() * scale
         half = inv_freq.shape[0]
         self.rope_sin_rot = torch.cat((-self.rope_sin[:, :half], self.rope_sin[:, half:]), dim=-1)
+        if any(self.cfg.local_rope_layers):
+            inv_freq, scale = rope_inv_freq(hf_config, self.device, "sliding_attention")
+            emb = torch.cat((pos[:, None] * inv_freq[None, :],) * 2, dim=-1)  # [P, D]
+            sin = emb.sin() * scale
+            self.local_rope = (emb.cos() * scale, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1))
 
     @property
     def max_positions(self) -> int:
@@ -392,12 +466,23 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
         rope = self.rope_step(positions, self.dtype)
-        h = self.embed_tokens(input_ids)  # [T, hidden]
+        h = self.embed(input_ids)  # [T, hidden]
         if self.fused_step is not None:
             return self.fused_step(h, rope, attn)
-        for layer in self.layers:
-            h = layer(h, rope, attn)
+        local = rope
+        if self.local_rope is not None:
+            cos, sin_rot = self.local_rope
+            local = RopeStep(cos[positions, None].to(self.dtype), sin_rot[positions, None].to(self.dtype))
+        for i, layer in enumerate(self.layers):
+            h = layer(h, local if self.cfg.local_rope_layers and self.cfg.local_rope_layers[i] else rope, attn)
         return self.norm(h)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [T] -> the first layer's input [T, hidden] (Gemma scales it, in the weights' dtype as HF)."""
+        h = self.embed_tokens(input_ids)
+        if self.cfg.embed_scale is None:
+            return h
+        return h * torch.tensor(self.cfg.embed_scale, dtype=h.dtype, device=h.device)
 
     def rope_step(self, positions: torch.Tensor, dtype: torch.dtype) -> RopeStep:
         """The rotary factors of positions [T], for every layer of one forward."""
@@ -409,9 +494,11 @@ class Decoder(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden] (only the rows that need a next-token distribution) -> fp32 logits [n, vocab]."""
         if self.head_matmul is not None:
-            return self.head_matmul(hidden).float()
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+            logits = self.head_matmul(hidden)
+        else:
+            logits = F.linear(hidden, self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight)
+        cap = self.cfg.final_softcap
+        return logits.float() if cap is None else (torch.tanh(logits / cap) * cap).float()
 
     @classmethod
     def from_hf(cls, hf_model: nn.Module, max_positions: int) -> Decoder:
@@ -439,6 +526,8 @@ class Decoder(nn.Module):
             p = f"model.layers.{i}."
             ours[f"layers.{i}.input_layernorm.weight"] = take(p + "input_layernorm.weight")
             ours[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
+            for norm in GEMMA_EXTRA_NORMS if cfg.sandwich_norms else ():
+                ours[f"layers.{i}.{norm}.weight"] = take(f"{p}{norm}.weight")
             a = p + "self_attn."
             ours[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
                 [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]

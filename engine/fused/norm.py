@@ -27,6 +27,8 @@ def install_norm_kernel(model: Decoder) -> str:
         return f"norms: ATen's ({built.why})"
     from engine.model import RMSNorm
 
+    if model.cfg.norm_offset:  # RMSNorm._offset_norm: the loop scales by w, not (offset + w)
+        return f"norms: ATen's ({model.cfg.model_type}'s norms scale by ({model.cfg.norm_offset:g} + w))"
     for m in model.modules():
         if isinstance(m, RMSNorm):
             m.kernel = torch.ops.specstream.rms_norm

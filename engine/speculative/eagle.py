@@ -177,7 +177,7 @@ class EagleProposer:
         slots = [self._slot(st) for st, _, _ in feeds]
         last_rows = [builder.add(toks, s.num_cached, s.region.start) + len(toks) - 1 for s, (_, toks, _) in zip(slots, feeds)]
         input_ids, positions, attn = builder.build(self.kv_cache)
-        emb = self.target.embed_tokens(input_ids)  # [T, hidden]
+        emb = self.target.embed(input_ids)  # [T, hidden]
         feats = torch.cat([f for _, _, f in feeds]).to(emb.dtype)  # [T, hidden]
         rope = self.target.rope_step(positions, emb.dtype)
         g = self.head.forward_flat(torch.cat([feats, emb], dim=-1), rope, attn)  # [T, hidden]

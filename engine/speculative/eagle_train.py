@@ -177,7 +177,7 @@ def _loss(
     for b, e in enumerate(batch):
         mask[b, : len(e.tokens) - 1] = True
     with torch.no_grad():
-        emb = target.embed_tokens(nxt).float()  # [B, W, H]
+        emb = target.embed(nxt).float()  # [B, W, H]
     noisy = feats + (torch.rand_like(feats) * 2 - 1) * cfg.noise
     cos = target.rope_cos[:width].float()  # type: ignore[index]  # [W, D]
     sin = target.rope_sin[:width].float()  # type: ignore[index]

@@ -17,6 +17,8 @@ from streams.worker.tools import engine_constraint, template_messages
 def prompt_token_ids(request: GenerateRequest, tokenizer: Any) -> list[int]:
     """Chat messages go through the model's chat template; a raw prompt is tokenized as is."""
     if request.messages is not None:
+        if not getattr(tokenizer, "chat_template", None):  # a base model: never another model's template
+            raise ValueError("this model has no chat template (a base model): send a raw prompt to /v1/completions")
         messages, template_kwargs = template_messages(request, tokenizer)
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
         # The template already contains the special tokens the model expects.

@@ -151,6 +151,22 @@ async def test_context_counted_with_the_models_tokenizer_and_chat_template(token
     assert (await fit_context(raw, tokenizers, input_param="prompt", max_tokens_given=True)).prompt_tokens == 3
 
 
+def test_chat_for_a_model_without_a_chat_template_is_a_400_pointing_to_completions() -> None:
+    """A base model (Gemma 3 270M's GGUF carries no template) is never given another model's template."""
+    import copy
+
+    from engine.model_text import load_tokenizer
+    from streams.edge.admission.validate import prompt_tokens
+
+    base = copy.deepcopy(load_tokenizer(MODEL))
+    base.chat_template = None
+    with pytest.raises(errors.EdgeError) as caught:
+        prompt_tokens(_request(messages=["What is Kafka?"]), base, "messages")
+    assert caught.value.status == 400 and caught.value.param == "messages"
+    assert "no chat template" in caught.value.message and "/v1/completions" in caught.value.message
+    assert prompt_tokens(_request(prompt="one two three"), base, "prompt") == 3
+
+
 async def test_context_errors_name_the_prompt_or_max_tokens(tokenizers: Tokenizers) -> None:
     long = _request(prompt="word " * 80, max_tokens=1)
     with pytest.raises(errors.EdgeError) as caught:

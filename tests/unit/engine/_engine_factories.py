@@ -36,6 +36,8 @@ class CharTokenizer:
 def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
     """A random 2-layer GQA model of the given family, fp32, eval mode."""
     from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
@@ -51,6 +53,7 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
+        "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }
     config_cls, model_cls = families[kind]
     kw: dict[str, Any] = {
@@ -66,10 +69,33 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         "initializer_range": 0.2,
         "tie_word_embeddings": kind != "llama",
     }
+    if kind == "gemma3":
+        kw |= GEMMA3_TINY
     kw.update(overrides)
     torch.manual_seed(seed)
     cfg = config_cls(**kw)
-    return model_cls(cfg).eval()
+    model = model_cls(cfg).eval()
+    if kind == "gemma3":  # HF starts Gemma's (1 + w) norms at w = 0: random w, so the offset is tested
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.3)
+    return model
+
+
+# Gemma 3, tiny: three layers, sliding (window 8, shorter than the tests' sequences), global, sliding; the local
+# RoPE base differs from the global one and the softmax scale from 1 / sqrt(head_dim).
+GEMMA3_TINY: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "sliding_window": 8,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "query_pre_attn_scalar": 24,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    "tie_word_embeddings": True,
+}
 
 
 def loaded_from_hf(hf: Any, eos: frozenset[int] = frozenset(), tokenizer: Any = None) -> LoadedModel:

@@ -95,6 +95,29 @@ def test_unknown_models_and_architectures_fail_clearly(tmp_path: Path) -> None:
         load_model(str(tmp_path), device="cpu")
 
 
+def test_a_gguf_of_an_unsupported_architecture_is_refused_before_it_is_converted(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "phi.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")  # a real GGUF's metadata, of an architecture we do not run
+    for add, value in [(writer.add_context_length, 128), (writer.add_embedding_length, 32),
+                       (writer.add_block_count, 1), (writer.add_feed_forward_length, 64), (writer.add_head_count, 2),
+                       (writer.add_head_count_kv, 2), (writer.add_layer_norm_rms_eps, 1e-5),
+                       (writer.add_rope_dimension_count, 16)]:
+        add(value)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedModelError, match="'phi3'.*supported: llama.*gemma3_text"):
+        resolve_model_dir(str(path))
+    assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").iterdir())
+
+
 def test_specstream_cache_dir_overrides_where_models_are_cached(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path))
