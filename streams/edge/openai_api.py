@@ -47,7 +47,7 @@ from streams.edge.keys import Principal
 from streams.edge.logprobs import StreamedEcho, chat_logprobs, completion_logprobs, text_logprobs
 from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
-from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
+from streams.wire.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
 from streams.rag.grounding import citations
 
 log = logging.getLogger(__name__)

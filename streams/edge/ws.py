@@ -79,7 +79,7 @@ from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.responses.api import continuation, relay
 from streams.edge.responses.body import ResponsesBody
-from streams.edge.tool_calls import (
+from streams.wire.tool_calls import (
     ToolCallParser,
     calls_tools,
     finish_reason,

@@ -140,7 +140,7 @@ def tokenizers() -> Tokenizers:
 
 async def test_context_counted_with_the_models_tokenizer_and_chat_template(tokenizers: Tokenizers) -> None:
     from engine.model_text import load_tokenizer
-    from streams.worker.intake import prompt_token_ids
+    from streams.wire.chat_template import prompt_token_ids
 
     request = _request(messages=["What is Kafka?"])
     checked = await fit_context(request, tokenizers, input_param="messages", max_tokens_given=True)

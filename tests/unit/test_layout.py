@@ -17,9 +17,6 @@ STREAMS = Path(__file__).resolve().parents[2] / "streams"
 KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
     ("batch", "edge"),
     ("edge", "batch"),
-    ("edge", "worker"),
-    ("worker", "batch"),
-    ("worker", "edge"),
 })
 
 # What may sit at the root of streams/ besides packages: the package itself, the `specstream` entry point, and two

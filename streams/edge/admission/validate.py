@@ -2,7 +2,7 @@
 
 * the model must be served: 404 ``model_not_found`` naming ``model``;
 * the prompt is tokenized with the model's own tokenizer and chat template,
-  exactly as the worker does (``streams.worker.intake.prompt_token_ids``), and
+  exactly as the worker does (``streams.wire.chat_template.prompt_token_ids``), and
   prompt + ``max_tokens`` must fit the context (``engine.max_model_len``, or
   the model's own context at most 2048, as the engine computes it): 400
   ``context_length_exceeded`` naming ``messages``/``prompt`` when the prompt
@@ -80,7 +80,7 @@ async def _prompt_tokens(request: GenerateRequest, tokenizer: object, input_para
 
 def prompt_tokens(request: GenerateRequest, tokenizer: object, input_param: str) -> int:
     """The prompt's tokens as the worker renders them; a 400 naming ``input_param`` when it cannot be, or is empty."""
-    from streams.worker.intake import prompt_token_ids  # the worker's own rendering: same template, same count
+    from streams.wire.chat_template import prompt_token_ids  # the worker renders with it: same template, same count
 
     try:
         ids = prompt_token_ids(request, tokenizer)
