@@ -80,7 +80,8 @@ async def _prompt_tokens(request: GenerateRequest, tokenizer: object, input_para
 
 def prompt_tokens(request: GenerateRequest, tokenizer: object, input_param: str) -> int:
     """The prompt's tokens as the worker renders them; a 400 naming ``input_param`` when it cannot be, or is empty."""
-    from streams.wire.chat_template import prompt_token_ids  # the worker renders with it: same template, same count
+    # The worker renders with it too: same template, same count.
+    from streams.wire.chat_template import prompt_token_ids
 
     try:
         ids = prompt_token_ids(request, tokenizer)
