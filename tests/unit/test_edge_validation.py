@@ -8,13 +8,13 @@ import json
 import pytest
 
 from schemas.events import ChatMessage, GenerateRequest, ReplyRoute, SamplingParams
-from streams.edge import errors
 from streams.edge.access import prompt_hash
-from streams.edge.admission.bodies import ChatCompletionBody
-from streams.edge.admission.parse import decode_json, parse_body
-from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS, strip_unsupported
 from streams.edge.admission.validate import fit_context
 from streams.edge.tokenizers import Tokenizers
+from streams.wire import errors
+from streams.wire.bodies import ChatCompletionBody
+from streams.wire.parse import decode_json, parse_body
+from streams.wire.unsupported import FOR_CHAT, FOR_COMPLETIONS, strip_unsupported
 
 MODEL = "smollm2-135m-instruct"
 

@@ -19,9 +19,9 @@ import asyncio
 from dataclasses import dataclass
 
 from schemas.events import GenerateRequest
-from streams.edge import errors
 from streams.edge.access import prompt_chars
 from streams.edge.tokenizers import Tokenizers
+from streams.wire import errors
 
 # Tokenizing in a thread keeps the event loop responsive for long prompts; short ones are faster inline.
 _THREAD_TOKENIZE_CHARS = 4096
