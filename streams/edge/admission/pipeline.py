@@ -3,8 +3,8 @@
 ::
 
     read      HTTP body / websocket frame, size limits          413 / close 1009   admission.read
-    parse     strict UTF-8 JSON -> the API's typed body         400                admission.parse, .bodies
-    build     the wire GenerateRequest, edge-assigned fields                       admission.build
+    parse     strict UTF-8 JSON -> the API's typed body         400                wire.parse, wire.bodies
+    build     the wire GenerateRequest, edge-assigned fields                       wire.build
     validate  the served model; prompt + max_tokens vs context  404 / 400          admission.validate
     admit     the tenant's limits -> a Ticket                   429                admission.admit
 
