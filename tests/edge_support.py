@@ -50,7 +50,7 @@ WORKER_ENV = {
 
 async def refused_429(coro: Any) -> Any:
     """The EdgeError a limiter's acquire raises: 429 rate_limit_exceeded with a Retry-After."""
-    from streams.edge import errors
+    from streams.wire import errors
 
     with pytest.raises(errors.EdgeError) as caught:
         await coro

@@ -23,7 +23,6 @@ from pathlib import Path
 from schemas.batch import BatchLineReply, BatchState, parse_line_request_id
 from schemas.documents import FileObject
 from schemas.events import GenerateRequest
-from streams.kafka import clients
 from streams.batch.book import TERMINAL, BatchBook
 from streams.batch.files import (
     BatchFileMissing,
@@ -38,7 +37,7 @@ from streams.batch.lines import line_request
 from streams.batch.outputs import outcome_of
 from streams.batch.validation import InvalidBatchFile, parse_batch_file
 from streams.config import Settings
-from streams.edge.settings import EdgeOptions
+from streams.kafka import clients
 from streams.kafka.acls import assembler_grants
 from streams.service import Consumer, Delivery, Output, ServiceOptions
 from streams.service.app import serve
@@ -73,7 +72,6 @@ class BatchAssembler:
             if files is None else None
         self.files: BatchFiles = files if files is not None else StoreFiles(self._store)
         self.journal_dir = journals if journals is not None else journal_dir(self._store)
-        self.options = EdgeOptions.from_settings(settings)
         self.book = BatchBook(settings.kafka, catalog.batches)
         self._batches: dict[str, _Batch] = {}
         self._finalizing: set[str] = set()
@@ -145,7 +143,7 @@ class BatchAssembler:
             return None
         lines = {ln.number: _Line(ln.custom_id, line_request(
             ln, batch_id=state.id, tenant=state.tenant, results_topic=self.catalog.batch_results.name,
-            expires_at=state.expires_at, options=self.options, now=state.created_at)) for ln in parsed}
+            expires_at=state.expires_at, edge=self.settings.edge, now=state.created_at)) for ln in parsed}
         journal = await asyncio.to_thread(Journal, self.journal_dir / f"{state.id}.jsonl")
         batch = self._batches[state.id] = _Batch(lines, journal)
         return batch

@@ -1,6 +1,6 @@
 """A batch's lines as requests on the bus: one ``GenerateRequest`` per line, built as an interactive one is.
 
-Each line's body goes through the edge's own build stage (:func:`streams.edge.admission.build.build_request`),
+Each line's body goes through the edge's own build stage (:func:`streams.wire.build.build_request`),
 then takes the batch's fields: request id ``<batch id>.<line>`` (a redelivered line keeps it, so it is answered
 once), the lowest priority, the batch-results topic as its reply route, and the batch's expiry as its deadline
 (a line not started by then is answered ``deadline_exceeded`` and counted as expired).
@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from schemas.batch import BATCH_PRIORITY, line_request_id
-from schemas.events import GenerateRequest, ReplyRoute
+from schemas.events import GenerateRequest
 from streams.batch.validation import BatchLine
-from streams.edge.admission.build import build_request
-from streams.edge.settings import EdgeOptions
+from streams.config import EdgeSettings
+from streams.wire.build import build_request
+
+
+@dataclass(frozen=True)
+class _LineAssigns:
+    """What a line's build stage assigns from: the edge's defaults, and the batch-results topic as reply route."""
+    edge: EdgeSettings
+    reply_topic: str
 
 
 def line_seed(line: BatchLine) -> int:
@@ -28,14 +36,14 @@ def line_seed(line: BatchLine) -> int:
 
 
 def line_request(line: BatchLine, *, batch_id: str, tenant: str, results_topic: str, expires_at: float,
-                 options: EdgeOptions, log_prompt: bool = True, now: float | None = None) -> GenerateRequest:
-    request = build_request(line.body, options, tenant=tenant, log_prompt=log_prompt,
+                 edge: EdgeSettings, log_prompt: bool = True, now: float | None = None) -> GenerateRequest:
+    request = build_request(line.body, _LineAssigns(edge, results_topic), tenant=tenant, log_prompt=log_prompt,
                             request_id=line_request_id(batch_id, line.number), now=now)
     sampling = request.sampling
     if line.body.seed is None:
         sampling = sampling.model_copy(update={"seed": line_seed(line)})
     return request.model_copy(update={
-        "reply_to": ReplyRoute(topic=results_topic), "priority": BATCH_PRIORITY, "deadline": expires_at,
+        "priority": BATCH_PRIORITY, "deadline": expires_at,
         "sampling": sampling,
     })
 

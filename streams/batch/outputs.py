@@ -2,7 +2,7 @@
 
 * answered: ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}`` in
   the output file, the body being exactly what the endpoint returns interactively
-  (:func:`streams.edge.openai_api.completion_body`);
+  (:func:`streams.wire.answers.completion_body`);
 * failed at run time (context too long, unknown model): the same shape with the status and OpenAI error body the
   endpoint would have answered, in the error file;
 * not run (the batch expired or was cancelled first): ``"response": null`` and ``"error": {"code", "message"}``
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest
-from streams.edge import errors
-from streams.edge.openai_api import completion_body
+from streams.wire import errors
+from streams.wire.answers import completion_body
 
 Outcome = Literal["completed", "failed", "expired", "cancelled"]
 _NOT_RUN: dict[str, tuple[Outcome, str]] = {

@@ -1,7 +1,7 @@
 """Validation of a batch input file (``purpose="batch"``) when it is uploaded, before anything is stored.
 
 Each line is ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}``; the
-body is parsed by the same typed body models (:mod:`streams.edge.admission.bodies`) as an interactive request, so
+body is parsed by the same typed body models (:mod:`streams.wire.bodies`) as an interactive request, so
 a line is accepted exactly when the endpoint would accept its body. The served model and the context length are
 not checked here: a line that fails at run time goes to the batch's error file, and the other lines complete.
 Every problem names its line (1-based), so a client can fix the file in one go.
@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from streams.config.batch import BatchSettings
-from streams.edge import errors
-from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
-from streams.edge.admission.parse import decode_json, parse_body
+from streams.wire import errors
+from streams.wire.bodies import Body, ChatCompletionBody, CompletionBody
+from streams.wire.parse import decode_json, parse_body
 
 ENDPOINTS: dict[str, type[Body]] = {"/v1/chat/completions": ChatCompletionBody, "/v1/completions": CompletionBody}
 _LINE_KEYS = frozenset({"custom_id", "method", "url", "body"})

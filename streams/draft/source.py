@@ -30,7 +30,7 @@ async def from_completions_log(
     kafka: Connectable, topic: str, tokenizer: Any, *, limit: int | None, max_len: int, timeout_s: float = 60.0
 ) -> LogSamples:
     """The topic from its beginning to its end now; at most `limit` usable records."""
-    from streams.worker.intake import prompt_token_ids
+    from streams.wire.chat_template import prompt_token_ids
 
     read = await read_topic(kafka, topic, CompletionRecord, timeout_s=timeout_s)
     selection = select_records(read, limit=limit)

@@ -20,8 +20,8 @@ import logging
 from typing import Any
 
 from schemas.events import GenerateRequest
-from streams.edge import errors
 from streams.edge.keys import Principal
+from streams.wire import errors
 
 access_log = logging.getLogger("streams.edge.access")
 

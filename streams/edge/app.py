@@ -24,9 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
-
 from pathlib import Path
+from typing import Any, AsyncIterator
 
 from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
@@ -34,10 +33,10 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from streams.batch import api as batch_api
 from streams.config import Settings
-from streams.edge import errors, files_api, lora_api, openai_api, openapi, vector_stores, ws
+from streams.edge import files_api, lora_api, openai_api, openapi, vector_stores, ws
 from streams.edge.admission.pipeline import Pipeline
+from streams.edge.batches import api as batch_api
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.rag_client import RagEdge
 from streams.edge.responses import api as responses_api
@@ -45,6 +44,7 @@ from streams.edge.settings import EdgeOptions
 from streams.kafka.connection import KafkaAccessError
 from streams.service.gc_pauses import freeze_startup_heap
 from streams.telemetry.edge import EdgeTelemetry
+from streams.wire import errors
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 

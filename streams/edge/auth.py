@@ -29,9 +29,9 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 
-from streams.edge import errors
 from streams.edge.key_store import KeyStore
 from streams.edge.keys import Principal, TenantLimits, keys_file_path
+from streams.wire import errors
 
 log = logging.getLogger(__name__)
 

@@ -17,25 +17,25 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from schemas.events import EDGE_KIND, EdgeAnnouncement, GenerateRequest
-from streams.edge import errors
-from streams.kafka.clients import encode
-from streams.kafka.permissions import prepare_service
-from streams.batch.desk import BatchDesk
 from streams.batch.files import StoreFiles
 from streams.batch.validation import upload_validator
-from streams.files.purposes import register_validator
+from streams.edge.batches.desk import BatchDesk
 from streams.edge.publisher import RequestPublisher
 from streams.edge.readiness import ReadinessWatch, ReadyState
 from streams.edge.replies import ReplyRouter, ReplyStream
 from streams.edge.responses.store import ResponseStore
 from streams.edge.settings import EdgeOptions
 from streams.files.blobs import BlobStore
+from streams.files.purposes import register_validator
 from streams.files.store import FileStore
 from streams.kafka.acls import edge_grants
+from streams.kafka.clients import encode
+from streams.kafka.permissions import prepare_service
+from streams.kafka.topic_watch import gone_topics, watch_topics
 from streams.service.announcer import Announcer
 from streams.telemetry.logs import bind_request, trace_id_of
 from streams.telemetry.tracing import trace_id_hex
-from streams.kafka.topic_watch import gone_topics, watch_topics
+from streams.wire import errors
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.types import Message
 
 from streams.edge import files_openapi as doc
-from streams.edge.errors import EdgeError, not_ready
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
 from streams.files.blobs import BlobError, TooLarge
 from streams.files.purposes import InvalidFile, check_upload_purpose
 from streams.files.store import FileStore, FilesUnavailable, NoSuchFile
+from streams.wire.errors import EdgeError, not_ready
 
 router = APIRouter()
 # Room for the multipart framing and the small fields around the file itself.

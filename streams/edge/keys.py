@@ -89,7 +89,7 @@ def check_tenant(name: str) -> str:
 
 @dataclass(frozen=True)
 class TenantLimits:
-    """Per-tenant limits; None: no limit. The batch_ ones bound batch jobs only (streams/batch/quota.py), the others
+    """Per-tenant limits; None: no limit. The batch_ ones bound batch jobs only (streams/edge/batches/quota.py), the others
     interactive requests only: neither kind of work spends the other's budget."""
 
     rpm: int | None = None

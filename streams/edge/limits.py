@@ -45,8 +45,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from streams.edge import errors
 from streams.edge.keys import TenantLimits
+from streams.wire import errors
 
 log = logging.getLogger(__name__)
 

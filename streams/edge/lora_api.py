@@ -31,13 +31,13 @@ from schemas.adapters import (
     LoadLoRAAdapterBody,
     UnloadLoRAAdapterBody,
 )
-from streams.kafka import clients
-from streams.edge import errors
-from streams.edge.admission.parse import decode_json
 from streams.edge.admission.read import read_body
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
+from streams.kafka import clients
+from streams.wire import errors
+from streams.wire.parse import decode_json
 
 # Out of the OpenAPI document (docs/lora.md describes them): they are operator routes with side effects on every
 # worker, which the document's consumers (SDK generators, the fuzz test) should not call.

@@ -3,7 +3,7 @@
 Bodies are parsed by hand (not by FastAPI) so every input error is a precise
 OpenAI-shaped 4xx: invalid JSON, an unknown field (named in ``param``), an
 unknown model (404 ``model_not_found``). Worker errors (``ErrorEvent``) become
-the status their code calls for (see :mod:`streams.edge.errors`).
+the status their code calls for (see :mod:`streams.wire.errors`).
 
 With ``stream: true`` the edge waits for the request's first event before it
 sends the response headers, so an error the worker reports up front (context
@@ -36,19 +36,21 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from schemas.events import Completion, ErrorEvent, GenerateRequest, TokenChunk
 from schemas.retrieval import Retrieved
-from streams.edge import errors, openapi
+from streams.edge import openapi
 from streams.edge.admission.admit import Ticket
-from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.auth import key_from_headers
 from streams.edge.choices import choice_requests, for_ticket, merged_body
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
-from streams.edge.logprobs import StreamedEcho, chat_logprobs, completion_logprobs, text_logprobs
 from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
-from streams.edge.tool_calls import ToolCallParser, calls_tools, finish_reason, parse_message, result_view
 from streams.rag.grounding import citations
+from streams.wire import errors
+from streams.wire.answers import answered_calls, completion_body
+from streams.wire.bodies import Body, ChatCompletionBody, CompletionBody
+from streams.wire.logprobs import StreamedEcho, chat_logprobs, completion_logprobs
+from streams.wire.tool_calls import ToolCallParser, calls_tools, finish_reason, result_view
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -273,32 +275,6 @@ def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge:
     return {**completion_body(gen, final, chat=chat, retrieved=retrieved), "specstream": _extras(final, edge, retrieved)}
 
 
-def completion_body(gen: GenerateRequest, final: Completion, *, chat: bool,
-                    retrieved: Retrieved | None = None) -> dict[str, Any]:
-    """OpenAI's chat.completion / text_completion object of a finished request (batch output lines reuse it)."""
-    logprobs = chat_logprobs(final.logprobs) if chat else text_logprobs(final, gen.echo)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": final.finish_reason, "logprobs": logprobs}
-    if chat and calls_tools(gen):
-        content, calls = parse_message(final.text, gen.request_id)
-        choice["message"] = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        choice["finish_reason"] = finish_reason(final.finish_reason, calls, _answered(final))
-    elif chat:
-        choice["message"] = {"role": "assistant", "content": final.text}
-        if retrieved is not None:
-            choice["message"]["annotations"] = citations(final.text, retrieved.passages)
-    else:
-        choice["text"] = (gen.prompt or "") + final.text if gen.echo else final.text
-    return {
-        "id": gen.request_id,
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(gen.created_at or time.time()),
-        "model": gen.model,
-        "choices": [choice],
-        "usage": final.usage.model_dump(),
-        "system_fingerprint": None,
-    }
-
-
 def _extras(final: Completion, edge: Edge, retrieved: Retrieved | None = None) -> dict[str, Any]:
     extras = {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
               "num_chunks": final.num_chunks}
@@ -307,10 +283,6 @@ def _extras(final: Completion, edge: Edge, retrieved: Retrieved | None = None) -
     if retrieved is not None:  # which version of each store's index grounded the answer
         extras["index_versions"] = retrieved.index_versions
     return extras
-
-
-def _answered(final: Completion) -> set[str]:
-    return {r.call_id for r in final.tool_results}
 
 
 def _data(obj: Any) -> str:
@@ -381,7 +353,7 @@ async def _sse(
                 reason: str = event.finish_reason
                 if parser is not None:
                     pending.extend(_data(chunk(None, None, fields=f)) for f in parser.finish())
-                    reason = finish_reason(reason, parser.calls, _answered(event))
+                    reason = finish_reason(reason, parser.calls, answered_calls(event))
                 cited = ({"annotations": citations(event.text, retrieved.passages)}
                          if chat and retrieved is not None else None)
                 pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge, retrieved),

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from schemas.events import FinishReason, SpecStats, Timings, Usage
-from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody
 from streams.edge.responses.body import ResponsesBody
+from streams.wire.bodies import ChatCompletionBody, CompletionBody
 
 
 class ErrorDetail(BaseModel):

@@ -17,14 +17,14 @@ from pydantic import BaseModel
 from schemas.documents import DocumentState, FileObject, StaticChunking, document_key
 from schemas.events import GenerateRequest, ReplyRoute
 from schemas.retrieval import FileSearch, RetrievalRequest, VectorStoreRecord
-from streams.kafka import clients
-from streams.kafka.compacted_table import CompactedTable
-from streams.edge import errors
-from streams.edge.admission.structured import FileSearchTool
 from streams.edge.core import Edge
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.files.store import FilesUnavailable, NoSuchFile
+from streams.kafka import clients
+from streams.kafka.compacted_table import CompactedTable
 from streams.rag.jobs import attach
+from streams.wire import errors
+from streams.wire.structured import FileSearchTool
 
 log = logging.getLogger(__name__)
 

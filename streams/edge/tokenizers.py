@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from streams.edge import errors
+from streams.wire import errors
 
 log = logging.getLogger(__name__)
 

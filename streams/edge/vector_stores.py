@@ -20,7 +20,6 @@ from pydantic import BaseModel, ValidationError
 
 from schemas.events import ErrorEvent
 from schemas.retrieval import FileSearch, SearchResults
-from streams.edge import errors
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
 from streams.edge.openapi import error_responses
@@ -38,6 +37,7 @@ from streams.edge.vector_store_bodies import (
 )
 from streams.rag.filters import check_filter
 from streams.rag.jobs import new_id, new_store
+from streams.wire import errors
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); the errors every route may answer:
 ERRORS = error_responses({

@@ -59,10 +59,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
-from streams.edge import errors
 from streams.edge.admission.admit import Ticket
-from streams.edge.admission.bodies import WsRequestBody
-from streams.edge.admission.parse import decode_json
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.admission.read import FrameTooLarge, read_frame
 from streams.edge.auth import (
@@ -74,19 +71,22 @@ from streams.edge.auth import (
 )
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
-from streams.edge.logprobs import chat_logprobs
 from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.responses.api import continuation, relay
 from streams.edge.responses.body import ResponsesBody
-from streams.edge.tool_calls import (
+from streams.rag.grounding import citations
+from streams.telemetry.edge import EdgeTelemetry
+from streams.wire import errors
+from streams.wire.bodies import WsRequestBody
+from streams.wire.logprobs import chat_logprobs
+from streams.wire.parse import decode_json
+from streams.wire.tool_calls import (
     ToolCallParser,
     calls_tools,
     finish_reason,
     result_view,
 )
-from streams.rag.grounding import citations
-from streams.telemetry.edge import EdgeTelemetry
 
 log = logging.getLogger(__name__)
 router = APIRouter()

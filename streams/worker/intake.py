@@ -2,30 +2,37 @@
 
 Raw bytes become a :class:`GenerateRequest` (or a precise rejection) in the
 foundation (:mod:`streams.service.intake`); what is left here is the engine's
-side: rendering the prompt with the model's tokenizer and the sampling
-parameters.
+side: the prompt rendered with the model's chat template (:mod:`streams.wire.chat_template`, which the edge
+counts with too), the output constraint compiled to a grammar, and the sampling parameters.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from engine.request import EngineRequest, SamplingOptions
+from engine.grammar.constraint import (
+    Constraint,
+    ConstraintError,
+    ToolFunction,
+    json_constraint,
+    tool_calls_constraint,
+)
+from engine.request import EngineRequest, RequestRejected, SamplingOptions
 from schemas.events import GenerateRequest
-from streams.worker.tools import engine_constraint, template_messages
+from streams.wire.chat_template import prompt_token_ids
 
 
-def prompt_token_ids(request: GenerateRequest, tokenizer: Any) -> list[int]:
-    """Chat messages go through the model's chat template; a raw prompt is tokenized as is."""
-    if request.messages is not None:
-        if not getattr(tokenizer, "chat_template", None):  # a base model: never another model's template
-            raise ValueError("this model has no chat template (a base model): send a raw prompt to /v1/completions")
-        messages, template_kwargs = template_messages(request, tokenizer)
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
-        # The template already contains the special tokens the model expects.
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(request.prompt)["input_ids"]
-    return list(ids)
+def engine_constraint(request: GenerateRequest) -> Constraint | None:
+    """The grammar of the request's constraint; RequestRejected if it does not compile."""
+    c = request.constraint
+    if c is None:
+        return None
+    try:
+        if c.kind == "json":
+            return json_constraint(c.json_schema)
+        tools = [ToolFunction(t.name, t.parameters) for t in request.tools or []]
+        return tool_calls_constraint(tools, c.tool_choice, c.parallel_tool_calls)
+    except ConstraintError as error:
+        raise RequestRejected("invalid_request", str(error)) from None
 
 
 def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time: float,

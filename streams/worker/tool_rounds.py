@@ -38,7 +38,7 @@ from schemas.events import (
 )
 from schemas.tools import ToolError, ToolIntent, ToolResult, call_id
 from streams.config.tools import ToolsSettings
-from streams.edge.tool_calls import calls_tools, parse_message
+from streams.wire.tool_calls import calls_tools, parse_message
 from streams.worker.replies import Generation
 
 log = logging.getLogger("specstream.worker")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from schemas.events import GenerateRequest
-from streams.worker.intake import prompt_token_ids, to_engine_request
+from streams.wire.chat_template import prompt_token_ids
+from streams.worker.intake import to_engine_request
 
 
 def body(**fields: object) -> dict:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from schemas.batch import BatchRequestCounts, BatchState
-from streams.batch.quota import DAY_S, BatchCost, check_batch_quota
-from streams.edge.errors import EdgeError
+from streams.edge.batches.quota import DAY_S, BatchCost, check_batch_quota
 from streams.edge.keys import TenantLimits
+from streams.wire.errors import EdgeError
 
 NOW = 1_000_000.0
 

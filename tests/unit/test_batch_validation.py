@@ -7,7 +7,7 @@ import pytest
 
 from streams.batch.validation import InvalidBatchFile, dumps_line, parse_batch_file
 from streams.config.batch import BatchSettings
-from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody
+from streams.wire.bodies import ChatCompletionBody, CompletionBody
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from streams.edge import errors
-from streams.edge.admission.bodies import Body, ChatCompletionBody, CompletionBody
-from streams.edge.admission.parse import parse_body
-from streams.edge.admission.unsupported import _UNSUPPORTED
+from streams.wire import errors
+from streams.wire.bodies import Body, ChatCompletionBody, CompletionBody
+from streams.wire.parse import parse_body
+from streams.wire.unsupported import _UNSUPPORTED
 
 TABLE = Path(__file__).resolve().parents[2] / "docs" / "compatibility.md"
 MODEL = "smollm2-135m-instruct"

@@ -14,14 +14,14 @@ from starlette.requests import Request
 from engine.config import EngineConfig
 from schemas.events import Completion, Timings, Usage
 from streams.config import EdgeAuthSettings, EdgeSettings, Settings
-from streams.edge import errors
 from streams.edge.admission.admit import Ticket
-from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
 from streams.edge.admission.pipeline import Pipeline
 from streams.edge.admission.read import FrameTooLarge, read_body, read_frame
 from streams.edge.keys import Principal, TenantLimits
 from streams.edge.settings import EdgeOptions
 from streams.edge.tokenizers import Tokenizers
+from streams.wire import errors
+from streams.wire.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT = 64

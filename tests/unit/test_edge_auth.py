@@ -9,14 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from streams.commands.keys import curl_auth, prepare_up
+from streams.commands.keys import main as keys_main
 from streams.config import load_settings
-from streams.edge import errors
 from streams.edge.auth import Authenticator, key_from_headers, key_from_subprotocols
 from streams.edge.key_store import KeyStore
 from streams.edge.keys import (
-    KeyStoreError, TenantLimits, create_key, ensure_local_key, hash_key, read_key_file, revoke_keys,
+    KeyStoreError,
+    TenantLimits,
+    create_key,
+    ensure_local_key,
+    hash_key,
+    read_key_file,
+    revoke_keys,
 )
-from streams.commands.keys import curl_auth, main as keys_main, prepare_up
+from streams.wire import errors
 
 DEFAULTS = TenantLimits(rpm=600, tpm=500_000, concurrency=32)
 

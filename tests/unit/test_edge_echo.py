@@ -21,13 +21,13 @@ from schemas.events import (
     Usage,
 )
 from streams.config import Settings
-from streams.edge import errors
-from streams.edge.admission.bodies import CompletionBody
-from streams.edge.admission.build import build_request, sampling_of
-from streams.edge.admission.parse import parse_body
-from streams.edge.logprobs import StreamedEcho
-from streams.edge.openai_api import completion_body
 from streams.edge.settings import EdgeOptions
+from streams.wire import errors
+from streams.wire.answers import completion_body
+from streams.wire.bodies import CompletionBody
+from streams.wire.build import build_request, sampling_of
+from streams.wire.logprobs import StreamedEcho
+from streams.wire.parse import parse_body
 from streams.worker.replies import Generation, wire_prompt_logprobs
 
 MODEL = "smollm2-135m-instruct"

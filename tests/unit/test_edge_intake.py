@@ -8,16 +8,16 @@ import time
 import pytest
 
 from engine.config import EngineConfig
-from schemas.events import Completion, ErrorEvent, TokenChunk, Timings, TraceContext, Usage
+from schemas.events import Completion, ErrorEvent, Timings, TokenChunk, TraceContext, Usage
 from streams.config import EdgeSettings, KafkaSettings, Settings, WorkerSettings
-from streams.edge import errors
-from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
-from streams.edge.admission.build import build_request, conversation_of, trace_context
-from streams.edge.admission.parse import decode_json, parse_body
 from streams.edge.admission.validate import check_model
 from streams.edge.replies import ReplyRouter, ReplyTimeout
 from streams.edge.settings import EdgeOptions, default_edge_id
 from streams.kafka.clients import encode
+from streams.wire import errors
+from streams.wire.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
+from streams.wire.build import build_request, conversation_of, trace_context
+from streams.wire.parse import decode_json, parse_body
 
 MODEL = "smollm2-135m-instruct"
 OPTS = EdgeOptions(Settings(edge=EdgeSettings(edge_id="e1", request_timeout_s=30.0, max_tokens_default=17)))

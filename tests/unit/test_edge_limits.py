@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
-from streams.edge import errors
 from streams.edge.keys import TenantLimits
 from streams.edge.limits import WINDOW_S, MemoryLimiter, RedisLimiter, make_limiter, window_wait
+from streams.wire import errors
 from tests.edge_support import refused_429
 
 TTL = 300.0

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from streams.commands.keys import main as keys_main
 from streams.config import Settings
-from streams.edge.admission.bodies import ChatCompletionBody
-from streams.edge.admission.build import build_request
-from streams.edge.admission.parse import parse_body
 from streams.edge.key_store import KeyStore
 from streams.edge.keys import KeyStoreError, create_key, read_key_file
-from streams.commands.keys import main as keys_main
 from streams.edge.settings import EdgeOptions
+from streams.wire.bodies import ChatCompletionBody
+from streams.wire.build import build_request
+from streams.wire.parse import parse_body
 
 BODY = {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "my secret"}]}
 

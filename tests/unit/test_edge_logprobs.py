@@ -5,7 +5,7 @@ from engine.logprobs import LogprobEntry
 from engine.outputs import RequestOutput
 from schemas.answer import TopLogprob
 from schemas.events import TokenLogprob
-from streams.edge.logprobs import chat_logprobs, completion_logprobs
+from streams.wire.logprobs import chat_logprobs, completion_logprobs
 from streams.worker.replies import wire_logprobs
 
 ENTRIES = [

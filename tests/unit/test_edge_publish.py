@@ -9,8 +9,8 @@ import pytest
 from schemas.events import GenerateRequest, ReplyRoute, SamplingParams
 from streams.config import Settings
 from streams.edge.core import Edge
-from streams.edge.errors import EdgeError
 from streams.edge.settings import EdgeOptions
+from streams.wire.errors import EdgeError
 
 
 def _edge(tmp_path: Path, publish_timeout_s: float) -> tuple[Edge, list[tuple[str, str]]]:

@@ -6,9 +6,9 @@ from typing import Any
 import pytest
 
 from engine.request import SamplingOptions
-from streams.edge.admission.bodies import ChatCompletionBody, CompletionBody
-from streams.edge.admission.build import sampling_of
-from streams.edge.admission.parse import parse_body
+from streams.wire.bodies import ChatCompletionBody, CompletionBody
+from streams.wire.build import sampling_of
+from streams.wire.parse import parse_body
 
 MODEL = "smollm2-135m-instruct"
 CONTROLS: dict[str, Any] = {

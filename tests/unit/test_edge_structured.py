@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from streams.edge import errors
-from streams.edge.admission.bodies import ChatCompletionBody, WsRequestBody
-from streams.edge.admission.parse import parse_body
-from streams.edge.admission.structured import MAX_TOOLS
+from streams.wire import errors
+from streams.wire.bodies import ChatCompletionBody, WsRequestBody
+from streams.wire.parse import parse_body
+from streams.wire.structured import MAX_TOOLS
 
 MODEL = "smollm2-135m-instruct"
 USER = [{"role": "user", "content": "weather in Rome?"}]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from engine.grammar.constraint import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from streams.edge.tool_calls import ToolCallParser, finish_reason, parse_message
+from streams.wire.tool_calls import ToolCallParser, finish_reason, parse_message
 
 ONE = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}\n</tool_call>'
 TWO = ONE + '\n<tool_call>\n{"name": "noop", "arguments": {}}\n</tool_call>'

@@ -8,13 +8,13 @@ import json
 import pytest
 
 from schemas.events import ChatMessage, GenerateRequest, ReplyRoute, SamplingParams
-from streams.edge import errors
 from streams.edge.access import prompt_hash
-from streams.edge.admission.bodies import ChatCompletionBody
-from streams.edge.admission.parse import decode_json, parse_body
-from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS, strip_unsupported
 from streams.edge.admission.validate import fit_context
 from streams.edge.tokenizers import Tokenizers
+from streams.wire import errors
+from streams.wire.bodies import ChatCompletionBody
+from streams.wire.parse import decode_json, parse_body
+from streams.wire.unsupported import FOR_CHAT, FOR_COMPLETIONS, strip_unsupported
 
 MODEL = "smollm2-135m-instruct"
 
@@ -140,7 +140,7 @@ def tokenizers() -> Tokenizers:
 
 async def test_context_counted_with_the_models_tokenizer_and_chat_template(tokenizers: Tokenizers) -> None:
     from engine.model_text import load_tokenizer
-    from streams.worker.intake import prompt_token_ids
+    from streams.wire.chat_template import prompt_token_ids
 
     request = _request(messages=["What is Kafka?"])
     checked = await fit_context(request, tokenizers, input_param="messages", max_tokens_given=True)

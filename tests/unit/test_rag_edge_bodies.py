@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from streams.edge import errors
-from streams.edge.admission.bodies import ChatCompletionBody
 from streams.edge.vector_store_bodies import AddBatch, Search, page
 from streams.rag.filters import MAX_DEPTH, check_filter, to_qdrant
+from streams.wire import errors
+from streams.wire.bodies import ChatCompletionBody
 from tests.import_checks import loaded_after
 
 MESSAGES = [{"role": "user", "content": "What is the parrot called?"}]

@@ -11,12 +11,12 @@ from pydantic import TypeAdapter
 
 from schemas.answer import PromptTokensDetails
 from schemas.events import Completion, ReplyRoute, SamplingParams, Timings, Usage
-from streams.edge import errors
-from streams.edge.admission.build import build_request, sampling_of
-from streams.edge.admission.parse import parse_body
 from streams.edge.responses.body import ResponsesBody
 from streams.edge.responses.events import ResponseBuilder, answered, usage_of
 from streams.edge.settings import EdgeOptions
+from streams.wire import errors
+from streams.wire.build import build_request, sampling_of
+from streams.wire.parse import parse_body
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}, "strict": True}

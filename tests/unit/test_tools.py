@@ -9,7 +9,7 @@ from schemas.tools import ToolIntent, ToolResult, call_id
 from streams.config import ConfigError, Settings, load_settings
 from streams.config.tools import ToolsSettings
 from streams.edge.dedupe import Forwarded
-from streams.edge.tool_calls import finish_reason, parse_message
+from streams.wire.tool_calls import finish_reason, parse_message
 from streams.tools.calculator import CalculatorError, evaluate
 from streams.tools.checks import refusal
 from streams.tools.executors import exception_line

@@ -9,7 +9,8 @@ import pytest
 
 from engine.request import RequestRejected
 from schemas.events import ChatMessage, GenerateRequest, OutputConstraint, ReplyRoute, ToolCall, ToolSpec
-from streams.worker.tools import engine_constraint, template_messages
+from streams.wire.chat_template import template_messages
+from streams.worker.intake import engine_constraint
 
 WEATHER = ToolSpec(name="get_weather", description="Weather of a city",
                    parameters={"type": "object", "properties": {"city": {"type": "string"}}})

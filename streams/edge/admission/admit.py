@@ -14,10 +14,10 @@ import time
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from streams.edge import access
-from streams.edge.admission.bodies import Body
 from streams.edge.admission.validate import Validated
 from streams.edge.keys import Principal
 from streams.edge.limits import Lease, Limiter
+from streams.wire.bodies import Body
 
 
 class Ticket:

@@ -3,8 +3,8 @@
 ::
 
     read      HTTP body / websocket frame, size limits          413 / close 1009   admission.read
-    parse     strict UTF-8 JSON -> the API's typed body         400                admission.parse, .bodies
-    build     the wire GenerateRequest, edge-assigned fields                       admission.build
+    parse     strict UTF-8 JSON -> the API's typed body         400                wire.parse, wire.bodies
+    build     the wire GenerateRequest, edge-assigned fields                       wire.build
     validate  the served model; prompt + max_tokens vs context  404 / 400          admission.validate
     admit     the tenant's limits -> a Ticket                   429                admission.admit
 
@@ -30,11 +30,8 @@ from typing import Any
 from fastapi import Request
 
 from schemas.events import GenerateRequest, TraceContext
-from streams.edge import access, errors
+from streams.edge import access
 from streams.edge.admission.admit import Ticket, admit
-from streams.edge.admission.bodies import Body
-from streams.edge.admission.build import build_request, conversation_of, trace_context
-from streams.edge.admission.parse import decode_json, parse_body
 from streams.edge.admission.read import read_body
 from streams.edge.admission.validate import validate
 from streams.edge.auth import Authenticator
@@ -42,6 +39,10 @@ from streams.edge.keys import Principal, TenantLimits
 from streams.edge.limits import Limiter, make_limiter
 from streams.edge.settings import EdgeOptions
 from streams.edge.tokenizers import Tokenizers
+from streams.wire import errors
+from streams.wire.bodies import Body
+from streams.wire.build import build_request, conversation_of, trace_context
+from streams.wire.parse import decode_json, parse_body
 
 # Completes a parsed body before it is built; may refuse it (EdgeError).
 Prepare = Callable[[Any], Awaitable[None]]

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import Request
 
-from streams.edge import errors
+from streams.wire import errors
 
 
 class FrameTooLarge(Exception):

@@ -2,7 +2,7 @@
 
 * the model must be served: 404 ``model_not_found`` naming ``model``;
 * the prompt is tokenized with the model's own tokenizer and chat template,
-  exactly as the worker does (``streams.worker.intake.prompt_token_ids``), and
+  exactly as the worker does (``streams.wire.chat_template.prompt_token_ids``), and
   prompt + ``max_tokens`` must fit the context (``engine.max_model_len``, or
   the model's own context at most 2048, as the engine computes it): 400
   ``context_length_exceeded`` naming ``messages``/``prompt`` when the prompt
@@ -19,9 +19,9 @@ import asyncio
 from dataclasses import dataclass
 
 from schemas.events import GenerateRequest
-from streams.edge import errors
 from streams.edge.access import prompt_chars
 from streams.edge.tokenizers import Tokenizers
+from streams.wire import errors
 
 # Tokenizing in a thread keeps the event loop responsive for long prompts; short ones are faster inline.
 _THREAD_TOKENIZE_CHARS = 4096
@@ -80,7 +80,8 @@ async def _prompt_tokens(request: GenerateRequest, tokenizer: object, input_para
 
 def prompt_tokens(request: GenerateRequest, tokenizer: object, input_param: str) -> int:
     """The prompt's tokens as the worker renders them; a 400 naming ``input_param`` when it cannot be, or is empty."""
-    from streams.worker.intake import prompt_token_ids  # the worker's own rendering: same template, same count
+    # The worker renders with it too: same template, same count.
+    from streams.wire.chat_template import prompt_token_ids
 
     try:
         ids = prompt_token_ids(request, tokenizer)

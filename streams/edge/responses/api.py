@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from schemas.events import Completion, ErrorEvent, TokenChunk
 from schemas.responses import StoredResponse
-from streams.edge import errors, openapi
+from streams.edge import openapi
 from streams.edge.admission.admit import Ticket
 from streams.edge.core import Edge
 from streams.edge.keys import Principal
@@ -32,6 +32,7 @@ from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.responses.body import ResponsesBody
 from streams.edge.responses.events import ResponseBuilder, answered
 from streams.edge.responses.store import ResponseStore, ResponsesUnavailable
+from streams.wire import errors
 
 router = APIRouter()
 

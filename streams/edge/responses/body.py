@@ -3,8 +3,8 @@
 A Responses request is a chat request written differently: ``input`` (a string, or message, ``function_call`` and
 ``function_call_output`` items) and ``instructions`` become the conversation; flat function tools, a flat named
 ``tool_choice`` and ``text.format`` become the chat API's tools, tool choice and response format, checked by the
-same code (:mod:`streams.edge.admission.structured`) with errors renamed to the Responses fields. The body is a
-:class:`~streams.edge.admission.bodies.Body`, so it passes the same admission pipeline as a chat request.
+same code (:mod:`streams.wire.structured`) with errors renamed to the Responses fields. The body is a
+:class:`~streams.wire.bodies.Body`, so it passes the same admission pipeline as a chat request.
 
 What the chat path cannot honour yet is refused by name: the parameters of :data:`UNSUPPORTED` unless neutral,
 the chat-only sampling fields the Responses API does not have (``max_tokens``, ``stop``, ``n``, the OpenAI
@@ -32,9 +32,9 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from schemas.events import ChatMessage, OutputConstraint, ToolCall, ToolSpec
-from streams.edge import errors
-from streams.edge.admission.bodies import Body
-from streams.edge.admission.structured import (
+from streams.wire import errors
+from streams.wire.bodies import Body
+from streams.wire.structured import (
     MAX_TOOLS,
     FileSearchTool,
     FunctionDefinition,

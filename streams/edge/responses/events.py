@@ -9,7 +9,7 @@ returns: fed the text of each chunk, it yields OpenAI's events in order, each wi
 ``response.incomplete`` with ``incomplete_details.reason``. A non-streamed request feeds the whole text at once and
 returns the final object.
 
-Tool calls are cut out of the text by the chat path's parser (:class:`~streams.edge.tool_calls.ToolCallParser`): a
+Tool calls are cut out of the text by the chat path's parser (:class:`~streams.wire.tool_calls.ToolCallParser`): a
 call is an item only once it is whole, so a call cut off by the limit is never a ``function_call`` item (its text is
 the message's, as on the chat path), and no tag text reaches an item.
 """
@@ -23,7 +23,7 @@ from typing import Any
 from schemas.events import Completion, GenerateRequest
 from schemas.retrieval import Retrieved
 from streams.edge.responses.body import ResponsesBody
-from streams.edge.tool_calls import ToolCallParser, calls_tools
+from streams.wire.tool_calls import ToolCallParser, calls_tools
 from streams.rag.grounding import citations
 
 

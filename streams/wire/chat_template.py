@@ -1,27 +1,21 @@
-"""How a request's tools and output constraint reach the engine: the prompt and the grammar.
+"""A chat request as the model reads it: its messages and tools through the chat template, then tokens.
+
+The worker renders every prompt with it, and the edge counts a prompt's tokens with it (the validate stage), so
+both agree on the context length a request takes.
 
 A model whose chat template has a tool section (it mentions `tools`) renders the tools itself.
 SmolLM2-135M's has none (it was not trained for tools), so we render them with our own template,
 the Hermes-style one the larger SmolLM2 and Qwen2.5 models were trained on: a system section listing
 the functions as JSON inside <tools></tools>, calls as <tool_call>{json}</tool_call> blocks in the
 assistant's turn, results as <tool_response> blocks in a `tool` turn. Constrained decoding then
-produces exactly that call format (engine.grammar.constraint).
+produces exactly that call format (engine.grammar.constraint; :mod:`streams.worker.intake` compiles it).
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from engine.grammar.constraint import (
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    Constraint,
-    ConstraintError,
-    ToolFunction,
-    json_constraint,
-    tool_calls_constraint,
-)
-from engine.request import RequestRejected
+from engine.grammar.constraint import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from schemas.events import ChatMessage, GenerateRequest, ToolCall, ToolSpec
 
 TOOLS_SYSTEM_PROMPT = (
@@ -34,6 +28,20 @@ TOOLS_SYSTEM_PROMPT = (
 )
 
 
+def prompt_token_ids(request: GenerateRequest, tokenizer: Any) -> list[int]:
+    """Chat messages go through the model's chat template; a raw prompt is tokenized as is."""
+    if request.messages is not None:
+        if not getattr(tokenizer, "chat_template", None):  # a base model: never another model's template
+            raise ValueError("this model has no chat template (a base model): send a raw prompt to /v1/completions")
+        messages, template_kwargs = template_messages(request, tokenizer)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **template_kwargs)
+        # The template already contains the special tokens the model expects.
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(request.prompt)["input_ids"]
+    return list(ids)
+
+
 def template_messages(request: GenerateRequest, tokenizer: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The conversation for `apply_chat_template`, and the keyword arguments it needs (`tools`, for a model
     whose template renders them)."""
@@ -43,20 +51,6 @@ def template_messages(request: GenerateRequest, tokenizer: Any) -> tuple[list[di
         return [_openai_message(m) for m in messages], ({"tools": tools} if tools else {})
     turns = [{"role": m.role, "content": _hermes_content(m)} for m in messages]
     return (_with_tool_section(turns, request.tools) if request.tools else turns), {}
-
-
-def engine_constraint(request: GenerateRequest) -> Constraint | None:
-    """The grammar of the request's constraint; RequestRejected if it does not compile."""
-    c = request.constraint
-    if c is None:
-        return None
-    try:
-        if c.kind == "json":
-            return json_constraint(c.json_schema)
-        tools = [ToolFunction(t.name, t.parameters) for t in request.tools or []]
-        return tool_calls_constraint(tools, c.tool_choice, c.parallel_tool_calls)
-    except ConstraintError as error:
-        raise RequestRejected("invalid_request", str(error)) from None
 
 
 def format_call(call: ToolCall) -> str:

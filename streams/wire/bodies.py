@@ -5,7 +5,7 @@ in OpenAI's names), the OpenAI parameters it knows but the engine does not
 implement (``unsupported``, accepted only with their neutral value), the name
 of its prompt field (``input_param``), and how it turns into the wire
 request's input. Adding a parameter is adding a field here (and, when the
-engine needs it, mapping it in :mod:`streams.edge.admission.build`); adding
+engine needs it, mapping it in :mod:`streams.wire.build`); adding
 an API is adding a class.
 
 A few OpenAI parameters the engine does not implement are accepted only with
@@ -27,8 +27,8 @@ from pydantic import (
 )
 
 from schemas.events import ChatMessage, OutputConstraint, ToolCall, ToolSpec
-from streams.edge import errors
-from streams.edge.admission.structured import (
+from streams.wire import errors
+from streams.wire.structured import (
     MAX_TOOLS,
     FileSearchTool,
     ResponseFormat,
@@ -38,7 +38,7 @@ from streams.edge.admission.structured import (
     output_constraint,
     wire_tools,
 )
-from streams.edge.admission.unsupported import FOR_CHAT, FOR_COMPLETIONS
+from streams.wire.unsupported import FOR_CHAT, FOR_COMPLETIONS
 
 
 class _Strict(BaseModel):
@@ -137,7 +137,7 @@ class Body(_Strict):
     """Sampling fields shared by every API, and what the pipeline asks of each body."""
 
     api: ClassVar[str]  # the API's name in access logs
-    unsupported: ClassVar[frozenset[str]]  # the OpenAI parameters of streams.edge.admission.unsupported it knows
+    unsupported: ClassVar[frozenset[str]]  # the OpenAI parameters of streams.wire.unsupported it knows
 
     model: str = Field(min_length=1, description="A served model (GET /v1/models).")
     max_tokens: StrictInt | None = Field(

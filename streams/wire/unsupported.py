@@ -5,14 +5,14 @@ the ``unknown_parameter`` a typo gets), while ``functions: []``, ``store: false`
 change nothing and are dropped. Hints that change nothing about the answer (caching, end-user
 identification) are accepted with any value and ignored. Supporting one of
 these is removing it here and adding the field to the API's body
-(:mod:`streams.edge.admission.bodies`).
+(:mod:`streams.wire.bodies`).
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from streams.edge import errors
+from streams.wire import errors
 
 
 def _empty(value: Any) -> bool:

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from schemas.events import GenerateRequest
 from streams.edge.access import prompt_chars
 from streams.edge.admission.validate import fitted, prompt_tokens
-from streams.edge.errors import EdgeError
 from streams.edge.tokenizers import ModelText, Tokenizers
+from streams.wire.errors import EdgeError
 
 
 async def fit_lines(requests: Sequence[GenerateRequest], max_tokens_given: Sequence[bool],

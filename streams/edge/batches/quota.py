@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from schemas.batch import BatchState
 from streams.batch.book import TERMINAL
-from streams.edge import errors
 from streams.edge.keys import TenantLimits
 from streams.edge.limits import retry_after
+from streams.wire import errors
 
 DAY_S = 24 * 3600.0
 # The queue drains as lines are answered, at a pace nobody can promise: a client is told to look again in a minute.

@@ -18,18 +18,29 @@ import secrets
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from schemas.events import GenerateRequest, ReplyRoute, SamplingParams, TraceContext
-from streams.edge import errors
-from streams.edge.admission.bodies import Body
-from streams.edge.settings import EdgeOptions
+from streams.config import EdgeSettings
+from streams.wire import errors
+from streams.wire.bodies import Body
 
 # Body fields that go into SamplingParams under the same name when the client gives them.
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "speculation", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "min_p", "stop_token_ids", "min_tokens", "ignore_eos")
+
+
+class Assigns(Protocol):
+    """Where the assigned fields come from: the edge's options (:class:`streams.edge.settings.EdgeOptions`), or a
+    batch line's (:mod:`streams.batch.lines`), whose reply route is the batch-results topic."""
+
+    @property
+    def edge(self) -> EdgeSettings: ...
+
+    @property
+    def reply_topic(self) -> str: ...
 
 
 def new_request_id(kind: str = "chatcmpl") -> str:
@@ -72,7 +83,7 @@ def sampling_of(body: Body, max_tokens_default: int) -> SamplingParams:
 
 def build_request(
     body: Body,
-    options: EdgeOptions,
+    options: Assigns,
     *,
     tenant: str = "default",
     log_prompt: bool = True,

@@ -1,7 +1,7 @@
 """OpenAI's Batch API on the edge: ``POST /v1/batches``, ``GET /v1/batches/{id}``, ``GET /v1/batches`` and
 ``POST /v1/batches/{id}/cancel``, every input error a precise 4xx in OpenAI's shape.
 
-The work is done by :class:`~streams.batch.desk.BatchDesk` (the edge's ``batches``); the output and error files
+The work is done by :class:`~streams.edge.batches.desk.BatchDesk` (the edge's ``batches``); the output and error files
 are ordinary files, downloaded with ``GET /v1/files/{id}/content``.
 """
 from __future__ import annotations
@@ -11,13 +11,13 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-from streams.batch.desk import BatchDesk, batch_object
-from streams.edge import errors
-from streams.edge.admission.parse import decode_json
 from streams.edge.admission.read import read_body
+from streams.edge.batches.desk import BatchDesk, batch_object
 from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
 from streams.edge.openapi import error_responses
+from streams.wire import errors
+from streams.wire.parse import decode_json
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); what every route may answer:
 ERRORS = error_responses({

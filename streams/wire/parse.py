@@ -8,8 +8,8 @@ In order:
 2. JSON: an object, no ``NaN``/``Infinity``, nested at most
    :data:`MAX_JSON_DEPTH` deep (``invalid_json``);
 3. OpenAI parameters the engine does not implement: ``unsupported_parameter``
-   unless neutral (:mod:`streams.edge.admission.unsupported`);
-4. the body (:mod:`streams.edge.admission.bodies`): an unknown field is
+   unless neutral (:mod:`streams.wire.unsupported`);
+4. the body (:mod:`streams.wire.bodies`): an unknown field is
    ``unknown_parameter``, a missing one ``missing_required_parameter``, a value
    out of range ``invalid_value``, a neutral-only one ``unsupported_value``.
 """
@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from streams.edge import errors
-from streams.edge.admission.bodies import Body
-from streams.edge.admission.unsupported import strip_unsupported
+from streams.wire import errors
+from streams.wire.bodies import Body
+from streams.wire.unsupported import strip_unsupported
 
 MAX_JSON_DEPTH = 64
 BodyT = TypeVar("BodyT", bound=Body)

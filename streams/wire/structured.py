@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from engine.grammar.constraint import ConstraintError, check_schema
 from schemas.events import OutputConstraint, ToolSpec
-from streams.edge import errors
 from streams.rag.filters import check_filter
+from streams.wire import errors
 
 MAX_TOOLS = 64  # a longer tool list would crowd out the conversation in a small model's context
 _NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names

@@ -1,7 +1,7 @@
 """The edge's side of batch jobs: create one (its lines onto the bus), read, list and cancel them.
 
 Creating a batch reads its input file, fits each line to the context as an interactive request is
-(:mod:`streams.batch.sizing`), checks the tenant's batch budget (:mod:`streams.batch.quota`), publishes the state
+(:mod:`streams.edge.batches.sizing`), checks the tenant's batch budget (:mod:`streams.edge.batches.quota`), publishes the state
 ``validating``, every line as a request on ``<prefix>.batch-lines`` (acknowledged by Kafka), then
 ``in_progress``. Cancelling publishes ``cancelling``: workers then answer the lines not started yet
 ``cancelled`` at once, and the assembler ends the batch ``cancelled`` with what finished. The batches topic is
@@ -19,17 +19,17 @@ from aiokafka import AIOKafkaProducer
 
 from schemas.batch import BatchRequestCounts, BatchState
 from schemas.events import GenerateRequest
-from streams.kafka import clients
 from streams.batch.book import TERMINAL, BatchBook
 from streams.batch.files import BatchFileMissing, BatchFiles
 from streams.batch.lines import line_request
-from streams.batch.quota import BatchCost, check_batch_quota
-from streams.batch.sizing import fit_lines
 from streams.batch.validation import InvalidBatchFile, parse_batch_file
-from streams.edge.errors import EdgeError
+from streams.edge.batches.quota import BatchCost, check_batch_quota
+from streams.edge.batches.sizing import fit_lines
 from streams.edge.keys import TenantLimits
 from streams.edge.settings import EdgeOptions
 from streams.edge.tokenizers import Tokenizers
+from streams.kafka import clients
+from streams.wire.errors import EdgeError
 
 COMPLETION_WINDOWS_S = {"24h": 24 * 3600}
 CATCH_UP_S = 10.0
@@ -79,13 +79,13 @@ class BatchDesk:
 
     async def create(self, tenant: str, *, input_file_id: str, endpoint: str, metadata: dict[str, str] | None,
                      limits: TenantLimits, tokenizers: Tokenizers, log_prompt: bool = True) -> BatchState:
-        """Check the batch against its tenant's batch budget (:mod:`streams.batch.quota`), then put it on the bus."""
+        """Check the batch against its tenant's batch budget (:mod:`streams.edge.batches.quota`), then put it on the bus."""
         await self._caught_up()
         lines = await self._lines(tenant, input_file_id)
         now = time.time()
         batch_id = f"batch_{uuid.uuid4().hex}"
         built = [line_request(ln, batch_id=batch_id, tenant=tenant, expires_at=int(now) + COMPLETION_WINDOWS_S["24h"],
-                              results_topic=self.catalog.batch_results.name, options=self.options,
+                              results_topic=self.catalog.batch_results.name, edge=self.options.edge,
                               log_prompt=log_prompt, now=int(now)) for ln in lines]
         requests, tokens = await fit_lines(built, [ln.body.max_new_tokens() is not None for ln in lines], tokenizers)
         check_batch_quota(self.book.batches.values(), tenant, limits, BatchCost(len(lines), tokens), now)

@@ -1,0 +1,8 @@
+"""The OpenAI wire contract that the edge, the worker and batch jobs all speak, in one room below the three.
+
+Requests: the bodies (:mod:`~streams.wire.bodies`), their parse (:mod:`~streams.wire.parse`) and build
+(:mod:`~streams.wire.build`) stages, the error shapes (:mod:`~streams.wire.errors`). The model's side: the
+chat-template rendering (:mod:`~streams.wire.chat_template`) and the tool-call tags (:mod:`~streams.wire.tool_calls`).
+Answers: logprobs (:mod:`~streams.wire.logprobs`) and the answer body (:mod:`~streams.wire.answers`). It imports
+no service's room (only ``config`` and ``rag``'s filter check and citations), so each service may import it.
+"""
