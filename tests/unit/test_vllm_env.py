@@ -16,14 +16,18 @@ _PARENT = """
 import multiprocessing, sys, time
 from streams.commands.vllm_env import die_with_parent
 
-def child(guard):
+def child(guard, running):
     if guard:
         die_with_parent()
+    running.set()
     time.sleep(60)
 
 if __name__ == "__main__":
-    process = multiprocessing.get_context("spawn").Process(target=child, args=(sys.argv[1] == "guard",))
+    spawn = multiprocessing.get_context("spawn")
+    running = spawn.Event()
+    process = spawn.Process(target=child, args=(sys.argv[1] == "guard", running))
     process.start()
+    running.wait(30)
     print(process.pid, flush=True)
     time.sleep(60)
 """
