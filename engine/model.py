@@ -22,11 +22,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.gemma import (
-    GEMMA_ARCHITECTURES,
     GEMMA_EXTRA_NORMS,
     SandwichDecoderLayer,
-    UnsupportedGemmaError,
-    gemma_fields,
+)
+from engine.decoder_config import (  # noqa: F401  (importers name them from here too)
+    SUPPORTED_ARCHITECTURES,
+    DecoderConfig,
+    UnsupportedModelError,
+    rope_inv_freq,
 )
 from engine.kv_cache import KVCache
 from engine.meta_init import skeleton
@@ -36,13 +39,6 @@ from engine.sliding_window import needs_window, window_band, window_rows
 
 if TYPE_CHECKING:
     from engine.fused.decoder_step import FusedDecoderStep
-
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
-
-
-class UnsupportedModelError(ValueError):
-    pass
-
 
 @dataclass
 class SeqAttention:
@@ -99,121 +95,6 @@ def causal_mask_at_end(q_len: int, kv_len: int, device: torch.device | str) -> t
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)  # [q_len]
     k_pos = torch.arange(kv_len, device=device)  # [kv_len]
     return k_pos[None, :] <= q_pos[:, None]
-
-
-@dataclass(frozen=True)
-class DecoderConfig:
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    hidden_act: str
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    qk_norm: bool
-    tie_word_embeddings: bool
-    max_position_embeddings: int
-    # Sliding-window attention span when some layer uses one and the window is not applied (the Llama
-    # family's): the engine keeps max_model_len within it. Gemma's windows are applied: layer_windows.
-    attention_window: int | None
-    # Gemma 3's (engine.gemma.gemma_fields); the defaults are the Llama family's.
-    norm_offset: float = 0.0  # norms scale by (offset + w)
-    embed_scale: float | None = None  # the embedding's output times this
-    sandwich_norms: bool = False  # norms after attention and around the MLP (engine.gemma.SandwichDecoderLayer)
-    attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
-    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
-    layer_windows: tuple[int | None, ...] = ()  # per layer: the applied sliding window, None for a global layer
-    local_rope_layers: tuple[bool, ...] = ()  # per layer: rotates with the sliding_attention RoPE parameters
-
-    @classmethod
-    def from_hf(cls, hf_config: Any) -> DecoderConfig:
-        model_type = getattr(hf_config, "model_type", "?")
-        if model_type not in SUPPORTED_ARCHITECTURES:
-            archs = getattr(hf_config, "architectures", None) or [model_type]
-            raise UnsupportedModelError(
-                f"unsupported model architecture {archs[0]!r} (model_type {model_type!r}); "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
-        c = hf_config
-        num_heads = c.num_attention_heads
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // num_heads
-        window: int | None = None
-        layer_types = getattr(c, "layer_types", None)
-        gemma: dict[str, Any] = {}
-        if model_type in GEMMA_ARCHITECTURES:
-            try:
-                gemma = gemma_fields(c)
-            except UnsupportedGemmaError as e:
-                raise UnsupportedModelError(f"{model_type}: {e}") from None
-        elif model_type == "mistral" or (layer_types and "sliding_attention" in layer_types):
-            window = getattr(c, "sliding_window", None)
-        return cls(
-            model_type=model_type,
-            vocab_size=c.vocab_size,
-            hidden_size=c.hidden_size,
-            intermediate_size=c.intermediate_size,
-            num_layers=c.num_hidden_layers,
-            num_heads=num_heads,
-            num_kv_heads=getattr(c, "num_key_value_heads", None) or num_heads,
-            head_dim=head_dim,
-            rms_norm_eps=c.rms_norm_eps,
-            hidden_act=gemma.get("hidden_act") or c.hidden_act,
-            # qwen2 always has q/k/v biases; llama-style configs say so with attention_bias.
-            qkv_bias=model_type == "qwen2" or bool(getattr(c, "attention_bias", False)),
-            o_bias=model_type != "qwen2" and bool(getattr(c, "attention_bias", False)),
-            mlp_bias=bool(getattr(c, "mlp_bias", False)),
-            qk_norm=model_type == "qwen3" or bool(gemma.get("qk_norm")),
-            tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
-            max_position_embeddings=c.max_position_embeddings,
-            attention_window=window,
-            **{k: v for k, v in gemma.items() if k not in ("hidden_act", "qk_norm")},
-        )
-
-
-def rope_inv_freq(
-    hf_config: Any, device: torch.device | str = "cpu", layer_type: str = "full_attention"
-) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim / 2] and the cos/sin scale, exactly as HF computes them.
-
-    layer_type: which entry of rope_parameters when they are given per layer type (Gemma 3's local and
-    global layers have their own bases).
-
-    rope_scaling variants (linear, llama3, yarn, ...) come from transformers'
-    own ROPE_INIT_FUNCTIONS so they match HF. "dynamic" and "longrope" change
-    with the sequence length in HF past the original context; we use the
-    frequencies HF uses within it (max_model_len never exceeds the model context).
-    """
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    params = getattr(hf_config, "rope_parameters", None)
-    if not params:  # pre-5.0 configs
-        scaling = getattr(hf_config, "rope_scaling", None) or {}
-        params = {
-            "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
-            "rope_theta": getattr(hf_config, "rope_theta", 10000.0),
-        }
-    per_type = "full_attention" in params
-    if per_type:
-        params = params[layer_type]
-    rope_type = params.get("rope_type", "default")
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise UnsupportedModelError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
-    if rope_type == "default":
-        dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        base = params["rope_theta"]
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device, torch.float) / dim))
-        return inv_freq, 1.0
-    if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise UnsupportedModelError(f"unsupported rope_type {rope_type!r}")
-    extra = {"layer_type": layer_type} if per_type else {}
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, device, **extra)
-    return inv_freq.to(device, torch.float), float(scaling)
 
 
 class RMSNorm(nn.Module):
