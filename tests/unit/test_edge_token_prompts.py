@@ -13,18 +13,18 @@ from schemas.events import ChatMessage, GenerateRequest, ReplyRoute, SamplingPar
 from streams.batch.validation import LineError, parse_line
 from streams.config import Settings
 from streams.config.batch import BatchSettings
-from streams.edge import errors
 from streams.edge.access import prompt_hash
 from streams.edge.admission.admit import admit
-from streams.edge.admission.bodies import CompletionBody
-from streams.edge.admission.build import build_request
-from streams.edge.admission.parse import parse_body
 from streams.edge.admission.validate import Validated, fit_context
 from streams.edge.keys import Principal, TenantLimits
 from streams.edge.limits import MemoryLimiter
 from streams.edge.settings import EdgeOptions
 from streams.edge.tokenizers import Tokenizers
-from streams.worker.intake import prompt_token_ids
+from streams.wire import errors
+from streams.wire.bodies import CompletionBody
+from streams.wire.build import build_request
+from streams.wire.chat_template import prompt_token_ids
+from streams.wire.parse import parse_body
 
 MODEL = "smollm2-135m-instruct"
 OPTS = EdgeOptions(Settings())
