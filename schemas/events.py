@@ -126,6 +126,12 @@ class GenerateRequest(Event):
 
     request_id: str = Field(min_length=1, max_length=128, description="Client-unique id; every reply event carries it.")
     prompt: str | None = Field(default=None, description="Raw prompt text (completions API). Exactly one of prompt and messages.")
+    prompt_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, min_length=1,
+        description="The prompt as token ids (completions API, a prompt given as ids): the worker feeds them to the "
+        "model as they are, untokenized. `prompt` is then their decoded text (the edge adds it, for echo and the logs), "
+        "or absent. Not with messages.",
+    )
     messages: list[ChatMessage] | None = Field(
         default=None, min_length=1, description="Chat messages, rendered with the model's chat template."
     )
@@ -157,7 +163,11 @@ class GenerateRequest(Event):
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> "GenerateRequest":
-        _exactly_one_input(self.prompt, self.messages)
+        if self.prompt_token_ids is not None and self.messages is not None:
+            raise ValueError("'prompt_token_ids' is a raw prompt: not with 'messages'")
+        # Token ids alone are a prompt; with them, `prompt` is only their text.
+        text = "" if self.prompt_token_ids is not None and self.prompt is None else self.prompt
+        _exactly_one_input(text, self.messages)
         return self
 
 

@@ -136,6 +136,9 @@ def _body(body_type: type[Body], data: Any, fail: Any) -> Body:
         raise fail("stream is not supported in a batch; each line's answer is written whole", "body.stream")
     if body.choices > 1:
         raise fail("n > 1 is not supported in a batch yet; send one line per choice (with its own seed)", "body.n")
+    if body.echoes() and body.prompt_tokens_input() is not None:
+        raise fail("echo of a prompt given as token ids is not supported in a batch (its text is not decoded there)",
+                   "body.echo")
     return body
 
 

@@ -48,6 +48,8 @@ def prompt_hash(request: GenerateRequest) -> str:
     """A short digest of the prompt for logs (which never carry the prompt itself)."""
     if request.messages is not None:
         material = json.dumps([[m.role, m.content] for m in request.messages], ensure_ascii=False)
+    elif request.prompt is None and request.prompt_token_ids is not None:  # token ids the edge could not decode
+        material = json.dumps(request.prompt_token_ids)
     else:
         material = request.prompt or ""
     return hashlib.sha256(material.encode("utf-8")).hexdigest()[:16]

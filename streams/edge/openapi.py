@@ -67,6 +67,12 @@ class SpecstreamExtras(BaseModel):
     num_chunks: int
 
 
+class SpecstreamChoiceExtras(BaseModel):
+    """The extension field of an answer with n > 1 choices: each choice's, in order."""
+
+    choices: list[SpecstreamExtras]
+
+
 ChatFinishReason = Literal[FinishReason, "tool_calls"]
 
 
@@ -119,7 +125,7 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: None
-    specstream: SpecstreamExtras
+    specstream: SpecstreamExtras | SpecstreamChoiceExtras
 
 
 class TextLogprobs(BaseModel):
@@ -146,7 +152,7 @@ class TextCompletion(BaseModel):
     choices: list[TextChoice]
     usage: Usage
     system_fingerprint: None
-    specstream: SpecstreamExtras
+    specstream: SpecstreamExtras | SpecstreamChoiceExtras
 
 
 class ChunkExtras(BaseModel):

@@ -14,7 +14,7 @@ their neutral value (``n=1`` when streaming, ``echo`` false with ``n`` > 1); the
 """
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,6 +23,7 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    field_validator,
     model_validator,
 )
 
@@ -62,6 +63,10 @@ class ToolCallParam(_Strict):
     id: str = Field(min_length=1)
     type: Literal["function"]
     function: FunctionCallParam
+
+
+# A prompt given as token ids (completions): a non-empty list of integers, as OpenAI's and vLLM's APIs take it.
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 
 def _text(content: str | list[TextPart] | None) -> str:
@@ -242,6 +247,10 @@ class Body(_Strict):
     def prompt_input(self) -> str | None:
         return None
 
+    def prompt_tokens_input(self) -> list[int] | None:
+        """A raw prompt given as token ids (completions), fed to the model as they are; None: not given so."""
+        return None
+
     @property
     def input_param(self) -> str:
         """The prompt's field in this API, named by errors about the prompt."""
@@ -329,9 +338,11 @@ class CompletionBody(Body):
     api: ClassVar[str] = "completions"
     unsupported: ClassVar[frozenset[str]] = FOR_COMPLETIONS
 
-    prompt: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
-                                                             Field(min_length=1, max_length=1)] = Field(
-        description="The prompt: a non-empty string, or a list holding exactly one.")
+    prompt: (Annotated[str, Field(min_length=1)]
+             | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+             | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]) = Field(
+        description="The prompt: a non-empty string, or its token ids (a list of integers, fed to the model as they "
+        "are, as OpenAI and vLLM take them); or a list holding exactly one of either.")
     max_tokens: StrictInt | None = Field(
         default=None, ge=0, le=32768,
         description="Most tokens to generate; prompt + max_tokens must fit the model's context; 0 only with echo "
@@ -343,10 +354,26 @@ class CompletionBody(Body):
         default=None, ge=0, le=20, description="Return each token's log-probability (the model's raw log_softmax) "
         "and this many most likely tokens at its position (OpenAI allows up to 5, vLLM 20).")
 
-    @model_validator(mode="after")
-    def _one_prompt(self) -> CompletionBody:
-        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        def ids(items: Any) -> bool:
+            return isinstance(items, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in items)
+
+        if not isinstance(value, list):
+            return value
+        if not (all(isinstance(p, str) for p in value) or ids(value) or all(ids(p) for p in value)):
+            raise _invalid_value("'prompt' is a string, a list of token ids (integers), or a list holding one of "
+                                 "either.", "prompt")
+        if len(value) > 1 and not ids(value):
             raise _unsupported_value("Exactly one prompt per request is supported.", "prompt")
+        tokens = value if ids(value) else value[0] if ids(value[0]) else []
+        if any(t < 0 for t in tokens):
+            raise _invalid_value("A prompt of token ids holds token ids, which are >= 0.", "prompt")
+        return value
+
+    @model_validator(mode="after")
+    def _echo_rules(self) -> CompletionBody:
         if self.echo and self.choices > 1:
             raise _unsupported_value("echo is not supported with n > 1.", "echo")
         if self.max_tokens == 0 and not self.echo:
@@ -359,8 +386,17 @@ class CompletionBody(Body):
     def echoes(self) -> bool:
         return bool(self.echo)
 
+    def _the_prompt(self) -> str | list[int]:
+        one = self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+        return self.prompt if isinstance(one, int) else one  # type: ignore[return-value]
+
     def prompt_input(self) -> str | None:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        prompt = self._the_prompt()
+        return prompt if isinstance(prompt, str) else None
+
+    def prompt_tokens_input(self) -> list[int] | None:
+        prompt = self._the_prompt()
+        return None if isinstance(prompt, str) else prompt
 
     @property
     def input_param(self) -> str:

@@ -100,6 +100,7 @@ def build_request(
         return GenerateRequest(
             request_id=request_id or new_request_id("chatcmpl" if messages is not None else "cmpl"),
             prompt=body.prompt_input() if messages is None else None,
+            prompt_token_ids=body.prompt_tokens_input(),  # their text is added by the validate stage
             messages=messages,
             model=body.model,
             sampling=sampling_of(body, options.edge.max_tokens_default),

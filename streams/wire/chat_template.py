@@ -29,7 +29,10 @@ TOOLS_SYSTEM_PROMPT = (
 
 
 def prompt_token_ids(request: GenerateRequest, tokenizer: Any) -> list[int]:
-    """Chat messages go through the model's chat template; a raw prompt is tokenized as is."""
+    """Chat messages go through the model's chat template; a raw prompt is tokenized as is; a prompt given as
+    token ids is those ids (the engine refuses ids outside its vocabulary)."""
+    if request.prompt_token_ids is not None:
+        return list(request.prompt_token_ids)
     if request.messages is not None:
         if not getattr(tokenizer, "chat_template", None):  # a base model: never another model's template
             raise ValueError("this model has no chat template (a base model): send a raw prompt to /v1/completions")

@@ -86,6 +86,8 @@ async def admit(limiter: Limiter, principal: Principal, body: Body, validated: V
     request = validated.request
     # Without a tokenizer, charge the prompt at a conservative 1 token per 2 characters.
     prompt_tokens = validated.prompt_tokens
+    if prompt_tokens is None and request.prompt_token_ids is not None:
+        prompt_tokens = len(request.prompt_token_ids)
     if prompt_tokens is None:
         prompt_tokens = access.prompt_chars(request) // 2 + 1
     # n choices: each its own sequence with its own prompt and answer.

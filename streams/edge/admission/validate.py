@@ -9,14 +9,19 @@
   alone does not fit, ``max_tokens`` otherwise. A request that gave no
   ``max_tokens`` gets the default capped to what the context leaves instead.
   An empty prompt, or one the chat template refuses, is 400 ``invalid_value``.
+* a prompt given as token ids must hold ids of the vocabulary (400
+  ``invalid_value`` naming ``prompt``); its decoded text becomes the wire
+  request's ``prompt`` (what an echo answers with; the worker reads the ids).
 
 Without a tokenizer (:mod:`streams.edge.tokenizers` could not load it) the
-prompt's length is unknown here and the worker checks it.
+prompt's length is unknown here and the worker checks it (and the token ids'
+range); an echo of token ids, which has no text then, is refused.
 """
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from schemas.events import GenerateRequest
 from streams.edge.access import prompt_chars
@@ -51,7 +56,12 @@ async def fit_context(request: GenerateRequest, tokenizers: Tokenizers, *, input
                       max_tokens_given: bool, base: str | None = None) -> Validated:
     entry = await tokenizers.get(base or request.model)
     if entry is None:
+        if request.prompt_token_ids is not None and request.echo:
+            raise errors.EdgeError(400, "echo of a prompt given as token ids needs the model's tokenizer, which this "
+                                   "edge could not load.", param="echo", code="unsupported_value")
         return Validated(request, None)
+    if request.prompt_token_ids is not None:
+        request = with_prompt_text(request, entry.tokenizer, input_param)
     n = await _prompt_tokens(request, entry.tokenizer, input_param)
     return fitted(request, n, entry.context, input_param=input_param, max_tokens_given=max_tokens_given)
 
@@ -70,6 +80,18 @@ def fitted(request: GenerateRequest, n: int, context: int, *, input_param: str, 
         "max_tokens.",
         param=input_param if n >= context else "max_tokens", code="context_length_exceeded",
     )
+
+
+def with_prompt_text(request: GenerateRequest, tokenizer: Any, input_param: str) -> GenerateRequest:
+    """A prompt given as token ids, checked against the vocabulary (400 naming ``input_param``) and with its decoded
+    text as ``prompt``: what an echo answers with, and what the logs hash."""
+    ids = request.prompt_token_ids or []
+    vocabulary = len(tokenizer)
+    outside = next((t for t in ids if not 0 <= t < vocabulary), None)
+    if outside is not None:
+        raise errors.EdgeError(400, f"The {input_param} holds token id {outside}, outside the model's vocabulary "
+                               f"(0..{vocabulary - 1}).", param=input_param, code="invalid_value")
+    return request.model_copy(update={"prompt": tokenizer.decode(ids)})
 
 
 async def _prompt_tokens(request: GenerateRequest, tokenizer: object, input_param: str) -> int:
