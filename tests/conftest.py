@@ -19,6 +19,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -51,6 +52,21 @@ def _no_leftover_log_handlers() -> Any:
     for handler in [h for h in root.handlers if h not in handlers]:
         root.removeHandler(handler)
     root.setLevel(level)
+
+
+CLUSTER_TIER = Path(__file__).parent / "cluster"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The three-node cluster lives for tests/cluster only (tests/cluster/conftest.py): a test elsewhere that marks
+    itself `cluster` or asks for the cluster is an error that names it, not a cluster left running to the end."""
+    del config
+    wrong = [item.nodeid for item in items if CLUSTER_TIER not in item.path.parents
+             and (item.get_closest_marker("cluster") is not None
+                  or {"kafka_cluster", "kafka_cluster_session"} & set(getattr(item, "fixturenames", ())))]
+    if wrong:
+        raise pytest.UsageError("tests that start the three-node cluster belong in tests/cluster:\n  "
+                                + "\n  ".join(wrong))
 
 
 def worker_test_settings(bootstrap_servers: str, prefix: str, worker_id: str) -> Settings:

@@ -54,7 +54,7 @@ def unique_topic(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def _run_for_session(spec: ClusterSpec) -> Iterator[ClusterSpec]:
+def run_for_session(spec: ClusterSpec) -> Iterator[ClusterSpec]:
     """Share the broker with every other pytest session on this machine (two checkouts testing at once).
 
     Each session holds a shared lock on the state folder's ``sessions.lock`` while it runs. A broker some session
@@ -86,7 +86,7 @@ def kafka_single() -> Iterator[ClusterSpec]:
     """The local single-node broker, running; skipped when an external Kafka is configured."""
     if external_bootstrap() is not None:
         pytest.skip(f"{BOOTSTRAP_ENV} is set: the local broker is not managed in this session")
-    yield from _run_for_session(local_single_spec())
+    yield from run_for_session(local_single_spec())
 
 
 @pytest.fixture(scope="session")
@@ -102,7 +102,7 @@ def kafka_bootstrap(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def kafka_cluster_session() -> Iterator[ClusterSpec]:
     """The three-node cluster for the whole session (prefer ``kafka_cluster`` in tests)."""
-    yield from _run_for_session(local_cluster_spec())
+    yield from run_for_session(local_cluster_spec())
 
 
 @pytest.fixture

@@ -73,6 +73,9 @@ def wire(options: ServiceOptions, consumer: Consumer[Any], group_id: str,
         # Topics come from the catalog (clients.ensure_topics), with their retention and ISR settings.
         allow_auto_create_topics=False,
         middlewares=[functools.partial(_IntakeMiddleware, hooks=hooks)],
+        # No wait of FastStream's own at stop (15 s by default): ConsumerService.drain has already let held messages
+        # finish or handed them back, bounded by drain_timeout_s; a handed-back handler is cancelled at once.
+        graceful_timeout=None,
     )
     max_bytes = options.max_message_bytes
     subscriber = broker.subscriber(

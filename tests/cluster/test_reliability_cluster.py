@@ -16,7 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from infra.kafka.broker import ClusterSpec, kill_node, start_node
 from streams.testing.reliability import PROMPTS, WORKER_ENV, Fleet, chat_body, run_ws
 from streams.testing.stack import DEFAULT_MODEL, running_stack
-from tests.kafka_fixtures import kafka_cluster, kafka_cluster_session  # noqa: F401
+from tests.kafka_fixtures import kafka_cluster  # noqa: F401  (its cluster: tests/cluster/conftest.py)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster, pytest.mark.model]
 

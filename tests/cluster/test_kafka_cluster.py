@@ -15,7 +15,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from infra.kafka.broker import ClusterSpec, kill_node, start_node, status
 from streams.kafka import clients
-from tests.kafka_fixtures import kafka_cluster, kafka_cluster_session, unique_topic  # noqa: F401
+from tests.kafka_fixtures import kafka_cluster, unique_topic  # noqa: F401  (its cluster: tests/cluster/conftest.py)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.cluster]
 
