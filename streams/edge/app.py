@@ -39,6 +39,7 @@ from streams.edge.admission.pipeline import Pipeline
 from streams.edge.batches import api as batch_api
 from streams.edge.core import Edge, prepare_edge
 from streams.edge.rag_client import RagEdge
+from streams.edge.readiness import Health, Readiness
 from streams.edge.responses import api as responses_api
 from streams.edge.settings import EdgeOptions
 from streams.kafka.connection import KafkaAccessError
@@ -101,13 +102,13 @@ def create_app(settings: Settings | EdgeOptions | None = None, *, telemetry: Edg
         body = errors.EdgeError(exc.status_code, str(exc.detail), code=None).body()
         return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
-    @app.get("/healthz", response_model=openapi.Health)
+    @app.get("/healthz", response_model=Health)
     async def healthz() -> dict[str, Any]:
         """The process is alive."""
         return {"status": "ok", "edge_id": edge_settings.edge_id}
 
-    @app.get("/readyz", response_model=openapi.Readiness, responses={
-        503: {"model": openapi.Readiness, "description": "Not ready: `reason` says why."}})
+    @app.get("/readyz", response_model=Readiness, responses={
+        503: {"model": Readiness, "description": "Not ready: `reason` says why."}})
     async def readyz(request: Request) -> JSONResponse:
         """200 when Kafka is reachable and a worker announced itself recently; else 503 with the reason."""
         state = await request.app.state.edge.ready_state()

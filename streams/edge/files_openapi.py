@@ -11,7 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from schemas.documents import UPLOAD_PURPOSES
-from streams.edge.openapi import AUTH_ERRORS, ErrorResponse
+from streams.edge.openapi import AUTH_ERRORS
+from streams.wire.api_models import ErrorResponse
 
 MAX_LIST_LIMIT = 10_000
 # OpenAI's bounds of expires_after[seconds]: an hour to 30 days.

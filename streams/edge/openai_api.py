@@ -24,11 +24,10 @@ context length, the tenant's limits) before anything is published.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, TypeVar
+from typing import AsyncIterator, Awaitable, TypeVar
 
 from fastapi import APIRouter, Depends, Request, Security
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -47,10 +46,31 @@ from streams.edge.rag_client import submit
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.rag.grounding import citations
 from streams.wire import errors
-from streams.wire.answers import answered_calls, completion_body
+from streams.wire.answers import answered_calls, completion, completion_body
+from streams.wire.api_models import ErrorResponse, ModelCard, ModelList
 from streams.wire.bodies import Body, ChatCompletionBody, CompletionBody
+from streams.wire.chunk_models import (
+    ChatCompletionChunk,
+    ChunkWriter,
+    TextCompletionChunk,
+    TokenExtras,
+    ToolResultExtras,
+    built,
+    sse_data,
+)
+from streams.wire.completion_models import (
+    ChatCompletion,
+    SpecstreamChoiceExtras,
+    SpecstreamExtras,
+    TextCompletion,
+)
 from streams.wire.logprobs import StreamedEcho, chat_logprobs, completion_logprobs
-from streams.wire.tool_calls import ToolCallParser, calls_tools, finish_reason, result_view
+from streams.wire.tool_calls import (
+    ToolCallParser,
+    calls_tools,
+    finish_reason,
+    result_view,
+)
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -89,19 +109,19 @@ async def principal(request: Request, credentials: HTTPAuthorizationCredentials 
     return _pipeline(request).authenticate(key, api=_api_of(request.url.path))
 
 
-@router.get("/v1/models", response_model=openapi.ModelList, responses={**openapi.AUTH_ERRORS})
-async def list_models(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.get("/v1/models", response_model=ModelList, responses={**openapi.AUTH_ERRORS})
+async def list_models(request: Request, caller: Principal = Depends(principal)) -> ModelList:
     """The served models."""
     edge = _edge(request)
     adapters = edge.readiness.adapters()
     served = (*edge.settings.models, *adapters)
-    return {"object": "list", "data": [_model_card(m, edge, adapters.get(m)) for m in served]}
+    return ModelList(object="list", data=[_model_card(m, edge, adapters.get(m)) for m in served])
 
 
-@router.get("/v1/models/{model:path}", response_model=openapi.ModelCard,
-            responses={**openapi.AUTH_ERRORS, 404: {"model": openapi.ErrorResponse,
+@router.get("/v1/models/{model:path}", response_model=ModelCard,
+            responses={**openapi.AUTH_ERRORS, 404: {"model": ErrorResponse,
                                                     "description": "Not a served model (model_not_found)."}})
-async def get_model(model: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+async def get_model(model: str, request: Request, caller: Principal = Depends(principal)) -> ModelCard:
     """One served model."""
     edge = _edge(request)
     adapters = edge.readiness.adapters()
@@ -110,21 +130,22 @@ async def get_model(model: str, request: Request, caller: Principal = Depends(pr
     return _model_card(model, edge, adapters.get(model))
 
 
-def _model_card(model: str, edge: Edge, parent: str | None = None) -> dict[str, Any]:
+def _model_card(model: str, edge: Edge, parent: str | None = None) -> ModelCard:
     """vLLM's card: a LoRA adapter names its base model in `parent` (null for a base model)."""
-    return {"id": model, "object": "model", "created": int(edge.started_at), "owned_by": "specstream",
-            "root": model, "parent": parent}
+    return ModelCard(id=model, object="model", created=int(edge.started_at), owned_by="specstream", root=model,
+                     parent=parent)
 
 
-@router.post("/v1/chat/completions", response_model=None, openapi_extra=openapi.request_body("ChatCompletionBody"),
-             responses=openapi.generation_responses(openapi.ChatCompletion, openapi.ChatCompletionChunk))
+@router.post("/v1/chat/completions", response_model=ChatCompletion,
+             openapi_extra=openapi.request_body("ChatCompletionBody"),
+             responses=openapi.generation_responses(ChatCompletion, ChatCompletionChunk))
 async def chat_completions(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Chat completion (OpenAI-compatible), streamed with `stream: true`."""
     return await _generate(request, caller, ChatCompletionBody)
 
 
-@router.post("/v1/completions", response_model=None, openapi_extra=openapi.request_body("CompletionBody"),
-             responses=openapi.generation_responses(openapi.TextCompletion, openapi.TextCompletionChunk))
+@router.post("/v1/completions", response_model=TextCompletion, openapi_extra=openapi.request_body("CompletionBody"),
+             responses=openapi.generation_responses(TextCompletion, TextCompletionChunk))
 async def completions(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Text completion of a raw prompt (OpenAI-compatible), streamed with `stream: true`."""
     return await _generate(request, caller, CompletionBody)
@@ -141,7 +162,8 @@ async def _generate(request: Request, caller: Principal, body_type: type[Body]) 
         return started
     if started.final is not None:
         ticket.finish(200, started.final)
-        return JSONResponse(_full_response(gen, started.final, chat=chat, edge=edge, retrieved=started.stream.retrieved))
+        answer = _full_response(gen, started.final, chat=chat, edge=edge, retrieved=started.stream.retrieved)
+        return JSONResponse(answer.model_dump())
     # The passages of a grounded request came before its first event: known by now.
     sse = _sse(edge, gen, started.stream, started.first, started.events, chat=chat, include_usage=body.include_usage,
                input_param=ticket.input_param, ticket=ticket, retrieved=started.stream.retrieved)
@@ -234,8 +256,10 @@ async def _choices(request: Request, edge: Edge, ticket: Ticket, *, chat: bool) 
         raise
     ticket.finish(200, for_ticket(finals))
     bodies = [completion_body(g, f, chat=chat, retrieved=s.retrieved) for g, f, s in zip(gens, finals, streams)]
-    extras = [_extras(f, edge, s.retrieved) for f, s in zip(finals, streams)]
-    return JSONResponse({**merged_body(bodies, finals), "specstream": {"choices": extras}})
+    extras = SpecstreamChoiceExtras(choices=[_extras(f, edge, s.retrieved) for f, s in zip(finals, streams)])
+    answer_type = ChatCompletion if chat else TextCompletion
+    answer = answer_type.model_validate({**merged_body(bodies, finals), "specstream": extras})
+    return JSONResponse(answer.model_dump())
 
 
 async def _final_event(stream: ReplyStream, ticket: Ticket) -> Completion | ErrorEvent:
@@ -271,22 +295,18 @@ async def _unless_disconnected(request: Request, awaitable: Awaitable[T]) -> T:
 
 
 def _full_response(gen: GenerateRequest, final: Completion, *, chat: bool, edge: Edge,
-                   retrieved: Retrieved | None = None) -> dict[str, Any]:
-    return {**completion_body(gen, final, chat=chat, retrieved=retrieved), "specstream": _extras(final, edge, retrieved)}
+                   retrieved: Retrieved | None = None) -> ChatCompletion | TextCompletion:
+    answer = completion(gen, final, chat=chat, retrieved=retrieved)
+    return answer.model_copy(update={"specstream": _extras(final, edge, retrieved)})
 
 
-def _extras(final: Completion, edge: Edge, retrieved: Retrieved | None = None) -> dict[str, Any]:
-    extras = {"edge_id": edge.edge_id, "spec": final.spec.model_dump(), "timings": final.timings.model_dump(),
-              "num_chunks": final.num_chunks}
-    if final.tool_results:  # the server-side calls the answer made, answered (see docs/tools.md)
-        extras["tool_results"] = [result_view(r) for r in final.tool_results]
-    if retrieved is not None:  # which version of each store's index grounded the answer
-        extras["index_versions"] = retrieved.index_versions
-    return extras
-
-
-def _data(obj: Any) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+def _extras(final: Completion, edge: Edge, retrieved: Retrieved | None = None) -> SpecstreamExtras:
+    return SpecstreamExtras(
+        edge_id=edge.edge_id, spec=final.spec, timings=final.timings, num_chunks=final.num_chunks,
+        # the server-side calls the answer made, answered (see docs/tools.md)
+        tool_results=[result_view(r) for r in final.tool_results] or None,
+        # which version of each store's index grounded the answer
+        index_versions=retrieved.index_versions if retrieved is not None else None)
 
 
 async def _sse(
@@ -294,56 +314,37 @@ async def _sse(
     events: AsyncIterator, *, chat: bool, include_usage: bool, input_param: str, ticket: Ticket,
     retrieved: Retrieved | None = None,
 ) -> AsyncIterator[str]:
-    created = int(gen.created_at or time.time())
-    obj = "chat.completion.chunk" if chat else "text_completion"
+    chunks = ChunkWriter(gen.request_id, gen.model, int(gen.created_at or time.time()), chat, include_usage)
+    chunk = chunks.event
 
     # A tool-calling answer's text becomes content and tool_calls deltas as it arrives.
     parser = ToolCallParser(gen.request_id) if chat and calls_tools(gen) else None
 
-    def chunk(text: str | None, reason: str | None, *, role: bool = False, extra: dict | None = None,
-              fields: dict | None = None, logprobs: dict | None = None) -> dict:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
-        if chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            delta.update(fields or {})
-            choice["delta"] = delta
-        else:
-            choice["text"] = text or ""
-        out = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model, "choices": [choice]}
-        if include_usage:
-            out["usage"] = None
-        if extra is not None:
-            out["specstream"] = extra
-        return out
-
     # What is ready goes out as one write: the role chunk with the first token's, and the last token's chunk, the
     # finish chunk, the usage chunk and [DONE] together. Each write is one trip through the ASGI stack and the socket
     # and one wakeup of the client, so the stream's last byte (the client's end-to-end latency) comes sooner.
-    pending: list[str] = [_data(chunk("", None, role=True))] if chat else []
+    pending: list[str] = [chunk("", None, role=True)] if chat else []
     echo = StreamedEcho(gen.prompt or "") if gen.echo and not chat else None
     try:
         async for event in chained(first, events):
             echoed = echo.prompt_chunk(event) if echo is not None and not isinstance(event, ErrorEvent) else None
             if echoed is not None:
-                pending.append(_data(chunk(echoed[0], None, logprobs=echoed[1])))
+                pending.append(chunk(echoed[0], None, logprobs=echoed[1]))
             if isinstance(event, TokenChunk):
                 ticket.saw(event)
                 if event.tool_result is not None:
                     # A server-side call's result: an event of its own, with an empty delta, between the call's
                     # tool_calls deltas and the next round's.
-                    pending.append(_data(chunk(None, None, extra={"tool_result": result_view(event.tool_result)})))
+                    tool_result = ToolResultExtras(tool_result=result_view(event.tool_result))
+                    pending.append(chunk(None, None, extra=tool_result))
                 if event.text or event.logprobs:
-                    extra = {"index": event.index, "spec": event.spec.model_dump()}
+                    extra = built(TokenExtras, index=event.index, spec=event.spec)
                     if parser is None:
                         start = (event.text_offset or 0) + (echo.answer_start if echo is not None else 0)
                         logprobs = chat_logprobs(event.logprobs) if chat else completion_logprobs(event.logprobs, start)
-                        pending.append(_data(chunk(event.text, None, extra=extra, logprobs=logprobs)))
+                        pending.append(chunk(event.text, None, extra=extra, logprobs=logprobs))
                     else:
-                        pending.extend(_data(chunk(None, None, extra=extra, fields=f)) for f in parser.feed(event.text))
+                        pending.extend(chunk(None, None, extra=extra, fields=f) for f in parser.feed(event.text))
                 if event.finish_reason is None and pending:
                     # The last chunk waits for the Completion that follows it at once.
                     yield "".join(pending)
@@ -352,26 +353,24 @@ async def _sse(
                 ticket.finish(200, event)
                 reason: str = event.finish_reason
                 if parser is not None:
-                    pending.extend(_data(chunk(None, None, fields=f)) for f in parser.finish())
+                    pending.extend(chunk(None, None, fields=f) for f in parser.finish())
                     reason = finish_reason(reason, parser.calls, answered_calls(event))
                 cited = ({"annotations": citations(event.text, retrieved.passages)}
                          if chat and retrieved is not None else None)
-                pending.append(_data(chunk(None if chat else "", reason, extra=_extras(event, edge, retrieved),
-                                           fields=cited)))
+                pending.append(chunk(None if chat else "", reason, extra=_extras(event, edge, retrieved),
+                                     fields=cited))
                 if include_usage:
-                    usage = {"id": gen.request_id, "object": obj, "created": created, "model": gen.model,
-                             "choices": [], "usage": event.usage.model_dump()}
-                    pending.append(_data(usage))
+                    pending.append(chunks.usage_event(event.usage))
             else:
                 error = errors.from_worker_error(event, input_param=input_param)
                 ticket.finish(error.status, event)
-                pending.append(_data(error.body()))
+                pending.append(sse_data(error.body()))
         pending.append("data: [DONE]\n\n")
         yield "".join(pending)
     except ReplyTimeout:
         edge.abandon(stream, "deadline passed at the edge")
         ticket.finish(504, code="deadline_exceeded")
-        pending.append(_data(errors.reply_timeout(gen.request_id).body()))
+        pending.append(sse_data(errors.reply_timeout(gen.request_id).body()))
         pending.append("data: [DONE]\n\n")
         yield "".join(pending)
     finally:

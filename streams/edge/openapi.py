@@ -5,7 +5,7 @@ errors, see :mod:`streams.edge.openai_api`), so FastAPI cannot infer their
 request bodies: :func:`install` adds them from the same pydantic models the
 routes validate with (``ChatCompletionBody``, ``CompletionBody``), with
 ``model`` restricted to the served models. Responses are documented per
-status with the models below: the JSON replies, the ``text/event-stream``
+status with the OpenAI wire contract's models (:mod:`streams.wire`): the JSON replies, the ``text/event-stream``
 replies of ``stream: true``, and OpenAI's error shape for every 4xx/5xx the
 route can return. The bearer security scheme comes from the auth dependency
 (:func:`streams.edge.openai_api.principal`) and applies to the ``/v1/*`` HTTP
@@ -15,229 +15,18 @@ the document's description.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from schemas.events import FinishReason, SpecStats, Timings, Usage
 from streams.edge.responses.body import ResponsesBody
+from streams.wire.api_models import ErrorResponse
 from streams.wire.bodies import ChatCompletionBody, CompletionBody
-
-
-class ErrorDetail(BaseModel):
-    message: str = Field(description="What is wrong, in words.")
-    type: str = Field(description="invalid_request_error, rate_limit_error, server_error or timeout_error.")
-    param: str | None = Field(description="The request parameter at fault, e.g. 'max_tokens' or 'messages[0].content'.")
-    code: str | None = Field(
-        description="Machine-readable cause: missing_api_key, invalid_api_key, invalid_json, invalid_encoding, "
-        "unknown_parameter, unsupported_parameter, unsupported_value, invalid_value, missing_required_parameter, "
-        "model_not_found, context_length_exceeded, request_too_large, rate_limit_exceeded, service_unavailable, "
-        "deadline_exceeded, ...")
-
-
-class ErrorResponse(BaseModel):
-    """OpenAI's error shape; every error the edge returns has it."""
-
-    error: ErrorDetail
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    root: str | None = Field(default=None, description="The model this card serves (its own id here).")
-    parent: str | None = Field(default=None, description="A LoRA adapter's base model; null for a base model.")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-class SpecstreamExtras(BaseModel):
-    """Extension field that OpenAI clients ignore: how the answer was produced."""
-
-    edge_id: str
-    spec: SpecStats = Field(description="Speculative decoding: drafted and accepted tokens, acceptance rate.")
-    timings: Timings
-    num_chunks: int
-
-
-class SpecstreamChoiceExtras(BaseModel):
-    """The extension field of an answer with n > 1 choices: each choice's, in order."""
-
-    choices: list[SpecstreamExtras]
-
-
-ChatFinishReason = Literal[FinishReason, "tool_calls"]
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str = Field(description="JSON text that validates against the function's parameters.")
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"]
-    function: FunctionCall
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
-    content: str | None = Field(description="Null when the answer is only tool calls.")
-    tool_calls: list[ToolCall] | None = None
-
-
-class ChatTopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] = Field(description="The token's UTF-8 bytes.")
-
-
-class ChatTokenLogprob(ChatTopLogprob):
-    top_logprobs: list[ChatTopLogprob] = Field(description="The top_logprobs most likely tokens at this position.")
-
-
-class ChatLogprobs(BaseModel):
-    """Chat's logprobs (with logprobs: true): one entry per answer token, the model's raw log_softmax."""
-
-    content: list[ChatTokenLogprob]
-    refusal: None
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    finish_reason: ChatFinishReason
-    logprobs: ChatLogprobs | None
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    system_fingerprint: None
-    specstream: SpecstreamExtras | SpecstreamChoiceExtras
-
-
-class TextLogprobs(BaseModel):
-    """Completions' logprobs: parallel lists, one entry per token (an echoed prompt's first, with nulls, first)."""
-
-    tokens: list[str]
-    token_logprobs: list[float | None] = Field(description="Null for an echoed prompt's first token.")
-    top_logprobs: list[dict[str, float] | None] = Field(description="Null for an echoed prompt's first token.")
-    text_offset: list[int]
-
-
-class TextChoice(BaseModel):
-    index: int
-    text: str = Field(description="The completion; with echo, the prompt before it.")
-    finish_reason: FinishReason
-    logprobs: TextLogprobs | None
-
-
-class TextCompletion(BaseModel):
-    id: str
-    object: Literal["text_completion"]
-    created: int
-    model: str
-    choices: list[TextChoice]
-    usage: Usage
-    system_fingerprint: None
-    specstream: SpecstreamExtras | SpecstreamChoiceExtras
-
-
-class ChunkExtras(BaseModel):
-    """The ``specstream`` field of a streamed chunk: its index and the speculation in the step that produced it."""
-
-    index: int | None = None
-    spec: dict[str, Any] | None = None
-    edge_id: str | None = None
-    timings: Timings | None = None
-    num_chunks: int | None = None
-
-
-class FunctionCallDelta(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ToolCallDelta(BaseModel):
-    """A call's first delta has id, type and name (arguments empty); the next one its arguments: calls go out whole."""
-
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: FunctionCallDelta
-
-
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-
-class ChatChunkChoice(BaseModel):
-    index: int
-    delta: ChatDelta
-    finish_reason: ChatFinishReason | None
-    logprobs: ChatLogprobs | None
-
-
-class ChatCompletionChunk(BaseModel):
-    """One Server-Sent Event's data with `stream: true` on /v1/chat/completions."""
-
-    id: str
-    object: Literal["chat.completion.chunk"]
-    created: int
-    model: str
-    choices: list[ChatChunkChoice] = Field(description="Empty in the usage-only chunk.")
-    usage: Usage | None = Field(default=None, description="With stream_options.include_usage: null, and set in the last chunk.")
-    specstream: ChunkExtras | None = None
-
-
-class TextChunkChoice(BaseModel):
-    index: int
-    text: str
-    finish_reason: FinishReason | None
-    logprobs: TextLogprobs | None
-
-
-class TextCompletionChunk(BaseModel):
-    """One Server-Sent Event's data with `stream: true` on /v1/completions."""
-
-    id: str
-    object: Literal["text_completion"]
-    created: int
-    model: str
-    choices: list[TextChunkChoice] = Field(description="Empty in the usage-only chunk.")
-    usage: Usage | None = None
-    specstream: ChunkExtras | None = None
-
-
-STREAM_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionChunk, TextCompletionChunk)
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-    edge_id: str
-
-
-class Readiness(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    ready: bool
-    reason: str | None = None
-    edge_id: str
-
+from streams.wire.chunk_models import STREAM_MODELS, ChatCompletionChunk
+from streams.wire.completion_models import ChatCompletion
 
 _SSE_DESCRIPTION = (
     "With `stream: true`: Server-Sent Events, one `data: {json}` line per chunk in OpenAI's chunk format "

@@ -22,16 +22,34 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from schemas.events import ENGINE_WORKER_KIND, ServiceAnnouncement
 from streams.edge.settings import EdgeOptions
 from streams.kafka.clients import decode, make_consumer, stop_polling
 
 log = logging.getLogger(__name__)
+
+
+class Health(BaseModel):
+    """``GET /healthz``: the edge process is up."""
+
+    status: Literal["ok"]
+    edge_id: str
+
+
+class Readiness(BaseModel):
+    """``GET /readyz``: whether the edge can serve (503 with ``reason`` when not)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ready: bool
+    reason: str | None = None
+    edge_id: str
 
 
 @dataclass(frozen=True)

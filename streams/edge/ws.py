@@ -274,7 +274,7 @@ class WsSession:
                     if parser is not None:
                         frame["deltas"] = parser.feed(event.text)
                     if event.tool_result is not None:
-                        frame["tool_result"] = result_view(event.tool_result)
+                        frame["tool_result"] = result_view(event.tool_result).model_dump()
                     await self._send(frame)
                     first_chunk = first_chunk or time.monotonic()
                 elif isinstance(event, Completion):
@@ -294,7 +294,7 @@ class WsSession:
                         done.update(deltas=parser.finish(), content=parser.message_content(), tool_calls=parser.calls,
                                     finish_reason=finish_reason(event.finish_reason, parser.calls,
                                                                 {r.call_id for r in event.tool_results}),
-                                    tool_results=[result_view(r) for r in event.tool_results])
+                                    tool_results=[result_view(r).model_dump() for r in event.tool_results])
                     await self._send(done)
                 elif isinstance(event, ErrorEvent):
                     error = errors.from_worker_error(event, input_param=ticket.input_param)

@@ -27,6 +27,7 @@ from typing import Any
 from engine.grammar.constraint import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from schemas.events import GenerateRequest
 from schemas.tools import ToolResult, call_id
+from streams.wire.completion_models import ToolResultView
 
 _HEAD = re.compile(r'\s*\{"name": ("(?:[^"\\]|\\.)*"), "arguments": ')
 _CLOSE = "\n" + TOOL_CALL_CLOSE  # a call's compact JSON never holds a raw newline, so this ends it
@@ -149,8 +150,7 @@ def finish_reason(reason: str, calls: list[dict[str, Any]], answered: Collection
     return "tool_calls" if reason == "stop" and any(c["id"] not in answered for c in calls) else reason
 
 
-def result_view(result: ToolResult) -> dict[str, Any]:
+def result_view(result: ToolResult) -> ToolResultView:
     """A server-side call's result as the client sees it (the `specstream.tool_result` of a stream's event)."""
-    return {"tool_call_id": result.call_id, "name": result.tool, "output": result.output,
-            "error": result.error.model_dump() if result.error is not None else None,
-            "truncated": result.truncated, "duration_s": result.duration_s}
+    return ToolResultView(tool_call_id=result.call_id, name=result.tool, output=result.output, error=result.error,
+                          truncated=result.truncated, duration_s=result.duration_s)
