@@ -15,12 +15,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from schemas.events import Completion, ErrorEvent, GenerateRequest
+from schemas.events import BusErrorCode, Completion, ErrorEvent, GenerateRequest
 from streams.wire import errors
 from streams.wire.answers import completion_body
 
 Outcome = Literal["completed", "failed", "expired", "cancelled"]
-_NOT_RUN: dict[str, tuple[Outcome, str]] = {
+_NOT_RUN: dict[BusErrorCode, tuple[Outcome, str]] = {
     "deadline_exceeded": ("expired", "batch_expired"),
     "cancelled": ("cancelled", "batch_cancelled"),
 }

@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 from aiokafka import TopicPartition
 from pydantic import BaseModel, ValidationError
 
-from schemas.events import ChatMessage, CompletionRecord, EvalSample
+from schemas.events import ChatMessage, CompletionRecord, EvalSample, FinishReason
 from streams.kafka import clients
 from streams.kafka.connection import Connectable
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_INTERRUPTED = ("abort", "deadline")
+_INTERRUPTED: tuple[FinishReason, ...] = ("abort", "deadline")
 
 
 class SourceError(ValueError):

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas.events import ErrorEvent
+from schemas.events import BusErrorCode, ErrorEvent
 
 
 class EdgeError(Exception):
@@ -137,7 +137,7 @@ def from_validation_error(exc: ValidationError, *, loc_prefix_drop: tuple[str, .
 
 
 # Worker error codes -> (HTTP status, OpenAI error type).
-_WORKER_ERRORS: dict[str, tuple[int, str]] = {
+_WORKER_ERRORS: dict[BusErrorCode, tuple[int, str]] = {
     "invalid_request": (400, "invalid_request_error"),
     "unknown_model": (404, "invalid_request_error"),
     "context_length_exceeded": (400, "invalid_request_error"),
