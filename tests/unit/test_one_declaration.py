@@ -76,7 +76,8 @@ def test_every_list_of_reasons_or_codes_is_typed_by_the_declaration() -> None:
 def test_the_scan_finds_a_second_declaration_and_an_untyped_list() -> None:
     module = ast.parse('Reason = Literal["stop", "length"]\nRETRY = ("overloaded", "internal_error")\n'
                        'OK: tuple[FinishReason, ...] = ("abort", "deadline")\n')
-    assert [_listed(_literal_members(n)) for n in ast.walk(module) if isinstance(n, ast.Subscript)][0]
+    literals = [n for n in ast.walk(module) if isinstance(n, ast.Subscript) and _literal_members(n)]
+    assert [_listed(_literal_members(n)) for n in literals] == [True]
     flagged = [_listed(_strings(list(n.elts))) and not _typed_by_a_declaration(a) for n, a in _collections(module)
                if isinstance(n, ast.Tuple) and _strings(list(n.elts))]
     assert flagged == [True, False]
