@@ -27,6 +27,7 @@ from streams.wire.api_models import ErrorResponse
 from streams.wire.bodies import ChatCompletionBody, CompletionBody
 from streams.wire.chunk_models import STREAM_MODELS, ChatCompletionChunk
 from streams.wire.completion_models import ChatCompletion
+from streams.wire.response_models import ResponseObject
 
 _SSE_DESCRIPTION = (
     "With `stream: true`: Server-Sent Events, one `data: {json}` line per chunk in OpenAI's chunk format "
@@ -115,10 +116,10 @@ _RESPONSES_SSE_EVENT: dict[str, Any] = {
 def responses_api_responses() -> dict[int | str, dict[str, Any]]:
     """POST /v1/responses: the chat path's statuses; its 200 is OpenAI's response object (or its event stream)."""
     statuses = generation_responses(ChatCompletion, ChatCompletionChunk)
-    statuses[200] = {"description": "OpenAI's response object; with `stream: true`, its events as Server-Sent "
+    statuses[200] = {"model": ResponseObject,
+                     "description": "OpenAI's response object; with `stream: true`, its events as Server-Sent "
                      "Events (`event:` the event's type), ending with response.completed or response.incomplete.",
-                     "content": {"application/json": {"schema": {"type": "object"}},
-                                 "text/event-stream": {"schema": _RESPONSES_SSE_EVENT}}}
+                     "content": {"text/event-stream": {"schema": _RESPONSES_SSE_EVENT}}}
     statuses[400] = _error("Invalid input, naming the parameter (as for chat completions), or "
                            "previous_response_not_found.")
     return statuses

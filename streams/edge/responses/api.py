@@ -30,9 +30,10 @@ from streams.edge.keys import Principal
 from streams.edge.openai_api import chained, principal, released, start_generation
 from streams.edge.replies import ReplyStream, ReplyTimeout
 from streams.edge.responses.body import ResponsesBody
-from streams.edge.responses.events import ResponseBuilder, answered
+from streams.edge.responses.events import ResponseBuilder, answer
 from streams.edge.responses.store import ResponseStore, ResponsesUnavailable
 from streams.wire import errors
+from streams.wire.response_models import DeletedResponse, ResponseObject
 
 router = APIRouter()
 
@@ -70,21 +71,21 @@ def continuation(store: ResponseStore, tenant: str) -> Callable[[ResponsesBody],
     return prepare
 
 
-async def keep(store: ResponseStore, ticket: Ticket, response: dict[str, Any]) -> None:
+async def keep(store: ResponseStore, ticket: Ticket, response: ResponseObject) -> None:
     """Store a finished response when its request asked to (a store that cannot be written is a 503)."""
     body = ticket.body
     assert isinstance(body, ResponsesBody)
     if not body.stores:
         return
-    stored = StoredResponse(id=response["id"], tenant=ticket.principal.tenant, created_at=time.time(),
-                            conversation=body.conversation(), response=response)
+    stored = StoredResponse(id=response.id, tenant=ticket.principal.tenant, created_at=time.time(),
+                            conversation=body.conversation(), response=response.model_dump())
     try:
         await store.put(stored)
     except ResponsesUnavailable as error:
         raise errors.not_ready(str(error)) from None
 
 
-@router.post("/v1/responses", response_model=None, openapi_extra=openapi.request_body("ResponsesBody"),
+@router.post("/v1/responses", response_model=ResponseObject, openapi_extra=openapi.request_body("ResponsesBody"),
              responses=openapi.responses_api_responses())
 async def create_response(request: Request, caller: Principal = Depends(principal)) -> Response:
     """Create a model response (OpenAI's Responses API), streamed with `stream: true`."""
@@ -98,9 +99,9 @@ async def create_response(request: Request, caller: Principal = Depends(principa
     assert isinstance(body, ResponsesBody)
     if started.final is not None:
         ticket.finish(200, started.final)
-        response = answered(body, gen, started.final, started.stream.retrieved)
+        response = answer(body, gen, started.final, started.stream.retrieved)
         await keep(store, ticket, response)
-        return JSONResponse(response)
+        return JSONResponse(response.model_dump())
     events = relay(request.app.state.edge, store, ticket, started.stream, started.first, started.events)
     return StreamingResponse(_as_sse(events), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Request-Id": gen.request_id})
@@ -160,18 +161,19 @@ async def relay(edge: Edge, store: ResponseStore, ticket: Ticket, stream: ReplyS
         released(edge, stream, ticket)
 
 
-@router.get("/v1/responses/{response_id}", response_model=None, responses=openapi.stored_response_responses())
-async def get_response(response_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.get("/v1/responses/{response_id}", response_model=ResponseObject,
+            responses=openapi.stored_response_responses())
+async def get_response(response_id: str, request: Request, caller: Principal = Depends(principal)) -> Response:
     """A stored response (only the tenant that created it sees it)."""
     stored = await _stored(_store(request), caller.tenant, response_id)
     if stored is None:
         raise response_not_found(response_id)
-    return stored.response
+    return JSONResponse(stored.response)  # as it was answered when created (the record keeps its JSON)
 
 
-@router.delete("/v1/responses/{response_id}", response_model=None,
+@router.delete("/v1/responses/{response_id}", response_model=DeletedResponse,
                responses=openapi.stored_response_responses())
-async def delete_response(response_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+async def delete_response(response_id: str, request: Request, caller: Principal = Depends(principal)) -> DeletedResponse:
     """Delete a stored response."""
     try:
         deleted = await _store(request).delete(caller.tenant, response_id)
@@ -179,5 +181,5 @@ async def delete_response(response_id: str, request: Request, caller: Principal 
         raise errors.not_ready(str(error)) from None
     if not deleted:
         raise response_not_found(response_id)
-    return {"id": response_id, "object": "response", "deleted": True}
+    return DeletedResponse(id=response_id, object="response", deleted=True)
 

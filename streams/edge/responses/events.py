@@ -23,8 +23,9 @@ from typing import Any
 from schemas.events import Completion, GenerateRequest
 from schemas.retrieval import Retrieved
 from streams.edge.responses.body import ResponsesBody
-from streams.wire.tool_calls import ToolCallParser, calls_tools
 from streams.rag.grounding import citations
+from streams.wire.response_models import ResponseObject
+from streams.wire.tool_calls import ToolCallParser, calls_tools
 
 
 def response_id_of(request_id: str) -> str:
@@ -70,9 +71,9 @@ def _text_view(body: ResponsesBody) -> dict[str, Any]:
 
 def response_object(body: ResponsesBody, gen: GenerateRequest, *, status: str, output: list[dict[str, Any]],
                     usage: dict[str, Any] | None = None, incomplete_reason: str | None = None,
-                    error: dict[str, Any] | None = None) -> dict[str, Any]:
+                    error: dict[str, Any] | None = None) -> ResponseObject:
     """OpenAI's response object, with what the request asked (``temperature``/``top_p``: the values applied)."""
-    return {
+    return ResponseObject.model_validate({
         "id": response_id_of(gen.request_id), "object": "response", "created_at": int(gen.created_at or time.time()),
         "status": status, "background": False, "error": error,
         "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
@@ -83,7 +84,7 @@ def response_object(body: ResponsesBody, gen: GenerateRequest, *, status: str, o
         "text": _text_view(body), "tool_choice": _choice_view(body.tool_choice),
         "tools": [_tool_view(t) for t in body.tools or []], "top_p": gen.sampling.top_p, "truncation": "disabled",
         "usage": usage, "user": body.user, "metadata": body.metadata or {},
-    }
+    })
 
 
 @dataclass
@@ -93,7 +94,7 @@ class ResponseBuilder:
     output: list[dict[str, Any]] = field(default_factory=list)
     sequence: int = 0
     _parser: ToolCallParser | None = None
-    final: dict[str, Any] | None = None  # the response object, once finished
+    final: ResponseObject | None = None  # the response object, once finished
     _message: dict[str, Any] | None = None  # the message item being written, if any
 
     def __post_init__(self) -> None:
@@ -105,7 +106,7 @@ class ResponseBuilder:
         return event
 
     def start(self) -> list[dict[str, Any]]:
-        snapshot = response_object(self.body, self.gen, status="in_progress", output=[])
+        snapshot = response_object(self.body, self.gen, status="in_progress", output=[]).model_dump()
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]
 
@@ -121,7 +122,8 @@ class ResponseBuilder:
                                    output=self.output, usage=usage_of(final),
                                    incomplete_reason="max_output_tokens" if cut else None)
         self.final = response
-        return events + [self._event("response.incomplete" if cut else "response.completed", response=response)]
+        return events + [self._event("response.incomplete" if cut else "response.completed",
+                                     response=response.model_dump())]
 
     def error(self, error: Any) -> dict[str, Any]:
         """OpenAI's ``error`` event, for a request that failed after its stream began (an EdgeError)."""
@@ -180,8 +182,8 @@ class ResponseBuilder:
                 self._event("response.output_item.done", output_index=index, item=dict(message))]
 
 
-def answered(body: ResponsesBody, gen: GenerateRequest, final: Completion,
-             retrieved: Retrieved | None = None) -> dict[str, Any]:
+def answer(body: ResponsesBody, gen: GenerateRequest, final: Completion,
+           retrieved: Retrieved | None = None) -> ResponseObject:
     """The response object of a finished request, answered at once (not streamed)."""
     builder = ResponseBuilder(body, gen)
     builder.start()
@@ -191,6 +193,12 @@ def answered(body: ResponsesBody, gen: GenerateRequest, final: Completion,
     return builder.final
 
 
-def failed(body: ResponsesBody, gen: GenerateRequest, code: str, message: str) -> dict[str, Any]:
+def answered(body: ResponsesBody, gen: GenerateRequest, final: Completion,
+             retrieved: Retrieved | None = None) -> dict[str, Any]:
+    """The JSON of :func:`answer`."""
+    return answer(body, gen, final, retrieved).model_dump()
+
+
+def failed(body: ResponsesBody, gen: GenerateRequest, code: str, message: str) -> ResponseObject:
     """The response object of a request that failed after its stream began (``response.failed``)."""
     return response_object(body, gen, status="failed", output=[], error={"code": code, "message": message})
