@@ -2,7 +2,7 @@
 
 * answered: ``{"id", "custom_id", "response": {"status_code": 200, "request_id", "body"}, "error": null}`` in
   the output file, the body being exactly what the endpoint returns interactively
-  (:func:`streams.wire.answers.completion_body`);
+  (:func:`streams.wire.answers.completion`; the line is :class:`streams.wire.batch_models.BatchOutputLine`);
 * failed at run time (context too long, unknown model): the same shape with the status and OpenAI error body the
   endpoint would have answered, in the error file;
 * not run (the batch expired or was cancelled first): ``"response": null`` and ``"error": {"code", "message"}``
@@ -17,10 +17,12 @@ from typing import Any, Literal
 
 from schemas.events import BusErrorCode, Completion, ErrorEvent, GenerateRequest
 from streams.wire import errors
-from streams.wire.answers import completion_body
+from streams.wire.answers import completion
+from streams.wire.api_models import ErrorResponse
+from streams.wire.batch_models import BatchLineNotRun, BatchLineResponse, BatchOutputLine
 
 Outcome = Literal["completed", "failed", "expired", "cancelled"]
-_NOT_RUN: dict[BusErrorCode, tuple[Outcome, str]] = {
+_NOT_RUN: dict[BusErrorCode, tuple[Outcome, Literal["batch_expired", "batch_cancelled"]]] = {
     "deadline_exceeded": ("expired", "batch_expired"),
     "cancelled": ("cancelled", "batch_cancelled"),
 }
@@ -49,16 +51,22 @@ def _record_id(request_id: str) -> str:
 def outcome_of(request: GenerateRequest, custom_id: str, line: int, answer: Completion | ErrorEvent) -> LineOutcome:
     """The file line of ``answer`` to the line's ``request`` (rebuilt from the input file)."""
     chat = request.messages is not None
-    base = {"id": _record_id(request.request_id), "custom_id": custom_id}
+    record_id = _record_id(request.request_id)
     if isinstance(answer, Completion):
-        response = {"status_code": 200, "request_id": request.request_id,
-                    "body": completion_body(request, answer, chat=chat)}
-        return LineOutcome(line, custom_id, "completed", {**base, "response": response, "error": None})
+        response = BatchLineResponse(status_code=200, request_id=request.request_id,
+                                     body=completion(request, answer, chat=chat))
+        return _outcome(line, "completed", BatchOutputLine(id=record_id, custom_id=custom_id, response=response,
+                                                           error=None))
     not_run = _NOT_RUN.get(answer.code)
     if not_run is not None:
         outcome, code = not_run
-        return LineOutcome(line, custom_id, outcome,
-                           {**base, "response": None, "error": {"code": code, "message": answer.message}})
+        return _outcome(line, outcome, BatchOutputLine(id=record_id, custom_id=custom_id, response=None,
+                                                       error=BatchLineNotRun(code=code, message=answer.message)))
     error = errors.from_worker_error(answer, input_param="messages" if chat else "prompt")
-    response = {"status_code": error.status, "request_id": request.request_id, "body": error.body()}
-    return LineOutcome(line, custom_id, "failed", {**base, "response": response, "error": None})
+    response = BatchLineResponse(status_code=error.status, request_id=request.request_id,
+                                 body=ErrorResponse.model_validate(error.body()))
+    return _outcome(line, "failed", BatchOutputLine(id=record_id, custom_id=custom_id, response=response, error=None))
+
+
+def _outcome(line: int, outcome: Outcome, record: BatchOutputLine) -> LineOutcome:
+    return LineOutcome(line, record.custom_id, outcome, record.model_dump())

@@ -17,6 +17,7 @@ from streams.edge.keys import Principal
 from streams.edge.openai_api import principal
 from streams.edge.openapi import error_responses
 from streams.wire import errors
+from streams.wire.batch_models import BatchList, BatchObject
 from streams.wire.parse import decode_json
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); what every route may answer:
@@ -59,9 +60,9 @@ def _metadata(metadata: dict[str, Any] | None) -> dict[str, str] | None:
     return metadata
 
 
-@router.post("/v1/batches", openapi_extra={"requestBody": {"required": True, "content": {
+@router.post("/v1/batches", response_model=BatchObject, openapi_extra={"requestBody": {"required": True, "content": {
     "application/json": {"schema": CreateBatchBody.model_json_schema()}}}})
-async def create_batch(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+async def create_batch(request: Request, caller: Principal = Depends(principal)) -> BatchObject:
     """Create a batch from an uploaded JSONL file (OpenAI's Batch API)."""
     desk = _desk(request)
     data = decode_json(await read_body(request, _MAX_BODY))
@@ -84,8 +85,8 @@ _LIST_PARAMETERS: dict[str, Any] = {"parameters": [
 ]}
 
 
-@router.get("/v1/batches", openapi_extra=_LIST_PARAMETERS)
-async def list_batches(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.get("/v1/batches", response_model=BatchList, openapi_extra=_LIST_PARAMETERS)
+async def list_batches(request: Request, caller: Principal = Depends(principal)) -> BatchList:
     """The caller's batches, newest first; ``after`` (a batch id) and ``limit`` (1-100, default 20) page them."""
     unknown = sorted(set(request.query_params) - {"after", "limit"})
     if unknown:
@@ -94,8 +95,8 @@ async def list_batches(request: Request, caller: Principal = Depends(principal))
     count = _limit(request.query_params.get("limit"))
     states, has_more = await _desk(request).list(caller.tenant, after=request.query_params.get("after"), limit=count)
     data = [batch_object(s) for s in states]
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+    return BatchList(object="list", data=data, first_id=data[0].id if data else None,
+                     last_id=data[-1].id if data else None, has_more=has_more)
 
 
 def _limit(raw: str | None) -> int:
@@ -107,13 +108,13 @@ def _limit(raw: str | None) -> int:
     return int(raw)
 
 
-@router.get("/v1/batches/{batch_id}")
-async def retrieve_batch(batch_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.get("/v1/batches/{batch_id}", response_model=BatchObject)
+async def retrieve_batch(batch_id: str, request: Request, caller: Principal = Depends(principal)) -> BatchObject:
     """One batch: its status, request counts and files."""
     return batch_object(await _desk(request).get(caller.tenant, batch_id))
 
 
-@router.post("/v1/batches/{batch_id}/cancel")
-async def cancel_batch(batch_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.post("/v1/batches/{batch_id}/cancel", response_model=BatchObject)
+async def cancel_batch(batch_id: str, request: Request, caller: Principal = Depends(principal)) -> BatchObject:
     """Stop taking new lines; what finished is kept in the output file."""
     return batch_object(await _desk(request).cancel(caller.tenant, batch_id))

@@ -29,6 +29,7 @@ from streams.edge.keys import TenantLimits
 from streams.edge.settings import EdgeOptions
 from streams.edge.tokenizers import Tokenizers
 from streams.kafka import clients
+from streams.wire.batch_models import BatchErrors, BatchObject
 from streams.wire.errors import EdgeError
 
 COMPLETION_WINDOWS_S = {"24h": 24 * 3600}
@@ -151,9 +152,9 @@ class BatchDesk:
         return self.book.apply(state)
 
 
-def batch_object(state: BatchState) -> dict[str, Any]:
+def batch_object(state: BatchState) -> BatchObject:
     """OpenAI's Batch object."""
     fields = state.model_dump(exclude={"schema_version", "type", "tenant", "answered", "estimated_tokens", "errors",
                                        "at"})
-    errors = {"object": "list", "data": [e.model_dump() for e in state.errors]} if state.errors else None
-    return {**fields, "object": "batch", "errors": errors, "model": None, "usage": None}
+    errors = BatchErrors(object="list", data=state.errors) if state.errors else None
+    return BatchObject(**fields, object="batch", errors=errors, model=None, usage=None)
