@@ -19,7 +19,11 @@ from schemas.events import BusErrorCode, Completion, ErrorEvent, GenerateRequest
 from streams.wire import errors
 from streams.wire.answers import completion
 from streams.wire.api_models import ErrorResponse
-from streams.wire.batch_models import BatchLineNotRun, BatchLineResponse, BatchOutputLine
+from streams.wire.batch_models import (
+    BatchLineNotRun,
+    BatchLineResponse,
+    BatchOutputLine,
+)
 
 Outcome = Literal["completed", "failed", "expired", "cancelled"]
 _NOT_RUN: dict[BusErrorCode, tuple[Outcome, Literal["batch_expired", "batch_cancelled"]]] = {
