@@ -7,6 +7,15 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from schemas.documents import DocumentState, StaticChunking
 from schemas.retrieval import MAX_RESULTS, Passage, VectorStoreRecord
+from streams.wire.vector_store_models import (
+    FileCounts,
+    SearchContent,
+    SearchResult,
+    StaticStrategyView,
+    StoreExtras,
+    VectorStore,
+    VectorStoreFile,
+)
 
 AttributeValue = Annotated[str, Field(max_length=512)] | float | bool
 
@@ -103,36 +112,32 @@ class Search(_Strict):
 # --- OpenAI's objects ------------------------------------------------------------------------------------------
 
 
-def static_strategy(chunking: StaticChunking) -> dict[str, Any]:
-    return {"type": "static", "static": chunking.model_dump()}
-
-
-def store_object(record: VectorStoreRecord, documents: list[DocumentState]) -> dict[str, Any]:
+def store_object(record: VectorStoreRecord, documents: list[DocumentState]) -> VectorStore:
     counts = {s: sum(1 for d in documents if d.status == s) for s in ("in_progress", "completed", "failed", "cancelled")}
-    return {
-        "id": record.id, "object": "vector_store", "created_at": record.created_at, "name": record.name,
-        "usage_bytes": sum(d.usage_bytes for d in documents if d.status == "completed"),
-        "file_counts": {**counts, "total": len(documents)},
-        "status": "in_progress" if counts["in_progress"] else "completed",
-        "last_active_at": int(max([record.updated_at, *(d.updated_at for d in documents)])),
-        "metadata": record.metadata, "expires_after": None, "expires_at": None,
-        "specstream": {"index_version": record.index_version},
-    }
+    return VectorStore(
+        id=record.id, object="vector_store", created_at=record.created_at, name=record.name,
+        usage_bytes=sum(d.usage_bytes for d in documents if d.status == "completed"),
+        file_counts=FileCounts(**counts, total=len(documents)),
+        status="in_progress" if counts["in_progress"] else "completed",
+        last_active_at=int(max([record.updated_at, *(d.updated_at for d in documents)])),
+        metadata=record.metadata, expires_after=None, expires_at=None,
+        specstream=StoreExtras(index_version=record.index_version),
+    )
 
 
-def file_object(document: DocumentState) -> dict[str, Any]:
-    error = document.last_error.model_dump() if document.last_error is not None else None
-    return {
-        "id": document.file_id, "object": "vector_store.file", "created_at": int(document.job.created_at),
-        "vector_store_id": document.vector_store_id, "status": document.status, "last_error": error,
-        "usage_bytes": document.usage_bytes if document.status == "completed" else 0,
-        "attributes": dict(document.job.attributes), "chunking_strategy": static_strategy(document.job.chunking),
-    }
+def file_object(document: DocumentState) -> VectorStoreFile:
+    return VectorStoreFile(
+        id=document.file_id, object="vector_store.file", created_at=int(document.job.created_at),
+        vector_store_id=document.vector_store_id, status=document.status, last_error=document.last_error,
+        usage_bytes=document.usage_bytes if document.status == "completed" else 0,
+        attributes=dict(document.job.attributes),
+        chunking_strategy=StaticStrategyView(type="static", static=document.job.chunking),
+    )
 
 
-def search_result(passage: Passage) -> dict[str, Any]:
-    return {"file_id": passage.file_id, "filename": passage.filename, "score": passage.score,
-            "attributes": dict(passage.attributes), "content": [{"type": "text", "text": passage.text}]}
+def search_result(passage: Passage) -> SearchResult:
+    return SearchResult(file_id=passage.file_id, filename=passage.filename, score=passage.score,
+                        attributes=dict(passage.attributes), content=[SearchContent(type="text", text=passage.text)])
 
 
 def page(data: list[dict[str, Any]], *, limit: int, order: str, after: str | None, before: str | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ValidationError
@@ -38,6 +38,17 @@ from streams.edge.vector_store_bodies import (
 from streams.rag.filters import check_filter
 from streams.rag.jobs import new_id, new_store
 from streams.wire import errors
+from streams.wire.vector_store_models import (
+    CursorPage,
+    FileCounts,
+    SearchExtras,
+    SearchResultsPage,
+    VectorStore,
+    VectorStoreDeleted,
+    VectorStoreFile,
+    VectorStoreFileBatch,
+    VectorStoreFileDeleted,
+)
 
 # Bodies are read by hand (OpenAI-shaped errors naming the parameter); the errors every route may answer:
 ERRORS = error_responses({
@@ -49,6 +60,7 @@ ERRORS = error_responses({
 })
 router = APIRouter(prefix="/v1/vector_stores", tags=["vector stores"], responses=ERRORS)
 BodyT = TypeVar("BodyT", bound=BaseModel)
+M = TypeVar("M", VectorStore, VectorStoreFile)
 Order = Literal["asc", "desc"]
 
 
@@ -86,8 +98,8 @@ def _invalid(message: str, param: str) -> errors.EdgeError:
 # --- stores --------------------------------------------------------------------------------------------------------
 
 
-@router.post("")
-async def create_store(request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.post("", response_model=VectorStore)
+async def create_store(request: Request, caller: Principal = Depends(principal)) -> VectorStore:
     """Create a vector store (OpenAI's `name`, `file_ids`, `chunking_strategy`, `metadata`)."""
     body = await _body(request, CreateStore)
     rag = await _rag(request)
@@ -107,8 +119,10 @@ class Paging:
     after: str | None
     before: str | None
 
-    def page(self, data: list[dict[str, Any]]) -> dict[str, Any]:
-        return page(data, limit=self.limit, order=self.order, after=self.after, before=self.before)
+    def page(self, item: type[M], data: list[M]) -> CursorPage[M]:
+        shown = page([o.model_dump() for o in data], limit=self.limit, order=self.order, after=self.after,
+                     before=self.before)
+        return CursorPage[item].model_validate(shown)  # type: ignore[valid-type]
 
 
 def paging(request: Request, limit: int = Query(20, ge=1, le=100), order: Order = "desc", after: str | None = None,
@@ -119,35 +133,35 @@ def paging(request: Request, limit: int = Query(20, ge=1, le=100), order: Order 
     return Paging(limit, order, after, before)
 
 
-@router.get("")
+@router.get("", response_model=CursorPage[VectorStore])
 async def list_stores(request: Request, caller: Principal = Depends(principal),
-                      paging: Paging = Depends(paging)) -> dict[str, Any]:
+                      paging: Paging = Depends(paging)) -> CursorPage[VectorStore]:
     """The caller's vector stores (OpenAI's cursor page)."""
     rag = await _rag(request)
-    return paging.page([store_object(s, rag.documents_of(s.id)) for s in rag.stores.values()
+    return paging.page(VectorStore, [store_object(s, rag.documents_of(s.id)) for s in rag.stores.values()
                         if s.tenant == caller.tenant])
 
 
-@router.get("/{store_id}")
-async def get_store(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.get("/{store_id}", response_model=VectorStore)
+async def get_store(store_id: str, request: Request, caller: Principal = Depends(principal)) -> VectorStore:
     """One vector store, with its file counts."""
     rag = await _rag(request)
     return store_object(rag.store(store_id, caller.tenant), rag.documents_of(store_id))
 
 
-@router.delete("/{store_id}")
-async def delete_store(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.delete("/{store_id}", response_model=VectorStoreDeleted)
+async def delete_store(store_id: str, request: Request, caller: Principal = Depends(principal)) -> VectorStoreDeleted:
     """Delete a vector store: its files leave it and its index is dropped."""
     rag = await _rag(request)
     await rag.delete_store(rag.store(store_id, caller.tenant))
-    return {"id": store_id, "object": "vector_store.deleted", "deleted": True}
+    return VectorStoreDeleted(id=store_id, object="vector_store.deleted", deleted=True)
 
 
 # --- files in a store ------------------------------------------------------------------------------------------------
 
 
-@router.post("/{store_id}/files")
-async def add_file(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.post("/{store_id}/files", response_model=VectorStoreFile)
+async def add_file(store_id: str, request: Request, caller: Principal = Depends(principal)) -> VectorStoreFile:
     """Add a file to a vector store; its status goes in_progress -> completed | failed."""
     body = await _body(request, AddFile)
     rag = await _rag(request)
@@ -157,42 +171,42 @@ async def add_file(store_id: str, request: Request, caller: Principal = Depends(
     return file_object(document)
 
 
-@router.get("/{store_id}/files")
+@router.get("/{store_id}/files", response_model=CursorPage[VectorStoreFile])
 async def list_files(store_id: str, request: Request, caller: Principal = Depends(principal),
                      paging: Paging = Depends(paging),
                      filter: Literal["in_progress", "completed", "failed", "cancelled"] | None = None,
-                     ) -> dict[str, Any]:
+                     ) -> CursorPage[VectorStoreFile]:
     """The store's files (`filter` by status; OpenAI's cursor page)."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
-    return paging.page([file_object(d) for d in rag.documents_of(store_id) if filter is None or d.status == filter])
+    return paging.page(VectorStoreFile, [file_object(d) for d in rag.documents_of(store_id) if filter is None or d.status == filter])
 
 
-@router.get("/{store_id}/files/{file_id}")
+@router.get("/{store_id}/files/{file_id}", response_model=VectorStoreFile)
 async def get_file(store_id: str, file_id: str, request: Request,
-                   caller: Principal = Depends(principal)) -> dict[str, Any]:
+                   caller: Principal = Depends(principal)) -> VectorStoreFile:
     """One file of the store, with its status and last_error."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
     return file_object(rag.document(store_id, file_id))
 
 
-@router.delete("/{store_id}/files/{file_id}")
+@router.delete("/{store_id}/files/{file_id}", response_model=VectorStoreFileDeleted)
 async def remove_file(store_id: str, file_id: str, request: Request,
-                      caller: Principal = Depends(principal)) -> dict[str, Any]:
+                      caller: Principal = Depends(principal)) -> VectorStoreFileDeleted:
     """Remove a file from the store; its chunks leave the index."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
     rag.document(store_id, file_id)
     await rag.remove_file(store_id, file_id)
-    return {"id": file_id, "object": "vector_store.file.deleted", "deleted": True}
+    return VectorStoreFileDeleted(id=file_id, object="vector_store.file.deleted", deleted=True)
 
 
 # --- file batches ----------------------------------------------------------------------------------------------------
 
 
-@router.post("/{store_id}/file_batches")
-async def add_batch(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.post("/{store_id}/file_batches", response_model=VectorStoreFileBatch)
+async def add_batch(store_id: str, request: Request, caller: Principal = Depends(principal)) -> VectorStoreFileBatch:
     """Add several files to the store at once (`file_ids` or `files`)."""
     body = await _body(request, AddBatch)
     rag = await _rag(request)
@@ -206,9 +220,9 @@ async def add_batch(store_id: str, request: Request, caller: Principal = Depends
     return _batch_object(_batch(rag, store_id, batch_id), rag)
 
 
-@router.get("/{store_id}/file_batches/{batch_id}")
+@router.get("/{store_id}/file_batches/{batch_id}", response_model=VectorStoreFileBatch)
 async def get_batch(store_id: str, batch_id: str, request: Request,
-                    caller: Principal = Depends(principal)) -> dict[str, Any]:
+                    caller: Principal = Depends(principal)) -> VectorStoreFileBatch:
     """A file batch's status and file counts."""
     rag = await _rag(request)
     rag.store(store_id, caller.tenant)
@@ -223,21 +237,22 @@ def _batch(rag: RagEdge, store_id: str, batch_id: str) -> Batch:
     return Batch(batch_id, store_id, tuple(j.file_id for j in jobs), int(min(j.created_at for j in jobs)))
 
 
-def _batch_object(batch: Batch, rag: RagEdge) -> dict[str, Any]:
+def _batch_object(batch: Batch, rag: RagEdge) -> VectorStoreFileBatch:
     states = [rag.documents.get(f"{batch.vector_store_id}/{f}") for f in batch.file_ids]
     counts = {s: sum(1 for d in states if d is not None and d.status == s)
               for s in ("in_progress", "completed", "failed")}
     counts["cancelled"] = sum(1 for d in states if d is None or d.status == "cancelled")
-    return {"id": batch.id, "object": "vector_store.files_batch", "created_at": batch.created_at,
-            "vector_store_id": batch.vector_store_id, "status": "in_progress" if counts["in_progress"] else "completed",
-            "file_counts": {**counts, "total": len(states)}}
+    return VectorStoreFileBatch(id=batch.id, object="vector_store.files_batch", created_at=batch.created_at,
+                                vector_store_id=batch.vector_store_id,
+                                status="in_progress" if counts["in_progress"] else "completed",
+                                file_counts=FileCounts(**counts, total=len(states)))
 
 
 # --- search ------------------------------------------------------------------------------------------------------------
 
 
-@router.post("/{store_id}/search")
-async def search(store_id: str, request: Request, caller: Principal = Depends(principal)) -> dict[str, Any]:
+@router.post("/{store_id}/search", response_model=SearchResultsPage)
+async def search(store_id: str, request: Request, caller: Principal = Depends(principal)) -> SearchResultsPage:
     """The store's best chunks for a query (`max_num_results`, attribute `filters`)."""
     body = await _body(request, Search)
     try:
@@ -253,6 +268,6 @@ async def search(store_id: str, request: Request, caller: Principal = Depends(pr
     if isinstance(answer, ErrorEvent):
         raise errors.from_worker_error(answer, input_param="query")
     assert isinstance(answer, SearchResults)
-    return {"object": "vector_store.search_results.page", "search_query": [body.text()],
-            "data": [search_result(p) for p in answer.passages], "has_more": False, "next_page": None,
-            "specstream": {"index_versions": answer.index_versions}}
+    return SearchResultsPage(object="vector_store.search_results.page", search_query=[body.text()],
+                             data=[search_result(p) for p in answer.passages], has_more=False, next_page=None,
+                             specstream=SearchExtras(index_versions=answer.index_versions))

@@ -25,7 +25,9 @@ class FunctionCall(BaseModel):
     arguments: str = Field(description="JSON text that validates against the function's parameters.")
 
 
-class ToolCall(BaseModel):
+class MessageToolCall(BaseModel):
+    """OpenAI's nested tool call of an answer's message (the bus's is flat: schemas.events.ToolCall)."""
+
     id: str
     type: Literal["function"]
     function: FunctionCall
@@ -48,7 +50,7 @@ class FileCitation(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None = Field(description="Null when the answer is only tool calls.")
-    tool_calls: list[ToolCall] | None = omitted()
+    tool_calls: list[MessageToolCall] | None = omitted()
 
 
 class GroundedAssistantMessage(AssistantMessage):
