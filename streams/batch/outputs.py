@@ -18,7 +18,6 @@ from typing import Any, Literal
 from schemas.events import BusErrorCode, Completion, ErrorEvent, GenerateRequest
 from streams.wire import errors
 from streams.wire.answers import completion
-from streams.wire.api_models import ErrorResponse
 from streams.wire.batch_models import (
     BatchLineNotRun,
     BatchLineResponse,
@@ -68,7 +67,7 @@ def outcome_of(request: GenerateRequest, custom_id: str, line: int, answer: Comp
                                                        error=BatchLineNotRun(code=code, message=answer.message)))
     error = errors.from_worker_error(answer, input_param="messages" if chat else "prompt")
     response = BatchLineResponse(status_code=error.status, request_id=request.request_id,
-                                 body=ErrorResponse.model_validate(error.body()))
+                                 body=error.answer())
     return _outcome(line, "failed", BatchOutputLine(id=record_id, custom_id=custom_id, response=response, error=None))
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from schemas.events import BusErrorCode, ErrorEvent
+from streams.wire.api_models import ErrorDetail, ErrorResponse
 
 
 class EdgeError(Exception):
@@ -30,8 +31,12 @@ class EdgeError(Exception):
         self.code = code
         self.headers = headers  # e.g. Retry-After on a 429, WWW-Authenticate on a 401
 
+    def answer(self) -> ErrorResponse:
+        """OpenAI's error object (:class:`~streams.wire.api_models.ErrorResponse`)."""
+        return ErrorResponse(error=ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code))
+
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return self.answer().model_dump()
 
     def __repr__(self) -> str:
         return f"EdgeError({self.status}, {self.code!r}, {self.message!r}, param={self.param!r})"
