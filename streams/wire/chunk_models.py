@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -71,19 +71,6 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
 
 
-class ChatCompletionChunk(BaseModel):
-    """One Server-Sent Event's data with `stream: true` on /v1/chat/completions."""
-
-    id: str
-    object: Literal["chat.completion.chunk"]
-    created: int
-    model: str
-    choices: list[ChatChunkChoice] = Field(description="Empty in the usage-only chunk.")
-    usage: Usage | None = Field(default=None, description="With stream_options.include_usage: null, and set in the "
-                                "last chunk; absent otherwise.")
-    specstream: ChunkExtras | None = omitted()
-
-
 class TextChunkChoice(BaseModel):
     index: int
     finish_reason: FinishReason | None
@@ -91,17 +78,29 @@ class TextChunkChoice(BaseModel):
     text: str
 
 
-class TextCompletionChunk(BaseModel):
-    """One Server-Sent Event's data with `stream: true` on /v1/completions."""
+ObjectT = TypeVar("ObjectT", bound=str)
+ChoiceT = TypeVar("ChoiceT", ChatChunkChoice, TextChunkChoice)
+
+
+class _CompletionChunk(BaseModel, Generic[ObjectT, ChoiceT]):
+    """A chunk of either API: they differ in their ``object`` and their choices only."""
 
     id: str
-    object: Literal["text_completion"]
+    object: ObjectT
     created: int
     model: str
-    choices: list[TextChunkChoice] = Field(description="Empty in the usage-only chunk.")
+    choices: list[ChoiceT] = Field(description="Empty in the usage-only chunk.")
     usage: Usage | None = Field(default=None, description="With stream_options.include_usage: null, and set in the "
                                 "last chunk; absent otherwise.")
     specstream: ChunkExtras | None = omitted()
+
+
+class ChatCompletionChunk(_CompletionChunk[Literal["chat.completion.chunk"], ChatChunkChoice]):
+    """One Server-Sent Event's data with `stream: true` on /v1/chat/completions."""
+
+
+class TextCompletionChunk(_CompletionChunk[Literal["text_completion"], TextChunkChoice]):
+    """One Server-Sent Event's data with `stream: true` on /v1/completions."""
 
 
 Chunk = ChatCompletionChunk | TextCompletionChunk
