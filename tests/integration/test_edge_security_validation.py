@@ -103,7 +103,7 @@ CASES = [
     ("no-messages", CHAT, _j(model=MODEL), 400, "missing_required_parameter", "messages"),
     ("bad-role", CHAT, _j(model=MODEL, messages=[{"role": "robot", "content": "x"}]), 400, "invalid_value",
      "messages[0].role"),
-    ("two-prompts", COMPLETIONS, _j(model=MODEL, prompt=["a", "b"]), 400, "invalid_value", "prompt"),
+    ("two-prompts", COMPLETIONS, _j(model=MODEL, prompt=["a", "b"]), 400, "unsupported_value", "prompt"),
     ("empty-prompt", COMPLETIONS, _j(model=MODEL, prompt=""), 400, "invalid_value", "prompt"),
     ("unknown-model", CHAT, _j(model="gpt-9", messages=USER), 404, "model_not_found", "model"),
     ("context-messages", CHAT, _j(model=MODEL, messages=LONG, max_tokens=4), 400, "context_length_exceeded",
