@@ -7,6 +7,7 @@ tells the proposer how many tokens each sequence really has (`rollback`).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -110,4 +111,13 @@ class DraftSources(Protocol):
 
     def source(self, inp: ProposalInput) -> str:
         """Which source would draft for this sequence now (the next propose call, same committed tokens)."""
+        ...
+
+
+@runtime_checkable
+class LearnsFromOutputs(Protocol):
+    """A proposer that drafts from what earlier requests generated (suffix decoding): the engine hands it each
+    speculating request's generated tokens when the request finishes, before `release`."""
+
+    def observe_finished(self, seq_id: str, output_ids: Sequence[int]) -> None:
         ...
