@@ -98,6 +98,11 @@ class SpeculationConfig(Section):
         description="Method eagle: draft by prompt lookup (as method ngram, ngram_min..ngram_max) wherever it "
         "finds a match, by the head elsewhere.",
     )
+    eagle_suffix: bool = Field(
+        default=False,
+        description="Method eagle: draft by suffix decoding (as method suffix) wherever it finds a match, before "
+        "prompt lookup and the head.",
+    )
     suffix_max_depth: int = Field(
         default=24, ge=4, le=256, description="Suffix decoding: the longest tail of a request matched."
     )

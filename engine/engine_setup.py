@@ -85,12 +85,13 @@ def build_proposer(loaded: LoadedModel, config: EngineConfig, max_len: int, say:
 
         say(f"loading draft head {spec.draft_head} ...")
         eagle = EagleProposer.from_engine(spec, loaded, max_len, config.max_sequences)
-        if not spec.eagle_prompt_lookup:
+        if not spec.eagle_prompt_lookup and not spec.eagle_suffix:
             return eagle
         from engine.speculative.combined import LookupThenEagle
         from engine.speculative.ngram import NgramProposer
 
-        return LookupThenEagle(eagle, NgramProposer(spec.ngram_min, spec.ngram_max))
+        lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if spec.eagle_prompt_lookup else None
+        return LookupThenEagle(eagle, lookup, build_suffix_proposer(spec) if spec.eagle_suffix else None)
     raise ValueError(f"unknown speculation method {spec.method!r}")
 
 

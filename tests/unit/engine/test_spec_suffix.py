@@ -10,7 +10,14 @@ from _engine_factories import make_engine, random_prompts, single_thread, tiny_h
 
 from engine.config import SpeculationConfig
 from engine.request import EngineRequest, SamplingOptions
-from engine.speculative.proposer import LearnsFromOutputs, ProposalInput, Proposer
+from engine.speculative.combined import LookupThenEagle
+from engine.speculative.ngram import NgramProposer
+from engine.speculative.proposer import (
+    DraftProposal,
+    LearnsFromOutputs,
+    ProposalInput,
+    Proposer,
+)
 from engine.speculative.suffix import SuffixProposer
 from engine.speculative.suffix_index import SuffixMatchParams
 
@@ -87,6 +94,54 @@ def test_the_global_index_is_bounded_by_the_settings() -> None:
     for i in range(10):
         prop.learn([i] * 20)
     assert prop.outputs.num_sequences == 3 and prop.outputs.num_tokens <= 100
+
+
+# ---------------------------------------------------------------- a source beside lookup and the head
+
+
+class _Head:
+    """Stands for the draft head: always drafts 299s, counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
+        self.calls += 1
+        return [DraftProposal([299] * k, None) for k in num_tokens]
+
+    def rollback(self, seq_id: str, num_tokens: int) -> None:
+        pass
+
+    def release(self, seq_id: str) -> None:
+        pass
+
+
+def _combined() -> tuple[LookupThenEagle, _Head]:
+    head = _Head()
+    suffix = SuffixProposer(SuffixMatchParams(max_depth=24, max_spec_factor=4.0, min_token_prob=0.3))
+    return LookupThenEagle(head, NgramProposer(1, 4), suffix), head  # type: ignore[arg-type]
+
+
+def test_suffix_drafts_first_where_it_matches() -> None:
+    combined, head = _combined()
+    combined.observe_finished("earlier", [1, 2, 3, 4, 5, 6])
+    tokens = [9, 8, 2, 3]
+    assert combined.source(inp(tokens)) == "suffix"
+    assert combined.propose([inp(tokens)], [3])[0].tokens == [4, 5, 6] and head.calls == 0
+
+
+def test_lookup_drafts_where_suffix_finds_no_path_frequent_enough() -> None:
+    combined, _ = _combined()
+    # 7 was followed by four different tokens: a quarter each is below suffix's 0.3, lookup takes the latest.
+    tokens = [7, 10, 7, 11, 7, 12, 7, 13, 7]
+    assert combined.source(inp(tokens)) == "lookup"
+    assert combined.propose([inp(tokens)], [1])[0].tokens == [13]
+
+
+def test_the_head_drafts_where_neither_matches() -> None:
+    combined, head = _combined()
+    assert combined.source(inp([1, 2, 3])) == "head"
+    assert combined.propose([inp([1, 2, 3])], [2])[0].tokens == [299, 299] and head.calls == 1
 
 
 # ---------------------------------------------------------------- through the engine
