@@ -354,11 +354,13 @@ class LLMEngine:
 
     @staticmethod
     def _follow_sources(proposer: DraftSources, controller: SpeculationController, decoding: list[Sequence]) -> None:
-        """Point each sequence's spec_state at the state of the source that drafts for it this step."""
+        """Point each sequence's spec_state at the state of the source that drafts for it this step; a source the
+        controller switched off for the sequence leaves the step to the next one that would draft."""
         for seq in decoding:
             if seq.spec_state is None:
                 continue
-            source = proposer.source(_proposal_input(seq))
+            skip = frozenset(name for name, st in seq.spec_states.items() if controller.resting(st))
+            source = proposer.source(_proposal_input(seq), skip)
             if not seq.spec_states:  # the first step: the state add_request made becomes this source's
                 seq.spec_states[source] = seq.spec_state
             state = seq.spec_states.get(source)

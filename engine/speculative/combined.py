@@ -21,8 +21,9 @@ there: 32-33 target steps where lookup alone took 28 (2026-12-05).
 Suffix decoding (engine.speculative.suffix), when on, comes first: its request index finds what prompt lookup
 finds, scored by frequency and with a length that follows the match, and its index of past outputs finds what
 neither lookup nor a head trained on chat knows (the JSON shapes, SQL and agent steps a deployment repeats). It is
-a third source with an acceptance estimate of its own, so a sequence it keeps missing on still drafts by lookup or
-head at their own lengths.
+a third source with an acceptance estimate of its own. The controller chooses per sequence: a source it switched
+off there (poor acceptance, its probe not yet due) leaves the step to the next source that would draft, so a
+sequence suffix or lookup keep missing on drafts by the head until their probe.
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ class LookupThenEagle:
         self.matchers: list[tuple[str, NgramProposer | SuffixProposer]] = [
             (name, p) for name, p in (("suffix", suffix), ("lookup", lookup)) if p is not None
         ]
+        self._picked: dict[str, tuple[int, str]] = {}  # seq_id -> (committed tokens, source) of the last pick
 
     def follow_weight_format(self, fmt: str, kernel: str) -> None:
         self.eagle.follow_weight_format(fmt, kernel)
@@ -57,23 +59,32 @@ class LookupThenEagle:
         if self.suffix is not None:
             self.suffix.observe_finished(seq_id, output_ids)
 
-    def source(self, inp: ProposalInput) -> str:
-        return next((name for name, p in self.matchers if p.matches(inp)), "head")
+    def source(self, inp: ProposalInput, skip: frozenset[str] = frozenset()) -> str:
+        name = next((n for n, p in self.matchers if n not in skip and p.matches(inp)), None)
+        if name is None:  # nothing awake matches: the head, or (the head resting too) whichever would draft
+            awake_head = "head" not in skip
+            name = "head" if awake_head else next((n for n, p in self.matchers if p.matches(inp)), "head")
+        self._picked[inp.seq_id] = (len(inp.token_ids), name)
+        return name
 
     def propose(self, inputs: list[ProposalInput], num_tokens: list[int]) -> list[DraftProposal]:
+        """Each sequence from the source `source` picked for it (the first that matches, without a pick), the
+        sources after it where that one finds nothing after all."""
+        order = [n for n, _ in self.matchers] + ["head"]
+        first = [self._first_source(order, inp) for inp in inputs]
         out: list[DraftProposal | None] = [None] * len(inputs)
-        rest = [i for i, k in enumerate(num_tokens) if k > 0]
-        for _, proposer in self.matchers:
-            if not rest:
-                break
-            for i, p in zip(rest, proposer.propose([inputs[i] for i in rest], [num_tokens[i] for i in rest])):
-                if p.num_tokens:
+        for at, (_, proposer) in enumerate([*self.matchers, ("head", self.eagle)]):
+            todo = [i for i, k in enumerate(num_tokens) if k > 0 and out[i] is None and first[i] <= at]
+            if not todo:
+                continue
+            for i, p in zip(todo, proposer.propose([inputs[i] for i in todo], [num_tokens[i] for i in todo])):
+                if p.num_tokens or proposer is self.eagle:
                     out[i] = p
-            rest = [i for i in rest if out[i] is None]
-        if rest:
-            for i, p in zip(rest, self.eagle.propose([inputs[i] for i in rest], [num_tokens[i] for i in rest])):
-                out[i] = p
         return [p if p is not None else DraftProposal([], None) for p in out]
+
+    def _first_source(self, order: list[str], inp: ProposalInput) -> int:
+        picked = self._picked.get(inp.seq_id)
+        return order.index(picked[1]) if picked is not None and picked[0] == len(inp.token_ids) else 0
 
     def rollback(self, seq_id: str, num_tokens: int) -> None:
         for _, proposer in self.matchers:
@@ -81,6 +92,7 @@ class LookupThenEagle:
         self.eagle.rollback(seq_id, num_tokens)
 
     def release(self, seq_id: str) -> None:
+        self._picked.pop(seq_id, None)
         for _, proposer in self.matchers:
             proposer.release(seq_id)
         self.eagle.release(seq_id)

@@ -109,8 +109,10 @@ class DraftSources(Protocol):
     itself, a draft head elsewhere): the controller keeps a speculation state per source, so a source that keeps
     missing does not shorten, or switch off, the drafts of one that hits."""
 
-    def source(self, inp: ProposalInput) -> str:
-        """Which source would draft for this sequence now (the next propose call, same committed tokens)."""
+    def source(self, inp: ProposalInput, skip: frozenset[str] = frozenset()) -> str:
+        """Which source drafts for this sequence in the next propose call (same committed tokens). skip: sources
+        the controller has switched off for it (poor acceptance, no probe due): the next one that would draft
+        takes the step, if any."""
         ...
 
 

@@ -144,6 +144,18 @@ def test_the_head_drafts_where_neither_matches() -> None:
     assert combined.propose([inp([1, 2, 3])], [2])[0].tokens == [299, 299] and head.calls == 1
 
 
+def test_a_source_the_controller_switched_off_leaves_the_step_to_the_next_that_matches() -> None:
+    combined, head = _combined()
+    combined.observe_finished("earlier", [1, 2, 3, 4, 5, 6])
+    tokens = [3, 9, 2, 3]  # suffix (past output: 4, 5, 6) and lookup (own text: 9) both match
+    assert combined.source(inp(tokens), frozenset({"suffix"})) == "lookup"
+    assert combined.propose([inp(tokens)], [2])[0].tokens == [9, 2]
+    assert combined.source(inp(tokens), frozenset({"suffix", "lookup"})) == "head"
+    assert combined.propose([inp(tokens)], [2])[0].tokens == [299, 299] and head.calls == 1
+    # All resting: the first that matches (its state is off: it drafts nothing unless probing).
+    assert combined.source(inp(tokens), frozenset({"suffix", "lookup", "head"})) == "suffix"
+
+
 # ---------------------------------------------------------------- through the engine
 
 
