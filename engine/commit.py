@@ -71,8 +71,8 @@ class Committer:
         kept = None if logprobs is None else logprobs[: len(new)]  # the tokens after a finish are dropped
         if reason is not None:
             self.scheduler.finish(seq, reason, now)
-            if isinstance(self.proposer, LearnsFromOutputs) and seq.speculate:
-                self.proposer.observe_finished(seq.request_id, seq.output_ids)
+            if isinstance(self.proposer, LearnsFromOutputs) and seq.speculate and seq.request.keep_output:
+                self.proposer.observe_finished(seq.request_id, seq.output_ids, seq.request.draft_scope)
             self.release(seq)
             out = final_output(seq, new, detok.take_delta(final=True), step_spec)
             out.logprobs, out.prompt_logprobs = kept, prompt_logprobs

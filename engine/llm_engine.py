@@ -60,6 +60,7 @@ from engine.speculative.proposer import (
     DraftSources,
     FollowsWeightFormat,
     HiddenStateConsumer,
+    LearnsFromOutputs,
     ProposalInput,
     Proposer,
 )
@@ -107,6 +108,7 @@ def _proposal_input(seq: Sequence) -> ProposalInput:
         params=seq.params,
         num_prompt_tokens=seq.num_prompt_tokens,
         rng=seq.rng,
+        scope=seq.request.draft_scope,
     )
 
 
@@ -233,6 +235,15 @@ class LLMEngine:
             return None
         self.committer.release(seq)
         return final_output(seq, [], "", SpecCounters())
+
+    def learn_outputs(self, outputs: list[tuple[str, list[int]]]) -> int:
+        """Past outputs generated elsewhere (scope, token ids), for a proposer that drafts from them (suffix
+        decoding); how many it took: none without one. On the engine's thread, between steps."""
+        if not isinstance(self.proposer, LearnsFromOutputs):
+            return 0
+        for scope, tokens in outputs:
+            self.proposer.observe_finished("", tokens, scope)
+        return len(outputs)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or (self.lora is not None and bool(self.lora.parked))

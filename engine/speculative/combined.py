@@ -55,9 +55,9 @@ class LookupThenEagle:
         # The head must see every committed position, also those lookup drafted.
         self.eagle.observe_hidden(seq_id, first_position, hidden)
 
-    def observe_finished(self, seq_id: str, output_ids: Sequence[int]) -> None:
+    def observe_finished(self, seq_id: str, output_ids: Sequence[int], scope: str = "") -> None:
         if self.suffix is not None:
-            self.suffix.observe_finished(seq_id, output_ids)
+            self.suffix.observe_finished(seq_id, output_ids, scope)
 
     def source(self, inp: ProposalInput, skip: frozenset[str] = frozenset()) -> str:
         name = next((n for n, p in self.matchers if n not in skip and p.matches(inp)), None)

@@ -35,6 +35,7 @@ class ProposalInput:
     params: SamplingOptions
     num_prompt_tokens: int = 0
     rng: RequestRng | None = None
+    scope: str = ""  # EngineRequest.draft_scope: whose past outputs may draft for it
 
     @property
     def next_position(self) -> int:
@@ -119,7 +120,8 @@ class DraftSources(Protocol):
 @runtime_checkable
 class LearnsFromOutputs(Protocol):
     """A proposer that drafts from what earlier requests generated (suffix decoding): the engine hands it each
-    speculating request's generated tokens when the request finishes, before `release`."""
+    speculating request's generated tokens when the request finishes, before `release` (not those of a request
+    that keeps its output out: EngineRequest.keep_output)."""
 
-    def observe_finished(self, seq_id: str, output_ids: Sequence[int]) -> None:
+    def observe_finished(self, seq_id: str, output_ids: Sequence[int], scope: str = "") -> None:
         ...

@@ -4,8 +4,9 @@ Two indexes (engine.speculative.suffix_index), as SuffixDecoding keeps two suffi
 
 - per request, its prompt and output so far, updated token by token as they are committed: what prompt lookup
   finds (a code edit copying its input, an answer quoting its context), scored by frequency;
-- one global index over the outputs of finished requests (fed by the engine when a request finishes, and by
-  whoever else calls `learn`), bounded in sequences and tokens with the oldest evicted first: what a deployment
+- one index over the outputs of finished requests per scope (engine.speculative.suffix_outputs: a tenant's, or
+  the shared one), fed by the engine when a request finishes and by whoever else calls `learn` (a worker following
+  the completions topic), bounded in outputs and tokens with the oldest evicted first: what a deployment
   generates again and again (the same JSON shapes, SQL over one schema, agent steps).
 
 Each step both are matched against the tail of the request's tokens and the draft with the higher score wins (the
@@ -22,12 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.speculative.proposer import EMPTY_PROPOSAL, DraftProposal, ProposalInput
-from engine.speculative.suffix_index import (
-    NO_DRAFT,
-    SuffixDraft,
-    SuffixIndex,
-    SuffixMatchParams,
-)
+from engine.speculative.suffix_index import SuffixDraft, SuffixIndex, SuffixMatchParams
+from engine.speculative.suffix_outputs import ScopedOutputs
 
 
 @dataclass
@@ -49,7 +46,7 @@ class SuffixProposer:
         self.params = params or SuffixMatchParams()
         self.max_postings = max_postings
         self.max_draft_tokens = max_draft_tokens
-        self.outputs = SuffixIndex(max_postings, max_sequences, max_tokens)
+        self.outputs = ScopedOutputs(max_sequences, max_tokens, max_postings)
         self._requests: dict[str, _Request] = {}
 
     # ------------------------------------------------------------ Proposer API
@@ -77,14 +74,14 @@ class SuffixProposer:
     def release(self, seq_id: str) -> None:
         self._requests.pop(seq_id, None)
 
-    def observe_finished(self, seq_id: str, output_ids: Sequence[int]) -> None:
-        """A request finished with these generated tokens: they join the global index."""
-        self.learn(output_ids)
+    def observe_finished(self, seq_id: str, output_ids: Sequence[int], scope: str = "") -> None:
+        """A request finished with these generated tokens: they join its scope's index of past outputs."""
+        self.learn(output_ids, scope)
 
-    def learn(self, output_ids: Sequence[int]) -> None:
-        """Add an output to the global index (a finished request here, or one another worker generated)."""
+    def learn(self, output_ids: Sequence[int], scope: str = "") -> None:
+        """Add an output to a scope's index (a finished request here, or one another worker generated)."""
         if len(output_ids) > 1:  # a single token has no continuation to offer
-            self.outputs.add(list(output_ids))
+            self.outputs.add(scope, list(output_ids))
 
     # ------------------------------------------------------------ internals
 
@@ -94,7 +91,7 @@ class SuffixProposer:
         if req.cached is not None and req.cached[0] == len(own) and req.cached[1] >= k:
             return req.cached[2]  # matches() then propose() in one step: one lookup
         local = req.index.speculate(own, k, self.params)
-        shared = self.outputs.speculate(own, k, self.params) if self.outputs.num_sequences else NO_DRAFT
+        shared = self.outputs.speculate(inp.scope, own, k, self.params)
         best = shared if shared.score > local.score else local
         req.cached = (len(own), k, best)
         return best

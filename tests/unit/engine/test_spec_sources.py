@@ -97,7 +97,7 @@ class _AlwaysWrong:
     def release(self, seq_id: str) -> None:
         pass
 
-    def observe_finished(self, seq_id: str, output_ids: list[int]) -> None:
+    def observe_finished(self, seq_id: str, output_ids: list[int], scope: str = "") -> None:
         pass
 
 

@@ -20,6 +20,7 @@ from engine.speculative.proposer import (
 )
 from engine.speculative.suffix import SuffixProposer
 from engine.speculative.suffix_index import SuffixMatchParams
+from engine.speculative.suffix_outputs import ScopedOutputs
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 P = SamplingOptions()
@@ -94,6 +95,32 @@ def test_the_global_index_is_bounded_by_the_settings() -> None:
     for i in range(10):
         prop.learn([i] * 20)
     assert prop.outputs.num_sequences == 3 and prop.outputs.num_tokens <= 100
+
+
+def test_past_outputs_draft_only_within_their_scope() -> None:
+    prop = SuffixProposer(LONG)
+    prop.learn([5, 6, 7, 8, 9], scope="tenant-a")
+    mine = ProposalInput("a", [1, 5, 6, 7], P, scope="tenant-a")
+    theirs = ProposalInput("b", [1, 5, 6, 7], P, scope="tenant-b")
+    shared = ProposalInput("c", [1, 5, 6, 7], P)
+    assert prop.propose([mine, theirs, shared], [2, 2, 2])[0].tokens == [8, 9]
+    assert [p.tokens for p in prop.propose([theirs, shared], [2, 2])] == [[], []]
+    assert prop.outputs.num_sequences_of("tenant-a") == 1 and prop.outputs.num_sequences_of("tenant-b") == 0
+
+
+def test_the_bounds_hold_for_all_scopes_together_the_oldest_output_anywhere_going_first() -> None:
+    outputs = ScopedOutputs(max_sequences=3, max_tokens=None)
+    for i, scope in enumerate(["a", "b", "a", "c"]):
+        outputs.add(scope, [i] * 5)
+    assert outputs.num_sequences == 3 and outputs.num_tokens == 15
+    assert (outputs.num_sequences_of("a"), outputs.num_sequences_of("b"), outputs.num_sequences_of("c")) == (1, 1, 1)
+    by_tokens = ScopedOutputs(max_sequences=None, max_tokens=12)
+    for scope in ["a", "b", "c"]:
+        by_tokens.add(scope, [1, 2, 3, 4, 5])
+    assert by_tokens.num_tokens == 10 and by_tokens.num_sequences_of("a") == 0
+    nothing = ScopedOutputs(max_sequences=0, max_tokens=None)
+    nothing.add("a", [1, 2, 3])
+    assert nothing.num_sequences == 0
 
 
 # ---------------------------------------------------------------- a source beside lookup and the head
@@ -232,3 +259,29 @@ def test_a_request_without_speculation_still_decodes_plainly_beside_suffix(targe
     reqs = _requests("r")
     reqs[2].speculation = False
     assert _tokens(engine, reqs)[0] == plain
+
+
+def test_a_requests_output_warms_its_scope_only_and_an_output_kept_out_warms_none(
+    target: Any, plain: dict[str, list[int]]
+) -> None:
+    engine = make_engine(target, speculation=SUFFIX.model_copy(update={"adaptive": False}))
+
+    def run(rid: str, scope: str, keep: bool = True) -> Any:
+        req = EngineRequest(rid, PROMPTS[1], PARAMS[1], draft_scope=scope, keep_output=keep)
+        res = engine.generate([req])[rid]
+        assert res.token_ids == plain["r1"]
+        return res
+
+    run("private", "tenant-a", keep=False)  # e.g. a tenant with log_prompts false
+    assert engine.proposer.outputs.num_sequences == 0
+    run("first", "tenant-a")
+    assert run("other-tenant", "tenant-b").spec.accepted < run("same-tenant", "tenant-a").spec.accepted == 24
+
+
+def test_outputs_learned_from_elsewhere_draft_for_their_scope(target: Any, plain: dict[str, list[int]]) -> None:
+    engine = make_engine(target, speculation=SUFFIX.model_copy(update={"adaptive": False}))
+    assert engine.learn_outputs([("tenant-a", plain["r1"]), ("tenant-b", [1, 2, 3])]) == 2
+    req = EngineRequest("r", PROMPTS[1], PARAMS[1], draft_scope="tenant-a")
+    res = engine.generate([req])["r"]
+    assert res.token_ids == plain["r1"] and res.spec.accepted == 24
+    assert make_engine(target).learn_outputs([("tenant-a", [1, 2, 3])]) == 0  # no speculation: nothing to learn
