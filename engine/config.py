@@ -124,6 +124,16 @@ class SpeculationConfig(Section):
         description="Suffix decoding: tokens of outputs kept for drafting (the oldest outputs go first); 0.1-0.4 KB "
         "each (repetitive to unrepetitive text).",
     )
+    suffix_shared: bool = Field(
+        default=False,
+        description="Suffix decoding in a worker: past outputs draft for every tenant; false: a tenant's outputs "
+        "draft only for that tenant. Outputs of tenants with log_prompts false are never kept.",
+    )
+    suffix_follow_completions: bool = Field(
+        default=True,
+        description="Suffix decoding in a worker: learn also from what every other worker generates, reading the "
+        "completions topic (eval.log_completions) from its start at start, then as it grows.",
+    )
     draft_sampling: DraftSampling = Field(
         default="greedy",
         description="How a draft model drafts for sampled requests; greedy and coupled keep seeded text reproducible.",
