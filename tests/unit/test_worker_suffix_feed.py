@@ -1,38 +1,27 @@
 """The worker's suffix-decoding feed (streams.worker.suffix_feed) without a broker: which completion records reach
 the engine's index of past outputs, in which scope, and how requests are scoped to match (streams.worker.intake).
-The bus itself: tests/integration/test_worker_suffix_feed.py."""
+The bus itself: tests/integration/test_worker_suffix_bus.py."""
 from __future__ import annotations
 
 from typing import Any
 
-from schemas.events import (
-    ChatMessage,
-    Completion,
-    GenerateRequest,
-    ReplyRoute,
-    SamplingParams,
-    Timings,
-    Usage,
-)
+from schemas.events import GenerateRequest, ReplyRoute, SamplingParams
 from streams.config import Settings
-from streams.worker.completions_log import completion_record
 from streams.worker.intake import draft_scope, to_engine_request
 from streams.worker.suffix_feed import SuffixFeed, follows_completions
+from tests.completion_records import record
 
 MODEL = "m"
 
 
-def _request(rid: str, tenant: str = "acme", log_prompt: bool = True, model: str = MODEL) -> GenerateRequest:
-    return GenerateRequest(request_id=rid, messages=[ChatMessage(role="user", content="q")], model=model,
-                           tenant=tenant, log_prompt=log_prompt, sampling=SamplingParams(max_tokens=8),
-                           reply_to=ReplyRoute(topic="replies"))
+def _request(rid: str, tenant: str = "acme", log_prompt: bool = True) -> GenerateRequest:
+    return GenerateRequest(request_id=rid, prompt="hi", model=MODEL, tenant=tenant, log_prompt=log_prompt,
+                           sampling=SamplingParams(max_tokens=8), reply_to=ReplyRoute(topic="replies"))
 
 
-def _record(rid: str, text: str, *, worker: str = "other", **request: Any) -> Any:
-    final = Completion(request_id=rid, text=text, finish_reason="stop", num_chunks=1,
-                       usage=Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
-                       timings=Timings(queued_s=0.0, ttft_s=0.1, total_s=0.2))
-    return completion_record(_request(rid, **request), final, worker_id=worker, fingerprint="f", served_model=MODEL)
+def _record(rid: str, text: str, *, worker: str = "other", tenant: str = "acme", log_prompt: bool = True,
+            model: str = MODEL) -> Any:
+    return record(rid, "q", text, model=model, tenant=tenant, log_prompt=log_prompt, worker=worker)
 
 
 class _Tokenizer:
@@ -63,8 +52,8 @@ async def _fed(records: list[Any], shared: bool = False) -> tuple[SuffixFeed, _E
 
     await feed.on_record(records[0])  # read before the engine is loaded: handed over once it is
     feed.attach(call, _Tokenizer())
-    for record in records[1:]:
-        await feed.on_record(record)
+    for rec in records[1:]:
+        await feed.on_record(rec)
     await feed.drained()
     return feed, engine
 
@@ -93,7 +82,7 @@ async def test_own_prompt_less_other_models_and_empty_answers_are_left_out() -> 
 
 
 def test_a_tenants_requests_draft_from_the_scope_its_answers_go_to() -> None:
-    request = _request("r", tenant="acme").model_copy(update={"messages": None, "prompt": "hi"})
+    request = _request("r", tenant="acme")
     assert to_engine_request(request, _Tokenizer(), arrival_time=0.0).draft_scope == draft_scope("acme", False)
     assert to_engine_request(request, _Tokenizer(), arrival_time=0.0, shared_outputs=True).draft_scope == ""
     private = to_engine_request(request.model_copy(update={"log_prompt": False}), _Tokenizer(), arrival_time=0.0)

@@ -11,20 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from engine.config import EngineConfig
-from schemas.events import (
-    ChatMessage,
-    Completion,
-    GenerateRequest,
-    ReplyRoute,
-    SamplingParams,
-    Timings,
-    Usage,
-)
+from schemas.events import Completion, GenerateRequest, ReplyRoute, SamplingParams
 from streams.kafka import clients
-from streams.worker.completions_log import completion_record
+from tests.completion_records import publish, record
 from tests.conftest import ReplyInbox, worker_test_settings
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
 from tests.tiny_targets import tiny_chat_target
@@ -36,32 +27,8 @@ WARM_RECORDS = 2_000
 PROMPT = "The weather report for the coast:"
 
 
-def _record(rid: str, model: str, text: str, tenant: str, *, log_prompt: bool = True,
-            worker: str = "another-worker") -> Any:
-    request = GenerateRequest(request_id=rid, messages=[ChatMessage(role="user", content="q")], model=model,
-                              tenant=tenant, log_prompt=log_prompt, sampling=SamplingParams(max_tokens=32),
-                              reply_to=ReplyRoute(topic="replies"))
-    final = Completion(request_id=rid, text=text, finish_reason="stop", num_chunks=1,
-                       usage=Usage(prompt_tokens=10, completion_tokens=10, total_tokens=20),
-                       timings=Timings(queued_s=0.0, ttft_s=0.1, total_s=0.2))
-    return completion_record(request, final, worker_id=worker, fingerprint="f", served_model=model)
-
-
-async def _publish(bootstrap: str, topic: str, records: list[Any]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
-    finally:
-        await admin.close()
-    producer = clients.make_producer(bootstrap, client_id="pytest-suffix-feed")
-    await producer.start()
-    try:
-        for record in records:
-            await producer.send(topic, clients.encode(record), key=record.request_id.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
+def _record(rid: str, model: str, text: str, tenant: str, *, log_prompt: bool = True) -> Any:
+    return record(rid, "q", text, model=model, tenant=tenant, log_prompt=log_prompt, worker="another-worker")
 
 
 def _plain_answer(target: Path) -> tuple[str, str]:
@@ -89,7 +56,7 @@ async def test_a_worker_starts_warm_from_the_completions_topic_and_drafts_per_te
     records = [*filler, _record("answer", model, answer, "acme"),
                _record("private", model, "a secret answer", "secretive", log_prompt=False),
                _record("elsewhere", "another-model", "an answer of another model", "acme")]
-    await _publish(kafka_bootstrap, f"{prefix}.completions", records)
+    await publish(kafka_bootstrap, f"{prefix}.completions", records)
 
     base = worker_test_settings(kafka_bootstrap, prefix, worker_id=f"pytest-{uuid.uuid4().hex[:6]}")
     engine = EngineConfig(model=str(target), max_model_len=256, kv_cache_bytes="8MiB",
