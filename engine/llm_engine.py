@@ -379,6 +379,14 @@ class LLMEngine:
                 state = seq.spec_states[source] = controller.new_state(seq.request_id, seq.request.speculation)
             seq.spec_state = state
 
+    def _source_of(self, seq: Sequence) -> str:
+        """The source that drafted for the sequence this step: a combined proposer's (the one whose controller
+        state is the sequence's now), or the method's name."""
+        for name, state in seq.spec_states.items():
+            if state is seq.spec_state:
+                return name
+        return self.config.speculation.method
+
     def _propose(self, scheduled: list[ScheduledSequence]) -> float:
         """Set the drafts of the scheduled decodes; returns the proposer's seconds."""
         todo = [s for s in scheduled if not s.is_prefill and s.draft_budget > 0]
@@ -432,6 +440,6 @@ class LLMEngine:
             seq.first_token_time = now
         if k == 0:
             return
-        seq.spec.record(k, accepted, draft_s, verify_s)
+        seq.spec.record(k, accepted, draft_s, verify_s, self._source_of(seq))
         if self.controller is not None and seq.spec_state is not None:
             self.controller.observe_acceptance(seq.spec_state, k, accepted)

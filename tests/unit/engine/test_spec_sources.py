@@ -121,7 +121,15 @@ def test_a_source_switched_off_for_a_sequence_leaves_its_steps_to_the_next_sourc
     plain = make_engine(target).generate([greedy_request("r", prompt, MAX_NEW)])["r"].token_ids
     head, wrong = _RightHead(prompt + plain), _AlwaysWrong()
     combined = LookupThenEagle(head, None, wrong)  # type: ignore[arg-type]
-    assert _run(target, combined, prompt) == plain  # type: ignore[arg-type]
+    spec = SpeculationConfig(enabled=True, method="eagle", draft_head="/unused", max_draft_tokens=K)
+    controller = SpeculationController(spec, FixedCostModel(fixed_s=1.0, per_token_s=0.1))
+    engine = make_engine(target, speculation=spec, proposer=combined, controller=controller)
+    result = engine.generate([greedy_request("r", prompt, MAX_NEW)])["r"]
+    assert result.token_ids == plain
+    by_source = result.stats.spec.by_source  # the request's drafts, counted by the source that drafted them
+    assert by_source["suffix"].accepted == 0 < by_source["suffix"].drafted
+    assert by_source["head"].accepted == by_source["head"].drafted > MAX_NEW // 2
+    assert sum(c.drafted for c in by_source.values()) == result.spec.drafted
     # The wrong source matches everywhere, so without the controller's choice the head would never draft: it
     # drafts until the controller switches it off (and again after a probe), the head takes the steps between.
     assert len(head.asked["hit"]) > 10 and head.asked["hit"][1:-1] == [K] * (len(head.asked["hit"]) - 2)

@@ -251,6 +251,8 @@ def test_a_repeated_request_is_drafted_whole_from_its_first_output(target: Any, 
         assert res.token_ids == plain["r1"]
     # Drafts are as long as the match (max_spec_factor 1): 1, then 3, then k = 4 tokens a step, all accepted.
     assert res.spec.drafted == res.spec.accepted == 1 + 3 + 4 * 5
+    by_source = res.stats.spec.by_source
+    assert list(by_source) == ["suffix"] and (by_source["suffix"].drafted, by_source["suffix"].accepted) == (24, 24)
 
 
 def test_a_request_without_speculation_still_decodes_plainly_beside_suffix(target: Any,
