@@ -121,7 +121,7 @@ class SpeculationConfig(Section):
     )
     suffix_max_output_tokens: int = Field(
         default=1_000_000, ge=0,
-        description="Suffix decoding: tokens of outputs kept for drafting (the oldest outputs go first); 0.1-0.4 KB "
+        description="Suffix decoding: tokens of outputs kept for drafting (the oldest outputs go first); 0.1-0.3 KB "
         "each (repetitive to unrepetitive text).",
     )
     suffix_shared: bool = Field(

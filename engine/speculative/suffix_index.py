@@ -7,7 +7,8 @@ questions without materialising the tree, whose nodes cost hundreds of bytes eac
 
 - every sequence is kept once, as its token list;
 - for each key length n (KEY_LENGTHS), the n tokens before every position are hashed to a posting list of
-  that position (a "continuation start"), most recent last, the newest max_postings kept per key;
+  that position (a "continuation start"), most recent last, the newest max_postings kept per key (a key seen
+  once, as most long ones are, keeps its posting as a bare int: a list costs 60 bytes more);
 - a lookup takes the postings of the longest key the context's tail hits and extends each occurrence backwards
   (up to max_depth tokens) to its real match length. The occurrences matching at least d tokens are the tree's
   node at depth d; walking them forward token by token, grouped by next token, is walking its most frequent path.
@@ -70,7 +71,8 @@ class SuffixIndex:
         self.max_sequences = max_sequences
         self.max_tokens = max_tokens
         self._seqs: dict[int, list[int]] = {}  # serial -> tokens, oldest first (insertion order)
-        self._index: list[dict[int, list[int]]] = [{} for _ in KEY_LENGTHS]
+        # Per key length: key -> its postings, oldest first (one posting: the int itself).
+        self._index: list[dict[int, int | list[int]]] = [{} for _ in KEY_LENGTHS]
         self._next_serial = 0
         self.num_tokens = 0
 
@@ -99,42 +101,57 @@ class SuffixIndex:
         the sequence's current tail never matches itself."""
         seq = self._seqs[serial]
         base = serial << _SHIFT
-        for tok in tokens:
-            pos = len(seq)
-            for n, index in zip(KEY_LENGTHS, self._index):
-                if n > pos:
-                    break
-                key = hash(tuple(seq[pos - n : pos]))
+        start = len(seq)
+        seq.extend(tokens)
+        trim_at, keep = 2 * self.max_postings, self.max_postings
+        for n, index in zip(KEY_LENGTHS, self._index):
+            for pos in range(max(start, n), len(seq)):
+                key = _key(seq, pos, n)
                 postings = index.get(key)
                 if postings is None:
-                    index[key] = [base | pos]
+                    index[key] = base | pos  # most keys occur once: an int, not a list
+                elif isinstance(postings, int):
+                    index[key] = [postings, base | pos]
                 else:
                     postings.append(base | pos)
-                    if len(postings) > 2 * self.max_postings:  # amortised trim to the newest
-                        del postings[: -self.max_postings]
-            seq.append(tok)
+                    if len(postings) > trim_at:  # amortised trim to the newest
+                        del postings[:-keep]
         self.num_tokens += len(tokens)
 
     def tokens_of(self, serial: int) -> list[int]:
         return self._seqs[serial]
 
     def remove(self, serial: int) -> None:
-        """Drop a sequence and its postings."""
+        """Drop a sequence and its postings. The oldest sequence's postings lead every list they are in (postings
+        are appended in serial order), so evicting it only cuts list heads."""
+        oldest = next(iter(self._seqs), None) == serial
         seq = self._seqs.pop(serial, None)
         if seq is None:
             return
         self.num_tokens -= len(seq)
         for n, index in zip(KEY_LENGTHS, self._index):
             for pos in range(n, len(seq)):
-                key = hash(tuple(seq[pos - n : pos]))
+                key = _key(seq, pos, n)
                 postings = index.get(key)
                 if postings is None:
                     continue
-                kept = [p for p in postings if p >> _SHIFT != serial]
-                if kept:
-                    index[key] = kept
+                if isinstance(postings, int):
+                    if postings >> _SHIFT == serial:
+                        del index[key]
+                    continue
+                if oldest:
+                    cut = 0
+                    while cut < len(postings) and postings[cut] >> _SHIFT == serial:
+                        cut += 1
+                    kept = postings[cut:]
                 else:
+                    kept = [p for p in postings if p >> _SHIFT != serial]
+                if not kept:
                     del index[key]
+                elif len(kept) == 1:
+                    index[key] = kept[0]
+                else:
+                    index[key] = kept
 
     def _evict(self) -> None:
         while self._seqs and (
@@ -152,10 +169,11 @@ class SuffixIndex:
         for n, index in zip(reversed(KEY_LENGTHS), reversed(self._index)):
             if n > length:
                 continue
-            postings = index.get(hash(tuple(context[length - n :])))
+            postings = index.get(_key(context, length, n))
             if postings is None:
                 continue
-            found = [occ for p in postings[-self.max_postings :] if (occ := self._occurrence(p, context, max_depth))]
+            recent = [postings] if isinstance(postings, int) else postings[-self.max_postings :]
+            found = [occ for p in recent if (occ := self._occurrence(p, context, max_depth))]
             if found:
                 return found
         return []
@@ -210,6 +228,11 @@ def _walk(occs: list[_Occurrence], context: list[int], budget: int, min_prob: fl
         draft.score += prob
         positions = [(seq, pos + 1) for (seq, pos), tok in zip(positions, nexts) if tok == best]
     return draft
+
+
+def _key(tokens: Sequence[int], pos: int, n: int) -> int:
+    """The key of the n tokens before pos: a one-token pattern is its token, a longer one its tuple's hash."""
+    return tokens[pos - 1] if n == 1 else hash(tuple(tokens[pos - n : pos]))
 
 
 def _token_at(seq: list[int], pos: int, context: list[int], draft: list[int]) -> int | None:

@@ -85,7 +85,9 @@ class SuffixFeed:
                 log.exception("suffix feed: %d answers not learned", len(batch))
 
     def _tokenize(self, batch: list[tuple[str, str]]) -> list[tuple[str, list[int]]]:
-        return [(scope, self._tokenizer.encode(text, add_special_tokens=False)) for scope, text in batch]
+        # One call for the batch: a fast tokenizer encodes it in parallel, outside the GIL.
+        ids = self._tokenizer([text for _, text in batch], add_special_tokens=False)["input_ids"]
+        return [(scope, list(tokens)) for (scope, _), tokens in zip(batch, ids)]
 
 
 def follows_completions(settings: Settings) -> bool:

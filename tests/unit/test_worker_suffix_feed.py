@@ -25,11 +25,12 @@ def _record(rid: str, text: str, *, worker: str = "other", tenant: str = "acme",
 
 
 class _Tokenizer:
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [ord(c) for c in text]
+    """A character per token; called on one text (a prompt) or a batch, as a Hugging Face tokenizer is."""
 
-    def __call__(self, text: str) -> dict[str, list[int]]:
-        return {"input_ids": self.encode(text)}
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
+        if isinstance(text, list):
+            return {"input_ids": [[ord(c) for c in t] for t in text]}
+        return {"input_ids": [ord(c) for c in text]}
 
 
 class _Engine:
