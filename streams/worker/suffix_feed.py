@@ -8,7 +8,8 @@ request) and then as it grows, and hands each answer, tokenized, to the engine's
 - in its tenant's scope, or the shared one where the operator shares outputs (engine.speculation.suffix_shared),
   the same scope the tenant's requests draft from (streams.worker.intake.draft_scope);
 - never a record without its prompt: the tenant has log_prompts false, and its text is kept nowhere;
-- never its own records: the engine kept those when they finished;
+- never its own records of this run: the engine kept those when they finished (those of an earlier run under the
+  same worker id are read like any other's);
 - only answers of a model this worker serves (another model's text would rarely match).
 
 Memory is bounded twice: the engine's index by its settings (suffix_max_outputs, suffix_max_output_tokens), and
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -37,8 +39,10 @@ EngineCall = Callable[[Callable[[Any], Any]], Awaitable[Any]]
 
 
 class SuffixFeed:
-    def __init__(self, worker_id: str, *, shared: bool, served: Callable[[], list[str]]) -> None:
+    def __init__(self, worker_id: str, *, shared: bool, served: Callable[[], list[str]],
+                 started_at: float | None = None) -> None:
         self.worker_id = worker_id
+        self.started_at = time.time() if started_at is None else started_at
         self.shared = shared
         self._served = served
         self._pending: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING)  # (scope, text)
@@ -54,7 +58,8 @@ class SuffixFeed:
         self._kick()
 
     def wanted(self, record: CompletionRecord) -> bool:
-        return (record.completion is not None and record.request is not None and record.worker_id != self.worker_id
+        mine = record.worker_id == self.worker_id and record.recorded_at >= self.started_at
+        return (record.completion is not None and record.request is not None and not mine
                 and bool(record.completion.text) and record.model in self._served())
 
     async def on_record(self, record: CompletionRecord) -> None:

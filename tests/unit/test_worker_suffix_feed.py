@@ -46,7 +46,7 @@ class _Engine:
 
 async def _fed(records: list[Any], shared: bool = False) -> tuple[SuffixFeed, _Engine]:
     engine = _Engine()
-    feed = SuffixFeed("me", shared=shared, served=lambda: [MODEL])
+    feed = SuffixFeed("me", shared=shared, served=lambda: [MODEL], started_at=1.0)  # records here: recorded later
 
     async def call(fn: Any) -> Any:
         return fn(engine)
@@ -63,6 +63,12 @@ async def test_other_workers_answers_reach_the_engine_in_their_tenants_scope() -
     feed, engine = await _fed([_record("a", "ab", tenant="acme"), _record("b", "cd", tenant="globex")])
     assert engine.learned == [("tenant:acme", [97, 98]), ("tenant:globex", [99, 100])]
     assert feed.read == feed.learned == 2
+
+
+async def test_this_workers_records_of_an_earlier_run_are_read_like_any_others() -> None:
+    earlier = _record("before-restart", "ab", worker="me").model_copy(update={"recorded_at": 0.0})
+    _, engine = await _fed([earlier, _record("this-run", "cd", worker="me")])
+    assert engine.learned == [("tenant:acme", [97, 98])]
 
 
 async def test_shared_outputs_go_to_the_shared_scope() -> None:
