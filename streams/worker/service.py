@@ -56,7 +56,7 @@ from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import to_engine_request
 from streams.worker.observers import CompletionsLog, ServiceTelemetry
 from streams.worker.replies import Generation
-from streams.worker.suffix_feed import SuffixFeed, follows_completions
+from streams.worker.suffix_feed import SuffixFeed
 from streams.worker.tool_rounds import ToolRounds
 
 log = logging.getLogger("specstream.worker")
@@ -106,8 +106,8 @@ class EngineWorker:
                                           fingerprint=config_fingerprint(settings.engine),
                                           enabled=settings.eval.log_completions)
         # Suffix decoding fed by every worker's answers (streams.worker.suffix_feed); None: not drafting by it.
-        self.suffix_feed = SuffixFeed(self.worker_id, shared=settings.engine.speculation.suffix_shared,
-                                      served=lambda: self.served_models) if follows_completions(settings) else None
+        self.suffix_feed = SuffixFeed.from_settings(settings, self.worker_id, served=lambda: self.served_models)
+        self._shared_outputs = settings.engine.speculation.suffix_shared
         # Server-side tool calls: intents out, results in (streams.worker.tool_rounds).
         self.tool_rounds = ToolRounds(settings.tools, catalog.tool_intents.name, proceed=self._continue,
                                       spawn=self._spawn)
@@ -119,8 +119,7 @@ class EngineWorker:
             listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel),
                        Listener(catalog.tool_results, ToolResult, self.tool_rounds.on_result),
                        Listener(catalog.adapters, AdapterCommand, self.adapters.on_command, from_beginning=True),
-                       *([Listener(catalog.completions, CompletionRecord, self.suffix_feed.on_record,
-                                   from_beginning=True)] if self.suffix_feed is not None else [])],
+                       *(self.suffix_feed.listeners(catalog) if self.suffix_feed is not None else [])],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,
         ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
@@ -249,10 +248,6 @@ class EngineWorker:
             generation.delivery.hand_back()
             return
         self._spawn(self._await_admission(generation, added))
-
-    @property
-    def _shared_outputs(self) -> bool:
-        return self.settings.engine.speculation.suffix_shared
 
     def _adapter_of(self, request: GenerateRequest) -> str | None:
         return None if request.model in self._base_models else request.model

@@ -27,7 +27,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from schemas.events import CompletionRecord
+from schemas.topics import TopicCatalog
 from streams.config import Settings
+from streams.service import Listener
 from streams.worker.intake import draft_scope
 
 log = logging.getLogger("specstream.worker.suffix_feed")
@@ -51,6 +53,17 @@ class SuffixFeed:
         self._flushing: asyncio.Task[None] | None = None
         self.read = 0  # records seen on the topic
         self.learned = 0  # answers the engine took
+
+    @classmethod
+    def from_settings(cls, settings: Settings, worker_id: str, *, served: Callable[[], list[str]]) -> SuffixFeed | None:
+        """The feed of a worker drafting by suffix decoding from the completions topic; None for any other."""
+        if not follows_completions(settings):
+            return None
+        return cls(worker_id, shared=settings.engine.speculation.suffix_shared, served=served)
+
+    def listeners(self, catalog: TopicCatalog) -> list[Listener[CompletionRecord]]:
+        """What the worker reads for it: the completions topic, from its start at every start."""
+        return [Listener(catalog.completions, CompletionRecord, self.on_record, from_beginning=True)]
 
     def attach(self, call: EngineCall, tokenizer: Any) -> None:
         """The engine is loaded: answers read before now are handed over from here on."""

@@ -106,3 +106,8 @@ def test_only_a_worker_drafting_by_suffix_decoding_follows_the_completions() -> 
     assert not follows_completions(settings(method="suffix", enabled=False))
     assert follows_completions(settings(method="eagle", draft_head="/h", eagle_suffix=True))
     assert not follows_completions(settings(method="eagle", draft_head="/h"))
+    assert SuffixFeed.from_settings(settings(method="ngram"), "me", served=list) is None
+    feed = SuffixFeed.from_settings(settings(method="suffix", suffix_shared=True), "me", served=list)
+    assert feed is not None and feed.shared
+    [listener] = feed.listeners(settings().catalog)
+    assert listener.topic == settings().catalog.completions and listener.from_beginning
