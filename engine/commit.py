@@ -3,7 +3,8 @@
 Finish checks per token, in order: EOS or one of the request's stop_token_ids (never detokenized), a stop string
 the token completes, max_tokens; tokens after a finish are dropped. A request
 that leaves (finished, aborted, expired, failed) frees its KV region at once
-(the scheduler), its adapter and its proposer state.
+(the scheduler), its adapter and its proposer state; one that finishes first hands its output to a proposer
+that learns from outputs (suffix decoding).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine.lora.requests import LoRARequests
 from engine.outputs import FinishReason, RequestOutput, SpecCounters
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
-from engine.speculative.proposer import Proposer
+from engine.speculative.proposer import LearnsFromOutputs, Proposer
 
 
 def _detok(seq: Sequence) -> IncrementalDetokenizer:
@@ -70,6 +71,8 @@ class Committer:
         kept = None if logprobs is None else logprobs[: len(new)]  # the tokens after a finish are dropped
         if reason is not None:
             self.scheduler.finish(seq, reason, now)
+            if isinstance(self.proposer, LearnsFromOutputs) and seq.speculate and seq.request.keep_output:
+                self.proposer.observe_finished(seq.request_id, seq.output_ids, seq.request.draft_scope)
             self.release(seq)
             out = final_output(seq, new, detok.take_delta(final=True), step_spec)
             out.logprobs, out.prompt_logprobs = kept, prompt_logprobs

@@ -57,7 +57,7 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-SpecMethod = Literal["ngram", "draft", "eagle"]
+SpecMethod = Literal["ngram", "draft", "eagle", "suffix"]
 # How a draft model drafts for sampled (temperature > 0) requests; greedy
 # requests always draft the argmax.
 #   "greedy":  draft argmax q. Deterministic proposal, so the verifier's coupled
@@ -83,7 +83,8 @@ class SpeculationConfig(Section):
     method: SpecMethod = Field(
         default="ngram",
         description="ngram: draft from the request's own text (no extra model); draft: a small draft model; "
-        "eagle: a draft head trained for the target (specstream draft train).",
+        "eagle: a draft head trained for the target (specstream draft train); suffix: suffix decoding, from the "
+        "request's own text and from the outputs of earlier requests (no extra model).",
     )
     draft_model: str | None = Field(default=None, description="Name or path of the draft model (method: draft).")
     # engine.speculative.eagle_artifact resolves it: a version folder, a head folder (its newest version) or a name.
@@ -96,6 +97,42 @@ class SpeculationConfig(Section):
         default=True,
         description="Method eagle: draft by prompt lookup (as method ngram, ngram_min..ngram_max) wherever it "
         "finds a match, by the head elsewhere.",
+    )
+    eagle_suffix: bool = Field(
+        default=False,
+        description="Method eagle: draft by suffix decoding (as method suffix) wherever it finds a match, before "
+        "prompt lookup and the head.",
+    )
+    suffix_max_depth: int = Field(
+        default=24, ge=4, le=256, description="Suffix decoding: the longest tail of a request matched."
+    )
+    suffix_max_spec_factor: float = Field(
+        default=1.0, gt=0.0,
+        description="Suffix decoding: a draft is at most this many tokens per token of its match (and at most "
+        "max_draft_tokens).",
+    )
+    suffix_min_token_prob: float = Field(
+        default=0.1, ge=0.0, le=1.0,
+        description="Suffix decoding: a draft stops where the frequency of its path (the product of each token's "
+        "share of what followed before) falls below this.",
+    )
+    suffix_max_outputs: int = Field(
+        default=10_000, ge=0, description="Suffix decoding: outputs kept for drafting (the oldest go first)."
+    )
+    suffix_max_output_tokens: int = Field(
+        default=1_000_000, ge=0,
+        description="Suffix decoding: tokens of outputs kept for drafting (the oldest outputs go first); 0.1-0.3 KB "
+        "each (repetitive to unrepetitive text).",
+    )
+    suffix_shared: bool = Field(
+        default=False,
+        description="Suffix decoding in a worker: past outputs draft for every tenant; false: a tenant's outputs "
+        "draft only for that tenant. Outputs of tenants with log_prompts false are never kept.",
+    )
+    suffix_follow_completions: bool = Field(
+        default=True,
+        description="Suffix decoding in a worker: learn also from what every other worker generates, reading the "
+        "completions topic (eval.log_completions) from its start at start, then as it grows.",
     )
     draft_sampling: DraftSampling = Field(
         default="greedy",

@@ -6,14 +6,18 @@ step does; nothing here runs after construction.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
-from engine.config import EngineConfig, LoRAConfig
+from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
 from engine.kv_cache import KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel
 from engine.lora.manager import LoRAManager
 from engine.speculative.proposer import Proposer
+
+if TYPE_CHECKING:
+    from engine.speculative.suffix import SuffixProposer
 
 Progress = Callable[[str], None]
 
@@ -64,6 +68,8 @@ def build_proposer(loaded: LoadedModel, config: EngineConfig, max_len: int, say:
         from engine.speculative.ngram import NgramProposer
 
         return NgramProposer(spec.ngram_min, spec.ngram_max)
+    if spec.method == "suffix":
+        return build_suffix_proposer(spec)
     if spec.method == "draft":
         from engine.speculative.draft_model import DraftModelProposer
 
@@ -79,13 +85,27 @@ def build_proposer(loaded: LoadedModel, config: EngineConfig, max_len: int, say:
 
         say(f"loading draft head {spec.draft_head} ...")
         eagle = EagleProposer.from_engine(spec, loaded, max_len, config.max_sequences)
-        if not spec.eagle_prompt_lookup:
+        if not spec.eagle_prompt_lookup and not spec.eagle_suffix:
             return eagle
         from engine.speculative.combined import LookupThenEagle
         from engine.speculative.ngram import NgramProposer
 
-        return LookupThenEagle(eagle, NgramProposer(spec.ngram_min, spec.ngram_max))
+        lookup = NgramProposer(spec.ngram_min, spec.ngram_max) if spec.eagle_prompt_lookup else None
+        return LookupThenEagle(eagle, lookup, build_suffix_proposer(spec) if spec.eagle_suffix else None)
     raise ValueError(f"unknown speculation method {spec.method!r}")
+
+
+def build_suffix_proposer(spec: SpeculationConfig) -> SuffixProposer:
+    from engine.speculative.suffix import SuffixProposer
+    from engine.speculative.suffix_index import SuffixMatchParams
+
+    params = SuffixMatchParams(spec.suffix_max_depth, spec.suffix_max_spec_factor, spec.suffix_min_token_prob)
+    return SuffixProposer(
+        params,
+        max_sequences=spec.suffix_max_outputs,
+        max_tokens=spec.suffix_max_output_tokens,
+        max_draft_tokens=spec.max_draft_tokens,
+    )
 
 
 def load_configured_adapters(manager: LoRAManager, config: LoRAConfig, say: Progress) -> None:

@@ -60,6 +60,7 @@ from engine.speculative.proposer import (
     DraftSources,
     FollowsWeightFormat,
     HiddenStateConsumer,
+    LearnsFromOutputs,
     ProposalInput,
     Proposer,
 )
@@ -107,6 +108,7 @@ def _proposal_input(seq: Sequence) -> ProposalInput:
         params=seq.params,
         num_prompt_tokens=seq.num_prompt_tokens,
         rng=seq.rng,
+        scope=seq.request.draft_scope,
     )
 
 
@@ -234,6 +236,15 @@ class LLMEngine:
         self.committer.release(seq)
         return final_output(seq, [], "", SpecCounters())
 
+    def learn_outputs(self, outputs: list[tuple[str, list[int]]]) -> int:
+        """Past outputs generated elsewhere (scope, token ids), for a proposer that drafts from them (suffix
+        decoding); how many it took: none without one. On the engine's thread, between steps."""
+        if not isinstance(self.proposer, LearnsFromOutputs):
+            return 0
+        for scope, tokens in outputs:
+            self.proposer.observe_finished("", tokens, scope)
+        return len(outputs)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or (self.lora is not None and bool(self.lora.parked))
 
@@ -354,17 +365,27 @@ class LLMEngine:
 
     @staticmethod
     def _follow_sources(proposer: DraftSources, controller: SpeculationController, decoding: list[Sequence]) -> None:
-        """Point each sequence's spec_state at the state of the source that drafts for it this step."""
+        """Point each sequence's spec_state at the state of the source that drafts for it this step; a source the
+        controller switched off for the sequence leaves the step to the next one that would draft."""
         for seq in decoding:
             if seq.spec_state is None:
                 continue
-            source = proposer.source(_proposal_input(seq))
+            skip = frozenset(name for name, st in seq.spec_states.items() if controller.resting(st))
+            source = proposer.source(_proposal_input(seq), skip)
             if not seq.spec_states:  # the first step: the state add_request made becomes this source's
                 seq.spec_states[source] = seq.spec_state
             state = seq.spec_states.get(source)
             if state is None:
                 state = seq.spec_states[source] = controller.new_state(seq.request_id, seq.request.speculation)
             seq.spec_state = state
+
+    def _source_of(self, seq: Sequence) -> str:
+        """The source that drafted for the sequence this step: a combined proposer's (the one whose controller
+        state is the sequence's now), or the method's name."""
+        for name, state in seq.spec_states.items():
+            if state is seq.spec_state:
+                return name
+        return self.config.speculation.method
 
     def _propose(self, scheduled: list[ScheduledSequence]) -> float:
         """Set the drafts of the scheduled decodes; returns the proposer's seconds."""
@@ -419,6 +440,6 @@ class LLMEngine:
             seq.first_token_time = now
         if k == 0:
             return
-        seq.spec.record(k, accepted, draft_s, verify_s)
+        seq.spec.record(k, accepted, draft_s, verify_s, self._source_of(seq))
         if self.controller is not None and seq.spec_state is not None:
             self.controller.observe_acceptance(seq.spec_state, k, accepted)

@@ -34,11 +34,17 @@ class SpecTally(SpecCounters):
     accepted_at: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    # The counters per draft source (the method's name, or a combined proposer's source: suffix, lookup, head).
+    by_source: dict[str, SpecCounters] = field(default_factory=dict)
 
-    def record(self, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
-        """One verification of `drafted` drafts, the first `accepted` of them accepted."""
+    def record(self, drafted: int, accepted: int, draft_s: float, verify_s: float, source: str = "") -> None:
+        """One verification of `drafted` drafts from `source`, the first `accepted` of them accepted."""
         self.drafted += drafted
         self.accepted += accepted
+        if source:
+            counters = self.by_source.setdefault(source, SpecCounters())
+            counters.drafted += drafted
+            counters.accepted += accepted
         while len(self.drafted_at) < drafted:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
@@ -50,7 +56,8 @@ class SpecTally(SpecCounters):
         self.verify_time_s += verify_s
 
     def copy(self) -> SpecTally:
-        return replace(self, drafted_at=list(self.drafted_at), accepted_at=list(self.accepted_at))
+        return replace(self, drafted_at=list(self.drafted_at), accepted_at=list(self.accepted_at),
+                       by_source={name: replace(c) for name, c in self.by_source.items()})
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,10 @@ class EngineRequest:
     # The LoRA adapter (its served name) the request runs with; None: the base model.
     lora: str | None = None
     arrival_time: float = field(default_factory=time.time)
+    # Suffix decoding: the scope whose past outputs draft for it and that its output joins (a worker uses the
+    # tenant, or "" where the operator shares outputs); keep_output False keeps its output out of every scope.
+    draft_scope: str = ""
+    keep_output: bool = True
 
 
 class RequestRejected(Exception):

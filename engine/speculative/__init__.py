@@ -2,6 +2,8 @@
 
     proposer.py    the Proposer protocol, ProposalInput, DraftProposal
     ngram.py       NgramProposer: model-free prompt lookup
+    suffix.py      SuffixProposer: suffix decoding over the request's own text and past outputs (suffix_index.py)
+    combined.py    LookupThenEagle: suffix decoding, prompt lookup and a draft head, one source per sequence
     draft_model.py DraftModelProposer: a small model sharing the target's tokenizer
     verifier.py    verify / verify_batch: logits [k+1, V] -> accepted tokens
     controller.py  SpeculationController: per-request and global draft lengths

@@ -222,6 +222,10 @@ class SpeculationController:
         enabled = self.cfg.enabled and self.cfg.max_draft_tokens > 0 and speculation is not False
         return SpecState(request_id=request_id, enabled=enabled, probe_interval=self.cfg.probe_interval_steps)
 
+    def resting(self, state: SpecState) -> bool:
+        """Switched off for poor acceptance, and no probe due at the next plan: it would draft nothing."""
+        return state.off and not state.probing and self.step + 1 < state.next_probe_step
+
     def acceptance(self, state: SpecState) -> float:
         w = self.tuning.acceptance_prior_weight
         return (state.successes + w * self.tuning.acceptance_prior) / (state.trials + w)

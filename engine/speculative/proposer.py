@@ -7,6 +7,7 @@ tells the proposer how many tokens each sequence really has (`rollback`).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -34,6 +35,7 @@ class ProposalInput:
     params: SamplingOptions
     num_prompt_tokens: int = 0
     rng: RequestRng | None = None
+    scope: str = ""  # EngineRequest.draft_scope: whose past outputs may draft for it
 
     @property
     def next_position(self) -> int:
@@ -108,6 +110,18 @@ class DraftSources(Protocol):
     itself, a draft head elsewhere): the controller keeps a speculation state per source, so a source that keeps
     missing does not shorten, or switch off, the drafts of one that hits."""
 
-    def source(self, inp: ProposalInput) -> str:
-        """Which source would draft for this sequence now (the next propose call, same committed tokens)."""
+    def source(self, inp: ProposalInput, skip: frozenset[str] = frozenset()) -> str:
+        """Which source drafts for this sequence in the next propose call (same committed tokens). skip: sources
+        the controller has switched off for it (poor acceptance, no probe due): the next one that would draft
+        takes the step, if any."""
+        ...
+
+
+@runtime_checkable
+class LearnsFromOutputs(Protocol):
+    """A proposer that drafts from what earlier requests generated (suffix decoding): the engine hands it each
+    speculating request's generated tokens when the request finishes, before `release` (not those of a request
+    that keeps its output out: EngineRequest.keep_output)."""
+
+    def observe_finished(self, seq_id: str, output_ids: Sequence[int], scope: str = "") -> None:
         ...

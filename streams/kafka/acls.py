@@ -102,6 +102,7 @@ def worker_grants(catalog: TopicCatalog, group_id: str) -> list[Grant]:
         Grant("WRITE", "TOPIC", catalog.replies("").name, prefixed=True),
         _topic("WRITE", catalog.dead_letters),
         _topic("WRITE", catalog.completions),  # one record per finished request (streams.eval)
+        _topic("READ", catalog.completions),  # what every worker generated, for suffix decoding
         _topic("WRITE", catalog.tool_intents),  # server-side tool calls (streams.worker.tool_rounds)
         _topic("READ", catalog.tool_results),
         *[_topic("WRITE", t) for t in announcement_topics(catalog)],

@@ -91,6 +91,12 @@ class WorkerMetrics:
         self.accepted_per_pos = Counter(f"{PREFIX}spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted, by position in the draft.", ["model_name", "position"],
                                         registry=registry)
+        self.draft_tokens_by_source = Counter(f"{PREFIX}spec_decode_num_draft_tokens_by_source",
+                                              "Draft tokens proposed, by draft source (suffix, lookup, head, or "
+                                              "the method).", ["model_name", "source"], registry=registry)
+        self.accepted_by_source = Counter(f"{PREFIX}spec_decode_num_accepted_tokens_by_source",
+                                          "Draft tokens accepted, by draft source.", ["model_name", "source"],
+                                          registry=registry)
         self.prompt_tokens = Counter(f"{PREFIX}prompt_tokens", "Prompt tokens of finished requests.",
                                      ["model_name", "tenant"], registry=registry)
         self.generation_tokens = Counter(f"{PREFIX}generation_tokens", "Generated tokens of finished requests.",

@@ -36,7 +36,8 @@ def engine_constraint(request: GenerateRequest) -> Constraint | None:
 
 
 def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time: float,
-                      lora: str | None = None) -> EngineRequest:
+                      lora: str | None = None, shared_outputs: bool = False) -> EngineRequest:
+    """shared_outputs (engine.speculation.suffix_shared): past outputs draft for every tenant, not only their own."""
     sampling = request.sampling
     return EngineRequest(
         request_id=request.request_id,
@@ -65,4 +66,11 @@ def to_engine_request(request: GenerateRequest, tokenizer: Any, *, arrival_time:
         constraint=engine_constraint(request),
         arrival_time=arrival_time,
         lora=lora,
+        draft_scope=draft_scope(request.tenant, shared_outputs),
+        keep_output=request.log_prompt,  # a tenant with log_prompts false: its text is kept nowhere
     )
+
+
+def draft_scope(tenant: str, shared: bool) -> str:
+    """The suffix-decoding scope of a tenant's requests: its own, or the shared one ("")."""
+    return "" if shared else f"tenant:{tenant}"

@@ -56,6 +56,7 @@ from streams.worker.engine_driver import Engine, EngineDriver
 from streams.worker.intake import to_engine_request
 from streams.worker.observers import CompletionsLog, ServiceTelemetry
 from streams.worker.replies import Generation
+from streams.worker.suffix_feed import SuffixFeed
 from streams.worker.tool_rounds import ToolRounds
 
 log = logging.getLogger("specstream.worker")
@@ -104,6 +105,9 @@ class EngineWorker:
         self.completions = CompletionsLog(catalog.completions.name, worker_id=self.worker_id,
                                           fingerprint=config_fingerprint(settings.engine),
                                           enabled=settings.eval.log_completions)
+        # Suffix decoding fed by every worker's answers (streams.worker.suffix_feed); None: not drafting by it.
+        self.suffix_feed = SuffixFeed.from_settings(settings, self.worker_id, served=lambda: self.served_models)
+        self._shared_outputs = settings.engine.speculation.suffix_shared
         # Server-side tool calls: intents out, results in (streams.worker.tool_rounds).
         self.tool_rounds = ToolRounds(settings.tools, catalog.tool_intents.name, proceed=self._continue,
                                       spawn=self._spawn)
@@ -114,7 +118,8 @@ class EngineWorker:
             group_id=self.group_id, check=self._precheck, grants=worker_grants,
             listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel),
                        Listener(catalog.tool_results, ToolResult, self.tool_rounds.on_result),
-                       Listener(catalog.adapters, AdapterCommand, self.adapters.on_command, from_beginning=True)],
+                       Listener(catalog.adapters, AdapterCommand, self.adapters.on_command, from_beginning=True),
+                       *(self.suffix_feed.listeners(catalog) if self.suffix_feed is not None else [])],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,
         ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
@@ -147,6 +152,8 @@ class EngineWorker:
         )
         self._driver.start()
         self.adapters.attach(self.engine, self._driver.call)
+        if self.suffix_feed is not None:
+            self.suffix_feed.attach(self._driver.call, self.engine.tokenizer)
 
     async def _started(self) -> None:
         log.info(
@@ -217,7 +224,7 @@ class EngineWorker:
         try:
             added = self._driver.add(
                 lambda engine: to_engine_request(request, engine.tokenizer, arrival_time=delivery.received_at,
-                                                 lora=self._adapter_of(request))
+                                                 lora=self._adapter_of(request), shared_outputs=self._shared_outputs)
             )
         except RuntimeError:  # driver stopped: shutting down, leave it uncommitted for redelivery
             delivery.hand_back()
@@ -235,7 +242,8 @@ class EngineWorker:
             return
         try:
             added = self._driver.add(lambda engine: to_engine_request(
-                request, engine.tokenizer, arrival_time=time.time(), lora=self._adapter_of(request)))
+                request, engine.tokenizer, arrival_time=time.time(), lora=self._adapter_of(request),
+                shared_outputs=self._shared_outputs))
         except RuntimeError:  # driver stopped: shutting down, leave it uncommitted for redelivery
             generation.delivery.hand_back()
             return

@@ -138,4 +138,7 @@ class WorkerTelemetry:
         metrics.accepted_tokens.labels(model).inc(stats.spec.accepted)
         for position, accepted in enumerate(stats.spec.accepted_at):
             metrics.accepted_per_pos.labels(model, str(position)).inc(accepted)
+        for source, counters in stats.spec.by_source.items():
+            metrics.draft_tokens_by_source.labels(model, source).inc(counters.drafted)
+            metrics.accepted_by_source.labels(model, source).inc(counters.accepted)
 

@@ -100,7 +100,13 @@ def speculative_config(config: EngineConfig) -> dict[str, Any] | None:
     if spec.method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": spec.max_draft_tokens,
                 "prompt_lookup_min": spec.ngram_min, "prompt_lookup_max": spec.ngram_max}
+    if spec.method == "suffix":  # vLLM's suffix decoding (arctic-inference's trees): the same knobs
+        return {"method": "suffix", "num_speculative_tokens": spec.max_draft_tokens,
+                "suffix_decoding_max_tree_depth": spec.suffix_max_depth,
+                "suffix_decoding_max_spec_factor": spec.suffix_max_spec_factor,
+                "suffix_decoding_min_token_prob": spec.suffix_min_token_prob,
+                "suffix_decoding_max_cached_requests": spec.suffix_max_outputs}
     if spec.method == "draft" and spec.draft_model:
         return {"model": spec.draft_model, "num_speculative_tokens": spec.max_draft_tokens}
     raise ValueError(f"engine.speculation.method: {spec.method!r} is not mapped onto vLLM's speculative_config "
-                     "(ngram and draft are); set engine.speculation.enabled: false or method: ngram")
+                     "(ngram, suffix and draft are); set engine.speculation.enabled: false or method: ngram")

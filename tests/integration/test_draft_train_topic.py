@@ -9,21 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from schemas.events import (
-    ChatMessage,
-    Completion,
-    GenerateRequest,
-    ReplyRoute,
-    SamplingParams,
-    Timings,
-    Usage,
-)
-from streams.kafka import clients
 from streams.cli import main
-from streams.worker.completions_log import completion_record
+from tests.completion_records import publish, record
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
 from tests.tiny_targets import tiny_chat_target
 
@@ -37,29 +25,7 @@ ANSWERS = {
 
 
 def _record(i: int, question: str, answer: str, log_prompt: bool = True) -> Any:
-    request = GenerateRequest(request_id=f"r{i}", messages=[ChatMessage(role="user", content=question)], model="m",
-                              tenant="t", log_prompt=log_prompt, sampling=SamplingParams(max_tokens=32),
-                              reply_to=ReplyRoute(topic="replies"))
-    final = Completion(request_id=f"r{i}", text=answer, finish_reason="stop", num_chunks=1,
-                       usage=Usage(prompt_tokens=10, completion_tokens=10, total_tokens=20),
-                       timings=Timings(queued_s=0.0, ttft_s=0.1, total_s=0.2))
-    return completion_record(request, final, worker_id="w", fingerprint="f", served_model="m")
-
-
-async def _publish(bootstrap: str, topic: str, records: list[Any]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
-    finally:
-        await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for record in records:
-            await producer.send_and_wait(topic, clients.encode(record), key=record.request_id.encode())
-    finally:
-        await producer.stop()
+    return record(f"r{i}", question, answer, log_prompt=log_prompt)
 
 
 def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_target(
@@ -68,7 +34,7 @@ def test_draft_train_reads_the_completions_topic_and_writes_a_head_for_its_targe
     prefix = unique_topic("draft")
     records = [_record(i, q, a) for i, (q, a) in enumerate(ANSWERS.items())]
     records.append(_record(9, "a private question", "a private answer", log_prompt=False))  # tenant opted out
-    asyncio.run(_publish(kafka_bootstrap, f"{prefix}.completions", records))
+    asyncio.run(publish(kafka_bootstrap, f"{prefix}.completions", records))
     target = tiny_chat_target(tmp_path / "target", seed=0)
     config = tmp_path / "config.yaml"
     config.write_text(json.dumps({"kafka": {"bootstrap_servers": kafka_bootstrap, "topic_prefix": prefix},

@@ -33,8 +33,8 @@ CASES = [  # (prompt, schema, sampling)
 ]
 
 
-def engine(speculate: bool) -> LLMEngine:
-    spec = SpeculationConfig(enabled=speculate, max_draft_tokens=4, adaptive=False)
+def engine(speculate: bool, method: str = "ngram") -> LLMEngine:
+    spec = SpeculationConfig(enabled=speculate, method=method, max_draft_tokens=4, adaptive=False)
     return LLMEngine.from_config(embedded_engine_config(kv_cache_bytes=1 << 27, speculation=spec))
 
 
@@ -43,13 +43,13 @@ def prompt(eng: LLMEngine, text: str) -> list[int]:
     return list(eng.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)["input_ids"])
 
 
-def run(eng: LLMEngine) -> dict[str, Any]:
+def run(eng: LLMEngine, tag: str = "") -> dict[str, Any]:
     reqs = [
-        EngineRequest(f"c{i}", prompt(eng, text), sampling, constraint=json_constraint(schema))
+        EngineRequest(f"{tag}c{i}", prompt(eng, text), sampling, constraint=json_constraint(schema))
         for i, (text, schema, sampling) in enumerate(CASES)
     ]
-    reqs.append(EngineRequest("free", prompt(eng, "What is Kafka?"), SamplingOptions(max_tokens=16)))
-    return eng.generate(reqs)
+    reqs.append(EngineRequest(f"{tag}free", prompt(eng, "What is Kafka?"), SamplingOptions(max_tokens=16)))
+    return {rid.removeprefix(tag): out for rid, out in eng.generate(reqs).items()}
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +81,17 @@ def test_speculation_is_lossless_under_constraints(
         assert with_speculation[rid].token_ids == out.token_ids, rid
     constrained = [with_speculation[f"c{i}"] for i in range(len(CASES))]
     assert sum(o.spec.drafted for o in constrained) > 0 and sum(o.spec.accepted for o in constrained) > 0
+
+
+def test_suffix_decoding_from_earlier_json_answers_is_lossless_under_constraints(
+    without_speculation: dict[str, Any]
+) -> None:
+    """The same requests twice on one engine: the second round drafts from the first round's JSON answers."""
+    eng = engine(speculate=True, method="suffix")
+    run(eng, "first-")
+    again = run(eng, "again-")
+    for rid, out in without_speculation.items():
+        assert again[rid].token_ids == out.token_ids, rid
+    constrained = [again[f"c{i}"] for i in range(len(CASES))]
+    drafted, accepted = sum(o.spec.drafted for o in constrained), sum(o.spec.accepted for o in constrained)
+    assert accepted >= 0.8 * drafted > 0

@@ -112,7 +112,7 @@ def test_reading_the_configuration_does_not_import_torch(tmp_path: Path) -> None
         ("kafka:\n  bootstrap: x:1\n", "kafka.bootstrap: unknown key"),
         ("colour: blue\n", "colour: unknown key"),
         ("worker:\n  heartbeat_s: often\n", "worker.heartbeat_s: Input should be a valid number"),
-        ("engine:\n  speculation:\n    method: magic\n", "engine.speculation.method: Input should be 'ngram', 'draft' or 'eagle'"),
+        ("engine:\n  speculation:\n    method: magic\n", "engine.speculation.method: Input should be 'ngram', 'draft', 'eagle' or 'suffix'"),
         ("engine:\n  kv_cache_bytes: lots\n", "engine.kv_cache_bytes: expected a byte size"),
         ("engine:\n  threads: -1\n", "engine.threads: Input should be greater than or equal to 0"),
         ("engine:\n  weights: int3\n", "engine.weights: Input should be 'auto', 'fp32', 'bf16', 'int8' or 'int4'"),

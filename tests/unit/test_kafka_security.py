@@ -123,6 +123,7 @@ def test_the_worker_may_read_its_inputs_and_write_replies_dead_letters_completio
                       ("WRITE", "topic p.replies.*"), ("WRITE", "topic p.dead-letters"), ("WRITE", "topic p.services"),
                       ("WRITE", "topic p.completions"), ("WRITE", "topic p.tool-intents"),
                       ("READ", "topic p.tool-results"),
+                      ("READ", "topic p.completions"),  # every worker's answers, for suffix decoding
                       # its batch lane: batch lines as their own group, answers out, batches' state
                       ("READ", "topic p.batch-lines"), ("READ", "group p.batch-workers"),
                       ("WRITE", "topic p.batch-results"), ("READ", "topic p.batches")}

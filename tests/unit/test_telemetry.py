@@ -237,3 +237,33 @@ def test_a_failing_worker_telemetry_hook_costs_telemetry_never_the_reply(caplog:
     with caplog.at_level(logging.ERROR, logger="streams.worker.telemetry"):
         telemetry.engine_done("r", broken_stats, completion, 1.0)  # type: ignore[arg-type]
     assert "telemetry hook engine_done failed" in caplog.text
+
+
+def test_worker_metrics_count_drafts_and_acceptances_by_draft_source() -> None:
+    from engine.outputs import RequestStats, SpecTally
+    from schemas.events import Completion, GenerateRequest, ReplyRoute, Timings, Usage
+    from streams.config import Settings
+    from streams.worker.telemetry import WorkerTelemetry
+
+    registry = CollectorRegistry()
+    telemetry = WorkerTelemetry.from_settings(Settings(telemetry=TelemetrySettings(
+        tracing=TracingSettings(enabled=False))), group_id="g", registry=registry)
+    assert telemetry is not None
+    request = GenerateRequest(request_id="r", prompt="p", model="m", reply_to=ReplyRoute(topic="t"))
+    telemetry.received(request, None)  # type: ignore[arg-type]
+    spec = SpecTally()
+    spec.record(4, 4, 0.0, 0.0, "suffix")
+    spec.record(4, 1, 0.0, 0.0, "head")
+    spec.record(2, 2, 0.0, 0.0, "suffix")
+    stats = RequestStats(prompt_tokens=1, completion_tokens=12, queued_s=0, ttft_s=0, total_s=0, spec=spec)
+    completion = Completion(request_id="r", text="", finish_reason="stop", num_chunks=0,
+                            usage=Usage(prompt_tokens=1, completion_tokens=12, total_tokens=13),
+                            timings=Timings(queued_s=0, ttft_s=0, total_s=0))
+    telemetry.engine_done("r", stats, completion)
+
+    def value(name: str, source: str) -> float | None:
+        return registry.get_sample_value(f"specstream:spec_decode_num_{name}_by_source_total",
+                                         {"model_name": "m", "source": source})
+
+    assert (value("draft_tokens", "suffix"), value("accepted_tokens", "suffix")) == (6.0, 6.0)
+    assert (value("draft_tokens", "head"), value("accepted_tokens", "head")) == (4.0, 1.0)

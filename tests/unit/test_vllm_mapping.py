@@ -59,6 +59,15 @@ def test_engine_settings_map_onto_engine_args() -> None:
     assert kwargs["dtype"] == "bfloat16"
 
 
+def test_suffix_decoding_maps_onto_vllms_suffix_method_with_the_same_knobs() -> None:
+    config = EngineConfig(speculation={"method": "suffix", "max_draft_tokens": 6, "suffix_max_depth": 32,
+                                       "suffix_min_token_prob": 0.2, "suffix_max_outputs": 500})
+    assert engine_kwargs(config, "/m", max_model_len_default=2048)["speculative_config"] == {
+        "method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 32,
+        "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.2,
+        "suffix_decoding_max_cached_requests": 500}
+
+
 def test_the_default_context_is_our_engines_and_speculation_off_sends_no_speculative_config() -> None:
     kwargs = engine_kwargs(EngineConfig(speculation={"enabled": False}), "/m", max_model_len_default=2048)
     assert kwargs["max_model_len"] == 2048 and "speculative_config" not in kwargs

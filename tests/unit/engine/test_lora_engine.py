@@ -14,6 +14,7 @@ from tests.lora_support import peft_greedy, save_random_adapter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
+SUFFIX = SpeculationConfig(enabled=True, method="suffix", max_draft_tokens=4, adaptive=False)
 PROMPTS = random_prompts([9, 14, 5, 11], seed=5)
 PROMPTS[1] = PROMPTS[1][:5] * 3  # repetitive: the n-gram proposer drafts
 
@@ -66,6 +67,23 @@ def test_mixed_batch_with_speculation_gives_each_request_its_output_alone(
     mixed = _engine(hf, adapters, weights=weights, prepack_weights=weights == "fp32", speculation=NGRAM).generate([_req(rid, p, n, **s) for rid, p, n, s in jobs])
     assert {rid: out.token_ids for rid, out in mixed.items()} == alone
     assert sum(out.stats.spec.drafted for out in mixed.values() if out.stats) > 0  # speculation did run
+
+
+def test_suffix_decoding_from_other_adapters_outputs_gives_each_request_its_output_alone(
+    hf: Any, adapters: dict[str, Path]
+) -> None:
+    """The same mixed batch twice on one engine: the second round drafts from the first round's outputs, whatever
+    adapter wrote them, and each request's text is still its own."""
+    plain = _engine(hf, adapters)
+    names = [None, "all", "attn", "rs"]
+    jobs = [(i, PROMPTS[i % 4], names[i % 4], {"temperature": 0.8, "seed": i} if i % 3 == 0 else {}) for i in range(8)]
+    alone = {i: plain.generate([_req("r", p, n, **s)])["r"].token_ids for i, p, n, s in jobs}
+    engine = _engine(hf, adapters, speculation=SUFFIX)
+    for tag in ("first", "again"):
+        mixed = engine.generate([_req(f"{tag}{i}", p, n, **s) for i, p, n, s in jobs])
+        assert {i: mixed[f"{tag}{i}"].token_ids for i, _, _, _ in jobs} == alone
+    drafted, accepted = sum(o.spec.drafted for o in mixed.values()), sum(o.spec.accepted for o in mixed.values())
+    assert accepted >= 0.8 * drafted > 0  # the second round drafted from the first's outputs
 
 
 def test_least_recently_used_adapter_is_evicted_and_read_again_on_demand(hf: Any, adapters: dict[str, Path]) -> None:

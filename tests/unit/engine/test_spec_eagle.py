@@ -182,6 +182,30 @@ def test_prompt_lookup_with_the_head_keeps_the_output_of_plain_and_drafts_by_bot
     assert _generate(engine, prompts, sampling) == _generate(make_engine(hf), prompts, sampling)
 
 
+def test_suffix_beside_lookup_and_the_head_keeps_the_output_of_plain_and_drafts_repeats(hf, head_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    from engine.speculative.combined import LookupThenEagle
+
+    prompts = random_prompts([7, 9, 6], seed=17)
+    sampling = SamplingOptions(max_tokens=40, ignore_eos=True)
+    plain = _generate(make_engine(hf), prompts, sampling)
+    engine = make_engine(hf, speculation=_eagle(head_dir, lookup=True, eagle_suffix=True))
+    assert isinstance(engine.proposer, LookupThenEagle) and engine.proposer.suffix is not None
+    assert [name for name, _ in engine.proposer.matchers] == ["suffix", "lookup"]
+    asked: list[int] = []
+    real = engine.proposer.suffix.propose
+
+    def counted(inputs, num_tokens):  # type: ignore[no-untyped-def]
+        out = real(inputs, num_tokens)
+        asked.extend(p.num_tokens for p in out)
+        return out
+
+    engine.proposer.suffix.propose = counted  # type: ignore[method-assign]
+    assert _generate(engine, prompts, sampling) == plain
+    first = sum(asked)
+    assert _generate(engine, prompts, sampling) == plain  # the same requests again: their outputs are indexed
+    assert sum(asked) - first > first  # the repeats drafted from the first round's outputs
+
+
 @pytest.mark.parametrize("weights", ["fp32", "int4", "int8"])
 def test_beside_any_target_format_the_head_serves_int8_and_the_output_stays_plains(hf, head_dir: Path, weights: str) -> None:  # type: ignore[no-untyped-def]
     from engine.quant.linear import QuantizedLinear
