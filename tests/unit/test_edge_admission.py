@@ -22,6 +22,7 @@ from streams.edge.settings import EdgeOptions
 from streams.edge.tokenizers import Tokenizers
 from streams.wire import errors
 from streams.wire.bodies import ChatCompletionBody, CompletionBody, WsRequestBody
+from tests.tokenizer_support import loaded_tokenizers
 
 MODEL = "smollm2-135m-instruct"
 CONTEXT = 64
@@ -35,14 +36,7 @@ def _options(**edge) -> EdgeOptions:
 
 @pytest.fixture(scope="module")
 def tokenizers() -> Tokenizers:
-    """Loaded once for the module (seconds on two cores); a Pipeline starts loading its own."""
-    async def load() -> Tokenizers:
-        loaded = Tokenizers((MODEL,), CONTEXT)
-        loaded.start()
-        assert await loaded.get(MODEL) is not None
-        return loaded
-
-    return asyncio.run(load())
+    return loaded_tokenizers(MODEL, CONTEXT)
 
 
 @pytest_asyncio.fixture(loop_scope="function")

@@ -3,7 +3,6 @@ sends it by default): the body's forms, the wire request, the edge's decoding an
 and what a batch refuses."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -25,6 +24,7 @@ from streams.wire.bodies import CompletionBody
 from streams.wire.build import build_request
 from streams.wire.chat_template import prompt_token_ids
 from streams.wire.parse import parse_body
+from tests.tokenizer_support import loaded_tokenizers
 
 MODEL = "smollm2-135m-instruct"
 OPTS = EdgeOptions(Settings())
@@ -89,13 +89,7 @@ def test_the_worker_feeds_the_ids_to_the_model_untokenized() -> None:
 
 @pytest.fixture(scope="module")
 def tokenizers() -> Tokenizers:
-    async def load() -> Tokenizers:
-        loaded = Tokenizers((MODEL,), max_model_len=64)
-        loaded.start()
-        assert await loaded.get(MODEL) is not None
-        return loaded
-
-    return asyncio.run(load())
+    return loaded_tokenizers(MODEL, 64)
 
 
 async def test_the_edge_checks_the_ids_against_the_vocabulary_and_adds_their_text(tokenizers: Tokenizers) -> None:

@@ -2,7 +2,6 @@
 with the model's tokenizer (validate)."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -15,6 +14,7 @@ from streams.wire import errors
 from streams.wire.bodies import ChatCompletionBody
 from streams.wire.parse import decode_json, parse_body
 from streams.wire.unsupported import FOR_CHAT, FOR_COMPLETIONS, strip_unsupported
+from tests.tokenizer_support import loaded_tokenizers
 
 MODEL = "smollm2-135m-instruct"
 
@@ -129,13 +129,7 @@ def _request(messages=None, prompt=None, max_tokens=8) -> GenerateRequest:
 
 @pytest.fixture(scope="module")
 def tokenizers() -> Tokenizers:
-    async def load() -> Tokenizers:
-        loaded = Tokenizers((MODEL,), max_model_len=64)
-        loaded.start()
-        assert await loaded.get(MODEL) is not None
-        return loaded
-
-    return asyncio.run(load())
+    return loaded_tokenizers(MODEL, 64)
 
 
 async def test_context_counted_with_the_models_tokenizer_and_chat_template(tokenizers: Tokenizers) -> None:
