@@ -147,6 +147,20 @@ def wait_ready(base_url: str, stack: Stack | None = None, timeout_s: float = 300
     raise AssertionError(f"{base_url} not ready after {timeout_s:.0f}s: {last}\n{stack.logs() if stack else ''}")
 
 
+@contextlib.contextmanager
+def keyed_edge(bootstrap_servers: str, worker: Stack, keys_dir: Path, tenant: str, tag: str) -> Iterator[tuple[str, str]]:
+    """An edge in this process before the shared worker, with one tenant's key: (its base URL, the key), once ready."""
+    from streams.edge.keys import create_key
+    from streams.edge.server import serve_in_thread
+
+    keys_file = keys_dir / "keys.json"
+    key, _ = create_key(keys_file, tenant)
+    options = edge_options(bootstrap_servers, worker.topic_prefix, f"{tag}-{uuid.uuid4().hex[:6]}", keys_file)
+    with serve_in_thread(options) as served:
+        wait_ready(served.base_url, worker)
+        yield served.base_url, key
+
+
 async def request_topic_messages(bootstrap_servers: str, prefix: str) -> list[bytes]:
     """Every message on ``<prefix>.requests`` (all partitions, from the start)."""
     from schemas.topics import TopicCatalog

