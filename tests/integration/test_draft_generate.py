@@ -6,10 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.loader import load_model
+from engine.quant.formats import resolve_weight_format
 from engine.request import EngineRequest, SamplingOptions
 from engine.speculative.eagle_train import collect_features
 from streams.config import Settings
@@ -18,6 +20,9 @@ from streams.draft.source import chat_prompt_ids
 from streams.draft.train import DraftTrainOptions, _generated, _served_target
 from tests.tiny_targets import tiny_chat_target
 
+# The engine serves bf16 only on CPUs with AVX-512 and BF16 (elsewhere fp32, tested in test_quant_engine): the
+# answers of a format it never serves here cannot be told from fp32's.
+_BF16_FALLBACK = resolve_weight_format("bf16", torch.device("cpu")).note
 pytestmark = [pytest.mark.model]
 
 
@@ -36,6 +41,7 @@ def _greedy(model: str, weights: str, prompts: list[str], max_tokens: int) -> li
     return [p + outs[f"r{i}"].token_ids for i, p in enumerate(ids)]
 
 
+@pytest.mark.skipif(_BF16_FALLBACK is not None, reason=f"this CPU: {_BF16_FALLBACK}")
 def test_generated_answers_are_the_configured_formats_greedy_answers(tmp_path: Path) -> None:
     target = str(tiny_chat_target(tmp_path / "target", initializer_range=0.2))
     options = DraftTrainOptions(max_new_tokens=24)

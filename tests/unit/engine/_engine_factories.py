@@ -130,7 +130,7 @@ def make_engine(
     proposer: Any = None,
     controller: Any = None,
     weights: str = "fp32",
-    prepack_weights: bool = True,
+    prepack_weights: bool | None = None,  # None: where the CPU runs oneDNN's bf16 GEMM (the quantized formats' copy)
     lora: LoRAConfig | None = None,
     kernel_dispatch: str = "fixed",  # tests: the same kernels on every machine, no timing at start
     fused_step: bool = True,
@@ -149,7 +149,7 @@ def make_engine(
         max_model_len=max_model_len,
         speculation=speculation or SpeculationConfig(enabled=False),
         weights=weights,
-        prepack_weights=prepack_weights,
+        prepack_weights=_BF16_GEMM_ERROR is None if prepack_weights is None else prepack_weights,
         kernel_dispatch=kernel_dispatch,
         fused_step=fused_step,
         quant_kernel=quant_kernel,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _engine_factories import make_engine, tiny_hf_model, torch_threads
+from _engine_factories import every_format_runs, make_engine, tiny_hf_model, torch_threads  # noqa: F401
 
 from engine.fused import build
 from engine.fused.row_attention import HEAD_DIMS
@@ -101,6 +101,7 @@ def test_operands_it_cannot_attend_are_refused_naming_the_problem(chunk_attentio
         chunk_attention(q, k, v.bfloat16(), 3)
 
 
+@pytest.mark.usefixtures("every_format_runs")  # int4 itself, not fp32 under its name
 def test_the_engine_installs_it_with_the_row_kernel_on_quantized_layers_and_says_so() -> None:
     # (test_fused_decoder_step checks, bit for bit, that the fused step attends prompt chunks as the layers do.)
     lines: list[str] = []

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 import torch
-from _engine_factories import make_engine, needs_bf16_gemm, random_prompts, single_thread, tiny_hf_model  # noqa: F401
+from _engine_factories import (  # noqa: F401  (fixtures)
+    every_format_runs,
+    make_engine,
+    needs_bf16_gemm,
+    random_prompts,
+    single_thread,
+    tiny_hf_model,
+)
 
 from engine.config import LoRAConfig, SpeculationConfig
 from engine.fused import build
@@ -15,11 +22,14 @@ from engine.fused.decoder_step import FusedDecoderStep
 from engine.request import EngineRequest, SamplingOptions
 from engine.runner import FlatBatchBuilder
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+# The formats' own arithmetic on every CPU, not fp32 under their names (see every_format_runs).
+pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
 # (format, engine.prepack_weights, engine.kv_cache_dtype): int4/int8 with and without their bf16 copy for steps past
 # 9 rows; the KV arena in bfloat16 (what auto gives these formats) and in fp32.
-FORMATS = [("int8", True, "auto"), ("int4", True, "auto"), ("int4", False, "float32"),
+# The bf16 copy is oneDNN's bf16 GEMM, which some CPUs cannot run at all.
+FORMATS = [pytest.param("int8", True, "auto", marks=needs_bf16_gemm),
+           pytest.param("int4", True, "auto", marks=needs_bf16_gemm), ("int4", False, "float32"),
            pytest.param("bf16", True, "auto", marks=needs_bf16_gemm)]  # fmt: skip
 NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
 PROMPTS = random_prompts([9, 14, 40], seed=5)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _engine_factories import make_engine, tiny_hf_model, torch_threads
+from _engine_factories import every_format_runs, make_engine, tiny_hf_model, torch_threads  # noqa: F401
 
 from engine.fused import build
 from engine.fused.row_attention import HEAD_DIMS, install_row_attention
@@ -131,6 +131,7 @@ def test_operands_it_cannot_attend_are_refused_naming_the_problem(row_attention:
         row_attention(*args(q, k, v))
 
 
+@pytest.mark.usefixtures("every_format_runs")  # int4 itself, not fp32 under its name
 def test_the_engine_installs_it_on_quantized_layers_and_says_so() -> None:
     lines: list[str] = []
     engine = make_engine(tiny_hf_model("llama"), weights="int4", progress=lines.append)
@@ -140,6 +141,7 @@ def test_the_engine_installs_it_on_quantized_layers_and_says_so() -> None:
     assert engine.model.fused_step is not None and engine.model.fused_step.row_kernel
 
 
+@pytest.mark.usefixtures("every_format_runs")  # int4 itself, not fp32 under its name
 def test_fp32_layers_and_head_sizes_without_a_kernel_keep_sdpa_with_the_reason() -> None:
     fp32 = make_engine(tiny_hf_model("llama"), weights="fp32")
     assert install_row_attention(fp32.model) == "row attention: no layer attends verification rows as decodes"
