@@ -9,7 +9,9 @@ import torch
 
 from engine.gemma import GEMMA_ARCHITECTURES, UnsupportedGemmaError, gemma_fields
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+# Checkpoints whose attention and MLP projections come fused (self_attn.qkv_proj, mlp.gate_up_proj), in our order.
+PRE_FUSED_ARCHITECTURES = ("phi3",)
 
 
 class UnsupportedModelError(ValueError):
@@ -66,7 +68,7 @@ class DecoderConfig:
                 gemma = gemma_fields(c)
             except UnsupportedGemmaError as e:
                 raise UnsupportedModelError(f"{model_type}: {e}") from None
-        elif model_type == "mistral" or (layer_types and "sliding_attention" in layer_types):
+        elif model_type in ("mistral", "phi3") or (layer_types and "sliding_attention" in layer_types):
             window = getattr(c, "sliding_window", None)
         return cls(
             model_type=model_type,
@@ -85,10 +87,22 @@ class DecoderConfig:
             mlp_bias=bool(getattr(c, "mlp_bias", False)),
             qk_norm=model_type == "qwen3" or bool(gemma.get("qk_norm")),
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
-            max_position_embeddings=c.max_position_embeddings,
+            max_position_embeddings=_exact_context(c),
             attention_window=window,
             **{k: v for k, v in gemma.items() if k not in ("hidden_act", "qk_norm")},
         )
+
+
+def _exact_context(hf_config: Any) -> int:
+    """The context within which our RoPE is HF's: longrope and dynamic scaling switch HF to other frequencies past
+    the original context, where ours stay fixed, so that is the context served (longer is refused by name)."""
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    context = hf_config.max_position_embeddings
+    if params.get("rope_type", params.get("type")) in ("longrope", "dynamic"):
+        original = params.get("original_max_position_embeddings") or getattr(
+            hf_config, "original_max_position_embeddings", None)
+        return min(context, original or context)
+    return context
 
 
 def rope_inv_freq(

@@ -1,4 +1,4 @@
-"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3) and Gemma 3 (engine.gemma), on a flat varlen batch.
+"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3, phi3) and Gemma 3 (engine.gemma), on a flat varlen batch.
 
 Why not run the HF module: HF attention wants a padded [B, S] batch and its own
 cache objects. Here every step is ONE flat batch of T tokens from many
@@ -26,6 +26,7 @@ from engine.gemma import (
     SandwichDecoderLayer,
 )
 from engine.decoder_config import (  # noqa: F401  (importers name them from here too)
+    PRE_FUSED_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
     DecoderConfig,
     UnsupportedModelError,
@@ -410,9 +411,17 @@ class Decoder(nn.Module):
             for norm in GEMMA_EXTRA_NORMS if cfg.sandwich_norms else ():
                 ours[f"layers.{i}.{norm}.weight"] = take(f"{p}{norm}.weight")
             a = p + "self_attn."
-            ours[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
-                [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
-            )
+            m = p + "mlp."
+            if cfg.model_type in PRE_FUSED_ARCHITECTURES:  # q, k, v rows and gate, up rows already in our order
+                ours[f"layers.{i}.self_attn.qkv_proj.weight"] = take(a + "qkv_proj.weight")
+                ours[f"layers.{i}.mlp.gate_up_proj.weight"] = take(m + "gate_up_proj.weight")
+            else:
+                ours[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
+                    [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
+                )
+                ours[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
+                    [take(m + "gate_proj.weight"), take(m + "up_proj.weight")]
+                )
             if cfg.qkv_bias:
                 ours[f"layers.{i}.self_attn.qkv_proj.bias"] = torch.cat(
                     [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]
@@ -423,10 +432,6 @@ class Decoder(nn.Module):
             if cfg.qk_norm:
                 ours[f"layers.{i}.self_attn.q_norm.weight"] = take(a + "q_norm.weight")
                 ours[f"layers.{i}.self_attn.k_norm.weight"] = take(a + "k_norm.weight")
-            m = p + "mlp."
-            ours[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
-                [take(m + "gate_proj.weight"), take(m + "up_proj.weight")]
-            )
             ours[f"layers.{i}.mlp.down_proj.weight"] = take(m + "down_proj.weight")
             if cfg.mlp_bias:
                 ours[f"layers.{i}.mlp.gate_up_proj.bias"] = torch.cat(

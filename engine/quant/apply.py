@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from engine.model_ref import gguf_fingerprint
-from engine.model import Decoder
+from engine.model import PRE_FUSED_ARCHITECTURES, Decoder
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import WeightFormat
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
@@ -177,7 +177,11 @@ def quantized_tensors(
     path = cache_path(cache_root, model_dir, source, fmt)
     if path.is_file():
         return load_tensors(path)
-    if gguf is not None:
+    if gguf is not None and model.cfg.model_type in PRE_FUSED_ARCHITECTURES:
+        # Phi-3's GGUF tensors (attn_qkv, a fused ffn_up) are not read block by block: quantized from the floats.
+        say(f"quantizing {gguf.name}'s dequantized {model.cfg.model_type} weights to {fmt} (once) -> {path}")
+        tensors = quantize_decoder(model, fmt)
+    elif gguf is not None:
         from engine.quant.gguf_repack import read_gguf_weights
 
         say(f"{fmt} weights from {gguf.name}'s blocks (once) -> {path}")

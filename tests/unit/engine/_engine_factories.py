@@ -42,6 +42,8 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
@@ -53,6 +55,7 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         "qwen2": (Qwen2Config, Qwen2ForCausalLM),
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
+        "phi3": (Phi3Config, Phi3ForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }
     config_cls, model_cls = families[kind]
@@ -71,6 +74,8 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
     }
     if kind == "gemma3":
         kw |= GEMMA3_TINY
+    if kind == "phi3":  # its defaults name Phi-3's 32k vocabulary's special tokens
+        kw |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     kw.update(overrides)
     torch.manual_seed(seed)
     cfg = config_cls(**kw)

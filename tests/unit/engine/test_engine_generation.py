@@ -6,7 +6,8 @@ import time
 
 import pytest
 import torch
-from _engine_factories import (
+from _engine_factories import (  # noqa: F401  (every_format_runs: a fixture)
+    every_format_runs,
     greedy_request,
     hf_greedy,
     make_engine,
@@ -33,7 +34,7 @@ def drain(engine, outputs: dict[str, list[int]]) -> None:
             outputs.setdefault(out.request_id, []).extend(out.token_ids)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "phi3"])
 def test_staggered_batch_equals_hf_generate_per_prompt(kind: str) -> None:
     hf = tiny_hf_model(kind)
     # 8 tokens per step: long prompts are prefilled in chunks next to running decodes.
@@ -56,6 +57,23 @@ def test_staggered_batch_equals_hf_generate_per_prompt(kind: str) -> None:
     for i, prompt in enumerate(prompts):
         assert got[f"r{i}"] == hf_greedy(hf, prompt, new[i]), f"r{i}"
     assert engine.cache_usage().used_tokens == 0
+
+
+@pytest.mark.usefixtures("every_format_runs")
+@pytest.mark.parametrize("weights", ["fp32", "int4"])
+def test_phi3_speculated_greedy_is_its_plain_greedy_and_in_fp32_hfs(weights: str) -> None:
+    # Phi-3's checkpoints come with q/k/v and gate/up already fused; a repetitive prompt makes the n-gram proposer draft.
+    hf = tiny_hf_model("phi3")
+    ngram = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
+    engine = make_engine(hf, weights=weights, speculation=ngram)
+    prompt = random_prompts([12], seed=3)[0] * 3
+    params = SamplingOptions(max_tokens=24, temperature=0.0, ignore_eos=True)
+    speculated = engine.generate([EngineRequest("s", prompt, params)])["s"]
+    plain = engine.generate([EngineRequest("p", prompt, params, speculation=False)])["p"]
+    assert speculated.stats.spec.drafted > 0
+    assert speculated.token_ids == plain.token_ids
+    if weights == "fp32":
+        assert plain.token_ids == hf_greedy(hf, prompt, 24)
 
 
 class OracleProposer:

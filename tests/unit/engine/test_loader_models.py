@@ -101,8 +101,8 @@ def test_a_gguf_of_an_unsupported_architecture_is_refused_before_it_is_converted
     import numpy as np
 
     monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path / "cache"))
-    path = tmp_path / "phi.gguf"
-    writer = gguf.GGUFWriter(str(path), "phi3")  # a real GGUF's metadata, of an architecture we do not run
+    path = tmp_path / "falcon.gguf"
+    writer = gguf.GGUFWriter(str(path), "falcon")  # a real GGUF's metadata, of an architecture we do not run
     for add, value in [(writer.add_context_length, 128), (writer.add_embedding_length, 32),
                        (writer.add_block_count, 1), (writer.add_feed_forward_length, 64), (writer.add_head_count, 2),
                        (writer.add_head_count_kv, 2), (writer.add_layer_norm_rms_eps, 1e-5),
@@ -113,7 +113,7 @@ def test_a_gguf_of_an_unsupported_architecture_is_refused_before_it_is_converted
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedModelError, match="'phi3'.*supported: llama.*gemma3_text"):
+    with pytest.raises(UnsupportedModelError, match="'falcon'.*supported: llama.*gemma3_text"):
         resolve_model_dir(str(path))
     assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").iterdir())
 

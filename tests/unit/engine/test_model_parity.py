@@ -44,7 +44,7 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
     return hf(torch.tensor([ids])).logits[0]  # [S, V]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "phi3"])
 def test_logits_match_hf_in_one_flat_batch(kind: str) -> None:
     hf = tiny_hf_model(kind)
     model = Decoder.from_hf(hf, 256)
@@ -58,7 +58,7 @@ def test_logits_match_hf_in_one_flat_batch(kind: str) -> None:
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "phi3"])
 def test_chunked_prefill_and_decode_match_hf(kind: str) -> None:
     hf = tiny_hf_model(kind)
     model = Decoder.from_hf(hf, 256)
@@ -83,6 +83,18 @@ def test_rope_scaling_variant_matches_hf() -> None:
     }
     hf = tiny_hf_model("llama", rope_parameters=rope)
     model = Decoder.from_hf(hf, 256)
+    ids = torch.randint(0, 300, (100,)).tolist()
+    torch.testing.assert_close(run_chunks(model, cache_for(hf), [(0, ids, 0)]), hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+
+def test_phi3_longrope_matches_hf_within_its_original_context_and_serves_no_further() -> None:
+    # HF moves to the long factors past the original context; ours are the short ones throughout.
+    half = 16 // 2  # head_dim 16
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + i / half for i in range(half)],
+            "long_factor": [4.0] * half, "original_max_position_embeddings": 128}
+    hf = tiny_hf_model("phi3", rope_parameters=rope, max_position_embeddings=1024, original_max_position_embeddings=128)
+    model = Decoder.from_hf(hf, 128)
+    assert model.cfg.max_position_embeddings == 128
     ids = torch.randint(0, 300, (100,)).tolist()
     torch.testing.assert_close(run_chunks(model, cache_for(hf), [(0, ids, 0)]), hf_logits(hf, ids), atol=1e-4, rtol=0)
 
