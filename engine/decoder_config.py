@@ -9,7 +9,7 @@ import torch
 
 from engine.gemma import GEMMA_ARCHITECTURES, UnsupportedGemmaError, gemma_fields
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "gemma3_text")
 # Checkpoints whose attention and MLP projections come fused (self_attn.qkv_proj, mlp.gate_up_proj), in our order.
 PRE_FUSED_ARCHITECTURES = ("phi3",)
 
@@ -47,6 +47,9 @@ class DecoderConfig:
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     layer_windows: tuple[int | None, ...] = ()  # per layer: the applied sliding window, None for a global layer
     local_rope_layers: tuple[bool, ...] = ()  # per layer: rotates with the sliding_attention RoPE parameters
+    # Mixtral's sparse MLP (engine.moe): experts per layer and how many each token takes; 0: a dense MLP.
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @classmethod
     def from_hf(cls, hf_config: Any) -> DecoderConfig:
@@ -68,7 +71,7 @@ class DecoderConfig:
                 gemma = gemma_fields(c)
             except UnsupportedGemmaError as e:
                 raise UnsupportedModelError(f"{model_type}: {e}") from None
-        elif model_type in ("mistral", "phi3") or (layer_types and "sliding_attention" in layer_types):
+        elif model_type in ("mistral", "phi3", "mixtral") or (layer_types and "sliding_attention" in layer_types):
             window = getattr(c, "sliding_window", None)
         return cls(
             model_type=model_type,
@@ -89,6 +92,8 @@ class DecoderConfig:
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             max_position_embeddings=_exact_context(c),
             attention_window=window,
+            num_experts=getattr(c, "num_local_experts", 0) if model_type == "mixtral" else 0,
+            experts_per_token=getattr(c, "num_experts_per_tok", 0) if model_type == "mixtral" else 0,
             **{k: v for k, v in gemma.items() if k not in ("hidden_act", "qk_norm")},
         )
 

@@ -178,7 +178,9 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv_cache, keep_hidden=self.hidden_consumer is not None)
         # After the weight format: the LoRA delta wraps whatever linear the format installed.
         self.lora: LoRARequests | None = None
-        if config.lora.enabled:
+        if config.lora.enabled and self.model.cfg.num_experts and not config.lora.adapters:
+            say(f"lora: off ({self.model.cfg.model_type}'s experts take no adapters yet)")  # only the default slots
+        elif config.lora.enabled:
             self.lora = LoRARequests(LoRAManager(self.model, config.lora), self.scheduler.add, self.model_name)
             load_configured_adapters(self.lora.manager, config.lora, say)
         # Last: it reads the linears the weight format, the kernel dispatch and LoRA left.

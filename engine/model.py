@@ -1,4 +1,5 @@
-"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3, phi3) and Gemma 3 (engine.gemma), on a flat varlen batch.
+"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3, phi3, mixtral: engine.moe) and Gemma 3
+(engine.gemma), on a flat varlen batch.
 
 Why not run the HF module: HF attention wants a padded [B, S] batch and its own
 cache objects. Here every step is ONE flat batch of T tokens from many
@@ -34,6 +35,7 @@ from engine.decoder_config import (  # noqa: F401  (importers name them from her
 )
 from engine.kv_cache import KVCache
 from engine.meta_init import skeleton
+from engine.moe import SparseMoE
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
 from engine.rotary import RopeStep, apply_rotary_
 from engine.sliding_window import needs_window, window_band, window_rows
@@ -271,7 +273,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp: nn.Module = SparseMoE(cfg) if cfg.num_experts else MLP(cfg)
 
     def forward(self, h: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), rope, attn)
@@ -410,34 +412,8 @@ class Decoder(nn.Module):
             ours[f"layers.{i}.post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
             for norm in GEMMA_EXTRA_NORMS if cfg.sandwich_norms else ():
                 ours[f"layers.{i}.{norm}.weight"] = take(f"{p}{norm}.weight")
-            a = p + "self_attn."
-            m = p + "mlp."
-            if cfg.model_type in PRE_FUSED_ARCHITECTURES:  # q, k, v rows and gate, up rows already in our order
-                ours[f"layers.{i}.self_attn.qkv_proj.weight"] = take(a + "qkv_proj.weight")
-                ours[f"layers.{i}.mlp.gate_up_proj.weight"] = take(m + "gate_up_proj.weight")
-            else:
-                ours[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
-                    [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
-                )
-                ours[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
-                    [take(m + "gate_proj.weight"), take(m + "up_proj.weight")]
-                )
-            if cfg.qkv_bias:
-                ours[f"layers.{i}.self_attn.qkv_proj.bias"] = torch.cat(
-                    [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")]
-                )
-            ours[f"layers.{i}.self_attn.o_proj.weight"] = take(a + "o_proj.weight")
-            if cfg.o_bias:
-                ours[f"layers.{i}.self_attn.o_proj.bias"] = take(a + "o_proj.bias")
-            if cfg.qk_norm:
-                ours[f"layers.{i}.self_attn.q_norm.weight"] = take(a + "q_norm.weight")
-                ours[f"layers.{i}.self_attn.k_norm.weight"] = take(a + "k_norm.weight")
-            ours[f"layers.{i}.mlp.down_proj.weight"] = take(m + "down_proj.weight")
-            if cfg.mlp_bias:
-                ours[f"layers.{i}.mlp.gate_up_proj.bias"] = torch.cat(
-                    [take(m + "gate_proj.bias"), take(m + "up_proj.bias")]
-                )
-                ours[f"layers.{i}.mlp.down_proj.bias"] = take(m + "down_proj.bias")
+            ours |= _attention_tensors(cfg, take, p + "self_attn.", f"layers.{i}.self_attn.")
+            ours |= _mlp_tensors(cfg, take, p + "mlp.", f"layers.{i}.mlp.")
 
         # Build on the meta device and adopt the tensors: no second random-initialised copy.
         with skeleton():
@@ -446,3 +422,41 @@ class Decoder(nn.Module):
         model.eval().requires_grad_(False)
         model.init_rope(hf_config, max_positions)
         return model
+
+
+Take = Callable[[str], torch.Tensor]
+
+
+def _attention_tensors(cfg: DecoderConfig, take: Take, a: str, ours: str) -> dict[str, torch.Tensor]:
+    """One layer's attention weights, from the checkpoint's names under ``a`` to ours under ``ours``."""
+    out: dict[str, torch.Tensor] = {}
+    if cfg.model_type in PRE_FUSED_ARCHITECTURES:  # q, k and v rows already in our order
+        out[ours + "qkv_proj.weight"] = take(a + "qkv_proj.weight")
+    else:
+        out[ours + "qkv_proj.weight"] = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+    if cfg.qkv_bias:
+        out[ours + "qkv_proj.bias"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
+    out[ours + "o_proj.weight"] = take(a + "o_proj.weight")
+    if cfg.o_bias:
+        out[ours + "o_proj.bias"] = take(a + "o_proj.bias")
+    if cfg.qk_norm:
+        out[ours + "q_norm.weight"] = take(a + "q_norm.weight")
+        out[ours + "k_norm.weight"] = take(a + "k_norm.weight")
+    return out
+
+
+def _mlp_tensors(cfg: DecoderConfig, take: Take, m: str, ours: str) -> dict[str, torch.Tensor]:
+    """One layer's MLP weights (a dense MLP's, or the router's and every expert's), from ``m`` to ``ours``."""
+    if cfg.num_experts:  # every expert's fused gate/up and down, as the checkpoint stacks them
+        return {ours + "router.weight": take(m + "gate.weight"), ours + "gate_up": take(m + "experts.gate_up_proj"),
+                ours + "down": take(m + "experts.down_proj")}
+    out: dict[str, torch.Tensor] = {}
+    if cfg.model_type in PRE_FUSED_ARCHITECTURES:  # gate and up rows already in our order
+        out[ours + "gate_up_proj.weight"] = take(m + "gate_up_proj.weight")
+    else:
+        out[ours + "gate_up_proj.weight"] = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+    out[ours + "down_proj.weight"] = take(m + "down_proj.weight")
+    if cfg.mlp_bias:
+        out[ours + "gate_up_proj.bias"] = torch.cat([take(m + "gate_proj.bias"), take(m + "up_proj.bias")])
+        out[ours + "down_proj.bias"] = take(m + "down_proj.bias")
+    return out

@@ -43,6 +43,8 @@ def _why_not(model: Decoder) -> str | None:
     cfg = model.cfg
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return f"the model runs in {model.dtype} on {model.device.type}; the fused step knows fp32 on CPU"
+    if cfg.num_experts:
+        return f"{cfg.model_type}'s experts are not the fused step's"
     if cfg.sandwich_norms or cfg.layer_windows or cfg.embed_scale is not None:
         return f"{cfg.model_type}'s layers (sandwich norms, sliding windows, a scaled embedding) are not the fused step's"
     if cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.qk_norm or cfg.hidden_act != "silu":

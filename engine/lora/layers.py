@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from engine.lora.adapter import LoRAAdapter, projection_shapes
-from engine.model import Decoder
+from engine.model import Decoder, UnsupportedModelError
 
 # Our fused module (under each layer) -> the PEFT projections it holds, in output-column order.
 FUSED: dict[str, tuple[str, ...]] = {
@@ -142,6 +142,9 @@ class LoRALinear(nn.Module):
 
 def install_lora_linears(model: Decoder, rows: StepRows) -> list[tuple[int, LoRALinear]]:
     """Wrap every decoder linear in a LoRALinear (after the weight format is applied); returns (layer, wrapper)."""
+    if model.cfg.num_experts:
+        raise UnsupportedModelError(f"{model.cfg.model_type}: LoRA adapters are not served for a mixture of experts "
+                                    "yet: remove engine.lora.adapters")
     shapes = projection_shapes(model.cfg)
     wrapped: list[tuple[int, LoRALinear]] = []
     for i, layer in enumerate(model.layers):

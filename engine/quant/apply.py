@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from engine.model_ref import gguf_fingerprint
-from engine.model import PRE_FUSED_ARCHITECTURES, Decoder
+from engine.model import PRE_FUSED_ARCHITECTURES, Decoder, UnsupportedModelError
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import WeightFormat
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
@@ -204,6 +204,9 @@ def apply_weight_format(
     kernel: str = "auto",
 ) -> None:
     """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32; kernel: engine.quant_kernel."""
+    if model.cfg.num_experts:
+        raise UnsupportedModelError(f"{model.cfg.model_type}: engine.weights {fmt} is not served for a mixture of "
+                                    "experts yet (its experts run fp32): set engine.weights fp32")
     if fmt == "bf16":
         install_bf16(model)
     elif fmt in ("int4", "int8"):

@@ -42,6 +42,8 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
         Phi3Config,
         Phi3ForCausalLM,
         Qwen2Config,
@@ -56,6 +58,7 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         "qwen3": (Qwen3Config, Qwen3ForCausalLM),
         "mistral": (MistralConfig, MistralForCausalLM),
         "phi3": (Phi3Config, Phi3ForCausalLM),
+        "mixtral": (MixtralConfig, MixtralForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }
     config_cls, model_cls = families[kind]
@@ -74,6 +77,8 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
     }
     if kind == "gemma3":
         kw |= GEMMA3_TINY
+    if kind == "mixtral":  # four experts, two per token
+        kw |= {"num_local_experts": 4, "num_experts_per_tok": 2}
     if kind == "phi3":  # its defaults name Phi-3's 32k vocabulary's special tokens
         kw |= {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     kw.update(overrides)

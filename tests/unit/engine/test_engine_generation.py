@@ -15,7 +15,8 @@ from _engine_factories import (  # noqa: F401  (every_format_runs: a fixture)
     tiny_hf_model,
 )
 
-from engine.config import SpeculationConfig
+from engine.config import LoRAConfig, SpeculationConfig
+from engine.model import UnsupportedModelError
 from engine.request import EngineRequest, RequestRejected, SamplingOptions
 from engine.speculative.controller import SpeculationController
 from engine.speculative.proposer import DraftProposal, ProposalInput
@@ -34,7 +35,7 @@ def drain(engine, outputs: dict[str, list[int]]) -> None:
             outputs.setdefault(out.request_id, []).extend(out.token_ids)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "phi3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "phi3", "mixtral"])
 def test_staggered_batch_equals_hf_generate_per_prompt(kind: str) -> None:
     hf = tiny_hf_model(kind)
     # 8 tokens per step: long prompts are prefilled in chunks next to running decodes.
@@ -60,10 +61,11 @@ def test_staggered_batch_equals_hf_generate_per_prompt(kind: str) -> None:
 
 
 @pytest.mark.usefixtures("every_format_runs")
-@pytest.mark.parametrize("weights", ["fp32", "int4"])
-def test_phi3_speculated_greedy_is_its_plain_greedy_and_in_fp32_hfs(weights: str) -> None:
-    # Phi-3's checkpoints come with q/k/v and gate/up already fused; a repetitive prompt makes the n-gram proposer draft.
-    hf = tiny_hf_model("phi3")
+@pytest.mark.parametrize("kind,weights", [("phi3", "fp32"), ("phi3", "int4"), ("mixtral", "fp32")])
+def test_speculated_greedy_is_plain_greedy_and_in_fp32_hfs(kind: str, weights: str) -> None:
+    # Phi-3's checkpoints come with q/k/v and gate/up fused; Mixtral routes each token to 2 of 4 experts. A
+    # repetitive prompt makes the n-gram proposer draft, so verification steps run.
+    hf = tiny_hf_model(kind)
     ngram = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
     engine = make_engine(hf, weights=weights, speculation=ngram)
     prompt = random_prompts([12], seed=3)[0] * 3
@@ -74,6 +76,21 @@ def test_phi3_speculated_greedy_is_its_plain_greedy_and_in_fp32_hfs(weights: str
     assert speculated.token_ids == plain.token_ids
     if weights == "fp32":
         assert plain.token_ids == hf_greedy(hf, prompt, 24)
+
+
+@pytest.mark.usefixtures("every_format_runs")
+def test_a_mixture_of_experts_refuses_reduced_formats_and_adapters_by_name_and_keeps_lora_off() -> None:
+    with pytest.raises(UnsupportedModelError, match="mixtral: engine.weights int4 is not served for a mixture"):
+        make_engine(tiny_hf_model("mixtral"), weights="int4")
+    # LoRA's slots (on by default) stay empty for it, and say so; an adapter configured for it is refused.
+    lines: list[str] = []
+    assert make_engine(tiny_hf_model("mixtral"), lora=LoRAConfig(adapters={}, max_loaded=2),
+                       progress=lines.append).lora is None
+    assert "lora: off (mixtral's experts take no adapters yet)" in lines
+    from engine.lora.manager import LoRAManager
+
+    with pytest.raises(UnsupportedModelError, match="mixtral: LoRA adapters are not served .* engine.lora.adapters"):
+        LoRAManager(make_engine(tiny_hf_model("mixtral")).model, LoRAConfig(adapters={}, max_loaded=2))
 
 
 class OracleProposer:

@@ -44,7 +44,7 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
     return hf(torch.tensor([ids])).logits[0]  # [S, V]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "phi3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "phi3", "mixtral"])
 def test_logits_match_hf_in_one_flat_batch(kind: str) -> None:
     hf = tiny_hf_model(kind)
     model = Decoder.from_hf(hf, 256)
@@ -58,7 +58,7 @@ def test_logits_match_hf_in_one_flat_batch(kind: str) -> None:
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "phi3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "phi3", "mixtral"])
 def test_chunked_prefill_and_decode_match_hf(kind: str) -> None:
     hf = tiny_hf_model(kind)
     model = Decoder.from_hf(hf, 256)
