@@ -413,7 +413,8 @@ class Decoder(nn.Module):
             for norm in GEMMA_EXTRA_NORMS if cfg.sandwich_norms else ():
                 ours[f"layers.{i}.{norm}.weight"] = take(f"{p}{norm}.weight")
             ours |= _attention_tensors(cfg, take, p + "self_attn.", f"layers.{i}.self_attn.")
-            ours |= _mlp_tensors(cfg, take, p + "mlp.", f"layers.{i}.mlp.")
+            ours |= (_expert_tensors(cfg, take, sd.__contains__, p, f"layers.{i}.mlp.") if cfg.num_experts
+                     else _mlp_tensors(cfg, take, p + "mlp.", f"layers.{i}.mlp."))
 
         # Build on the meta device and adopt the tensors: no second random-initialised copy.
         with skeleton():
@@ -446,10 +447,7 @@ def _attention_tensors(cfg: DecoderConfig, take: Take, a: str, ours: str) -> dic
 
 
 def _mlp_tensors(cfg: DecoderConfig, take: Take, m: str, ours: str) -> dict[str, torch.Tensor]:
-    """One layer's MLP weights (a dense MLP's, or the router's and every expert's), from ``m`` to ``ours``."""
-    if cfg.num_experts:  # every expert's fused gate/up and down, as the checkpoint stacks them
-        return {ours + "router.weight": take(m + "gate.weight"), ours + "gate_up": take(m + "experts.gate_up_proj"),
-                ours + "down": take(m + "experts.down_proj")}
+    """One layer's dense MLP weights, from the checkpoint's names under ``m`` to ours under ``ours``."""
     out: dict[str, torch.Tensor] = {}
     if cfg.model_type in PRE_FUSED_ARCHITECTURES:  # gate and up rows already in our order
         out[ours + "gate_up_proj.weight"] = take(m + "gate_up_proj.weight")
@@ -460,3 +458,21 @@ def _mlp_tensors(cfg: DecoderConfig, take: Take, m: str, ours: str) -> dict[str,
         out[ours + "gate_up_proj.bias"] = torch.cat([take(m + "gate_proj.bias"), take(m + "up_proj.bias")])
         out[ours + "down_proj.bias"] = take(m + "down_proj.bias")
     return out
+
+
+def _expert_tensors(
+    cfg: DecoderConfig, take: Take, has: Callable[[str], bool], p: str, ours: str
+) -> dict[str, torch.Tensor]:
+    """One layer's router and experts (engine.moe.SparseMoE), from either layout a Mixtral checkpoint comes in:
+    transformers 5's stacked ``mlp.experts.gate_up_proj`` / ``down_proj``, or the Hub files' per-expert
+    ``block_sparse_moe.experts.E.w1`` (gate), ``w3`` (up) and ``w2`` (down)."""
+    if not has(p + "block_sparse_moe.gate.weight"):
+        return {ours + "router.weight": take(p + "mlp.gate.weight"),
+                ours + "gate_up": take(p + "mlp.experts.gate_up_proj"),
+                ours + "down": take(p + "mlp.experts.down_proj")}
+    e = p + "block_sparse_moe.experts."
+    experts = range(cfg.num_experts)
+    return {ours + "router.weight": take(p + "block_sparse_moe.gate.weight"),
+            ours + "gate_up": torch.stack([torch.cat([take(f"{e}{x}.w1.weight"), take(f"{e}{x}.w3.weight")])
+                                           for x in experts]),
+            ours + "down": torch.stack([take(f"{e}{x}.w2.weight") for x in experts])}

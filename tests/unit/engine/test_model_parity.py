@@ -99,6 +99,29 @@ def test_phi3_longrope_matches_hf_within_its_original_context_and_serves_no_furt
     torch.testing.assert_close(run_chunks(model, cache_for(hf), [(0, ids, 0)]), hf_logits(hf, ids), atol=1e-4, rtol=0)
 
 
+def test_a_mixtral_checkpoint_in_the_hubs_per_expert_layout_gives_the_same_logits() -> None:
+    # The Hub's files name each expert's w1 (gate), w3 (up) and w2 (down); transformers 5 stacks them on load.
+    hf = tiny_hf_model("mixtral")
+    hub: dict[str, torch.Tensor] = {}
+    for name, tensor in hf.state_dict().items():
+        layer, _, rest = name.partition(".mlp.")
+        if not rest:
+            hub[name] = tensor
+        elif rest == "gate.weight":
+            hub[f"{layer}.block_sparse_moe.gate.weight"] = tensor
+        elif rest == "experts.gate_up_proj":
+            for x, rows in enumerate(tensor):
+                gate, up = rows.chunk(2)
+                hub[f"{layer}.block_sparse_moe.experts.{x}.w1.weight"] = gate
+                hub[f"{layer}.block_sparse_moe.experts.{x}.w3.weight"] = up
+        elif rest == "experts.down_proj":
+            for x, down in enumerate(tensor):
+                hub[f"{layer}.block_sparse_moe.experts.{x}.w2.weight"] = down
+    model = Decoder.from_checkpoint(hf.config, hub, 64)
+    ids = torch.randint(0, 300, (40,)).tolist()
+    torch.testing.assert_close(run_chunks(model, cache_for(hf), [(0, ids, 0)]), hf_logits(hf, ids), atol=1e-4, rtol=0)
+
+
 def test_weights_are_fused_and_tied() -> None:
     hf = tiny_hf_model("qwen2")  # tied embeddings
     model = Decoder.from_hf(hf, 64)
