@@ -16,6 +16,7 @@ from _engine_factories import (  # noqa: F401  (every_format_runs: a fixture)
 )
 
 from engine.config import LoRAConfig, SpeculationConfig
+from engine.lora.manager import LoRAManager
 from engine.model import UnsupportedModelError
 from engine.request import EngineRequest, RequestRejected, SamplingOptions
 from engine.speculative.controller import SpeculationController
@@ -87,8 +88,6 @@ def test_a_mixture_of_experts_refuses_reduced_formats_and_adapters_by_name_and_k
     assert make_engine(tiny_hf_model("mixtral"), lora=LoRAConfig(adapters={}, max_loaded=2),
                        progress=lines.append).lora is None
     assert "lora: off (mixtral's experts take no adapters yet)" in lines
-    from engine.lora.manager import LoRAManager
-
     with pytest.raises(UnsupportedModelError, match="mixtral: LoRA adapters are not served .* engine.lora.adapters"):
         LoRAManager(make_engine(tiny_hf_model("mixtral")).model, LoRAConfig(adapters={}, max_loaded=2))
 
