@@ -36,16 +36,15 @@ class DecoderConfig:
     qk_norm: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
-    # Sliding-window attention span when some layer uses one and the window is not applied (the Llama
-    # family's): the engine keeps max_model_len within it. Gemma's windows are applied: layer_windows.
-    attention_window: int | None
-    # Gemma 3's (engine.gemma.gemma_fields); the defaults are the Llama family's.
+    # Gemma's (engine.gemma.gemma_fields); the defaults are the Llama family's.
     norm_offset: float = 0.0  # norms scale by (offset + w)
     embed_scale: float | None = None  # the embedding's output times this
     sandwich_norms: bool = False  # norms after attention and around the MLP (engine.gemma.SandwichDecoderLayer)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
-    layer_windows: tuple[int | None, ...] = ()  # per layer: the applied sliding window, None for a global layer
+    # Per layer: the sliding window, None for a global layer; () when no layer has one. Applied (engine.sliding_window),
+    # so a windowed model serves its whole context.
+    layer_windows: tuple[int | None, ...] = ()
     local_rope_layers: tuple[bool, ...] = ()  # per layer: rotates with the sliding_attention RoPE parameters
     # Mixtral's sparse MLP (engine.moe): experts per layer and how many each token takes; 0: a dense MLP.
     num_experts: int = 0
@@ -63,16 +62,12 @@ class DecoderConfig:
         c = hf_config
         num_heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // num_heads
-        window: int | None = None
-        layer_types = getattr(c, "layer_types", None)
-        gemma: dict[str, Any] = {}
+        family: dict[str, Any] = {}  # fields beyond the Llama family's
         if model_type in GEMMA_ARCHITECTURES:
             try:
-                gemma = gemma_fields(c)
+                family = gemma_fields(c)
             except UnsupportedGemmaError as e:
                 raise UnsupportedModelError(f"{model_type}: {e}") from None
-        elif model_type in ("mistral", "phi3", "mixtral") or (layer_types and "sliding_attention" in layer_types):
-            window = getattr(c, "sliding_window", None)
         return cls(
             model_type=model_type,
             vocab_size=c.vocab_size,
@@ -83,19 +78,34 @@ class DecoderConfig:
             num_kv_heads=getattr(c, "num_key_value_heads", None) or num_heads,
             head_dim=head_dim,
             rms_norm_eps=c.rms_norm_eps,
-            hidden_act=gemma.get("hidden_act") or c.hidden_act,
+            hidden_act=family.get("hidden_act") or c.hidden_act,
             # qwen2 always has q/k/v biases; llama-style configs say so with attention_bias.
             qkv_bias=model_type == "qwen2" or bool(getattr(c, "attention_bias", False)),
             o_bias=model_type != "qwen2" and bool(getattr(c, "attention_bias", False)),
             mlp_bias=bool(getattr(c, "mlp_bias", False)),
-            qk_norm=model_type == "qwen3" or bool(gemma.get("qk_norm")),
+            qk_norm=model_type == "qwen3" or bool(family.get("qk_norm")),
             tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", False)),
             max_position_embeddings=_exact_context(c),
-            attention_window=window,
+            layer_windows=_layer_windows(c),
             num_experts=getattr(c, "num_local_experts", 0) if model_type == "mixtral" else 0,
             experts_per_token=getattr(c, "num_experts_per_tok", 0) if model_type == "mixtral" else 0,
-            **{k: v for k, v in gemma.items() if k not in ("hidden_act", "qk_norm")},
+            **{k: v for k, v in family.items() if k not in ("hidden_act", "qk_norm")},
         )
+
+
+def _layer_windows(c: Any) -> tuple[int | None, ...]:
+    """Each layer's window as transformers applies it: every layer of mistral, phi3 and mixtral (their configs have
+    no layer types), the sliding_attention layers of those that have them (qwen2's use_sliding_window and
+    max_window_layers resolve into layer types)."""
+    window = getattr(c, "sliding_window", None)
+    layer_types = getattr(c, "layer_types", None)
+    if not window:
+        return ()
+    if layer_types is None:
+        return (window,) * c.num_hidden_layers if c.model_type in ("mistral", "phi3", "mixtral") else ()
+    if "sliding_attention" not in layer_types:
+        return ()
+    return tuple(window if t == "sliding_attention" else None for t in layer_types)
 
 
 def _exact_context(hf_config: Any) -> int:

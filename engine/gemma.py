@@ -42,7 +42,6 @@ def gemma_fields(c: Any) -> dict[str, Any]:
         "sandwich_norms": True,
         "attn_scale": c.query_pre_attn_scalar**-0.5,
         "final_softcap": getattr(c, "final_logit_softcapping", None),
-        "layer_windows": tuple(c.sliding_window if t == "sliding_attention" else None for t in layer_types),
         "local_rope_layers": tuple(t == "sliding_attention" for t in layer_types),
     }
 

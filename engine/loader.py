@@ -114,12 +114,8 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        """Longest sequence the model handles exactly (a window the engine does not apply, Mistral's, caps it;
-        Gemma's are applied)."""
-        cfg = self.model.cfg
-        if cfg.attention_window:
-            return min(cfg.max_position_embeddings, cfg.attention_window)
-        return cfg.max_position_embeddings
+        """Longest sequence the model handles exactly (sliding windows are applied, so they do not cap it)."""
+        return self.model.cfg.max_position_embeddings
 
 
 def _eos_ids(tokenizer: Any, generation_config: Any) -> frozenset[int]:

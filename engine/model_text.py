@@ -100,11 +100,12 @@ def load_tokenizer(name_or_path: str, progress: Progress = noop) -> Any:
 
 
 def _plain_context(config: dict[str, Any]) -> int | None:
-    """max_position_embeddings, for a Llama config that states it: LlamaConfig has no sliding window and no rule
-    that changes it. Others (mistral's window, qwen2/qwen3's use_sliding_window and max_window_layers, which their
-    config classes resolve into layer types) go through AutoConfig: None."""
+    """max_position_embeddings, for a Llama config that states it and scales no RoPE (longrope and dynamic scaling
+    cap the context: engine.decoder_config._exact_context); the rest go through AutoConfig: None."""
     context = config.get("max_position_embeddings")
-    if config.get("model_type") != "llama" or "layer_types" in config or not isinstance(context, int):
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    scaled = rope.get("rope_type", rope.get("type")) in ("longrope", "dynamic")
+    if config.get("model_type") != "llama" or scaled or not isinstance(context, int):
         return None
     return context
 
@@ -125,7 +126,4 @@ def model_context(name_or_path: str) -> int:
     else:
         assert gguf is not None
         hf_config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    cfg = DecoderConfig.from_hf(hf_config)
-    if cfg.attention_window:
-        return min(cfg.max_position_embeddings, cfg.attention_window)
-    return cfg.max_position_embeddings
+    return DecoderConfig.from_hf(hf_config).max_position_embeddings

@@ -45,8 +45,11 @@ def _why_not(model: Decoder) -> str | None:
         return f"the model runs in {model.dtype} on {model.device.type}; the fused step knows fp32 on CPU"
     if cfg.num_experts:
         return f"{cfg.model_type}'s experts are not the fused step's"
-    if cfg.sandwich_norms or cfg.layer_windows or cfg.embed_scale is not None:
-        return f"{cfg.model_type}'s layers (sandwich norms, sliding windows, a scaled embedding) are not the fused step's"
+    if cfg.sandwich_norms or cfg.embed_scale is not None:
+        return f"{cfg.model_type}'s layers (sandwich norms, a scaled embedding) are not the fused step's"
+    # A window no region outgrows (max_model_len within it) never narrows what a row sees.
+    if any(w is not None and w < model.max_positions for w in cfg.layer_windows):
+        return f"{cfg.model_type}'s sliding window is not the fused step's (max_model_len is past it)"
     if cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.qk_norm or cfg.hidden_act != "silu":
         return f"{cfg.model_type}'s layers (biases, q/k norms or activation) are not the fused step's"
     for i, layer in enumerate(model.layers):

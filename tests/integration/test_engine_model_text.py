@@ -74,25 +74,28 @@ def test_the_default_models_tokenizer_and_context_equal_transformers_and_import_
     assert loaded_after(code, ("torch", "sympy")) == []
 
 
-@pytest.mark.parametrize(("config", "context"), [
-    ({"model_type": "llama", "max_position_embeddings": 4096}, 4096),
-    ({"model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": 4096}, 4096),
-    ({"model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": None}, 32768),
-    # No sliding_window in the file: MistralConfig's default (4096) applies, through AutoConfig.
-    ({"model_type": "mistral", "max_position_embeddings": 32768}, 4096),
+@pytest.mark.parametrize(("config", "context", "windows"), [
+    ({"model_type": "llama", "max_position_embeddings": 4096}, 4096, ()),
+    # Dynamic RoPE scaling changes HF's frequencies past the original context: that is what is served.
+    ({"model_type": "llama", "max_position_embeddings": 16384,
+      "rope_scaling": {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 4096}}, 4096, ()),
+    # Windows are applied, so they do not cap the context: every layer of a mistral.
+    ({"model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": 4096, "num_hidden_layers": 2},
+     32768, (4096, 4096)),
+    ({"model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": None}, 32768, ()),
     # No max_position_embeddings: LlamaConfig's default (2048).
-    ({"model_type": "llama"}, 2048),
+    ({"model_type": "llama"}, 2048, ()),
     ({"model_type": "qwen3", "max_position_embeddings": 40960, "num_hidden_layers": 2, "layer_types": ["full_attention"] * 2,
-      "sliding_window": 4096}, 40960),
+      "sliding_window": 4096}, 40960, ()),
     # Qwen2Config drops the window unless use_sliding_window, and makes layer types of it when it is set.
     ({"model_type": "qwen2", "max_position_embeddings": 32768, "sliding_window": 1024, "num_hidden_layers": 2,
-      "layer_types": ["sliding_attention", "full_attention"]}, 32768),
+      "layer_types": ["sliding_attention", "full_attention"]}, 32768, ()),
     ({"model_type": "qwen2", "max_position_embeddings": 32768, "sliding_window": 1024, "num_hidden_layers": 2,
-      "use_sliding_window": True, "max_window_layers": 0}, 1024),
+      "use_sliding_window": True, "max_window_layers": 1}, 32768, (None, 1024)),
 ])
-def test_the_context_is_what_the_engine_reads_from_the_config(config: dict, context: int, tmp_path: Path) -> None:
+def test_the_context_and_windows_are_what_the_engine_reads_from_the_config(
+        config: dict, context: int, windows: tuple, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert model_context(str(tmp_path)) == context
     engine_cfg = DecoderConfig.from_hf(AutoConfig.from_pretrained(tmp_path))
-    window = engine_cfg.attention_window
-    assert context == (min(engine_cfg.max_position_embeddings, window) if window else engine_cfg.max_position_embeddings)
+    assert (engine_cfg.max_position_embeddings, engine_cfg.layer_windows) == (context, windows)

@@ -33,7 +33,7 @@ def gemma() -> Any:
 def test_the_tiny_config_has_windows_shorter_than_the_tests_sequences(gemma: Any) -> None:
     cfg = DecoderConfig.from_hf(gemma.config)
     assert cfg.layer_windows == (8, None, 8) and cfg.local_rope_layers == (True, False, True)
-    assert cfg.attention_window is None  # applied, so the context is not capped to it
+    assert cfg.max_position_embeddings == gemma.config.max_position_embeddings  # applied: the context is not capped
 
 
 def test_logits_match_hf_in_one_flat_batch_of_sequences_longer_than_the_window(gemma: Any) -> None:
