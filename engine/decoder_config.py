@@ -9,7 +9,7 @@ import torch
 
 from engine.gemma import GEMMA_ARCHITECTURES, UnsupportedGemmaError, gemma_fields
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "gemma3_text")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "gemma2", "gemma3_text")
 # Checkpoints whose attention and MLP projections come fused (self_attn.qkv_proj, mlp.gate_up_proj), in our order.
 PRE_FUSED_ARCHITECTURES = ("phi3",)
 
@@ -42,6 +42,7 @@ class DecoderConfig:
     sandwich_norms: bool = False  # norms after attention and around the MLP (engine.gemma.SandwichDecoderLayer)
     attn_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    attn_softcap: float | None = None  # attention scores -> cap * tanh(scores / cap) (Gemma 2)
     # Per layer: the sliding window, None for a global layer; () when no layer has one. Applied (engine.sliding_window),
     # so a windowed model serves its whole context.
     layer_windows: tuple[int | None, ...] = ()

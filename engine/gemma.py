@@ -1,10 +1,11 @@
-"""Gemma 3's differences from the Llama family, as our decoder runs them.
+"""Gemma 2's and 3's differences from the Llama family, as our decoder runs them.
 
-Gemma 3 (model_type gemma3_text) keeps Llama's attention and gated MLP but adds: norms that scale by (1 + w), an
-embedding scaled by sqrt(hidden), GeGLU (gelu tanh), q/k norms, a norm after attention and one on each side of the
-MLP ("sandwich" norms), interleaved sliding-window and global layers whose RoPE bases differ, and a softmax scale of
-query_pre_attn_scalar ** -0.5. The window is applied for real (engine.sliding_window): the engine's context is the
-model's, not the window.
+Both keep Llama's attention and gated MLP but add: norms that scale by (1 + w), an embedding scaled by
+sqrt(hidden), GeGLU (gelu tanh), a norm after attention and one on each side of the MLP ("sandwich" norms),
+interleaved sliding-window and global layers, and a softmax scale of query_pre_attn_scalar ** -0.5. Gemma 2
+(gemma2) soft-caps the attention scores (engine.softcap_attention) and the final logits; Gemma 3 (gemma3_text) has
+q/k norms instead of the attention cap, and its local layers rotate with their own RoPE base. Windows are applied
+for real (engine.sliding_window): the engine's context is the model's, not the window.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from engine.model import AttentionMetadata, DecoderConfig
     from engine.rotary import RopeStep
 
-GEMMA_ARCHITECTURES = ("gemma3_text",)
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3_text")
 # Norms Gemma has beyond Llama's two (input_layernorm, post_attention_layernorm), under HF's names.
 GEMMA_EXTRA_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 
@@ -28,21 +29,21 @@ class UnsupportedGemmaError(ValueError):
 
 
 def gemma_fields(c: Any) -> dict[str, Any]:
-    """The DecoderConfig fields a Gemma 3 text config sets beyond the Llama family's."""
-    if getattr(c, "attn_logit_softcapping", None) is not None:
-        raise UnsupportedGemmaError("attention logit softcapping (attn_logit_softcapping) is not supported")
+    """The DecoderConfig fields a Gemma 2 or Gemma 3 text config sets beyond the Llama family's."""
     if getattr(c, "use_bidirectional_attention", False):
         raise UnsupportedGemmaError("bidirectional attention (use_bidirectional_attention) is not supported")
     layer_types = list(c.layer_types)
+    local_rope = "sliding_attention" in (getattr(c, "rope_parameters", None) or {})  # Gemma 3's per-type bases
     return {
         "hidden_act": c.hidden_activation,
-        "qk_norm": True,
+        "qk_norm": c.model_type == "gemma3_text",
         "norm_offset": 1.0,
         "embed_scale": c.hidden_size**0.5,
         "sandwich_norms": True,
         "attn_scale": c.query_pre_attn_scalar**-0.5,
         "final_softcap": getattr(c, "final_logit_softcapping", None),
-        "local_rope_layers": tuple(t == "sliding_attention" for t in layer_types),
+        "attn_softcap": getattr(c, "attn_logit_softcapping", None),
+        "local_rope_layers": tuple(t == "sliding_attention" for t in layer_types) if local_rope else (),
     }
 
 

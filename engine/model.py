@@ -1,4 +1,4 @@
-"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3, phi3, mixtral: engine.moe) and Gemma 3
+"""Our decoder for the Llama family (llama, mistral, qwen2, qwen3, phi3, mixtral: engine.moe) and Gemma 2 and 3
 (engine.gemma), on a flat varlen batch.
 
 Why not run the HF module: HF attention wants a padded [B, S] batch and its own
@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,6 +40,7 @@ from engine.moe import SparseMoE
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
 from engine.rotary import RopeStep, apply_rotary_
 from engine.sliding_window import needs_window, window_band, window_rows
+from engine.softcap_attention import softcapped_sdpa
 
 if TYPE_CHECKING:
     from engine.fused.decoder_step import FusedDecoderStep
@@ -156,6 +158,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.norm_offset) if cfg.qk_norm else None
         self.scale = cfg.attn_scale  # None: SDPA's 1 / sqrt(head_dim)
+        # Every SDPA route's call: Gemma 2's soft-capped scores go eager (engine.softcap_attention).
+        self.sdpa: Callable[..., torch.Tensor] = F.scaled_dot_product_attention if cfg.attn_softcap is None \
+            else partial(softcapped_sdpa, softcap=cfg.attn_softcap)
         self.window = cfg.layer_windows[layer] if cfg.layer_windows else None  # applied (engine.sliding_window)
         # > 0: masked steps of up to this many rows (verifications) attend row by row like decodes
         # (set by engine.quant.apply for bf16-activation formats; see _rows_as_decodes).
@@ -186,7 +191,7 @@ class Attention(nn.Module):
         plan = self.plan(attn.seqs, k_arena.device)
         if len(plan) == 1 and plan[0][1] == Route.SDPA:
             # One sequence (a batch-1 decode or verification): its output is the step's, no buffer to fill.
-            out = self._attend(q_heads, k_arena, v_arena, plan[0][0], self.scale).transpose(0, 1)  # [T, Hq, D]
+            out = self._attend(q_heads, k_arena, v_arena, plan[0][0]).transpose(0, 1)  # [T, Hq, D]
             return self.o_proj(out.reshape(T, self.q_size))  # [T, hidden]
         out = qkv.new_empty(T, self.num_heads, self.head_dim)  # [T, Hq, D]
         out_heads = out.transpose(0, 1)  # [Hq, T, D], writes land in `out`
@@ -197,9 +202,9 @@ class Attention(nn.Module):
                 rows, kv = slice(s.q_start, s.q_start + s.q_len), slice(s.kv_start, s.kv_start + s.kv_len)
                 out[rows] = kernel(qk[rows, : self.num_heads], k_arena[:, kv], v_arena[:, kv], s.kv_len - s.q_len + 1)
             elif route == Route.SDPA_ROWS:
-                self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s, self.scale)
+                self._rows_as_decodes(q_heads, k_arena, v_arena, out_heads, s)
             else:
-                out_heads[:, s.q_start : s.q_start + s.q_len] = self._attend(q_heads, k_arena, v_arena, s, self.scale)
+                out_heads[:, s.q_start : s.q_start + s.q_len] = self._attend(q_heads, k_arena, v_arena, s)
         return self.o_proj(out.view(T, self.q_size))  # [T, hidden]
 
     def route(self, s: SeqAttention) -> Route:
@@ -220,23 +225,19 @@ class Attention(nn.Module):
                 plan.append((window_band(s, self.window, device), Route.SDPA))
         return plan
 
-    @staticmethod
-    def _attend(
-        q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention, scale: float | None
-    ) -> torch.Tensor:
+    def _attend(self, q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention) -> torch.Tensor:
         """The sequence's rows attending to its region: [Hq, q_len, D]."""
         kv = slice(s.kv_start, s.kv_start + s.kv_len)
         # No mask on several rows means the rows are the whole sequence: plain causal.
         causal = s.mask is None and s.q_len > 1
-        return F.scaled_dot_product_attention(
+        return self.sdpa(
             q_heads[:, s.q_start : s.q_start + s.q_len], *widened(q_heads, k_arena[:, kv], v_arena[:, kv]),
-            attn_mask=s.mask, is_causal=causal, enable_gqa=True, scale=scale,
+            attn_mask=s.mask, is_causal=causal, enable_gqa=True, scale=self.scale,
         )
 
-    @staticmethod
     def _rows_as_decodes(
-        q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, out_heads: torch.Tensor, s: SeqAttention,
-        scale: float | None,
+        self, q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, out_heads: torch.Tensor,
+        s: SeqAttention,
     ) -> None:
         """A verification step's rows one by one, each exactly the SDPA call a decode of that position
         makes: SDPA's rounding depends on the query count, and bf16 activations magnify the difference
@@ -244,9 +245,9 @@ class Attention(nn.Module):
         first_kv_end = s.kv_start + s.kv_len - s.q_len + 1  # row 0 sees the prefix and itself
         for i in range(s.q_len):
             row, kv = s.q_start + i, slice(s.kv_start, first_kv_end + i)
-            out_heads[:, row : row + 1] = F.scaled_dot_product_attention(
+            out_heads[:, row : row + 1] = self.sdpa(
                 q_heads[:, row : row + 1], *widened(q_heads, k_arena[:, kv], v_arena[:, kv]), enable_gqa=True,
-                scale=scale,
+                scale=self.scale,
             )  # [Hq, 1, D]
 
 

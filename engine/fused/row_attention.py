@@ -33,6 +33,8 @@ def install_row_attention(model: Decoder) -> str:
         return "row attention: no layer attends verification rows as decodes"
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return f"row attention: SDPA row by row (the kernel knows fp32 on CPU, not {model.dtype} on {model.device.type})"
+    if model.cfg.attn_softcap is not None:
+        return "row attention: eager row by row (the kernel does not soft-cap attention scores)"
     if model.cfg.attn_scale is not None and model.cfg.attn_scale != model.cfg.head_dim**-0.5:
         return "row attention: SDPA row by row (the kernel scales by 1 / sqrt(head_dim), the model otherwise)"
     if model.cfg.head_dim not in HEAD_DIMS:

@@ -36,6 +36,8 @@ class CharTokenizer:
 def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
     """A random 2-layer GQA model of the given family, fp32, eval mode."""
     from transformers import (
+        Gemma2Config,
+        Gemma2ForCausalLM,
         Gemma3ForCausalLM,
         Gemma3TextConfig,
         LlamaConfig,
@@ -59,6 +61,7 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
         "mistral": (MistralConfig, MistralForCausalLM),
         "phi3": (Phi3Config, Phi3ForCausalLM),
         "mixtral": (MixtralConfig, MixtralForCausalLM),
+        "gemma2": (Gemma2Config, Gemma2ForCausalLM),
         "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM),
     }
     config_cls, model_cls = families[kind]
@@ -77,6 +80,8 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
     }
     if kind == "gemma3":
         kw |= GEMMA3_TINY
+    if kind == "gemma2":
+        kw |= GEMMA2_TINY
     if kind == "mixtral":  # four experts, two per token
         kw |= {"num_local_experts": 4, "num_experts_per_tok": 2}
     if kind == "phi3":  # its defaults name Phi-3's 32k vocabulary's special tokens
@@ -85,7 +90,7 @@ def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides: Any) -> Any:
     torch.manual_seed(seed)
     cfg = config_cls(**kw)
     model = model_cls(cfg).eval()
-    if kind == "gemma3":  # HF starts Gemma's (1 + w) norms at w = 0: random w, so the offset is tested
+    if kind.startswith("gemma"):  # HF starts Gemma's (1 + w) norms at w = 0: random w, so the offset is tested
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith("norm.weight"):
@@ -104,6 +109,18 @@ GEMMA3_TINY: dict[str, Any] = {
         "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
         "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
     },
+    "tie_word_embeddings": True,
+}
+
+
+# Gemma 2, tiny: Gemma 3's layers and window, without q/k norms or a local RoPE base, with both soft-caps low enough
+# to bite (the tiny model's scores and logits reach past them).
+GEMMA2_TINY: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "sliding_window": 8,
+    "query_pre_attn_scalar": 24,
+    "attn_logit_softcapping": 2.0,
+    "final_logit_softcapping": 5.0,
     "tie_word_embeddings": True,
 }
 

@@ -1,4 +1,5 @@
-"""Gemma 3 (tiny random config, windows shorter than the sequences) in our decoder and engine equals transformers."""
+"""Gemma 2 and Gemma 3 (tiny random configs, windows shorter than the sequences; Gemma 2's soft-caps low enough to
+bite) in our decoder and engine equal transformers."""
 from __future__ import annotations
 
 from typing import Any
@@ -25,15 +26,19 @@ from engine.speculative.controller import SpeculationController
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture(scope="module")
-def gemma() -> Any:
-    return tiny_hf_model("gemma3")
+@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+def gemma(request: pytest.FixtureRequest) -> Any:
+    return tiny_hf_model(request.param)
 
 
 def test_the_tiny_config_has_windows_shorter_than_the_tests_sequences(gemma: Any) -> None:
     cfg = DecoderConfig.from_hf(gemma.config)
-    assert cfg.layer_windows == (8, None, 8) and cfg.local_rope_layers == (True, False, True)
+    assert cfg.layer_windows == (8, None, 8)
     assert cfg.max_position_embeddings == gemma.config.max_position_embeddings  # applied: the context is not capped
+    if cfg.model_type == "gemma3_text":  # its local layers' own RoPE base, q/k norms, no attention cap
+        assert cfg.local_rope_layers == (True, False, True) and cfg.qk_norm and cfg.attn_softcap is None
+    else:
+        assert cfg.local_rope_layers == () and not cfg.qk_norm and (cfg.attn_softcap, cfg.final_softcap) == (2.0, 5.0)
 
 
 def test_logits_match_hf_in_one_flat_batch_of_sequences_longer_than_the_window(gemma: Any) -> None:
@@ -55,7 +60,7 @@ def test_chunks_and_decodes_past_the_window_match_hf(gemma: Any) -> None:
 
 def test_the_window_changes_the_logits_of_rows_past_it(gemma: Any) -> None:
     """Without the window (a model whose window spans everything) rows past 8 differ: the parity above needs it."""
-    wide = tiny_hf_model("gemma3", sliding_window=256)
+    wide = tiny_hf_model(kind(gemma), sliding_window=256)
     wide.load_state_dict(gemma.state_dict())
     ids = random_prompts([20], seed=7)[0]
     ours = run_chunks(Decoder.from_hf(gemma, 256), cache_for(gemma), [(0, ids, 0)])
@@ -64,8 +69,12 @@ def test_the_window_changes_the_logits_of_rows_past_it(gemma: Any) -> None:
     assert (ours[8:] - unwindowed[8:]).abs().max() > 1e-2
 
 
-def test_final_logit_softcapping_matches_hf() -> None:
-    hf = tiny_hf_model("gemma3", final_logit_softcapping=3.0)
+def kind(hf: Any) -> str:
+    return "gemma2" if hf.config.model_type == "gemma2" else "gemma3"
+
+
+def test_final_logit_softcapping_matches_hf(gemma: Any) -> None:
+    hf = tiny_hf_model(kind(gemma), final_logit_softcapping=3.0)
     ids = random_prompts([12], seed=8)[0]
     got = run_chunks(Decoder.from_hf(hf, 256), cache_for(hf), [(0, ids, 0)])
     ref = hf_logits(hf, ids)
@@ -73,11 +82,19 @@ def test_final_logit_softcapping_matches_hf() -> None:
     torch.testing.assert_close(got, ref, atol=1e-4, rtol=0)
 
 
-def test_attention_logit_softcapping_is_refused_before_any_weight_is_read() -> None:
+def test_gemma2s_attention_cap_bites_and_the_eager_attention_keeps_hfs_logits() -> None:
+    capped, uncapped = tiny_hf_model("gemma2"), tiny_hf_model("gemma2", attn_logit_softcapping=None)
+    ids = random_prompts([12], seed=16)[0]
+    got = run_chunks(Decoder.from_hf(capped, 256), cache_for(capped), [(0, ids, 0)])
+    torch.testing.assert_close(got, hf_logits(capped, ids), atol=1e-4, rtol=0)
+    assert (got - hf_logits(uncapped, ids)).abs().max() > 1e-2
+
+
+def test_bidirectional_attention_is_refused_before_any_weight_is_read() -> None:
     from transformers import Gemma3TextConfig
 
-    with pytest.raises(UnsupportedModelError, match="attn_logit_softcapping"):
-        DecoderConfig.from_hf(Gemma3TextConfig(attn_logit_softcapping=50.0))
+    with pytest.raises(UnsupportedModelError, match="use_bidirectional_attention"):
+        DecoderConfig.from_hf(Gemma3TextConfig(use_bidirectional_attention=True))
 
 
 PROMPTS = random_prompts([7, 15, 21], seed=9) + [random_prompts([5], seed=10)[0] * 4]  # the last: n-gram matches
