@@ -36,7 +36,7 @@ from engine.decoder_config import (  # noqa: F401  (importers name them from her
 )
 from engine.kv_cache import KVCache
 from engine.meta_init import skeleton
-from engine.moe import SparseMoE
+from engine.moe import SparseMoE, Take, expert_tensors
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
 from engine.rotary import RopeStep, apply_rotary_
 from engine.sliding_window import needs_window, window_band, window_rows
@@ -414,7 +414,7 @@ class Decoder(nn.Module):
             for norm in GEMMA_EXTRA_NORMS if cfg.sandwich_norms else ():
                 ours[f"layers.{i}.{norm}.weight"] = take(f"{p}{norm}.weight")
             ours |= _attention_tensors(cfg, take, p + "self_attn.", f"layers.{i}.self_attn.")
-            ours |= (_expert_tensors(cfg, take, sd.__contains__, p, f"layers.{i}.mlp.") if cfg.num_experts
+            ours |= (expert_tensors(cfg, take, sd.__contains__, p, f"layers.{i}.mlp.") if cfg.num_experts
                      else _mlp_tensors(cfg, take, p + "mlp.", f"layers.{i}.mlp."))
 
         # Build on the meta device and adopt the tensors: no second random-initialised copy.
@@ -425,8 +425,6 @@ class Decoder(nn.Module):
         model.init_rope(hf_config, max_positions)
         return model
 
-
-Take = Callable[[str], torch.Tensor]
 
 
 def _attention_tensors(cfg: DecoderConfig, take: Take, a: str, ours: str) -> dict[str, torch.Tensor]:
@@ -460,20 +458,3 @@ def _mlp_tensors(cfg: DecoderConfig, take: Take, m: str, ours: str) -> dict[str,
         out[ours + "down_proj.bias"] = take(m + "down_proj.bias")
     return out
 
-
-def _expert_tensors(
-    cfg: DecoderConfig, take: Take, has: Callable[[str], bool], p: str, ours: str
-) -> dict[str, torch.Tensor]:
-    """One layer's router and experts (engine.moe.SparseMoE), from either layout a Mixtral checkpoint comes in:
-    transformers 5's stacked ``mlp.experts.gate_up_proj`` / ``down_proj``, or the Hub files' per-expert
-    ``block_sparse_moe.experts.E.w1`` (gate), ``w3`` (up) and ``w2`` (down)."""
-    if not has(p + "block_sparse_moe.gate.weight"):
-        return {ours + "router.weight": take(p + "mlp.gate.weight"),
-                ours + "gate_up": take(p + "mlp.experts.gate_up_proj"),
-                ours + "down": take(p + "mlp.experts.down_proj")}
-    e = p + "block_sparse_moe.experts."
-    experts = range(cfg.num_experts)
-    return {ours + "router.weight": take(p + "block_sparse_moe.gate.weight"),
-            ours + "gate_up": torch.stack([torch.cat([take(f"{e}{x}.w1.weight"), take(f"{e}{x}.w3.weight")])
-                                           for x in experts]),
-            ours + "down": torch.stack([take(f"{e}{x}.w2.weight") for x in experts])}

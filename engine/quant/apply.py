@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from engine.model_ref import gguf_fingerprint
-from engine.model import PRE_FUSED_ARCHITECTURES, Decoder, UnsupportedModelError
+from engine.model import PRE_FUSED_ARCHITECTURES, Decoder
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import WeightFormat
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
@@ -177,8 +177,9 @@ def quantized_tensors(
     path = cache_path(cache_root, model_dir, source, fmt)
     if path.is_file():
         return load_tensors(path)
-    if gguf is not None and model.cfg.model_type in PRE_FUSED_ARCHITECTURES:
-        # Phi-3's GGUF tensors (attn_qkv, a fused ffn_up) are not read block by block: quantized from the floats.
+    if gguf is not None and (model.cfg.model_type in PRE_FUSED_ARCHITECTURES or model.cfg.num_experts):
+        # Phi-3's GGUF tensors (attn_qkv, a fused ffn_up) and a MoE's stacked experts (ffn_*_exps) are not read
+        # block by block: quantized from the floats.
         say(f"quantizing {gguf.name}'s dequantized {model.cfg.model_type} weights to {fmt} (once) -> {path}")
         tensors = quantize_decoder(model, fmt)
     elif gguf is not None:
@@ -204,9 +205,6 @@ def apply_weight_format(
     kernel: str = "auto",
 ) -> None:
     """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32; kernel: engine.quant_kernel."""
-    if model.cfg.num_experts:
-        raise UnsupportedModelError(f"{model.cfg.model_type}: engine.weights {fmt} is not served for a mixture of "
-                                    "experts yet (its experts run fp32): set engine.weights fp32")
     if fmt == "bf16":
         install_bf16(model)
     elif fmt in ("int4", "int8"):
