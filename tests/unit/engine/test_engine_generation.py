@@ -37,7 +37,7 @@ def drain(engine, outputs: dict[str, list[int]]) -> None:
             outputs.setdefault(out.request_id, []).extend(out.token_ids)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "phi3", "mixtral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "phi3", "mixtral"])
 def test_staggered_batch_equals_hf_generate_per_prompt(kind: str) -> None:
     hf = tiny_hf_model(kind)
     # 8 tokens per step: long prompts are prefilled in chunks next to running decodes.
@@ -64,10 +64,11 @@ def test_staggered_batch_equals_hf_generate_per_prompt(kind: str) -> None:
 
 @pytest.mark.usefixtures("every_format_runs")
 @pytest.mark.parametrize("kind,weights", [
+    ("llama", "fp32"), ("qwen2", "fp32"), ("qwen3", "fp32"), ("qwen3", "int4"), ("mistral", "fp32"),
     ("phi3", "fp32"), ("phi3", "int4"), ("mixtral", "fp32"), ("mixtral", "int4"), ("mixtral", "int8"),
     pytest.param("mixtral", "bf16", marks=needs_bf16_gemm)])
 def test_speculated_greedy_is_plain_greedy_and_in_fp32_hfs(kind: str, weights: str) -> None:
-    # Phi-3's checkpoints come with q/k/v and gate/up fused; Mixtral routes each token to 2 of 4 experts. A
+    # Every family; Phi-3's checkpoints come with q/k/v and gate/up fused; Mixtral routes each token to 2 of 4 experts. A
     # repetitive prompt makes the n-gram proposer draft, so verification steps run.
     hf = tiny_hf_model(kind)
     ngram = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
