@@ -147,19 +147,58 @@ def _from_safetensors(path: Path, hf_config: Any, dt: torch.dtype, dev: torch.de
     triton (5-7 s on 2 cores) and it builds a whole HF module only for us to copy its tensors; a worker
     that starts in seconds is what scaling on lag needs. Tensors are cast as from_pretrained(dtype=...)
     casts them; any other layout goes through transformers (the fallback in load_model)."""
-    from safetensors.torch import load_file
-
     files = _safetensors_files(path)
     if not files or getattr(hf_config, "quantization_config", None):
         return None  # a quantized checkpoint's tensors need its quantizer's dequantization: transformers has it
-    sd: dict[str, torch.Tensor] = {}
-    for file in files:
-        sd.update(load_file(file, device=str(dev)))
-    sd = {k: v.to(dt) if v.is_floating_point() else v for k, v in sd.items()}
+    with _LazyCheckpoint(files, dt, dev) as sd:
+        try:
+            model = Decoder.from_checkpoint(hf_config, sd, max_positions=positions)  # type: ignore[arg-type]
+        except UnsupportedModelError:
+            return None  # a weight under another name: transformers knows the renames
+    _give_back_freed_memory()
+    return model
+
+
+def _give_back_freed_memory() -> None:
+    """The casts' and fusions' temporaries, freed between tensors that live on, stay in glibc's heap (a worker
+    would carry them as resident memory for its whole life): hand them back to the system."""
+    import ctypes
+
     try:
-        return Decoder.from_checkpoint(hf_config, sd, max_positions=positions)
-    except UnsupportedModelError:
-        return None  # a weight under another name: transformers knows the renames
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+class _LazyCheckpoint:
+    """A checkpoint's tensors read one at a time as the decoder takes them, cast as from_pretrained(dtype=...)
+    casts them: the originals of a fused layer are freed once it is fused, so the load peaks near one copy of
+    the weights instead of the file's tensors and the fused copies together."""
+
+    def __init__(self, files: list[Path], dt: torch.dtype, dev: torch.device) -> None:
+        from contextlib import ExitStack
+
+        from safetensors import safe_open
+
+        self._stack = ExitStack()
+        self._where = {}
+        for file in files:
+            handle = self._stack.enter_context(safe_open(str(file), framework="pt", device=str(dev)))
+            self._where |= dict.fromkeys(handle.keys(), handle)
+        self.dt = dt
+
+    def __enter__(self) -> _LazyCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._where
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        tensor = self._where[name].get_tensor(name)
+        return tensor.to(self.dt) if tensor.is_floating_point() else tensor
 
 
 def _generation_config(path: Path, hf_config: Any) -> Any:

@@ -13,7 +13,7 @@ gate/up into one matmul each, and the HF module is dropped.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from functools import partial
@@ -391,9 +391,9 @@ class Decoder(nn.Module):
         return cls.from_checkpoint(hf_model.config, hf_model.state_dict(), max_positions)
 
     @classmethod
-    def from_checkpoint(cls, hf_config: Any, sd: dict[str, torch.Tensor], max_positions: int) -> Decoder:
+    def from_checkpoint(cls, hf_config: Any, sd: Mapping[str, torch.Tensor], max_positions: int) -> Decoder:
         """Fuse an HF checkpoint's tensors (its own names: model.layers.N.self_attn.q_proj.weight, ...) into
-        our layout; keeps their device and dtype."""
+        our layout; keeps their device and dtype. Each is read once (sd may read them lazily)."""
         cfg = DecoderConfig.from_hf(hf_config)
 
         def take(name: str) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Model resolution and loading: local HF folders, errors, device/dtype; the real default model (marked)."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -69,6 +70,26 @@ def test_sharded_and_bin_checkpoints_load_the_same_model_as_one_safetensors_file
     ours, theirs = one_file.state_dict(), other.state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
+
+def test_a_bf16_checkpoint_loads_as_transformers_casts_it_read_tensor_by_tensor(
+    tiny_folder: tuple[Path, object], tmp_path: Path
+) -> None:
+    """The folder's bf16 tensors are read one at a time and cast to fp32: the same weights as transformers'
+    from_pretrained(dtype=float32) of that folder."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.model import Decoder
+
+    path, hf = tiny_folder
+    for name in os.listdir(path):
+        if not name.startswith("model"):
+            shutil.copy(path / name, tmp_path / name)
+    copy.deepcopy(hf).to(torch.bfloat16).save_pretrained(tmp_path)
+    ours = load_model(str(tmp_path), device="cpu", dtype="float32").model.state_dict()
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    theirs = Decoder.from_hf(reference, 64).state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    assert all(t.dtype == torch.float32 for t in ours.values() if t.is_floating_point())
 
 def test_draft_model_speculation_with_the_target_as_its_own_draft(tiny_folder: tuple[Path, object]) -> None:
     path, hf = tiny_folder
