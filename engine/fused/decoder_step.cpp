@@ -119,9 +119,10 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 }
 
 struct Linears {
-  at::TensorList wa, wb;                              // the kernel's tensors
-  const c10::List<std::optional<at::Tensor>>& wc;    // a third one (qgemm.h's 4-bit mins), if any
-  const c10::List<std::optional<at::Tensor>>& wide;  // the bf16 copy for wide steps, if kept
+  at::TensorList wa, wb;                                // the kernel's tensors
+  const c10::List<std::optional<at::Tensor>>& wc;      // a third one (qgemm.h's 4-bit mins), if any
+  const c10::List<std::optional<at::Tensor>>& wide;    // the bf16 copy for wide steps, if kept
+  const c10::List<std::optional<at::Tensor>>& biases;  // b, added to the product as the layer adds it, if any
   at::IntArrayRef kinds, groups, outs, max_quant_rows, windows;
 
   // QuantizedLinear.forward / Bf16Linear.forward: x [T, in] fp32 -> [T, out] fp32; bf16 activations inside,
@@ -133,6 +134,11 @@ struct Linears {
   bool on_qgemm(int64_t i, int64_t rows) const { return (kinds[i] == kQ4 || kinds[i] == kQ8) && quantized(i, rows); }
 
   at::Tensor operator()(int64_t i, const at::Tensor& x) const {
+    const std::optional<at::Tensor> bias = biases.get(i);
+    return bias.has_value() ? product(i, x) + *bias : product(i, x);
+  }
+
+  at::Tensor product(int64_t i, const at::Tensor& x) const {
     const int64_t rows = x.size(0);
     if (on_qgemm(i, rows)) {
       at::Tensor y = qlinear(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8);
@@ -153,9 +159,11 @@ struct Linears {
     return y.to(x.dtype());
   }
 
-  // h + linear(i, x): on qgemm.h the add is in the kernel's store (the same bits, no ATen add and no fresh h).
+  // h + linear(i, x): on qgemm.h the add is in the kernel's store (the same bits, no ATen add and no fresh h); with
+  // a bias, h + (x W^T + b) as the layer rounds it.
   at::Tensor add(int64_t i, const at::Tensor& x, const at::Tensor& h) const {
-    if (on_qgemm(i, x.size(0)) && outs[i] % specstream::qgemm::kLanes == 0 && h.is_contiguous()) {
+    if (!biases.get(i).has_value() && on_qgemm(i, x.size(0)) && outs[i] % specstream::qgemm::kLanes == 0 &&
+        h.is_contiguous()) {
       return qlinear_add(x, wa[i], wb[i], wc.get(i), kinds[i] == kQ4 ? 4 : 8, &h);
     }
     return h + (*this)(i, x);
@@ -322,9 +330,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return y;
 }
 
-// The layer's norm: ours (fast_norm, engine/fused/norm.py installed it in the layers too) or ATen's.
+// The layer's norm over the last dimension: ours (fast_norm, engine/fused/norm.py installed it in the layers too) or
+// ATen's.
 at::Tensor norm(const at::Tensor& h, const at::Tensor& weight, double eps, bool fast_norm) {
-  return fast_norm ? rms_norm(h, weight, eps) : at::rms_norm(h, {h.size(1)}, weight, eps);
+  return fast_norm ? rms_norm(h, weight, eps) : at::rms_norm(h, {h.size(-1)}, weight, eps);
+}
+
+// Attention.forward's q/k norms (Qwen3's): heads [T, H, D], a view into qkv, normed per head in place.
+void norm_heads(at::Tensor heads, const at::Tensor& weight, double eps, bool fast_norm) {
+  heads.copy_(norm(heads, weight, eps, fast_norm));
 }
 
 // kv[l][0 / 1][:, slots[t]] = the K / V heads of row t of qkv [T, q + 2 kv] (index_copy_'s copies, in a loop); into
@@ -356,20 +370,22 @@ void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv, int64
 }  // namespace
 
 // h [T, hidden] fp32 (the embedded rows); cos, sin_rot [T, 1, D] (RopeStep); slots [T] int64 arena slots;
-// kv [L, 2, Hkv, N, D] the arena. norms: 2 per layer (input, post-attention), then the final one. Per linear (4 a
-// layer: qkv, o, gate_up, down): wa, wb (, wc) its kernel's tensors, wide its bf16 copy (None: none),
+// kv [L, 2, Hkv, N, D] the arena. norms: 2 per layer (input, post-attention), then the final one; qk_norms: q's and
+// k's per layer, or none. Per linear (4 a layer: qkv, o, gate_up, down): wa, wb (, wc) its kernel's tensors, wide
+// its bf16 copy (None: none), biases its bias (None: none),
 // kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel), windows (bf16 rows per
 // call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence),
 // routes how it attends (engine.model.Route).
 at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
-                        at::Tensor kv, at::TensorList norms, at::TensorList wa, at::TensorList wb,
-                        const c10::List<std::optional<at::Tensor>>& wc,
+                        at::Tensor kv, at::TensorList norms, at::TensorList qk_norms, at::TensorList wa,
+                        at::TensorList wb, const c10::List<std::optional<at::Tensor>>& wc,
                         const c10::List<std::optional<at::Tensor>>& wide,
+                        const c10::List<std::optional<at::Tensor>>& biases,
                         at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
                         const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, bool fast_norm,
                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
-  const Linears linear{wa, wb, wc, wide, kinds, groups, outs, max_quant_rows, windows};
+  const Linears linear{wa, wb, wc, wide, biases, kinds, groups, outs, max_quant_rows, windows};
   const int64_t T = h.size(0), L = kv.size(0);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   const at::Tensor cos_rows = cos.contiguous(), sin_rows = sin_rot.contiguous(), slot_ids = slots.contiguous();
@@ -378,6 +394,11 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
     at::Tensor x = norm(h, norms[2 * l], eps, fast_norm);
     at::Tensor qkv = linear(i, x).contiguous();  // [T, q + 2 kv]
     TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "decoder_step: the qkv linear gave ", qkv.size(1), " columns");
+    if (!qk_norms.empty()) {
+      norm_heads(qkv.slice(1, 0, q_size).view({T, num_heads, head_dim}), qk_norms[2 * l], eps, fast_norm);
+      norm_heads(qkv.slice(1, q_size, q_size + kv_size).view({T, num_kv_heads, head_dim}), qk_norms[2 * l + 1], eps,
+                 fast_norm);
+    }
     // engine.rotary.apply_rotary_ on q and k
     specstream::step_ops::rotary(qkv.data_ptr<float>(), qkv.stride(0), T, num_heads + num_kv_heads, head_dim,
                                  cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>());
@@ -392,8 +413,8 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
 
 TORCH_LIBRARY(specstream, m) {
   m.def(
-      "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] wa, "
-      "Tensor[] wb, Tensor?[] wc, Tensor?[] wide, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, "
+      "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] qk_norms, "
+      "Tensor[] wa, Tensor[] wb, Tensor?[] wc, Tensor?[] wide, Tensor?[] biases, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, "
       "int[] windows, int[] seqs, Tensor?[] masks, int[] routes, bool fast_norm, "
       "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);

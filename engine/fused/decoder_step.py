@@ -50,8 +50,8 @@ def _why_not(model: Decoder) -> str | None:
     # A window no region outgrows (max_model_len within it) never narrows what a row sees.
     if any(w is not None and w < model.max_positions for w in cfg.layer_windows):
         return f"{cfg.model_type}'s sliding window is not the fused step's (max_model_len is past it)"
-    if cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias or cfg.qk_norm or cfg.hidden_act != "silu":
-        return f"{cfg.model_type}'s layers (biases, q/k norms or activation) are not the fused step's"
+    if cfg.hidden_act != "silu":
+        return f"{cfg.model_type}'s activation ({cfg.hidden_act}) is not the fused step's"
     for i, layer in enumerate(model.layers):
         for lin in _layer_linears(layer):
             if not isinstance(lin, (QuantizedLinear, Bf16Linear)):
@@ -66,10 +66,12 @@ class FusedDecoderStep:
     """What the C++ step takes that does not change between steps: the weights' tensors and the shapes."""
 
     norms: list[torch.Tensor] = field(default_factory=list)  # 2 per layer, then the final norm
+    qk_norms: list[torch.Tensor] = field(default_factory=list)  # q's and k's per layer (Qwen3), or none
     wa: list[torch.Tensor] = field(default_factory=list)  # 4 linears per layer: the kernel's first tensor
     wb: list[torch.Tensor] = field(default_factory=list)  # ... its second (a bf16 kernel's: unused)
     wc: list[torch.Tensor | None] = field(default_factory=list)  # ... a third (our 4-bit kernel's mins), or None
     wide: list[torch.Tensor | None] = field(default_factory=list)  # the bf16 copy for wide steps
+    biases: list[torch.Tensor | None] = field(default_factory=list)  # per linear (Qwen2's q/k/v), or None
     kinds: list[int] = field(default_factory=list)
     groups: list[int] = field(default_factory=list)
     outs: list[int] = field(default_factory=list)
@@ -100,7 +102,8 @@ class FusedDecoderStep:
                    rows_as_decodes=model.layers[0].self_attn.rows_as_decodes,
                    row_kernel=model.layers[0].self_attn.row_attention is not None,
                    fast_norm=model.norm.kernel is not None)  # fmt: skip
-        norms = [n for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        norms = [n for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm,
+                                                       layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
         if any((n.kernel is not None) != step.fast_norm for n in norms):
             return None, "the layers' norms run different kernels (RMSNorm.kernel)"
         for layer in model.layers:
@@ -108,6 +111,8 @@ class FusedDecoderStep:
             if a.rows_as_decodes != step.rows_as_decodes or (a.row_attention is not None) != step.row_kernel:
                 return None, "the layers attend verification rows differently (rows_as_decodes, row_attention)"
             step.norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            if a.q_norm is not None and a.k_norm is not None:
+                step.qk_norms += [a.q_norm.weight, a.k_norm.weight]
             for lin in _layer_linears(layer):
                 step._add(lin)
         step.norms.append(model.norm.weight)
@@ -130,6 +135,7 @@ class FusedDecoderStep:
             # Without a bf16 copy every step runs the quantized kernel: the C++ side reads the bound only with a copy.
             self.wide.append(lin.wide.packed if isinstance(lin.wide, Bf16Kernel) else None)
             self.max_quant_rows.append(lin.max_quant_rows)
+        self.biases.append(lin.bias)
         self.outs.append(lin.out_features)
         self.shapes.append((lin.out_features, lin.in_features))
 
@@ -155,8 +161,8 @@ class FusedDecoderStep:
         seqs = [v for s in attn.seqs for v in (s.q_start, s.q_len, s.kv_start, s.kv_len)]
         routes = [int(attention_route(s, self.rows_as_decodes, self.row_kernel)) for s in attn.seqs]
         return torch.ops.specstream.decoder_step(
-            h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.wa, self.wb, self.wc,
-            self.wide, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
+            h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.qk_norms, self.wa, self.wb,
+            self.wc, self.wide, self.biases, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(), seqs,
             [s.mask for s in attn.seqs], routes, self.fast_norm, self.num_heads,
             self.num_kv_heads, self.head_dim, self.intermediate, self.eps,
         )  # fmt: skip
