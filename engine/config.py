@@ -316,7 +316,9 @@ class EngineConfig(Section):
         description="CPU with weights int4/int8/bf16: run each step's decoder layers as one C++ call (compiled with "
         "g++ on first use, 10-20 s, cached in ~/.cache/specstream/ops), bit for bit the layer-by-layer path's results "
         "without its per-op Python, and attend a decode's row and a verification's rows with one C++ kernel call per "
-        "sequence; a machine without a compiler says so at start and runs layer by layer with SDPA.",
+        "sequence. It takes the Llama family's layers with biases (Qwen2) and q/k norms (Qwen3), and a sliding "
+        "window while max_model_len is within it; Gemma's layers and Mixtral's experts run layer by layer. A model or "
+        "machine it cannot serve says why at start and runs layer by layer.",
     )
     # engine.quant.formats. fp32 stays the default until the quiet-machine benchmark confirms auto.
     weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
