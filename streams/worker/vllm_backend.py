@@ -59,13 +59,16 @@ class VllmEngine:
     def add_request(self, request: EngineRequest) -> None:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         if len(request.prompt_token_ids) >= self.max_model_len:
             raise RequestRejected("context_length_exceeded", f"the prompt has {len(request.prompt_token_ids)} "
                                   f"tokens; this model serves at most {self.max_model_len} (prompt + completion)")
         try:
-            params = SamplingParams(**sampling_kwargs(request, self.speculates), output_kind=RequestOutputKind.DELTA)
+            kwargs = sampling_kwargs(request, self.speculates)
+            if "structured_outputs" in kwargs:
+                kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+            params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
             self._engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
                                      params, arrival_time=request.arrival_time, priority=request.priority)
         except ValueError as error:  # vLLM's own validation (its VLLMValidationError is one): the request, not us
@@ -142,6 +145,7 @@ def load_vllm_engine(config: EngineConfig, progress: Progress | None) -> VllmEng
     """vLLM's engine on our resolved model folder (a known name's GGUF is converted once, as for our engine)."""
     try:
         from vllm import EngineArgs
+        from vllm.config import StructuredOutputsConfig
         from vllm.v1.engine.llm_engine import LLMEngine
     except ImportError as exc:
         raise RuntimeError("engine.backend: vllm needs vLLM: run ./dev setup vllm (it installs .venv-vllm)") from exc
@@ -159,6 +163,7 @@ def load_vllm_engine(config: EngineConfig, progress: Progress | None) -> VllmEng
     hf_config = AutoConfig.from_pretrained(model_dir)
     max_len = resolve_max_model_len(config.max_model_len, hf_config.max_position_embeddings)
     kwargs = engine_kwargs(config, str(model_dir), max_len)
+    kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
     say(f"starting vLLM's engine on {model_dir} ({kwargs['dtype']}) ...")
     engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
     # The edge counts and renders prompts with the same tokenizer class our engine uses: keep them identical.

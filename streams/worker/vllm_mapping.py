@@ -1,7 +1,8 @@
 """Our engine request and settings in vLLM's terms, field by field, without importing vLLM.
 
 A field vLLM cannot honour the way our engine does is refused (``RequestRejected``, answered with an ErrorEvent
-naming it), never dropped. Kept free of vLLM imports so the mapping is tested in the main environment; the
+naming it), never dropped. Constraints (response_format, tool_choice) are our llguidance grammars, which vLLM's
+``guidance`` structured-output backend enforces with the same library: the same outputs are allowed on both. Kept free of vLLM imports so the mapping is tested in the main environment; the
 backend (``streams.worker.vllm_backend``) feeds these dicts to ``SamplingParams`` and ``EngineArgs``.
 """
 from __future__ import annotations
@@ -43,6 +44,8 @@ def sampling_kwargs(request: EngineRequest, speculates: bool) -> dict[str, Any]:
     }
     if s.logit_bias:
         kwargs["logit_bias"] = dict(s.logit_bias)
+    if request.constraint is not None:  # StructuredOutputsParams' fields
+        kwargs["structured_outputs"] = {"grammar": request.constraint.grammar}
     return kwargs
 
 
@@ -52,10 +55,6 @@ def refuse_unmappable(request: EngineRequest, speculates: bool) -> None:
         # vLLM speculates for every request of an engine or for none; with seeded sampling that changes the text.
         raise RequestRejected("invalid_request", "speculation: false cannot be honoured per request by the vLLM "
                               "backend (it speculates for all requests or none: engine.speculation.enabled)")
-    if request.constraint is not None:
-        raise RequestRejected(
-            "invalid_request",
-            "response_format / tool_choice constraints are not served by the vLLM backend yet (engine.backend: vllm)")
     if request.lora is not None:
         raise RequestRejected("invalid_request",
                               f"LoRA adapter {request.lora!r}: adapters are not served by the vLLM backend yet")
@@ -79,6 +78,8 @@ def engine_kwargs(config: EngineConfig, model_dir: str, max_model_len_default: i
         # Regenerating a request after a worker crash must give the same text (exactly-once through the edge).
         "seed": 0,
         "enforce_eager": True,
+        # StructuredOutputsConfig's fields: our constraints are llguidance's Lark grammars.
+        "structured_outputs_config": {"backend": "guidance"},
     }
     if config.kv_cache_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)

@@ -43,6 +43,18 @@ def test_what_vllm_cannot_run_as_asked_is_refused_by_name(request_fields: dict, 
     assert refused.value.code == "invalid_request" and named in refused.value.message
 
 
+def test_a_constraint_reaches_vllms_guidance_backend_as_the_same_llguidance_grammar() -> None:
+    from engine.grammar.constraint import ToolFunction, json_constraint, tool_calls_constraint
+
+    for constraint in (json_constraint({"type": "object", "properties": {"a": {"type": "integer"}}}),
+                       tool_calls_constraint([ToolFunction("f", {"type": "object"})], "required", parallel=False)):
+        kwargs = sampling_kwargs(EngineRequest("r", [1], constraint=constraint), speculates=True)
+        assert kwargs["structured_outputs"] == {"grammar": constraint.grammar}
+    assert "structured_outputs" not in sampling_kwargs(EngineRequest("r", [1]), speculates=True)
+    assert engine_kwargs(EngineConfig(backend="vllm"), "/m", 2048)["structured_outputs_config"] == {
+        "backend": "guidance"}
+
+
 def test_speculation_off_per_request_is_accepted_when_the_engine_does_not_speculate() -> None:
     assert sampling_kwargs(EngineRequest("r", [1], speculation=False), speculates=False)["n"] == 1
 
