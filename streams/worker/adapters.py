@@ -75,7 +75,12 @@ class WorkerAdapters:
             manager.register(name, path)
             return bool(manager.install(adapter))
 
-        if not await self._call(swap_in):  # every slot busy with requests in flight: swapped in when one frees
+        try:
+            installed = await self._call(swap_in)
+        except Exception as error:  # noqa: BLE001 - the engine refused it (vLLM reads the folder only here)
+            self._fail(command, str(error) if isinstance(error, ValueError) else repr(error))
+            return
+        if not installed:  # every slot busy with requests in flight: swapped in when one frees
             log.info("adapter %s registered; it takes a slot when one frees", name)
         self.held[name] = path
         log.info("LoRA adapter %s loaded from %s (%d KiB)", name, path, adapter.nbytes() // 1024)

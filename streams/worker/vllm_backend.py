@@ -19,6 +19,7 @@ from engine.engine_setup import resolve_max_model_len
 from engine.logprobs import LogprobEntry
 from engine.outputs import FinishReason, RequestOutput, RequestStats, SpecCounters
 from engine.request import EngineRequest, RequestRejected
+from streams.worker.vllm_adapters import VllmAdapters
 from streams.worker.vllm_mapping import engine_kwargs, sampling_kwargs
 
 Progress = Callable[[str], None]
@@ -48,8 +49,10 @@ class _Tracked:
 class VllmEngine:
     """Our ``Engine`` protocol over ``vllm.v1.engine.llm_engine.LLMEngine``."""
 
-    def __init__(self, engine: Any, tokenizer: Any, model_name: str, max_model_len: int, speculates: bool) -> None:
+    def __init__(self, engine: Any, tokenizer: Any, model_name: str, max_model_len: int, speculates: bool,
+                 lora: VllmAdapters | None = None) -> None:
         self._engine = engine
+        self.lora = lora  # the adapters topic's registry (WorkerAdapters); None: engine.lora.max_loaded is 0
         self.speculates = speculates
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -64,13 +67,20 @@ class VllmEngine:
         if len(request.prompt_token_ids) >= self.max_model_len:
             raise RequestRejected("context_length_exceeded", f"the prompt has {len(request.prompt_token_ids)} "
                                   f"tokens; this model serves at most {self.max_model_len} (prompt + completion)")
+        lora_request = None
+        if request.lora is not None:
+            if self.lora is None or request.lora not in self.lora.requests:
+                raise RequestRejected("unknown_model",
+                                      f"model '{request.lora}' is not served; available: {self.model_name}")
+            lora_request = self.lora.request_for(request.lora)
         try:
             kwargs = sampling_kwargs(request, self.speculates)
             if "structured_outputs" in kwargs:
                 kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
             params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
             self._engine.add_request(request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
-                                     params, arrival_time=request.arrival_time, priority=request.priority)
+                                     params, arrival_time=request.arrival_time, priority=request.priority,
+                                     lora_request=lora_request)
         except ValueError as error:  # vLLM's own validation (its VLLMValidationError is one): the request, not us
             raise RequestRejected("invalid_request", f"vLLM refused the request: {error}") from error
         self._tracked[request.request_id] = _Tracked(request)
@@ -164,8 +174,18 @@ def load_vllm_engine(config: EngineConfig, progress: Progress | None) -> VllmEng
     max_len = resolve_max_model_len(config.max_model_len, hf_config.max_position_embeddings)
     kwargs = engine_kwargs(config, str(model_dir), max_len)
     kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+    if kwargs["max_num_batched_tokens"] != config.max_batched_tokens:
+        say(f"engine.max_batched_tokens {config.max_batched_tokens} -> {kwargs['max_num_batched_tokens']} for vLLM: "
+            "with LoRA and speculation it holds every running request's drafts in one step")
     say(f"starting vLLM's engine on {model_dir} ({kwargs['dtype']}) ...")
     engine = LLMEngine.from_engine_args(EngineArgs(**kwargs))
+    lora = None
+    if config.lora.enabled:
+        lora = VllmAdapters(engine, config.lora.max_rank)
+        for name, path in config.lora.adapters.items():  # served from the start: a bad one fails the start
+            adapter = lora.read(name, path)
+            lora.register(name, path)
+            lora.install(adapter)
     # The edge counts and renders prompts with the same tokenizer class our engine uses: keep them identical.
     return VllmEngine(engine, tokenizer_from_folder(model_dir), config.model, max_len,
-                      speculates="speculative_config" in kwargs)
+                      speculates="speculative_config" in kwargs, lora=lora)

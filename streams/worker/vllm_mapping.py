@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.request import EngineRequest, RequestRejected
+from streams.worker.vllm_adapters import vllm_max_lora_rank
 
 # vLLM's priority scheduling runs the lower value first, as ours does: our priorities pass unchanged.
 
@@ -55,9 +56,6 @@ def refuse_unmappable(request: EngineRequest, speculates: bool) -> None:
         # vLLM speculates for every request of an engine or for none; with seeded sampling that changes the text.
         raise RequestRejected("invalid_request", "speculation: false cannot be honoured per request by the vLLM "
                               "backend (it speculates for all requests or none: engine.speculation.enabled)")
-    if request.lora is not None:
-        raise RequestRejected("invalid_request",
-                              f"LoRA adapter {request.lora!r}: adapters are not served by the vLLM backend yet")
 
 
 def engine_kwargs(config: EngineConfig, model_dir: str, max_model_len_default: int) -> dict[str, Any]:
@@ -65,8 +63,6 @@ def engine_kwargs(config: EngineConfig, model_dir: str, max_model_len_default: i
 
     ``max_model_len_default`` is what our engine would use for ``engine.max_model_len: null``, so both backends
     accept the same prompts."""
-    if config.lora.adapters:
-        raise ValueError("engine.lora.adapters: not served by engine.backend vllm yet")
     kwargs: dict[str, Any] = {
         "model": model_dir,
         "dtype": "bfloat16" if config.dtype == "auto" else config.dtype,
@@ -85,11 +81,17 @@ def engine_kwargs(config: EngineConfig, model_dir: str, max_model_len_default: i
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_bytes)
     else:
         kwargs["gpu_memory_utilization"] = config.kv_cache_fraction
+    if config.lora.enabled:  # adapters ride on requests as LoRARequests (streams.worker.vllm_adapters)
+        kwargs |= {"enable_lora": True, "max_loras": config.lora.max_loaded,
+                   "max_lora_rank": vllm_max_lora_rank(config.lora.max_rank)}
     if config.kv_cache_dtype != "auto":
         kwargs["kv_cache_dtype"] = config.kv_cache_dtype
     spec = speculative_config(config)
     if spec is not None:
         kwargs["speculative_config"] = spec
+        if config.lora.enabled:  # vLLM's LoRA kernels want every running sequence's drafts in one step's budget
+            needed = config.max_running_requests * (spec["num_speculative_tokens"] + 1)
+            kwargs["max_num_batched_tokens"] = max(config.max_batched_tokens, needed)
     return {k: v for k, v in kwargs.items() if v is not None}
 
 

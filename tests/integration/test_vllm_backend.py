@@ -43,7 +43,8 @@ def fleet(kafka_bootstrap: str) -> Iterator[Fleet]:  # noqa: F811
     assert vllm_python().is_file(), "vLLM's environment is missing: ./dev setup vllm (./dev test installs it)"
     env = {"SPECSTREAM_ENGINE__BACKEND": "vllm", "SPECSTREAM_ENGINE__MAX_MODEL_LEN": "1024",
            "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "512MiB", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-           "SPECSTREAM_WORKER__HEARTBEAT_S": "1", "SPECSTREAM_KAFKA__REQUEST_PARTITIONS": str(PARTITIONS)}
+           "SPECSTREAM_WORKER__HEARTBEAT_S": "1", "SPECSTREAM_KAFKA__REQUEST_PARTITIONS": str(PARTITIONS),
+           "SPECSTREAM_ENGINE__LORA__RUNTIME_UPDATES": "true"}
     with tempfile.TemporaryDirectory(prefix="specstream-vllm-") as logs, \
             running_stack(kafka_bootstrap, env=env, ready_timeout_s=600, log_dir=logs) as running:
         yield Fleet(running, Path(logs))
@@ -137,6 +138,40 @@ def test_response_format_and_required_tool_calls_are_enforced_by_vllm_with_our_g
     assert called.choices[0].finish_reason == "tool_calls"
     call = called.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and set(json.loads(call.function.arguments)) == {"city"}
+
+
+PIRATE = "Arr matey, the treasure lies buried on Skull Island under the old palm tree."
+
+
+def test_a_lora_adapter_loaded_through_the_topic_runs_in_vllm_as_peft_does_then_unloads(
+        stack: Stack, client: OpenAI, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine.loader import resolve_model_dir
+    from tests.lora_support import peft_greedy, save_random_adapter, train_adapter
+
+    folder = resolve_model_dir(MODEL)
+    hf, tok = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(folder)
+    pirate = train_adapter(hf, tok, tmp_path / "pirate", PIRATE, steps=8, seed=1, r=8)
+    dora = save_random_adapter(hf, tmp_path / "dora", r=4, targets=["q_proj"], dora=True)
+
+    def registry(route: str, **body: str) -> httpx.Response:
+        return httpx.post(f"{stack.base_url}/v1/{route}_lora_adapter", json=body, headers=stack.headers, timeout=120)
+
+    assert registry("load", lora_name="pirate", lora_path=str(pirate)).status_code == 200
+    prompt = "Arr matey, the treasure"
+    want = tok.decode(peft_greedy(pirate, hf, tok(prompt)["input_ids"], 12, eos_token_id=[tok.eos_token_id]),
+                      skip_special_tokens=True)
+    got = client.completions.create(model="pirate", prompt=prompt, max_tokens=12, temperature=0)
+    assert got.choices[0].text == want and got.model == "pirate"
+    assert client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0).choices[0].text != want
+    refused = registry("load", lora_name="dora", lora_path=str(dora))
+    assert refused.status_code >= 400 and "DoRA" in refused.text
+    assert registry("unload", lora_name="pirate").status_code == 200
+    gone = httpx.post(stack.base_url + "/v1/completions", headers=stack.headers, timeout=60,
+                      json={"model": "pirate", "prompt": prompt, "max_tokens": 4})
+    assert gone.status_code == 404
 
 
 def test_what_this_backend_cannot_run_is_refused_naming_it(client: OpenAI) -> None:

@@ -4,11 +4,14 @@ The stack test (tests/integration/test_vllm_backend.py) runs the same mapping ag
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
 from engine.config import EngineConfig
 from engine.request import EngineRequest, RequestRejected, SamplingOptions
+from streams.worker.vllm_adapters import check_adapter
 from streams.worker.vllm_mapping import engine_kwargs, sampling_kwargs
 
 # SamplingOptions fields and the SamplingParams argument each becomes (same name unless listed).
@@ -33,14 +36,10 @@ def test_defaults_mean_the_same_no_filter_in_both() -> None:
     assert kwargs["top_k"] == 0 and kwargs["top_p"] == 1.0 and kwargs["seed"] is None and "logit_bias" not in kwargs
 
 
-@pytest.mark.parametrize(("request_fields", "named"), [
-    ({"lora": "my-adapter"}, "my-adapter"),
-    ({"speculation": False}, "speculation: false"),
-])
-def test_what_vllm_cannot_run_as_asked_is_refused_by_name(request_fields: dict, named: str) -> None:
+def test_speculation_off_per_request_is_refused_by_name_when_the_engine_speculates() -> None:
     with pytest.raises(RequestRejected) as refused:
-        sampling_kwargs(EngineRequest("r", [1], **request_fields), speculates=True)
-    assert refused.value.code == "invalid_request" and named in refused.value.message
+        sampling_kwargs(EngineRequest("r", [1], speculation=False), speculates=True)
+    assert refused.value.code == "invalid_request" and "speculation: false" in refused.value.message
 
 
 def test_a_constraint_reaches_vllms_guidance_backend_as_the_same_llguidance_grammar() -> None:
@@ -87,8 +86,38 @@ def test_the_default_context_is_our_engines_and_speculation_off_sends_no_specula
 
 @pytest.mark.parametrize(("settings", "named"), [
     ({"speculation": {"method": "eagle", "draft_head": "/heads/h"}}, "engine.speculation.method"),
-    ({"lora": {"adapters": {"a": "/x"}}}, "engine.lora.adapters"),
 ])
 def test_settings_vllm_cannot_run_fail_at_start_naming_the_key(settings: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         engine_kwargs(EngineConfig(**settings), "/m", max_model_len_default=2048)
+
+
+def test_lora_slots_map_onto_vllms_and_off_means_no_lora() -> None:
+    kwargs = engine_kwargs(EngineConfig(lora={"max_loaded": 3, "max_rank": 24}), "/m", 2048)
+    # vLLM takes only some ranks: the smallest that holds ours (ours is checked when an adapter is read).
+    assert (kwargs["enable_lora"], kwargs["max_loras"], kwargs["max_lora_rank"]) == (True, 3, 32)
+    assert "enable_lora" not in engine_kwargs(EngineConfig(lora={"max_loaded": 0}), "/m", 2048)
+
+
+def test_an_adapter_folder_vllm_cannot_serve_is_refused_at_read_naming_why(tmp_path: Path) -> None:
+    folder = tmp_path / "a"
+    folder.mkdir()
+    with pytest.raises(ValueError, match="adapter_config.json and adapter_model.safetensors"):
+        check_adapter("a", str(folder), 16)
+    (folder / "adapter_model.safetensors").write_bytes(b"x" * 10)
+    for config, why in (({"peft_type": "LORA", "r": 32}, "rank 32 is outside 1..engine.lora.max_rank"),
+                        ({"peft_type": "LORA", "r": 8, "use_dora": True}, "DoRA"),
+                        ({"peft_type": "IA3"}, "is not LoRA")):
+        (folder / "adapter_config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match=why):
+            check_adapter("a", str(folder), 16)
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    assert check_adapter("a", str(folder), 16).nbytes() == 10
+
+
+def test_with_lora_and_speculation_the_step_budget_holds_every_running_requests_drafts_as_vllm_requires() -> None:
+    both = EngineConfig(max_running_requests=64, max_batched_tokens=512, lora={"max_loaded": 2},
+                        speculation={"method": "ngram", "max_draft_tokens": 8})
+    assert engine_kwargs(both, "/m", 2048)["max_num_batched_tokens"] == 64 * 9
+    no_lora = both.model_copy(update={"lora": both.lora.model_copy(update={"max_loaded": 0})})
+    assert engine_kwargs(no_lora, "/m", 2048)["max_num_batched_tokens"] == 512
