@@ -181,7 +181,7 @@ class _LazyCheckpoint:
         from safetensors import safe_open
 
         self._stack = ExitStack()
-        self._where = {}
+        self._where: dict[str, Any] = {}  # tensor name -> the open file holding it
         for file in files:
             handle = self._stack.enter_context(safe_open(str(file), framework="pt", device=str(dev)))
             self._where |= dict.fromkeys(handle.keys(), handle)

@@ -225,7 +225,9 @@ class Attention(nn.Module):
                 plan.append((window_band(s, self.window, device), Route.SDPA))
         return plan
 
-    def _attend(self, q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention) -> torch.Tensor:
+    def _attend(
+        self, q_heads: torch.Tensor, k_arena: torch.Tensor, v_arena: torch.Tensor, s: SeqAttention
+    ) -> torch.Tensor:
         """The sequence's rows attending to its region: [Hq, q_len, D]."""
         kv = slice(s.kv_start, s.kv_start + s.kv_len)
         # No mask on several rows means the rows are the whole sequence: plain causal.

@@ -2,8 +2,9 @@
 
 A field vLLM cannot honour the way our engine does is refused (``RequestRejected``, answered with an ErrorEvent
 naming it), never dropped. Constraints (response_format, tool_choice) are our llguidance grammars, which vLLM's
-``guidance`` structured-output backend enforces with the same library: the same outputs are allowed on both. Kept free of vLLM imports so the mapping is tested in the main environment; the
-backend (``streams.worker.vllm_backend``) feeds these dicts to ``SamplingParams`` and ``EngineArgs``.
+``guidance`` structured-output backend enforces with the same library: the same outputs are allowed on both.
+Kept free of vLLM imports so the mapping is tested in the main environment; the backend
+(``streams.worker.vllm_backend``) feeds these dicts to ``SamplingParams`` and ``EngineArgs``.
 """
 from __future__ import annotations
 
