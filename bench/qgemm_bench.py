@@ -18,7 +18,7 @@ import torch
 
 from engine.quant.linear import Bf16Kernel, Int4Kernel, Int8Kernel
 from engine.quant.tensor import quantize
-from engine.quant.vnni import VnniKernel
+from engine.quant.vnni import VnniKernel, available
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
 LAYERS = 30
@@ -38,6 +38,10 @@ def _best_ms(kernels: list[Callable[[torch.Tensor], torch.Tensor]], rows: int, d
     return 1000 * min(one_pass() for _ in range(7))
 
 
+def _fp32(weight: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: torch.nn.functional.linear(x, weight)
+
+
 @torch.inference_mode()
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,10 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     torch_kernel = Int4Kernel if args.fmt == "int4" else Int8Kernel
     rows_of = [int(r) for r in args.rows.split(",")]
     table = {
-        f"ours {args.fmt}": ([VnniKernel(q) for q in qts], torch.float32),
+        f"ours {args.fmt} ({available()[1]})": ([VnniKernel(q) for q in qts], torch.float32),
         f"torch's {args.fmt}": ([torch_kernel(q) for q in qts], torch.bfloat16),
-        "bf16 copy": ([Bf16Kernel(q.dequantize()) for q in qts], torch.bfloat16),
+        "fp32 (the fallback format)": ([_fp32(q.dequantize()) for q in qts], torch.float32),
     }
+    try:
+        table["bf16 copy"] = ([Bf16Kernel(q.dequantize()) for q in qts], torch.bfloat16)
+    except RuntimeError as e:  # oneDNN's bf16 GEMM refuses CPUs without AVX-512 (BW, VL, DQ)
+        print(f"(no bf16 copy here: {str(e).splitlines()[0]})")
     print("| rows | " + " | ".join(map(str, rows_of)) + " |\n|---|" + "---|" * len(rows_of))
     for name, (kernels, dtype) in table.items():
         print(f"| {name}, ms | " + " | ".join(f"{_best_ms(kernels, r, dtype):.2f}" for r in rows_of) + " |", flush=True)

@@ -274,7 +274,7 @@ def apply_weights(
     from engine.quant.formats import resolve_weight_format
 
     say = progress or noop
-    resolved = resolve_weight_format(requested, loaded.device)  # type: ignore[arg-type]
+    resolved = resolve_weight_format(requested, loaded.device, kernel=kernel)  # type: ignore[arg-type]
     if resolved.note:
         logging.getLogger(__name__).warning(resolved.note)
         say(resolved.note)
@@ -282,6 +282,10 @@ def apply_weights(
         say(resolved.choice)
     if resolved.fmt == "fp32":
         return "fp32"
+    if wide and not resolved.wide_copy and resolved.fmt != "bf16":
+        say(f"no bf16 copy for wide steps (oneDNN's bf16 GEMM does not run on this CPU): every step runs "
+            f"{resolved.fmt}")
+        wide = False
     gguf = gguf_for(loaded.name)
     apply_weight_format(
         loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say, kernel

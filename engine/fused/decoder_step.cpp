@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "chunk_attention.h"
-#include "qgemm.h"
+#include "qgemm_isa.h"
 #include "row_attention.h"
 #include "step_ops.h"
 
@@ -64,7 +64,8 @@ at::Tensor bf16_kernel(const at::Tensor& packed, const at::Tensor& x, int64_t wi
 at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const std::optional<at::Tensor>& mins, int64_t bits, const at::Tensor* residual) {
   namespace q = specstream::qgemm;
-  TORCH_CHECK(q::supported(), "qlinear: this CPU lacks one of AVX512-BW, AVX512-VL, AVX512-VNNI, F16C, FMA");
+  TORCH_CHECK(q::current_isa().load() != q::Isa::kNone,
+              "qlinear: this CPU has neither AVX512-VNNI (with BW, VL, F16C, FMA) nor AVX2 (with FMA, F16C)");
   TORCH_CHECK(bits == 4 || bits == 8, "qlinear: bits must be 4 or 8, got ", bits);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "qlinear: x must be [T, in] fp32");
   const int64_t rows = x.size(0), in = x.size(1), out = codes.size(0) * q::kLanes, blocks = in / q::kBlock;
@@ -72,10 +73,12 @@ at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(in % q::kBlock == 0, "qlinear: in_features ", in, " is not a multiple of 32");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == blocks * (four ? 256 : 512),
               "qlinear: codes must be contiguous uint8 [tiles, ", blocks * (four ? 256 : 512), "]");
+  // fp16 per block and output (4-bit; 8-bit from GGUF's Q8_0), or fp32 per output (8-bit).
+  const bool block_scales = four || scales.scalar_type() == at::kHalf;
   auto check_scales = [&](const at::Tensor& t, const char* what) {
-    const auto dtype = four ? at::kHalf : at::kFloat;
-    TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.numel() == out * (four ? blocks : 1), "qlinear: ",
-                what, " must be contiguous ", four ? "fp16 [tiles, in / 32, 16]" : "fp32 [out]");
+    const auto dtype = block_scales ? at::kHalf : at::kFloat;
+    TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.numel() == out * (block_scales ? blocks : 1),
+                "qlinear: ", what, " must be contiguous ", block_scales ? "fp16 [tiles, in / 32, 16]" : "fp32 [out]");
   };
   check_scales(scales, "scales");
   TORCH_CHECK(!mins.has_value() || four, "qlinear: mins are for 4-bit weights");
@@ -92,15 +95,15 @@ at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::T
   const float* xp = xc.data_ptr<float>();
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      q::quantize_row(xp + r * in, in, codes_a + r * in, d + r * blocks, sums + r * blocks, dsums + r * blocks);
+      q::quantize_row_isa(xp + r * in, in, codes_a + r * in, d + r * blocks, sums + r * blocks, dsums + r * blocks);
   });
   at::Tensor y = at::empty({rows, out}, x.options());
   const q::QuantRows a{codes_a, d, sums, dsums, rows, in};
   auto half = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); };
   const q::QuantWeights w{codes.data_ptr<uint8_t>(),
-                          four ? half(scales) : nullptr,
+                          block_scales ? half(scales) : nullptr,
                           mins.has_value() ? half(*mins) : nullptr,
-                          four ? nullptr : scales.data_ptr<float>(),
+                          block_scales ? nullptr : scales.data_ptr<float>(),
                           four ? (mins.has_value() ? 0 : 8) : 128,
                           out, in, four};
   const float* rp = nullptr;
@@ -109,7 +112,7 @@ at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::T
                     residual->size(1) == out, "qlinear: the residual must be contiguous fp32 [", rows, ", ", out, "]");
     rp = residual->data_ptr<float>();
   }
-  q::linear(w, a, {y.data_ptr<float>(), rp});
+  q::linear_isa(w, a, {y.data_ptr<float>(), rp});
   return y;
 }
 
@@ -316,7 +319,14 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
   return out;
 }
 
-bool qlinear_supported() { return specstream::qgemm::supported(); }
+bool qlinear_supported() { return specstream::qgemm::current_isa().load() != specstream::qgemm::Isa::kNone; }
+
+// The instruction set qlinear runs ("avx512vnni", "avx2" or ""), after switching to `use` when given and runnable.
+std::string qlinear_isa(const std::optional<std::string>& use) {
+  namespace q = specstream::qgemm;
+  TORCH_CHECK(!use.has_value() || q::use_isa(*use), "qlinear_isa: this CPU cannot run ", use.value_or(""));
+  return q::isa_name(q::current_isa().load());
+}
 
 // x [..., n] fp32 -> [..., n]: RMSNorm with step_ops.h's fixed summation order (engine/fused/norm.py).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -422,6 +432,7 @@ TORCH_LIBRARY(specstream, m) {
   m.def("chunk_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &chunk_attention);
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int bits) -> Tensor", &qlinear);
   m.def("qlinear_supported() -> bool", &qlinear_supported);
+  m.def("qlinear_isa(str? use=None) -> str", &qlinear_isa);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("silu_mul(Tensor gate_up, int n) -> Tensor", &silu_mul);
 }

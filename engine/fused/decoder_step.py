@@ -22,7 +22,14 @@ from torch import nn
 
 from engine.fused.build import load_ops
 from engine.model import attention_route
-from engine.quant.linear import Bf16Kernel, Bf16Linear, Int4Kernel, QuantizedLinear, bf16_row_window
+from engine.quant.linear import (
+    Bf16Kernel,
+    Bf16Linear,
+    DequantizedKernel,
+    Int4Kernel,
+    QuantizedLinear,
+    bf16_row_window,
+)
 from engine.quant.vnni import VnniKernel
 
 if TYPE_CHECKING:
@@ -56,6 +63,8 @@ def _why_not(model: Decoder) -> str | None:
         for lin in _layer_linears(layer):
             if not isinstance(lin, (QuantizedLinear, Bf16Linear)):
                 return f"layer {i} has a {type(lin).__name__}; the fused step runs int4, int8 and bf16 linears"
+            if isinstance(lin, QuantizedLinear) and isinstance(lin.narrow, DequantizedKernel):
+                return f"layer {i}'s int8 blocks run dequantized (our kernel does not run here)"
         if layer.mlp.act is not F.silu:
             return f"layer {i}'s activation is not SiLU"
     return None

@@ -16,8 +16,8 @@
 //   4-bit weights: 256 bytes a block-tile: byte 4j + i of vector k (k = 0..3) holds vector k's code in its low
 //                  nibble and vector k + 4's in its high nibble.
 // Scales: per block and tile 16 fp16 (4-bit: GGUF's own Q4_1 d and m, or Q4_0's d with its 8 taken off in
-// integers), or one fp32 per output (8-bit, engine/quant/tensor.py's int8). A Q4_1 weight reads 20 bytes a block,
-// as in the file. engine/quant/vnni.py packs weights into this layout.
+// integers; 8-bit: Q8_0's d), or one fp32 per output (8-bit quantized per row, engine/quant/tensor.py's int8). A
+// Q4_1 weight reads 20 bytes a block, as in the file. engine/quant/vnni.py packs weights into this layout.
 //
 // Row-count invariance, which keeps speculation lossless: a row's output is a function of that row and the weight
 // alone. Its integer sums are exact, and its float work runs in one fixed order per (output, row), whatever the
@@ -181,12 +181,14 @@ SS_VNNI_TARGET void tiles(const QuantWeights& w, const QuantRows& a, int64_t t0,
 // Every output of every row (plus its residual, if any), tiles shared out among torch's threads (no bit depends
 // on the split).
 inline void linear(const QuantWeights& w, const QuantRows& a, const Outputs& o) {
-  // The kinds the wrapper makes: 4-bit with block scales (and mins, or not), 8-bit with row scales.
+  // The kinds the wrapper makes: 4-bit with block scales (and mins, or not), 8-bit with block or row scales.
   auto run = [&](int64_t t0, int64_t t1) {
     if (w.four_bit && w.mins != nullptr) {
       tiles<true, true, true>(w, a, t0, t1, o);
     } else if (w.four_bit) {
       tiles<true, false, true>(w, a, t0, t1, o);
+    } else if (w.block_scales != nullptr) {
+      tiles<false, false, true>(w, a, t0, t1, o);
     } else {
       tiles<false, false, false>(w, a, t0, t1, o);
     }

@@ -1,15 +1,16 @@
 """Which weight format a device runs: `engine.weights` resolved against the CPU's instructions.
 
-The weight-only kernels (torch's int4pack / int8pack CPU kernels and the
-oneDNN bf16 GEMM) are vectorised only with AVX-512, and their bf16 activations
-need AVX512_BF16 (or AMX-BF16) to be fast; elsewhere torch runs them as scalar
-loops, slower than fp32. So a CPU without those instructions gets fp32, with
-the reason said at start. On CUDA the formats here do not apply (those kernels
-are CPU kernels): the weights stay as engine.dtype loads them.
+int4 and int8 run on our kernel (engine/fused/qgemm.h: AVX512-VNNI, or qgemm_avx2.h: AVX2 with FMA
+and F16C), else on torch's weight-only kernels, which are vectorised only with AVX-512 and need
+AVX512_BF16 (or AMX-BF16) for their bf16 activations to be fast. bf16, and the bf16 copy int4/int8
+keep for wide steps, run on oneDNN's bf16 GEMM, which refuses CPUs without AVX-512 (BW, VL, DQ):
+there int4/int8 run every step on our kernel. A CPU that can run none of it gets fp32, with the reason
+said at start. On CUDA the formats here do not apply (those kernels are CPU kernels): the weights stay
+as engine.dtype loads them.
 
-`auto` picks the fastest format measured on a CPU that has the instructions:
-int4 (issue 17: one decode step's linears in 7-10 ms vs 15-16 ms int8 and
-28-32 ms fp32 on the 2-core dev machine).
+`auto` picks the fastest format measured on a CPU that has the instructions: int4 (issue 17: one
+decode step's linears in 7-10 ms vs 15-16 ms int8 and 28-32 ms fp32 on the 2-core dev machine;
+on AVX2, bench/qgemm_bench.py: 3.6 ms against 31 ms fp32).
 """
 from __future__ import annotations
 
@@ -28,10 +29,23 @@ AUTO_CHOICE: WeightFormat = "int4"
 class CpuFeatures:
     capability: str  # torch's dispatch level: "DEFAULT", "AVX2", "AVX512", ...
     bf16: bool  # AVX512_BF16 or AMX-BF16 advertised
+    qgemm: str  # the instruction set our int4/int8 kernel runs on ("avx512vnni", "avx2"), "" where it cannot
+    bf16_gemm: bool  # oneDNN packs bf16 weights here (the bf16 format, the int4/int8 copy for wide steps)
 
     @classmethod
     def detect(cls) -> CpuFeatures:
-        return cls(torch.backends.cpu.get_cpu_capability(), _has_bf16_flag())
+        from engine.quant.vnni import kernel_isa
+
+        return cls(torch.backends.cpu.get_cpu_capability(), _has_bf16_flag(), kernel_isa(), onednn_bf16_error() is None)
+
+
+def onednn_bf16_error() -> str | None:
+    """Why oneDNN cannot pack a bf16 weight on this CPU at all, or None."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16))
+    except RuntimeError as exc:
+        return str(exc).splitlines()[0]
+    return None
 
 
 def _has_bf16_flag() -> bool:
@@ -48,23 +62,27 @@ class ResolvedFormat:
     fmt: WeightFormat  # never "auto"
     note: str | None  # why it differs from what was asked, to say (and warn) at start
     choice: str | None = None  # what `auto` picked and why, to say at start (not a warning)
+    wide_copy: bool = True  # int4/int8 may keep a bf16 copy for wide steps (oneDNN's bf16 GEMM runs here)
 
 
-def _missing(fmt: WeightFormat, cpu: CpuFeatures) -> str | None:
-    """Why this CPU cannot run fmt fast, or None."""
-    if fmt == "fp32":
+def _missing(fmt: WeightFormat, cpu: CpuFeatures, kernel: str) -> str | None:
+    """Why this CPU cannot run fmt fast, or None. kernel: engine.quant_kernel."""
+    if fmt == "fp32" or (fmt in ("int4", "int8") and kernel == "auto" and cpu.qgemm):
         return None
     if "AVX512" not in cpu.capability:
-        return f"torch's {fmt} CPU kernels need AVX-512 and this CPU runs torch at {cpu.capability}"
+        ours = ""
+        if fmt != "bf16":
+            ours = " (engine.quant_kernel: torch)" if kernel != "auto" else ", and ours needs AVX2 with FMA and F16C"
+        return f"torch's {fmt} CPU kernels need AVX-512 and this CPU runs torch at {cpu.capability}{ours}"
     if not cpu.bf16:
         return f"{fmt} runs its matmuls on bf16 activations and this CPU has neither AVX512_BF16 nor AMX-BF16"
     return None
 
 
 def resolve_weight_format(
-    requested: WeightFormat, device: torch.device, cpu: CpuFeatures | None = None
+    requested: WeightFormat, device: torch.device, cpu: CpuFeatures | None = None, *, kernel: str = "auto"
 ) -> ResolvedFormat:
-    """The format to load, and a note when it is not the one asked for."""
+    """The format to load, and a note when it is not the one asked for. kernel: engine.quant_kernel."""
     if requested not in WEIGHT_FORMATS:
         raise ValueError(f"engine.weights {requested!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
     if device.type != "cpu":
@@ -73,8 +91,8 @@ def resolve_weight_format(
         return ResolvedFormat("fp32", f"engine.weights {requested} is CPU-only; {device} keeps engine.dtype weights")
     features = cpu or CpuFeatures.detect()
     wanted: WeightFormat = AUTO_CHOICE if requested == "auto" else requested
-    why = _missing(wanted, features)
+    why = _missing(wanted, features, kernel)
     if why is None:
         picked = f"engine.weights auto: {wanted}, the fastest format measured on CPUs with AVX-512 and BF16"
-        return ResolvedFormat(wanted, None, picked if requested == "auto" else None)
+        return ResolvedFormat(wanted, None, picked if requested == "auto" else None, features.bf16_gemm)
     return ResolvedFormat("fp32", f"engine.weights {requested} falls back to fp32: {why}")

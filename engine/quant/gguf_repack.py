@@ -5,9 +5,10 @@ Block layouts (ggml, 32 weights a block along in_features, `d`/`m` fp16):
     Q4_1  [d][m][16 bytes, same nibbles]                                        w = d * q + m
     Q8_0  [d][32 x int8]                                                        w = d * q
 Q4_0 and Q4_1 map onto the int4 convention w = (q - 8) * scale + zero with the
-SAME 4-bit codes (Q4_0: zero 0; Q4_1: zero m + 8d). Anything else (Q8_0 or
-K-quants into int4, any format into int8, whose kernel has one scale per row)
-is dequantized with the gguf package and quantized once.
+SAME 4-bit codes (Q4_0: zero 0; Q4_1: zero m + 8d), and Q8_0 onto int8 with a
+scale per block of 32 (our kernel takes it as it is). Anything else (Q8_0 or
+K-quants into int4, other formats into int8) is dequantized with the gguf
+package and quantized once.
 
 llama.cpp's converter permutes the q/k rows of llama-family models for its
 rotary layout; transformers undoes it on load, and so do we, on the codes.
@@ -58,6 +59,13 @@ def repack_q4(raw: np.ndarray, has_min: bool) -> QuantizedTensor:
     return QuantizedTensor("int4", codes, d, zeros, INT4_GROUP)
 
 
+def repack_q8_0(raw: np.ndarray) -> QuantizedTensor:
+    """A Q8_0 tensor's bytes [out, bytes per row] as int8 codes with a scale per block, bit for bit."""
+    blocks = _blocks(raw, 34)
+    codes = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8))  # [out, blocks, 32]
+    return QuantizedTensor("int8", codes.reshape(raw.shape[0], -1), _fp16(blocks, 0), None, INT4_GROUP)
+
+
 def gguf_tensor(tensor: object, fmt: QuantFormat) -> QuantizedTensor:
     """One gguf ReaderTensor as `fmt`: repacked when the block format maps, else quantized once."""
     from gguf import GGMLQuantizationType as Q
@@ -67,6 +75,8 @@ def gguf_tensor(tensor: object, fmt: QuantFormat) -> QuantizedTensor:
     raw = np.asarray(tensor.data)  # type: ignore[attr-defined]
     if fmt == "int4" and kind in (Q.Q4_0, Q.Q4_1):
         return repack_q4(raw, has_min=kind == Q.Q4_1)
+    if fmt == "int8" and kind == Q.Q8_0:
+        return repack_q8_0(raw)
     dense = torch.from_numpy(np.ascontiguousarray(dequantize(raw, kind)).astype(np.float32))  # [out, in]
     return quantize(dense, fmt)
 

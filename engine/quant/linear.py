@@ -118,6 +118,22 @@ class Int8Kernel:
         return [self.codes, self.scales]
 
 
+class DequantizedKernel:
+    """Int8 weights in GGUF's Q8_0 blocks where our kernel does not run (torch's int8 kernel has one scale per row):
+    the dequantized weight in fp32, exact, at fp32's cost."""
+
+    act_dtype = torch.float32
+
+    def __init__(self, qt: QuantizedTensor) -> None:
+        self.weight = qt.dequantize().contiguous()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.weight]
+
+
 PROBE_ROWS = 64  # the widest piece a step is cut into, whatever the CPU allows
 _row_windows: dict[tuple[int, int, int], int] = {}  # (out, in, threads) -> invariant rows
 
@@ -188,12 +204,14 @@ class Bf16Kernel:
 
 
 def quant_kernel(qt: QuantizedTensor, choice: str = "auto") -> Kernel:
-    """engine.quant_kernel auto: our VNNI kernel (engine/quant/vnni.py) where it runs and fits the tensor, else
-    torch's; torch: torch's."""
+    """engine.quant_kernel auto: our kernel (engine/quant/vnni.py) where it runs and takes the tensor, else
+    torch's (or, for int8 blocks torch's kernel cannot take, the dequantized weight); torch: the same without ours."""
     from engine.quant import vnni
 
     if choice == "auto" and vnni.fits(qt):
         return vnni.VnniKernel(qt)
+    if qt.blocked:
+        return DequantizedKernel(qt)
     return Int4Kernel(qt) if qt.fmt == "int4" else Int8Kernel(qt)
 
 

@@ -10,8 +10,9 @@ codes directly, never to dequantized floats.
 Formats (w = the float weight the model means):
     int4: codes uint8 in 0..15, groups of `group_size` along in_features,
           w = (q - 8) * scale + zero     (torch's int4pack convention)
-    int8: codes int8, one scale per output row, w = q * scale
-          (torch's _weight_int8pack_mm has per-row scales only)
+    int8: codes int8, w = q * scale, one scale per output row (group_size = in_features: what quantize
+          makes, and all torch's _weight_int8pack_mm takes) or per block of 32 (GGUF's Q8_0, kept as it is
+          for our kernel)
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ INT4_GROUP = 32  # GGUF's block size; torch's int4 CPU kernel takes 32, 64, 128 
 class QuantizedTensor:
     fmt: QuantFormat
     codes: torch.Tensor  # int4: uint8 [out, in] in 0..15; int8: int8 [out, in]
-    scales: torch.Tensor  # int4: fp32 [out, in / group]; int8: fp32 [out]
+    scales: torch.Tensor  # int4: fp32 [out, in / group]; int8: fp32 [out] per row, or [out, in / group]
     zeros: torch.Tensor | None  # int4: fp32 [out, in / group]; int8: None
     group_size: int  # int4: elements per group; int8: in_features
 
@@ -39,11 +40,19 @@ class QuantizedTensor:
     def dequantize(self) -> torch.Tensor:
         """The float weight [out, in] in fp32, exactly as the kernels' convention defines it."""
         out, inp = self.codes.shape
-        if self.fmt == "int8":
+        if self.fmt == "int8" and not self.blocked:
             return self.codes.float() * self.scales[:, None]
+        if self.fmt == "int8":
+            q = self.codes.float().view(out, inp // self.group_size, self.group_size)  # [out, groups, group]
+            return (q * self.scales[..., None]).view(out, inp)
         assert self.zeros is not None
         q = self.codes.float().view(out, inp // self.group_size, self.group_size)  # [out, groups, group]
         return ((q - 8) * self.scales[..., None] + self.zeros[..., None]).view(out, inp)
+
+    @property
+    def blocked(self) -> bool:
+        """int8 with a scale per block (GGUF's Q8_0) rather than per row."""
+        return self.fmt == "int8" and self.scales.dim() == 2
 
     def rows(self, index: torch.Tensor | slice) -> QuantizedTensor:
         """A row subset / permutation (every field is per output row)."""

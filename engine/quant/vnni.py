@@ -28,6 +28,8 @@ BLOCK = 32  # inputs per activation scale (and per int4 weight scale)
 LANES = 16  # outputs per tile
 
 
+_ISA_NAMES = {"avx512vnni": "AVX512-VNNI, engine/fused/qgemm.h", "avx2": "AVX2, engine/fused/qgemm_avx2.h"}
+
 QuantKernel = Literal["auto", "torch"]
 QUANT_KERNELS: tuple[str, ...] = get_args(QuantKernel)
 
@@ -37,9 +39,15 @@ def available() -> tuple[bool, str]:
     built = load_ops("decoder_step")
     if built.library is None:
         return False, f"torch's weight-only kernels ({built.why})"
-    if not torch.ops.specstream.qlinear_supported():
-        return False, "torch's weight-only kernels (this CPU lacks AVX512-VNNI for ours)"
-    return True, "our int8-activation VNNI kernel (engine/fused/qgemm.h)"
+    isa = kernel_isa()
+    if not isa:
+        return False, "torch's weight-only kernels (this CPU has neither AVX512-VNNI nor AVX2 for ours)"
+    return True, f"our int8-activation kernel ({_ISA_NAMES[isa]})"
+
+
+def kernel_isa() -> str:
+    """The instruction set our kernel runs on here: "avx512vnni", "avx2", or "" (not built, or neither)."""
+    return torch.ops.specstream.qlinear_isa() if load_ops("decoder_step").library is not None else ""
 
 
 def chosen(choice: str) -> tuple[bool, str]:
@@ -52,11 +60,19 @@ def chosen(choice: str) -> tuple[bool, str]:
     return ours, f"int4/int8 kernel: {why}"
 
 
-def fits(qt: QuantizedTensor) -> bool:
-    """Whether the kernel runs here and takes this tensor (int4 in groups of 32, in_features a multiple of 32)."""
-    if qt.shape[1] % BLOCK or (qt.fmt == "int4" and (qt.group_size != BLOCK or qt.zeros is None)):
+def takes(qt: QuantizedTensor) -> bool:
+    """Whether the kernel's layout holds this tensor: in_features a multiple of 32, int4 in groups of 32, int8 per
+    row or in blocks of 32."""
+    if qt.shape[1] % BLOCK:
         return False
-    return available()[0]
+    if qt.fmt == "int4":
+        return qt.group_size == BLOCK and qt.zeros is not None
+    return not qt.blocked or qt.group_size == BLOCK
+
+
+def fits(qt: QuantizedTensor) -> bool:
+    """Whether the kernel runs here and takes this tensor."""
+    return takes(qt) and available()[0]
 
 
 def activations_as_used(x: torch.Tensor) -> torch.Tensor:
@@ -64,7 +80,9 @@ def activations_as_used(x: torch.Tensor) -> torch.Tensor:
     max|x| / 127 (ties to even), as quantize_row in qgemm.h does; for references in tests and benchmarks."""
     blocks = x.float().view(x.shape[0], -1, BLOCK)  # [T, in / 32, 32]
     amax = blocks.abs().amax(dim=-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # 127 / amax as one IEEE division, as the kernel does it (a scalar over a tensor is amax.reciprocal() * 127 in
+    # torch: an ulp off now and then, which turns near-ties of the rounding the other way).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     return (torch.round(blocks * inv) * (amax / 127.0)).view_as(x)
 
 
@@ -121,8 +139,12 @@ class VnniKernel:
             if bool(qt.zeros.any()):  # Q4_1-like: w = q * scale + min; else Q4_0's (q - 8) * scale, the 8 in integers
                 self.mins = pack_block_scales(qt.zeros.float() - 8 * qt.scales.float())
         else:
+            if not takes(qt):
+                raise ValueError(f"the VNNI kernel's int8 blocks are {BLOCK} inputs, got {qt.group_size}")
             self.codes = pack8((qt.codes.to(torch.int16) + 128).to(torch.uint8))
-            self.scales = F.pad(qt.scales.float(), (0, -out % LANES)).contiguous()
+            # Per row: fp32 [out]; Q8_0's blocks: fp16 [tiles, blocks, 16] (exact for their d), as 4-bit's.
+            per_row = F.pad(qt.scales.float(), (0, -out % LANES)).contiguous() if not qt.blocked else None
+            self.scales = pack_block_scales(qt.scales) if per_row is None else per_row
             i = torch.arange(inp)  # rows(): where input i of a tile's lane 0 sits (+ 4 bytes per lane)
             self._columns = (i // BLOCK) * 512 + (i % BLOCK // 4) * 64 + i % 4
 

@@ -40,12 +40,14 @@ def _engine(fmt: str, speculate: bool, wide: bool = True) -> LLMEngine:
     return LLMEngine.from_config(cfg)
 
 
-def test_int4_codes_are_the_gguf_files_own_weights() -> None:
+def test_int4_codes_and_the_q8_0_embedding_are_the_gguf_files_own_weights() -> None:
     fp32 = load_model(MODEL, device="cpu").model  # transformers' dequantization of the file
     int4 = read_gguf_weights(KNOWN_MODELS[MODEL].locate(), fp32.cfg, "int4", "int8")
     for name, module in fp32.layers.named_modules(prefix="layers"):
         if isinstance(module, torch.nn.Linear):
             assert torch.equal(int4[name].dequantize(), module.weight), name
+    # The tied embedding and head: the file's Q8_0 blocks, not quantized again per row.
+    assert int4["embed_tokens"].blocked and torch.equal(int4["embed_tokens"].dequantize(), fp32.embed_tokens.weight)
 
 
 @needs_bf16_gemm

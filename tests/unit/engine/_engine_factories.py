@@ -260,19 +260,10 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _onednn_bf16_error() -> str | None:
-    """Why oneDNN cannot pack a bf16 weight on this CPU at all, or None."""
-    try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16))
-    except RuntimeError as exc:
-        return str(exc).splitlines()[0]
-    return None
-
-
-_BF16_GEMM_ERROR = _onednn_bf16_error()
+_BF16_GEMM_ERROR = formats.onednn_bf16_error()
 # oneDNN's bf16 GEMM (the bf16 format, and the wide copy of int4/int8) refuses CPUs without AVX-512 BW/VL/DQ or
-# AVX-NE-CONVERT outright. The engine never loads those formats there (it falls back to fp32, tested in
-# test_quant_engine), so tests of their arithmetic cannot run on such a CPU.
+# AVX-NE-CONVERT outright. The engine never asks for it there (bf16 falls back to fp32 and int4/int8 keep no wide
+# copy, tested in test_quant_engine), so tests of its arithmetic cannot run on such a CPU.
 needs_bf16_gemm = pytest.mark.skipif(
     _BF16_GEMM_ERROR is not None, reason=f"this CPU cannot run oneDNN's bf16 GEMM: {_BF16_GEMM_ERROR}")
 
@@ -281,15 +272,17 @@ needs_bf16_gemm = pytest.mark.skipif(
 def every_format_runs() -> Iterator[None]:
     """The CPU reads as one that runs every weight format (AVX-512 with BF16).
 
-    On a CPU without AVX512_BF16 or AMX-BF16 the engine loads fp32 instead of
-    int4/int8/bf16: a speed decision (torch runs those kernels there too, as
-    slower scalar loops), tested on its own in test_quant_engine. Tests of a
+    On a CPU without AVX512_BF16 or AMX-BF16 (and without AVX2 for our int4/int8
+    kernel) the engine loads fp32 instead: a speed decision (torch runs those
+    kernels there too, as slower scalar loops), tested on its own in test_quant_engine. Tests of a
     format's own arithmetic and tokens use this so that they check the format
     on every CPU, not fp32 under its name; those that need oneDNN's bf16 GEMM
     are also marked ``needs_bf16_gemm``, the one thing a CPU cannot be made to run.
     """
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True)))
+        real = formats.CpuFeatures.detect()  # our kernel and oneDNN's bf16 GEMM run where they run
+        patch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True, real.qgemm,
+                                                                               real.bf16_gemm)))
         yield
 
 

@@ -27,9 +27,10 @@ pytestmark = pytest.mark.usefixtures("single_thread", "every_format_runs")
 
 # (format, engine.prepack_weights, engine.kv_cache_dtype): int4/int8 with and without their bf16 copy for steps past
 # 9 rows; the KV arena in bfloat16 (what auto gives these formats) and in fp32.
-# The bf16 copy is oneDNN's bf16 GEMM, which some CPUs cannot run at all.
+# The bf16 copy is oneDNN's bf16 GEMM, which some CPUs cannot run at all; without it every step is int4/int8's.
 FORMATS = [pytest.param("int8", True, "auto", marks=needs_bf16_gemm),
            pytest.param("int4", True, "auto", marks=needs_bf16_gemm), ("int4", False, "float32"),
+           ("int8", False, "auto"),
            pytest.param("bf16", True, "auto", marks=needs_bf16_gemm)]  # fmt: skip
 NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
 PROMPTS = random_prompts([9, 14, 40], seed=5)

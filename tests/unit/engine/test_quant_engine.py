@@ -99,8 +99,8 @@ def test_quantized_models_differ_from_fp32_only_slightly(target: Any) -> None:
 @pytest.mark.parametrize(
     ("cpu", "reason"),
     [
-        (CpuFeatures("AVX2", True), "need AVX-512 and this CPU runs torch at AVX2"),
-        (CpuFeatures("AVX512", False), "neither AVX512_BF16 nor AMX-BF16"),
+        (CpuFeatures("AVX2", True, "", False), "need AVX-512 and this CPU runs torch at AVX2"),
+        (CpuFeatures("AVX512", False, "", True), "neither AVX512_BF16 nor AMX-BF16"),
     ],
 )
 @pytest.mark.parametrize("requested", ["auto", "int4", "int8", "bf16"])
@@ -111,13 +111,26 @@ def test_a_cpu_without_the_instructions_falls_back_to_fp32_saying_why(cpu: CpuFe
     assert reason in resolved.note
 
 
+@pytest.mark.parametrize("requested", ["auto", "int4", "int8"])
+def test_an_avx2_cpu_runs_int4_and_int8_on_our_kernel_at_every_step(requested: str) -> None:
+    avx2 = CpuFeatures("AVX2", False, "avx2", False)
+    resolved = resolve_weight_format(requested, torch.device("cpu"), avx2)  # type: ignore[arg-type]
+    assert resolved.fmt == ("int4" if requested == "auto" else requested) and resolved.note is None
+    assert not resolved.wide_copy  # no oneDNN bf16 GEMM here: no bf16 copy for wide steps
+    torch_kernels = resolve_weight_format(requested, torch.device("cpu"), avx2, kernel="torch")  # type: ignore[arg-type]
+    assert torch_kernels.fmt == "fp32" and torch_kernels.note is not None
+    assert "(engine.quant_kernel: torch)" in torch_kernels.note
+    bf16 = resolve_weight_format("bf16", torch.device("cpu"), avx2)
+    assert bf16.fmt == "fp32" and bf16.note is not None and "AVX-512" in bf16.note
+
+
 def test_auto_picks_int4_on_a_cpu_with_avx512_and_bf16_saying_so_and_fp32_asks_nothing() -> None:
-    capable = CpuFeatures("AVX512", True)
+    capable = CpuFeatures("AVX512", True, "avx512vnni", True)
     auto = resolve_weight_format("auto", torch.device("cpu"), capable)
     assert auto.fmt == "int4" and auto.note is None
     assert auto.choice is not None and auto.choice.startswith("engine.weights auto: int4")
     assert resolve_weight_format("int4", torch.device("cpu"), capable).choice is None
-    assert resolve_weight_format("fp32", torch.device("cpu"), CpuFeatures("DEFAULT", False)).note is None
+    assert resolve_weight_format("fp32", torch.device("cpu"), CpuFeatures("DEFAULT", False, "", False)).note is None
 
 
 def test_cuda_keeps_its_dtype_weights_and_says_the_formats_are_cpu_only() -> None:
@@ -131,16 +144,34 @@ def test_an_unknown_format_is_refused() -> None:
 
 
 def test_loading_says_the_fallback_at_start(target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX2", False)))
+    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX2", False, "", False)))
     said: list[str] = []
     loaded = loaded_from_hf(target)
     assert apply_weights(loaded, "int4", wide=True, progress=said.append) == "fp32"
-    assert said == ["engine.weights int4 falls back to fp32: torch's int4 CPU kernels need AVX-512 and this CPU runs torch at AVX2"]
+    assert said == ["engine.weights int4 falls back to fp32: torch's int4 CPU kernels need AVX-512 and this CPU runs "
+                    "torch at AVX2, and ours needs AVX2 with FMA and F16C"]
     assert any(isinstance(m, torch.nn.Linear) for m in loaded.model.modules())
 
 
 def test_loading_with_auto_says_which_format_it_picked(target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True)))
+    real = formats.CpuFeatures.detect()
+    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True, real.qgemm,
+                                                                                 real.bf16_gemm)))
     said: list[str] = []
     assert apply_weights(loaded_from_hf(target), "auto", wide=False, progress=said.append) == "int4"
     assert said[0].startswith("engine.weights auto: int4")
+
+
+def test_without_onednns_bf16_gemm_int4_keeps_no_wide_copy_and_says_so(
+    target: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = formats.CpuFeatures.detect()
+    if not real.qgemm:
+        pytest.skip("our int4/int8 kernel does not run here")
+    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX2", False, real.qgemm, False)))
+    said: list[str] = []
+    loaded = loaded_from_hf(target)
+    assert apply_weights(loaded, "int4", wide=True, progress=said.append) == "int4"
+    assert "no bf16 copy for wide steps (oneDNN's bf16 GEMM does not run on this CPU): every step runs int4" in said
+    linears = [m for m in loaded.model.modules() if isinstance(m, QuantizedLinear)]
+    assert linears and all(m.wide is None for m in linears)

@@ -1,5 +1,6 @@
-"""GGUF repacking: Q4_0 / Q4_1 blocks become int4 codes bit for bit (re-encoding them gives the
-file's bytes back), the weights they mean are the gguf package's dequantization, and the q/k
+"""GGUF repacking: Q4_0 / Q4_1 blocks become int4 codes and Q8_0 blocks int8 codes with a scale a block, bit for
+bit (re-encoding them gives the file's bytes back), the weights they mean are the gguf package's dequantization, and
+the q/k
 rows come out in the order transformers gives them, on the default model's own file."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from engine.quant.gguf_repack import _unpermute_rows, repack_q4
+from engine.quant.gguf_repack import _unpermute_rows, repack_q4, repack_q8_0
 from engine.quant.tensor import QuantizedTensor
 
 
@@ -46,6 +47,18 @@ def test_repacked_codes_mean_the_weights_gguf_dequantizes_to(kind: Q) -> None:
         assert torch.equal(ours, theirs)  # d * (q - 8) either way
     else:  # (q - 8) * d + (m + 8d) vs d * q + m: the same real number, fp32 rounding apart
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6 * float(theirs.abs().max()))
+
+
+def test_q8_0_blocks_stay_int8_blocks_meaning_exactly_what_gguf_dequantizes_to() -> None:
+    rng = np.random.default_rng(5)
+    raw = quantize(rng.standard_normal((40, 192)).astype(np.float32), Q.Q8_0)  # [40, 6 blocks * 34 bytes]
+    qt = repack_q8_0(raw)
+    assert qt.fmt == "int8" and qt.blocked and qt.group_size == 32 and qt.scales.shape == (40, 6)
+    d = qt.scales.numpy().astype(np.float16).view(np.uint8).reshape(40, 6, 2)  # exact: the scales came from fp16
+    again = np.concatenate([d, qt.codes.view(40, 6, 32).numpy().view(np.uint8)], axis=-1).reshape(40, -1)
+    assert np.array_equal(again, raw)
+    assert torch.equal(qt.dequantize(), torch.from_numpy(dequantize(raw, Q.Q8_0).astype(np.float32)))
+    assert torch.equal(qt.rows(torch.tensor([3, 0])).dequantize(), qt.dequantize()[[3, 0]])
 
 
 @pytest.mark.parametrize(("n_head", "n_kv"), [(9, 9), (9, 3)])

@@ -1,4 +1,4 @@
-"""Our int4/int8 kernel (engine/fused/qgemm.h through engine/quant/vnni.py): it computes the dequantized
+"""Our int4/int8 kernel (engine/fused/qgemm.h, qgemm_avx2.h through engine/quant/vnni.py): it computes the dequantized
 weight's matmul on the activations as it rounds them, gives a row the same bits whatever the row count and the
 thread count (speculation stays lossless), and refuses malformed weights with the reason."""
 from __future__ import annotations
@@ -10,10 +10,20 @@ from _engine_factories import loaded_from_hf, threads, tiny_hf_model  # noqa: F4
 
 from engine.quant import vnni
 from engine.quant.apply import install_quantized
-from engine.quant.linear import Int4Kernel, Int8Kernel, QuantizedEmbedding, QuantizedLinear, nbytes, quant_kernel
+from engine.quant.linear import (
+    DequantizedKernel,
+    Int4Kernel,
+    Int8Kernel,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    nbytes,
+    quant_kernel,
+)
 from engine.quant.tensor import QuantizedTensor, quantize
 
 pytestmark = pytest.mark.skipif(not vnni.available()[0], reason=vnni.available()[1])
+# The kernel runs on AVX512-VNNI (qgemm.h) or AVX2 (qgemm_avx2.h), whichever the CPU has; every test here holds on
+# either, and one compares the two where a CPU has both.
 
 # decode, verification, batches, prefill pieces; 8 + 12 and 8 + 8 + 5 rows: a tile's passes
 ROW_COUNTS = [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 20, 21, 33]
@@ -27,10 +37,18 @@ def _q4_0(shape: tuple[int, int]) -> QuantizedTensor:
     return QuantizedTensor("int4", qt.codes, qt.scales, torch.zeros_like(qt.zeros), qt.group_size)
 
 
+def _q8_0(shape: tuple[int, int]) -> QuantizedTensor:
+    """int8 with an fp16 scale per block of 32, as GGUF's Q8_0 blocks load."""
+    codes = torch.randint(-127, 128, shape, dtype=torch.int8)
+    scales = (torch.rand(shape[0], shape[1] // 32) * 1e-3).half().float()
+    return QuantizedTensor("int8", codes, scales, None, 32)
+
+
 def _tensors(shape: tuple[int, int]) -> dict[str, QuantizedTensor]:
     torch.manual_seed(0)
     w = torch.randn(shape) * 0.05
-    return {"int4 (Q4_1-like)": quantize(w, "int4"), "int4 (Q4_0-like)": _q4_0(shape), "int8": quantize(w, "int8")}
+    return {"int4 (Q4_1-like)": quantize(w, "int4"), "int4 (Q4_0-like)": _q4_0(shape), "int8": quantize(w, "int8"),
+            "int8 (Q8_0-like)": _q8_0(shape)}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -68,9 +86,10 @@ def test_activation_rounding_ties_go_to_even_and_zero_blocks_stay_zero() -> None
     assert torch.equal(vnni.VnniKernel(qt)(x), used)
 
 
-def test_the_tied_embedding_reads_its_rows_from_the_heads_tiles_and_keeps_no_second_copy() -> None:
+@pytest.mark.parametrize("blocked", [False, True], ids=["per-row scales", "Q8_0 blocks"])
+def test_the_tied_embedding_reads_its_rows_from_the_heads_tiles_and_keeps_no_second_copy(blocked: bool) -> None:
     torch.manual_seed(4)
-    table = quantize(torch.randn(200, 96), "int8")
+    table = _q8_0((200, 96)) if blocked else quantize(torch.randn(200, 96), "int8")
     head = vnni.VnniKernel(table)
     ids = torch.tensor([0, 15, 16, 199, 7])
     assert torch.equal(head.rows(ids), table.codes[ids])
@@ -101,6 +120,29 @@ def test_engine_quant_kernel_torch_keeps_torchs_kernels_and_an_unknown_choice_is
     assert vnni.chosen("torch") == (False, "int4/int8 kernel: torch's weight-only kernels (engine.quant_kernel: torch)")
     with pytest.raises(ValueError, match="engine.quant_kernel 'vnni': expected one of auto, torch"):
         vnni.chosen("vnni")
+
+
+def test_q8_0_blocks_without_our_kernel_run_as_their_exact_dequantized_weight() -> None:
+    qt = _q8_0((48, 64))
+    kernel = quant_kernel(qt, "torch")  # torch's int8 kernel has one scale per row: it cannot take the blocks
+    assert isinstance(kernel, DequantizedKernel) and torch.equal(kernel.weight, qt.dequantize())
+    x = torch.randn(3, 64)
+    assert torch.equal(kernel(x), F.linear(x, qt.dequantize()))
+
+
+@pytest.mark.skipif(vnni.kernel_isa() != "avx512vnni", reason="compares AVX2 with AVX512-VNNI on a CPU that has both")
+def test_avx2_gives_every_row_the_bits_of_avx512_vnni() -> None:
+    torch.manual_seed(6)
+    x = torch.randn(max(ROW_COUNTS), 1536)
+    for name, qt in _tensors((576, 1536)).items():
+        kernel = vnni.VnniKernel(qt)
+        vnni_rows = kernel(x)
+        try:
+            assert torch.ops.specstream.qlinear_isa("avx2") == "avx2"
+            avx2_rows = kernel(x)
+        finally:
+            torch.ops.specstream.qlinear_isa("avx512vnni")
+        assert torch.equal(avx2_rows, vnni_rows), name
 
 
 def test_malformed_weights_are_refused_naming_the_problem() -> None:
