@@ -78,6 +78,18 @@ def _source_tree(root: Path) -> Path:
     return src
 
 
+# llama.cpp's CMake options for AVX-512 and the /proc/cpuinfo flag each needs.
+AVX512_OPTIONS = (("AVX512", "avx512f"), ("AVX512_VNNI", "avx512_vnni"), ("AVX512_BF16", "avx512_bf16"))
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), []))
+
+
 def build(root: Path) -> Path:
     """llama.cpp's binaries (built once); returns the bin folder."""
     bindir = root / "build" / "bin"
@@ -89,9 +101,10 @@ def build(root: Path) -> Path:
         "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_OPENSSL=OFF",
         # The server's web UI would otherwise be downloaded from Hugging Face at build time.
         "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF",
-        # Not GGML_NATIVE: -march=native would switch AMX back on after our flags.
+        # Not GGML_NATIVE: -march=native would switch AMX back on after our flags. AVX-512 as far as the CPU has it
+        # (built with it, llama.cpp dies of SIGILL on an AVX2-only CPU).
         "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-        "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON",
+        *(f"-DGGML_{name}={'ON' if flag in _cpu_flags() else 'OFF'}" for name, flag in AVX512_OPTIONS),
         "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF",
         f"-DCMAKE_C_FLAGS={AMX_OFF}", f"-DCMAKE_CXX_FLAGS={AMX_OFF}",
     ]  # fmt: skip

@@ -192,7 +192,9 @@ def dispatch_kernels(
     line: str | None = None
     if weight_format == "fp32" and packing_available(model.device, model.dtype):
         line = _dispatch_fp32(model, mode, cache_dir)  # type: ignore[arg-type]
-    elif weight_format in ("int4", "int8"):
+    elif weight_format in ("int4", "int8") and any(
+        isinstance(m, QuantizedLinear) and m.wide is not None for m in model.modules()
+    ):  # without a bf16 copy (a CPU oneDNN's bf16 GEMM refuses) every step runs the quantized kernel: no choice
         line = _dispatch_quant(model, weight_format, mode, 1 + max_draft_tokens, cache_dir)  # type: ignore[arg-type]
     if line is not None:
         logging.getLogger(__name__).info(line)

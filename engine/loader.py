@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from engine.model import Decoder, DecoderConfig, UnsupportedModelError
+from engine.model import PRE_FUSED_ARCHITECTURES, Decoder, DecoderConfig, UnsupportedModelError
 from engine.model_ref import cache_root, check_model_ref, converted_dir, gguf_for, is_model_dir
 from engine.model_text import Progress, fallback_chat_template, noop, tokenizer_from_folder
 
@@ -272,9 +272,16 @@ def apply_weights(
 
     from engine.quant.apply import apply_weight_format
     from engine.quant.formats import resolve_weight_format
+    from engine.quant.source import weight_source
 
     say = progress or noop
-    resolved = resolve_weight_format(requested, loaded.device, kernel=kernel)  # type: ignore[arg-type]
+    gguf = gguf_for(loaded.name)
+    source = None
+    if requested == "auto" and loaded.device.type == "cpu":
+        cfg = loaded.model.cfg
+        blockwise = cfg.model_type not in PRE_FUSED_ARCHITECTURES and not cfg.num_experts  # engine.quant.apply
+        source = weight_source(loaded.path, gguf[0] if gguf else None, blockwise)
+    resolved = resolve_weight_format(requested, loaded.device, kernel=kernel, source=source)  # type: ignore[arg-type]
     if resolved.note:
         logging.getLogger(__name__).warning(resolved.note)
         say(resolved.note)
@@ -286,7 +293,6 @@ def apply_weights(
         say(f"no bf16 copy for wide steps (oneDNN's bf16 GEMM does not run on this CPU): every step runs "
             f"{resolved.fmt}")
         wide = False
-    gguf = gguf_for(loaded.name)
     apply_weight_format(
         loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say, kernel
     )

@@ -34,6 +34,8 @@ from engine.quant.vnni import VnniKernel, chosen
 
 Progress = Callable[[str], None]
 HEAD_FORMAT: QuantFormat = "int8"
+# What the cached tensors hold; a new value makes earlier caches stale (2: Q8_0 kept in its blocks).
+CACHE_LAYOUT = 2
 
 
 def _noop(_: str) -> None:
@@ -120,7 +122,7 @@ def weight_bytes(model: Decoder) -> int:
 def cache_path(cache_root: Path, model_dir: Path, source: Path, fmt: QuantFormat) -> Path:
     """Keyed by the model folder and the content of the file the codes come from (so a fresh install of the
     same GGUF, at another path and mtime, finds the quantized copy)."""
-    key = hashlib.sha256(f"{model_dir.resolve()}:{gguf_fingerprint(source)}".encode()).hexdigest()
+    key = hashlib.sha256(f"{model_dir.resolve()}:{gguf_fingerprint(source)}:{CACHE_LAYOUT}".encode()).hexdigest()
     return cache_root / "quantized" / f"{model_dir.name}-{key[:12]}-{fmt}.safetensors"
 
 

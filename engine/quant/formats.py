@@ -8,17 +8,21 @@ there int4/int8 run every step on our kernel. A CPU that can run none of it gets
 said at start. On CUDA the formats here do not apply (those kernels are CPU kernels): the weights stay
 as engine.dtype loads them.
 
-`auto` picks the fastest format measured on a CPU that has the instructions: int4 (issue 17: one
-decode step's linears in 7-10 ms vs 15-16 ms int8 and 28-32 ms fp32 on the 2-core dev machine;
-on AVX2, bench/qgemm_bench.py: 3.6 ms against 31 ms fp32).
+`auto` picks the fastest format that keeps the model's file exactly (engine/quant/source.py: int4 for
+a GGUF of Q4_0/Q4_1 blocks, bf16 for a bf16 checkpoint, else fp32) where the CPU runs it. int4 is the
+fastest measured (issue 17: one decode step's linears in 7-10 ms vs 15-16 ms int8 and 28-32 ms fp32
+on the 2-core dev machine; on AVX2, bench/qgemm_bench.py: 3.6 ms against 31 ms fp32).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.quant.source import WeightSource
 
 WeightFormat = Literal["auto", "fp32", "bf16", "int8", "int4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("auto", "fp32", "bf16", "int8", "int4")
@@ -79,10 +83,34 @@ def _missing(fmt: WeightFormat, cpu: CpuFeatures, kernel: str) -> str | None:
     return None
 
 
+def _auto(source: WeightSource | None, cpu: CpuFeatures, kernel: str) -> ResolvedFormat:
+    """auto: the format that keeps the file's weights exactly (engine/quant/source.py), where this CPU runs it."""
+    if source is None:  # a model with no file behind it (built in memory): the fastest format
+        why = _missing(AUTO_CHOICE, cpu, kernel)
+        if why is None:
+            picked = f"engine.weights auto: {AUTO_CHOICE}, the fastest format"
+            return ResolvedFormat(AUTO_CHOICE, None, picked, cpu.bf16_gemm)
+        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32 ({AUTO_CHOICE} does not run here: {why})")
+    if source.lossless == "fp32":
+        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32, the format that keeps {source.held} exactly")
+    why = _missing(source.lossless, cpu, kernel)
+    if why is not None:
+        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32 ({source.lossless} would keep {source.held} "
+                              f"exactly, but {why})")
+    return ResolvedFormat(source.lossless, None, f"engine.weights auto: {source.lossless}, the fastest format that "
+                          f"keeps {source.held} exactly", cpu.bf16_gemm)
+
+
 def resolve_weight_format(
-    requested: WeightFormat, device: torch.device, cpu: CpuFeatures | None = None, *, kernel: str = "auto"
+    requested: WeightFormat,
+    device: torch.device,
+    cpu: CpuFeatures | None = None,
+    *,
+    kernel: str = "auto",
+    source: WeightSource | None = None,
 ) -> ResolvedFormat:
-    """The format to load, and a note when it is not the one asked for. kernel: engine.quant_kernel."""
+    """The format to load, and a note when it is not the one asked for. kernel: engine.quant_kernel; source: what
+    the model's file holds (auto keeps it exactly)."""
     if requested not in WEIGHT_FORMATS:
         raise ValueError(f"engine.weights {requested!r}: expected one of {', '.join(WEIGHT_FORMATS)}")
     if device.type != "cpu":
@@ -90,9 +118,9 @@ def resolve_weight_format(
             return ResolvedFormat("fp32", None)
         return ResolvedFormat("fp32", f"engine.weights {requested} is CPU-only; {device} keeps engine.dtype weights")
     features = cpu or CpuFeatures.detect()
-    wanted: WeightFormat = AUTO_CHOICE if requested == "auto" else requested
-    why = _missing(wanted, features, kernel)
+    if requested == "auto":
+        return _auto(source, features, kernel)
+    why = _missing(requested, features, kernel)
     if why is None:
-        picked = f"engine.weights auto: {wanted}, the fastest format measured on CPUs with AVX-512 and BF16"
-        return ResolvedFormat(wanted, None, picked if requested == "auto" else None, features.bf16_gemm)
+        return ResolvedFormat(requested, None, None, features.bf16_gemm)
     return ResolvedFormat("fp32", f"engine.weights {requested} falls back to fp32: {why}")

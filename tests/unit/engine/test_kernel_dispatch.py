@@ -253,3 +253,15 @@ def test_turning_speculation_off_keeps_the_kernels_it_would_verify_on(monkeypatc
         spec = SpeculationConfig(enabled=enabled, method="ngram", max_draft_tokens=8, adaptive=False)
         windows.append(_quant_window(make_engine(target, weights="int8", speculation=spec, kernel_dispatch="auto")))
     assert windows[0] == windows[1] == 0  # every step on the bf16 copy: it costs less over 1..9 rows
+
+
+def test_without_a_bf16_copy_int4_has_no_dispatch_to_make_and_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.quant import formats
+
+    real = formats.CpuFeatures.detect()
+    if not real.qgemm:
+        pytest.skip("our int4/int8 kernel does not run here")
+    # A CPU whose oneDNN refuses bf16 (AVX2): prepack_weights asks for the copy, none can be made.
+    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX2", False, real.qgemm, False)))
+    engine = make_engine(tiny_hf_model("qwen2"), weights="int4", prepack_weights=True, kernel_dispatch="auto")
+    assert engine.weight_format == "int4" and _quant_window(engine) is None

@@ -103,7 +103,7 @@ def test_quantized_models_differ_from_fp32_only_slightly(target: Any) -> None:
         (CpuFeatures("AVX512", False, "", True), "neither AVX512_BF16 nor AMX-BF16"),
     ],
 )
-@pytest.mark.parametrize("requested", ["auto", "int4", "int8", "bf16"])
+@pytest.mark.parametrize("requested", ["int4", "int8", "bf16"])
 def test_a_cpu_without_the_instructions_falls_back_to_fp32_saying_why(cpu: CpuFeatures, reason: str, requested: str) -> None:
     resolved = resolve_weight_format(requested, torch.device("cpu"), cpu)  # type: ignore[arg-type]
     assert resolved.fmt == "fp32"
@@ -111,17 +111,24 @@ def test_a_cpu_without_the_instructions_falls_back_to_fp32_saying_why(cpu: CpuFe
     assert reason in resolved.note
 
 
-@pytest.mark.parametrize("requested", ["auto", "int4", "int8"])
+@pytest.mark.parametrize("requested", ["int4", "int8"])
 def test_an_avx2_cpu_runs_int4_and_int8_on_our_kernel_at_every_step(requested: str) -> None:
     avx2 = CpuFeatures("AVX2", False, "avx2", False)
     resolved = resolve_weight_format(requested, torch.device("cpu"), avx2)  # type: ignore[arg-type]
-    assert resolved.fmt == ("int4" if requested == "auto" else requested) and resolved.note is None
+    assert resolved.fmt == requested and resolved.note is None
     assert not resolved.wide_copy  # no oneDNN bf16 GEMM here: no bf16 copy for wide steps
     torch_kernels = resolve_weight_format(requested, torch.device("cpu"), avx2, kernel="torch")  # type: ignore[arg-type]
     assert torch_kernels.fmt == "fp32" and torch_kernels.note is not None
     assert "(engine.quant_kernel: torch)" in torch_kernels.note
     bf16 = resolve_weight_format("bf16", torch.device("cpu"), avx2)
     assert bf16.fmt == "fp32" and bf16.note is not None and "AVX-512" in bf16.note
+
+
+def test_auto_on_a_cpu_that_runs_nothing_else_is_fp32_saying_why_without_a_warning() -> None:
+    bare = CpuFeatures("DEFAULT", False, "", False)
+    resolved = resolve_weight_format("auto", torch.device("cpu"), bare)
+    assert resolved.fmt == "fp32" and resolved.note is None
+    assert resolved.choice is not None and resolved.choice.startswith("engine.weights auto: fp32 (int4 does not run")
 
 
 def test_auto_picks_int4_on_a_cpu_with_avx512_and_bf16_saying_so_and_fp32_asks_nothing() -> None:
