@@ -11,11 +11,14 @@ Only the ratios within a run mean anything on a shared machine.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from engine.kernel_calibration import cpu_identity
 from engine.quant.linear import Bf16Kernel, Int4Kernel, Int8Kernel
 from engine.quant.tensor import quantize
 from engine.quant.vnni import VnniKernel, available
@@ -48,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fmt", choices=("int4", "int8"), default="int4")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,2,4,9,16,32,64")
+    ap.add_argument("--out", default="", help="write the timings as JSON here (e.g. bench/results/<date>-qgemm.json)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -64,8 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:  # oneDNN's bf16 GEMM refuses CPUs without AVX-512 (BW, VL, DQ)
         print(f"(no bf16 copy here: {str(e).splitlines()[0]})")
     print("| rows | " + " | ".join(map(str, rows_of)) + " |\n|---|" + "---|" * len(rows_of))
+    ms: dict[str, list[float]] = {}
     for name, (kernels, dtype) in table.items():
-        print(f"| {name}, ms | " + " | ".join(f"{_best_ms(kernels, r, dtype):.2f}" for r in rows_of) + " |", flush=True)
+        ms[name] = [_best_ms(kernels, r, dtype) for r in rows_of]
+        print(f"| {name}, ms | " + " | ".join(f"{v:.2f}" for v in ms[name]) + " |", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"fmt": args.fmt, "threads": args.threads, "rows": rows_of, "ms": ms,
+                                              "cpu": cpu_identity().split(" | ")[0]}, indent=1))
     return 0
 
 

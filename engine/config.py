@@ -320,18 +320,21 @@ class EngineConfig(Section):
         "window while max_model_len is within it; Gemma's layers and Mixtral's experts run layer by layer. A model or "
         "machine it cannot serve says why at start and runs layer by layer.",
     )
-    # engine.quant.formats. fp32 stays the default until the quiet-machine benchmark confirms auto.
+    # engine.quant.formats resolves it against the CPU, engine.quant.source says what keeps the file exactly.
     weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
-        default="fp32",
-        description="CPU weight format: int4/int8 weight-only (GGUF Q4_0/Q4_1 codes kept as they are), bf16, "
-        "fp32, or auto (int4 where the CPU has AVX-512 and BF16); a CPU lacking them falls back to fp32, saying why.",
+        default="auto",
+        description="CPU weight format. auto: the fastest format that keeps the model's file exactly, said at start: "
+        "int4 for a GGUF of Q4_0/Q4_1 blocks (the default model: its codes as they are, the Q8_0 embedding too), "
+        "bf16 for a bf16 checkpoint, else fp32. int4/int8 (weight-only) run on our kernel with AVX2 or "
+        "AVX512-VNNI, bf16 needs AVX-512; a CPU lacking what a format needs gets fp32, saying why.",
     )
     # engine.quant.vnni.
     quant_kernel: Literal["auto", "torch"] = Field(
         default="auto",
         description="CPU with weights int4/int8: auto runs our kernel, which quantizes activations to int8 in "
-        "blocks of 32 as llama.cpp does and sums with AVX512-VNNI (built with the fused step's g++, cached), where "
-        "the CPU has it, else torch's weight-only kernels (bf16 activations); torch: always torch's. Said at start.",
+        "blocks of 32 as llama.cpp does and sums in integers with AVX512-VNNI or AVX2 (the same bits either way; "
+        "built with the fused step's g++, cached), else torch's weight-only kernels (bf16 activations); torch: "
+        "always torch's. Said at start.",
     )
     speculation: SpeculationConfig = Field(default_factory=SpeculationConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)

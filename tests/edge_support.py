@@ -45,6 +45,9 @@ WORKER_ENV = {
     "SPECSTREAM_WORKER__HEARTBEAT_S": str(HEARTBEAT_S),
     "SPECSTREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
     "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "96MiB",
+    # transformers' weights: test_lm_eval_edge scores this worker against the harness's HF model (and LoRA's
+    # answers against HF + PEFT); the default, int4, is served by the stacks that do not compare with HF.
+    "SPECSTREAM_ENGINE__WEIGHTS": "fp32",
 }
 
 

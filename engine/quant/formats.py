@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
 WeightFormat = Literal["auto", "fp32", "bf16", "int8", "int4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("auto", "fp32", "bf16", "int8", "int4")
-AUTO_CHOICE: WeightFormat = "int4"
 
 
 @dataclass(frozen=True)
@@ -84,15 +83,11 @@ def _missing(fmt: WeightFormat, cpu: CpuFeatures, kernel: str) -> str | None:
 
 
 def _auto(source: WeightSource | None, cpu: CpuFeatures, kernel: str) -> ResolvedFormat:
-    """auto: the format that keeps the file's weights exactly (engine/quant/source.py), where this CPU runs it."""
-    if source is None:  # a model with no file behind it (built in memory): the fastest format
-        why = _missing(AUTO_CHOICE, cpu, kernel)
-        if why is None:
-            picked = f"engine.weights auto: {AUTO_CHOICE}, the fastest format"
-            return ResolvedFormat(AUTO_CHOICE, None, picked, cpu.bf16_gemm)
-        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32 ({AUTO_CHOICE} does not run here: {why})")
-    if source.lossless == "fp32":
-        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32, the format that keeps {source.held} exactly")
+    """auto: the format that keeps the file's weights exactly (engine/quant/source.py), where this CPU runs it. No
+    source (a model built in memory): its float weights, fp32."""
+    if source is None or source.lossless == "fp32":
+        held = source.held if source is not None else "its in-memory weights"
+        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32, the format that keeps {held} exactly")
     why = _missing(source.lossless, cpu, kernel)
     if why is not None:
         return ResolvedFormat("fp32", None, f"engine.weights auto: fp32 ({source.lossless} would keep {source.held} "

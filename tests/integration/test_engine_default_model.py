@@ -30,7 +30,8 @@ def test_default_model_greedy_equals_hf_generate() -> None:
 
     lines: list[str] = []
     engine = LLMEngine.from_config(
-        embedded_engine_config(kv_cache_bytes=1 << 28, speculation=SpeculationConfig(enabled=False)),
+        # fp32: transformers' weights (the default, int4, is the file's own codes on int8 activations)
+        embedded_engine_config(kv_cache_bytes=1 << 28, weights="fp32", speculation=SpeculationConfig(enabled=False)),
         progress=lines.append
     )
     folder = resolve_model_dir("smollm2-135m-instruct")

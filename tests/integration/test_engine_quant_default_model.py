@@ -50,6 +50,16 @@ def test_int4_codes_and_the_q8_0_embedding_are_the_gguf_files_own_weights() -> N
     assert int4["embed_tokens"].blocked and torch.equal(int4["embed_tokens"].dequantize(), fp32.embed_tokens.weight)
 
 
+def test_the_default_format_serves_the_shipped_q4_1_file_as_int4_saying_why() -> None:
+    said: list[str] = []
+    cfg = embedded_engine_config(model=MODEL, kv_cache_bytes=16 << 20)
+    assert cfg.weights == "auto"  # the default
+    engine = LLMEngine.from_config(cfg, progress=said.append)
+    assert engine.weight_format == "int4"  # every_format_runs: the CPU reads as one that runs it
+    assert ("engine.weights auto: int4, the fastest format that keeps SmolLM2-135M-Instruct.Q4_1.gguf's Q4_1 "
+            "linears and Q8_0 embedding exactly") in said
+
+
 def test_int4_weights_stay_within_1_3x_of_the_gguf_file() -> None:
     file_bytes = KNOWN_MODELS[MODEL].locate().stat().st_size
     lean = _engine("int4", speculate=False, wide=False)

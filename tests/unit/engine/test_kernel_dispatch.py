@@ -262,6 +262,21 @@ def test_without_a_bf16_copy_int4_has_no_dispatch_to_make_and_starts(monkeypatch
     if not real.qgemm:
         pytest.skip("our int4/int8 kernel does not run here")
     # A CPU whose oneDNN refuses bf16 (AVX2): prepack_weights asks for the copy, none can be made.
-    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX2", False, real.qgemm, False)))
+    avx2 = formats.CpuFeatures("AVX2", False, real.qgemm, False)
+    monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: avx2))
     engine = make_engine(tiny_hf_model("qwen2"), weights="int4", prepack_weights=True, kernel_dispatch="auto")
     assert engine.weight_format == "int4" and _quant_window(engine) is None
+
+
+@needs_bf16_gemm
+@pytest.mark.parametrize(("kernel", "window"), [("auto", None), ("torch", 9)])
+def test_noisy_timings_keep_every_step_on_our_kernel_and_torchs_on_the_fixed_window(
+    monkeypatch: pytest.MonkeyPatch, kernel: str, window: int | None
+) -> None:
+    # Ours gives a row the same bits in any step, so when the timings cannot tell, the step stays exact; torch's
+    # kernels keep the fixed thresholds they were measured with.
+    busy = _timings([77, 131, 209, 348, 96, 480, 377, 581], [71, 67, 31, 541, 112, 255, 461, 778])
+    assert busy.noisy()
+    monkeypatch.setattr("engine.kernel_dispatch._quant_timings", lambda *args: busy)
+    engine = make_engine(tiny_hf_model("qwen2"), weights="int4", quant_kernel=kernel, kernel_dispatch="auto")
+    assert _quant_window(engine) == window

@@ -21,6 +21,7 @@ from engine.config import SpeculationConfig
 from engine.loader import apply_weights
 from engine.quant import formats
 from engine.quant.formats import CpuFeatures, resolve_weight_format
+from engine.quant.source import WeightSource
 from engine.quant.linear import Bf16Linear, QuantizedLinear
 from engine.request import EngineRequest, SamplingOptions
 
@@ -126,16 +127,17 @@ def test_an_avx2_cpu_runs_int4_and_int8_on_our_kernel_at_every_step(requested: s
 
 def test_auto_on_a_cpu_that_runs_nothing_else_is_fp32_saying_why_without_a_warning() -> None:
     bare = CpuFeatures("DEFAULT", False, "", False)
-    resolved = resolve_weight_format("auto", torch.device("cpu"), bare)
+    q4 = WeightSource("int4", "m.gguf's Q4_1 linears and Q8_0 embedding")
+    resolved = resolve_weight_format("auto", torch.device("cpu"), bare, source=q4)
     assert resolved.fmt == "fp32" and resolved.note is None
-    assert resolved.choice is not None and resolved.choice.startswith("engine.weights auto: fp32 (int4 does not run")
+    assert resolved.choice is not None and resolved.choice.startswith("engine.weights auto: fp32 (int4 would keep")
 
 
-def test_auto_picks_int4_on_a_cpu_with_avx512_and_bf16_saying_so_and_fp32_asks_nothing() -> None:
+def test_auto_keeps_a_model_without_a_file_in_fp32_and_an_explicit_format_says_nothing_more() -> None:
     capable = CpuFeatures("AVX512", True, "avx512vnni", True)
-    auto = resolve_weight_format("auto", torch.device("cpu"), capable)
-    assert auto.fmt == "int4" and auto.note is None
-    assert auto.choice is not None and auto.choice.startswith("engine.weights auto: int4")
+    auto = resolve_weight_format("auto", torch.device("cpu"), capable)  # no source: weights built in memory
+    assert auto.fmt == "fp32" and auto.note is None
+    assert auto.choice == "engine.weights auto: fp32, the format that keeps its in-memory weights exactly"
     assert resolve_weight_format("int4", torch.device("cpu"), capable).choice is None
     assert resolve_weight_format("fp32", torch.device("cpu"), CpuFeatures("DEFAULT", False, "", False)).note is None
 
@@ -165,8 +167,10 @@ def test_loading_with_auto_says_which_format_it_picked(target: Any, monkeypatch:
     monkeypatch.setattr(formats.CpuFeatures, "detect", classmethod(lambda cls: cls("AVX512", True, real.qgemm,
                                                                                  real.bf16_gemm)))
     said: list[str] = []
-    assert apply_weights(loaded_from_hf(target), "auto", wide=False, progress=said.append) == "int4"
-    assert said[0].startswith("engine.weights auto: int4")
+    # A model built in memory has no file to keep: its fp32 weights (the shipped GGUF's int4:
+    # tests/integration/test_engine_quant_default_model.py).
+    assert apply_weights(loaded_from_hf(target), "auto", wide=False, progress=said.append) == "fp32"
+    assert said == ["engine.weights auto: fp32, the format that keeps its in-memory weights exactly"]
 
 
 def test_without_onednns_bf16_gemm_int4_keeps_no_wide_copy_and_says_so(
