@@ -82,9 +82,11 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
     }
     const float* vb = vg + p0 * D;
     const int64_t n = std::min<int64_t>(kLanes, longest - p0);  // positions of the block anyone here reads
-    for (int64_t t = 0; t < n; ++t) {
-      SS_UNROLL
-      for (int c = 0; c < C; ++c) {
+    // Column slice by column slice: only 4 rows' accumulators of one slice are live (the 4 x C of all slices
+    // spill out of AVX2's 16 registers). Each accumulator still adds the positions in order: the same bits.
+    SS_UNROLL
+    for (int c = 0; c < C; ++c) {
+      for (int64_t t = 0; t < n; ++t) {
         const v16 v = load(vb + t * D + c * kLanes);
         SS_UNROLL
         for (int r = 0; r < kTileRows; ++r) o[r][c] += pw[r][t] * v;

@@ -9,9 +9,10 @@ Either way the result is cached next to the converted model
 the repacking (seconds) the same way they skip GGUF conversion.
 
 The token embedding (the tied LM head of small models) and an untied LM head
-are kept int8 per row in both quantized formats: the head is the largest
-single matrix and logit precision decides greedy ties (llama.cpp keeps ≥ 6 bits
-there too); the default model ships it as Q8_0.
+are kept int8 in both quantized formats: the head is the largest single matrix
+and logit precision decides greedy ties (llama.cpp keeps ≥ 6 bits there too). A
+GGUF's Q8_0 head (the default model's) keeps its blocks and their scales; any
+other is quantized once, per row.
 """
 from __future__ import annotations
 

@@ -9,10 +9,11 @@ the default model's linears of one step, bf16 activations): int4 (group 64)
 bf16 from 9 rows on; with fp32 activations they are 7-20x slower than fp32, so
 activations are cast to bf16 for them.
 
-The quantized kernel is ours where the CPU has AVX512-VNNI (engine/quant/vnni.py,
+The quantized kernel is ours where the CPU has AVX512-VNNI or AVX2 (engine/quant/vnni.py,
 engine.quant_kernel: auto): int8 activations, exact integer sums, 2.7 ms for the default model's
 layers at one row and 6.0 ms at nine on the same machine, faster than the bf16 copy at every row
-count the start-up calibration measures there (1-128); elsewhere torch's. So a QuantizedLinear runs
+count the start-up calibration measures there (1-128); elsewhere torch's. On a CPU without
+oneDNN's bf16 GEMM (AVX2 only) there is no bf16 copy and every step runs ours. So a QuantizedLinear runs
     rows <= max_quant_rows : the quantized kernel (int4 / int8)
     rows >  max_quant_rows : a oneDNN-prepacked bf16 copy of the SAME dequantized
                              weight (verification of long drafts, batches, prefill)

@@ -1,4 +1,5 @@
-"""Our int4 / int8 CPU kernel (engine/fused/qgemm.h): int8 activations, exact integer dot products.
+"""Our int4 / int8 CPU kernel (engine/fused/qgemm.h, and qgemm_avx2.h on CPUs without AVX512-VNNI): int8
+activations, exact integer dot products, the same bits on either instruction set.
 
 torch's weight-only kernels dequantize each weight to bf16 in their inner loop: at one row they
 are memory bound, but a verification step of 9 rows costs ~4x a decode, and int8 loses to the
@@ -11,7 +12,8 @@ batch.
 Here: the weights' packing into qgemm.h's tiles of 16 outputs (see its header comment), and the
 kernel object QuantizedLinear runs. The numbers are the QuantizedTensor's own: 4-bit
 w = q * scale + min (min = zero - 8 * scale, kept in fp16 like GGUF's Q4_1 m; for Q4_0, zero 0,
-the kernel takes the 8 off in integers instead), 8-bit w = q * scale with one scale per output.
+the kernel takes the 8 off in integers instead), 8-bit w = q * scale with one scale per output or,
+for GGUF's Q8_0, per block of 32 (fp16, as in the file).
 The activations are the kernel's: int8 blocks of 32 (activations_as_used gives them in fp32).
 """
 from __future__ import annotations
