@@ -23,7 +23,8 @@ def add_commands(commands: Any) -> None:
                    + ", ".join(PRESETS) + " (default: engine.model)")
     p.add_argument("--device", default="cpu", help="cpu (this machine) or one of " + ", ".join(DEVICES))
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16", "int8", "int4"],
-                   help="weights dtype (default: float32 on cpu, bfloat16 on a GPU)")
+                   help="weights dtype (default: on cpu, what engine.weights serves the model's file in, e.g. int4 for "
+                   "the default model; bfloat16 on a GPU)")
     p.add_argument("--backend", choices=["specstream", "vllm"], default=None,
                    help="the engine that will serve it (default: engine.backend); only its formats are offered")
     p.add_argument("--max-model-len", type=int, help="longest prompt + completion (default: min(context, 2048))")
@@ -52,7 +53,8 @@ def _plan(args: argparse.Namespace, settings: Settings) -> Plan:
     engine = settings.engine
     model = load_shape(args.model or engine.model)
     device = _device(args.device, args.memory)
-    dtype = args.dtype or ("float32" if device.name == "cpu" else "bfloat16")
+    dtype = args.dtype or _served_dtype(args.model or engine.model, device.name, engine.weights, args.backend or
+                                        engine.backend)
     kv_bytes = _size(args.kv_cache_bytes, "--kv-cache-bytes") if args.kv_cache_bytes else None
     for name, value in (("--prompt-tokens", args.prompt_tokens), ("--output-tokens", args.output_tokens)):
         if value <= 0:
@@ -72,6 +74,31 @@ def _plan(args: argparse.Namespace, settings: Settings) -> Plan:
         batch_lines=batch_line_slots(engine.max_running_requests, engine.batch_max_share),
         backend=args.backend or engine.backend,
     )
+
+
+# engine.weights -> the plan's dtype names
+_FORMAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
+
+
+def _served_dtype(name_or_path: str, device: str, weights: str, backend: str) -> str:
+    """The weights' dtype the worker will serve: bfloat16 on a GPU; on a CPU engine.weights, where auto is the format
+    that keeps the model's file exactly (engine/quant/source.py; a preset has no file: float32)."""
+    if device != "cpu":
+        return "bfloat16"
+    if backend != "specstream":
+        return "float32"
+    if weights != "auto":
+        return _FORMAT_DTYPES[weights]
+    if name_or_path in PRESETS:
+        return "float32"
+    from engine.loader import resolve_model_dir
+    from engine.model_ref import gguf_for
+    from engine.quant.source import weight_source
+
+    gguf = gguf_for(name_or_path)
+    folder = Path(name_or_path) if gguf is None else resolve_model_dir(name_or_path)
+    source = weight_source(folder, gguf[0] if gguf else None)
+    return _FORMAT_DTYPES[source.lossless] if source is not None else "float32"
 
 
 def load_shape(name_or_path: str) -> ModelShape:
