@@ -43,7 +43,7 @@ FIXED_PACKED_ROWS = PackedRows(min_rows=4, max_rows=48)
 FIXED_QUANT_ROWS = MAX_QUANT_ROWS
 NOISY = "timings too noisy (a busy machine?): the fixed thresholds, measured again next start"
 # Our kernel's rows do not depend on the step (torch's, with the bf16 copy, round a batch otherwise): when the
-# timings cannot tell, the step stays exact. It beat the bf16 copy at every measured row count where measured.
+# timings cannot tell, the step stays exact. It beat the bf16 copy at every row count measured on the dev machine.
 NOISY_OURS = ("timings too noisy (a busy machine?): our kernel for every step (exact in any batch), measured again "
               "next start")
 SAVING = 0.03  # the packed fp32 copy must save at least this share of a step: it costs memory
@@ -191,7 +191,8 @@ def dispatch_kernels(
     model: Decoder, weight_format: str, config: EngineConfig, max_draft_tokens: int, cache_root: Path
 ) -> str | None:
     """Set up the model's row-count dispatch for its weight format (logged); returns the line said at start,
-    or None where there is no choice to make (CUDA, bf16's single kernel, engine.prepack_weights off).
+    or None where there is no choice to make (CUDA, bf16's single kernel, engine.prepack_weights off, no bf16
+    copy on this CPU).
     KernelTimings are cached under cache_root/calibration."""
     mode = config.kernel_dispatch  # one of DispatchMode: EngineConfig refuses any other, naming the key
     if not config.prepack_weights or model.device.type != "cpu":

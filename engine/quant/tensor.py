@@ -61,7 +61,10 @@ class QuantizedTensor:
 
     @staticmethod
     def cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
-        """Stack along output rows, e.g. q, k, v into one fused matrix."""
+        """Stack along output rows, e.g. q, k, v into one fused matrix. int8 blocks beside int8 rows (a GGUF mixing
+        Q8_0 with other types) are quantized per row like the rest."""
+        if any(p.blocked for p in parts) and not all(p.blocked for p in parts):
+            parts = [quantize(p.dequantize(), "int8") if p.blocked else p for p in parts]
         first = parts[0]
         if any(p.fmt != first.fmt or p.group_size != first.group_size for p in parts):
             raise ValueError("cannot fuse quantized tensors of different formats or group sizes")

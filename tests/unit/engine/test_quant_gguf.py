@@ -12,6 +12,7 @@ from gguf.quants import dequantize, quantize
 
 from engine.quant.gguf_repack import _unpermute_rows, repack_q4, repack_q8_0
 from engine.quant.tensor import QuantizedTensor
+from engine.quant.tensor import quantize as quantize_once
 
 
 def _encode(qt: QuantizedTensor, has_min: bool) -> np.ndarray:
@@ -59,6 +60,16 @@ def test_q8_0_blocks_stay_int8_blocks_meaning_exactly_what_gguf_dequantizes_to()
     assert np.array_equal(again, raw)
     assert torch.equal(qt.dequantize(), torch.from_numpy(dequantize(raw, Q.Q8_0).astype(np.float32)))
     assert torch.equal(qt.rows(torch.tensor([3, 0])).dequantize(), qt.dequantize()[[3, 0]])
+
+
+def test_q8_0_blocks_fused_beside_per_row_int8_are_quantized_per_row_like_them() -> None:
+    rng = np.random.default_rng(6)
+    q8 = repack_q8_0(quantize(rng.standard_normal((16, 64)).astype(np.float32), Q.Q8_0))
+    rows = quantize_once(torch.from_numpy(rng.standard_normal((8, 64)).astype(np.float32)), "int8")
+    fused = QuantizedTensor.cat([q8, rows])  # e.g. a Q8_0 attn_q beside a Q6_K attn_v, in int8
+    assert not fused.blocked and fused.shape == (24, 64)
+    torch.testing.assert_close(fused.dequantize()[:16], q8.dequantize(), rtol=0, atol=float(q8.scales.max()))
+    assert QuantizedTensor.cat([q8, q8]).blocked  # blocks beside blocks stay blocks
 
 
 @pytest.mark.parametrize(("n_head", "n_kv"), [(9, 9), (9, 3)])
