@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from engine.model import PRE_FUSED_ARCHITECTURES, Decoder, DecoderConfig, UnsupportedModelError
+from engine.model import Decoder, DecoderConfig, UnsupportedModelError
 from engine.model_ref import cache_root, check_model_ref, converted_dir, gguf_for, is_model_dir
 from engine.model_text import Progress, fallback_chat_template, noop, tokenizer_from_folder
 
@@ -270,7 +270,7 @@ def apply_weights(
     """
     import logging
 
-    from engine.quant.apply import apply_weight_format
+    from engine.quant.apply import apply_weight_format, reads_gguf_blocks
     from engine.quant.formats import resolve_weight_format
     from engine.quant.source import weight_source
 
@@ -278,9 +278,7 @@ def apply_weights(
     gguf = gguf_for(loaded.name)
     source = None
     if requested == "auto" and loaded.device.type == "cpu":
-        cfg = loaded.model.cfg
-        blockwise = cfg.model_type not in PRE_FUSED_ARCHITECTURES and not cfg.num_experts  # engine.quant.apply
-        source = weight_source(loaded.path, gguf[0] if gguf else None, blockwise)
+        source = weight_source(loaded.path, gguf[0] if gguf else None, reads_gguf_blocks(loaded.model.cfg))
     resolved = resolve_weight_format(requested, loaded.device, kernel=kernel, source=source)  # type: ignore[arg-type]
     if resolved.note:
         logging.getLogger(__name__).warning(resolved.note)

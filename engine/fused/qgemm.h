@@ -178,22 +178,29 @@ SS_VNNI_TARGET void tiles(const QuantWeights& w, const QuantRows& a, int64_t t0,
   }
 }
 
+// run.template operator()<kFour, kMins, kBlockScales>() for the weights' kind; the kinds the wrapper makes: 4-bit
+// with block scales (and mins, or not), 8-bit with block or row scales.
+template <typename Run>
+void with_kind(const QuantWeights& w, Run&& run) {
+  if (w.four_bit && w.mins != nullptr) {
+    run.template operator()<true, true, true>();
+  } else if (w.four_bit) {
+    run.template operator()<true, false, true>();
+  } else if (w.block_scales != nullptr) {
+    run.template operator()<false, false, true>();
+  } else {
+    run.template operator()<false, false, false>();
+  }
+}
+
 // Every output of every row (plus its residual, if any), tiles shared out among torch's threads (no bit depends
 // on the split).
 inline void linear(const QuantWeights& w, const QuantRows& a, const Outputs& o) {
-  // The kinds the wrapper makes: 4-bit with block scales (and mins, or not), 8-bit with block or row scales.
-  auto run = [&](int64_t t0, int64_t t1) {
-    if (w.four_bit && w.mins != nullptr) {
-      tiles<true, true, true>(w, a, t0, t1, o);
-    } else if (w.four_bit) {
-      tiles<true, false, true>(w, a, t0, t1, o);
-    } else if (w.block_scales != nullptr) {
-      tiles<false, false, true>(w, a, t0, t1, o);
-    } else {
-      tiles<false, false, false>(w, a, t0, t1, o);
-    }
-  };
-  at::parallel_for(0, w.out / kLanes, 1, run);
+  at::parallel_for(0, w.out / kLanes, 1, [&](int64_t t0, int64_t t1) {
+    with_kind(w, [&]<bool kFour, bool kMins, bool kBlockScales>() {
+      tiles<kFour, kMins, kBlockScales>(w, a, t0, t1, o);
+    });
+  });
 }
 
 }  // namespace specstream::qgemm

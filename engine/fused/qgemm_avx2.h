@@ -146,25 +146,20 @@ SS_AVX2_TARGET void tiles_avx2(const QuantWeights& w, const QuantRows& a, int64_
   for (int64_t t = t0; t < t1; ++t) {
     for (int64_t h = 0; h < 2; ++h) {
       int64_t r0 = 0;
-      for (; a.rows - r0 > kAvx2Pass; r0 += kAvx2Pass) half_tile<kAvx2Pass, kFour, kMins, kBlockScales>(w, a, t, h, r0, o);
+      for (; a.rows - r0 > kAvx2Pass; r0 += kAvx2Pass) {
+        half_tile<kAvx2Pass, kFour, kMins, kBlockScales>(w, a, t, h, r0, o);
+      }
       if (r0 < a.rows) last_pass_avx2<kAvx2Pass, kFour, kMins, kBlockScales>(w, a, t, h, r0, a.rows - r0, o);
     }
   }
 }
 
 inline void linear_avx2(const QuantWeights& w, const QuantRows& a, const Outputs& o) {
-  auto run = [&](int64_t t0, int64_t t1) {
-    if (w.four_bit && w.mins != nullptr) {
-      tiles_avx2<true, true, true>(w, a, t0, t1, o);
-    } else if (w.four_bit) {
-      tiles_avx2<true, false, true>(w, a, t0, t1, o);
-    } else if (w.block_scales != nullptr) {
-      tiles_avx2<false, false, true>(w, a, t0, t1, o);
-    } else {
-      tiles_avx2<false, false, false>(w, a, t0, t1, o);
-    }
-  };
-  at::parallel_for(0, w.out / kLanes, 1, run);
+  at::parallel_for(0, w.out / kLanes, 1, [&](int64_t t0, int64_t t1) {
+    with_kind(w, [&]<bool kFour, bool kMins, bool kBlockScales>() {
+      tiles_avx2<kFour, kMins, kBlockScales>(w, a, t0, t1, o);
+    });
+  });
 }
 
 }  // namespace specstream::qgemm

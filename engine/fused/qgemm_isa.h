@@ -33,14 +33,9 @@ inline std::string isa_name(Isa isa) {
 
 // Use `name` ("avx512vnni" or "avx2") if this CPU runs it; false (and no change) otherwise.
 inline bool use_isa(const std::string& name) {
-  const Isa best = best_isa();
-  const Isa wanted = name == "avx512vnni" ? Isa::kAvx512Vnni : name == "avx2" ? Isa::kAvx2 : Isa::kNone;
-  if (wanted == Isa::kNone || static_cast<int>(wanted) > static_cast<int>(best) ||
-      (wanted == Isa::kAvx2 && !avx2_supported())) {
-    return false;
-  }
-  current_isa().store(wanted);
-  return true;
+  const bool runs = name == "avx512vnni" ? supported() : name == "avx2" && avx2_supported();
+  if (runs) current_isa().store(name == "avx2" ? Isa::kAvx2 : Isa::kAvx512Vnni);
+  return runs;
 }
 
 inline void quantize_row_isa(const float* x, int64_t in, int8_t* codes, float* d, int32_t* sums, float* dsums) {

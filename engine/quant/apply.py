@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from engine.model_ref import gguf_fingerprint
-from engine.model import PRE_FUSED_ARCHITECTURES, Decoder
+from engine.model import PRE_FUSED_ARCHITECTURES, Decoder, DecoderConfig
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import WeightFormat
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
@@ -55,6 +55,12 @@ def quantize_decoder(model: Decoder, fmt: QuantFormat) -> dict[str, QuantizedTen
     if model.lm_head is not None:
         out["lm_head"] = quantize(model.lm_head.weight, HEAD_FORMAT)
     return out
+
+
+def reads_gguf_blocks(cfg: DecoderConfig) -> bool:
+    """Whether a GGUF's linears are read block by block (repacked); Phi-3's fused tensors (attn_qkv, a fused
+    ffn_up) and a MoE's stacked experts (ffn_*_exps) are quantized from their floats instead."""
+    return cfg.model_type not in PRE_FUSED_ARCHITECTURES and not cfg.num_experts
 
 
 def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
@@ -180,9 +186,7 @@ def quantized_tensors(
     path = cache_path(cache_root, model_dir, source, fmt)
     if path.is_file():
         return load_tensors(path)
-    if gguf is not None and (model.cfg.model_type in PRE_FUSED_ARCHITECTURES or model.cfg.num_experts):
-        # Phi-3's GGUF tensors (attn_qkv, a fused ffn_up) and a MoE's stacked experts (ffn_*_exps) are not read
-        # block by block: quantized from the floats.
+    if gguf is not None and not reads_gguf_blocks(model.cfg):
         say(f"quantizing {gguf.name}'s dequantized {model.cfg.model_type} weights to {fmt} (once) -> {path}")
         tensors = quantize_decoder(model, fmt)
     elif gguf is not None:

@@ -82,12 +82,9 @@ def _missing(fmt: WeightFormat, cpu: CpuFeatures, kernel: str) -> str | None:
     return None
 
 
-def _auto(source: WeightSource | None, cpu: CpuFeatures, kernel: str) -> ResolvedFormat:
-    """auto: the format that keeps the file's weights exactly (engine/quant/source.py), where this CPU runs it. No
-    source (a model built in memory): its float weights, fp32."""
-    if source is None or source.lossless == "fp32":
-        held = source.held if source is not None else "its in-memory weights"
-        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32, the format that keeps {held} exactly")
+def _auto(source: WeightSource, cpu: CpuFeatures, kernel: str) -> ResolvedFormat:
+    """auto, for a file some format other than fp32 keeps exactly (engine/quant/source.py): it, where this CPU runs
+    it."""
     why = _missing(source.lossless, cpu, kernel)
     if why is not None:
         return ResolvedFormat("fp32", None, f"engine.weights auto: fp32 ({source.lossless} would keep {source.held} "
@@ -112,8 +109,14 @@ def resolve_weight_format(
         if requested in ("auto", "fp32"):
             return ResolvedFormat("fp32", None)
         return ResolvedFormat("fp32", f"engine.weights {requested} is CPU-only; {device} keeps engine.dtype weights")
-    features = cpu or CpuFeatures.detect()
+    if requested == "fp32":
+        return ResolvedFormat("fp32", None)
+    if requested == "auto" and (source is None or source.lossless == "fp32"):  # no file (built in memory): fp32 too
+        held = source.held if source is not None else "its in-memory weights"
+        return ResolvedFormat("fp32", None, f"engine.weights auto: fp32, the format that keeps {held} exactly")
+    features = cpu or CpuFeatures.detect()  # only here: on a fresh machine it builds our kernel (10-20 s)
     if requested == "auto":
+        assert source is not None
         return _auto(source, features, kernel)
     why = _missing(requested, features, kernel)
     if why is None:
