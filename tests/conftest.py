@@ -33,6 +33,7 @@ from schemas.events import Completion, DeadLetter, ErrorEvent, TokenChunk
 from streams.kafka import clients
 from streams.config import EdgeSettings, KafkaSettings, Settings, WorkerSettings
 from tests.kafka_fixtures import kafka_bootstrap, kafka_cluster, kafka_cluster_session, kafka_single  # noqa: F401
+from tests.kafka_fixtures import revive_single_broker
 
 # Small enough to be quick on 2 cores, large enough to hold a few short requests at once.
 TEST_MAX_MODEL_LEN = 512
@@ -67,6 +68,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if wrong:
         raise pytest.UsageError("tests that start the three-node cluster belong in tests/cluster:\n  "
                                 + "\n  ".join(wrong))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if {"kafka_bootstrap", "kafka_single"} & set(getattr(item, "fixturenames", ())):
+        revive_single_broker()
 
 
 def worker_test_settings(bootstrap_servers: str, prefix: str, worker_id: str) -> Settings:

@@ -15,26 +15,35 @@ Environment:
   SPECSTREAM_STATE_DIR / SPECSTREAM_CACHE_DIR   see infra.kafka.paths
 
 A broker that was already running before the session is left running; one a
-test session started is stopped by the last session using it. Setup failures (no Java, no Maven, port
+test session started is stopped by the last session using it, after it deleted the
+topics the tests made. A broker that dies mid-session is started again before the
+next test, with a warning that quotes its log. Setup failures (no Java, no Maven, port
 taken, broker crash) surface as fixture errors, never as skips.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import pytest
 
-from infra.kafka.broker import ClusterSpec, single_node, start, stop, three_nodes
+from infra.kafka import process
+from infra.kafka.broker import ClusterSpec, single_node, start, status, stop, three_nodes
 from infra.kafka.paths import env_port
 from infra.kafka.spec import DEFAULT_CLUSTER_BASE_PORT
+from streams.kafka import clients
 
 BOOTSTRAP_ENV = "SPECSTREAM_BOOTSTRAP_SERVERS"
 SINGLE_PORT_ENV = "SPECSTREAM_KAFKA_PORT"
 CLUSTER_PORT_ENV = "SPECSTREAM_KAFKA_CLUSTER_PORT"
+T = TypeVar("T")
 
 
 def external_bootstrap() -> str | None:
@@ -59,14 +68,18 @@ def run_for_session(spec: ClusterSpec) -> Iterator[ClusterSpec]:
 
     Each session holds a shared lock on the state folder's ``sessions.lock`` while it runs. A broker some session
     started (``started-by-tests`` marks it) is stopped by the last session out, the one that can then take the lock
-    exclusively: stopping it when the session that started it ends would pull it from under the others.
+    exclusively: stopping it when the session that started it ends would pull it from under the others. Before
+    stopping it, that session deletes every topic the tests made (see ``TopicLedger``).
     """
     spec.state_dir.mkdir(parents=True, exist_ok=True)
     marker = spec.state_dir / "started-by-tests"
+    ledger = TopicLedger(spec)
     with (spec.state_dir / "sessions.lock").open("w") as sessions:
         fcntl.flock(sessions, fcntl.LOCK_SH)
         if start(spec).started:
             marker.touch()
+        if marker.exists():
+            ledger.open()
         try:
             yield spec
         finally:
@@ -77,16 +90,82 @@ def run_for_session(spec: ClusterSpec) -> Iterator[ClusterSpec]:
                 pass  # another session still tests against it
             else:
                 if marker.exists():
+                    ledger.close()
                     stop(spec)
                     marker.unlink(missing_ok=True)
+
+
+class TopicLedger:
+    """The topics a broker held before tests ran on it, so that the last session out deletes the rest.
+
+    The broker keeps every topic a session makes (each test uses a prefix of its own), and each partition holds
+    ~50 KiB of its heap: sessions piling up on one machine filled it, and the broker exited mid-suite. The record
+    outlives a session that died, so the next one still deletes what that one left.
+    """
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.path = spec.state_dir / "topics-before-tests"
+
+    def open(self) -> None:
+        if not self.path.exists():
+            self.path.write_text("\n".join(self._run(clients.list_topics(self.spec.bootstrap_servers))))
+
+    def close(self) -> None:
+        if not self.path.exists():
+            return
+        kept = set(self.path.read_text().split())
+        try:
+            # Internal topics (__consumer_offsets: every group's offsets) appear on first use, never by a test.
+            made = [n for n in self._run(clients.list_topics(self.spec.bootstrap_servers))
+                    if n not in kept and not n.startswith("__")]
+            for start_at in range(0, len(made), 500):
+                self._run(clients.delete_topics(self.spec.bootstrap_servers, made[start_at:start_at + 500],
+                                                timeout_s=120.0))
+        except Exception as error:  # a node the last test killed: the next session deletes them
+            warnings.warn(f"kafka {self.spec.name}: could not delete the topics tests made: {error!r}")
+            return
+        self.path.unlink()
+
+    @staticmethod
+    def _run(call: Coroutine[Any, Any, T]) -> T:
+        # A thread of its own: a fixture may be set up or torn down while pytest-asyncio's loop runs.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, call).result()
+
+
+class BrokerDied(UserWarning):
+    """The session's broker exited between tests; the warning carries the reason from its own log."""
+
+
+_session_single: ClusterSpec | None = None
 
 
 @pytest.fixture(scope="session")
 def kafka_single() -> Iterator[ClusterSpec]:
     """The local single-node broker, running; skipped when an external Kafka is configured."""
+    global _session_single
     if external_bootstrap() is not None:
         pytest.skip(f"{BOOTSTRAP_ENV} is set: the local broker is not managed in this session")
-    yield from run_for_session(local_single_spec())
+    _session_single = local_single_spec()
+    try:
+        yield from run_for_session(_session_single)
+    finally:
+        _session_single = None
+
+
+def revive_single_broker() -> None:
+    """Start the session's broker again if it died since the last test, warning with the reason.
+
+    One crash (a full heap, the OOM killer) otherwise fails every later test with "cannot reach Kafka", and
+    the reason, in the broker's own log, is gone with the machine. Called before each test that uses Kafka.
+    """
+    spec = _session_single
+    if spec is None or status(spec).any_process:
+        return
+    reason = process.log_tail(spec.nodes[0], lines=5)
+    warnings.warn(BrokerDied(f"kafka {spec.name} exited during the session, started again; its log: {reason}"))
+    start(spec)
 
 
 @pytest.fixture(scope="session")

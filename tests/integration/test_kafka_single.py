@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from infra.kafka.broker import ClusterSpec, kill_node, single_node, start, status, stop
 from infra.kafka.errors import BrokerStartError
+from infra.kafka.process import port_open
 from infra.kafka.storage import is_formatted
 from streams.kafka import clients
+from tests import kafka_fixtures
+from tests.kafka_fixtures import BrokerDied, TopicLedger, revive_single_broker
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single, unique_topic  # noqa: F401
 
 pytestmark = pytest.mark.kafka
@@ -123,6 +128,47 @@ def test_a_broker_starts_once_refuses_other_ports_stops_and_ignores_stale_pid_fi
         killed_pid = kill_node(spec, 1)
         assert killed_pid == restarted.status.pids[1]
         assert status(spec).pids == {}
+    finally:
+        stop(spec)
+
+
+async def _create(bootstrap: str, *names: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1) for name in names])
+        await clients.wait_visible(admin, list(names), 30.0)
+    finally:
+        await admin.close()
+
+
+def test_tests_delete_the_topics_they_made_even_after_a_session_died_and_revive_a_broker_that_exited(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = single_node(port=_free_port(), controller_port=_free_port(), state_dir=tmp_path / "kafka")
+    try:
+        start(spec)
+        asyncio.run(_create(spec.bootstrap_servers, "users-own"))
+        TopicLedger(spec).open()
+        asyncio.run(_create(spec.bootstrap_servers, "made-by-a-session-that-died"))
+        # The next session keeps the dead one's record, so what that one made is deleted with its own.
+        TopicLedger(spec).open()
+        asyncio.run(_create(spec.bootstrap_servers, "made-by-this-session", "__internal_made_on_first_use"))
+        TopicLedger(spec).close()
+        left = asyncio.run(clients.list_topics(spec.bootstrap_servers))
+        assert {"users-own", "__internal_made_on_first_use"} <= set(left), left
+        assert not [name for name in left if name.startswith("made-by-")], left
+        assert not TopicLedger(spec).path.exists()
+
+        monkeypatch.setattr(kafka_fixtures, "_session_single", spec)
+        kill_node(spec, 1)
+        node = spec.nodes[0]
+        deadline = time.monotonic() + 30
+        while port_open(node.host, node.broker_port):  # the kernel closes a killed JVM's sockets a moment later
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.warns(BrokerDied, match="exited during the session, started again; its log: "):
+            revive_single_broker()
+        assert status(spec).running
     finally:
         stop(spec)
 
