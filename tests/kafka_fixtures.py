@@ -99,8 +99,8 @@ class TopicLedger:
     """The topics a broker held before tests ran on it, so that the last session out deletes the rest.
 
     The broker keeps every topic a session makes (each test uses a prefix of its own), and each partition holds
-    ~50 KiB of its heap: sessions piling up on one machine filled it, and the broker exited mid-suite. The record
-    outlives a session that died, so the next one still deletes what that one left.
+    heap (infra/kafka/spec.py): sessions piling up on one machine filled it, and the broker exited mid-suite. The
+    record outlives a session that died, so the next one still deletes what that one left.
     """
 
     def __init__(self, spec: ClusterSpec) -> None:

@@ -58,7 +58,7 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
     const float* ktb = kt + (p0 / kLanes) * D * kLanes;
     v16 s[kTileRows] = {};
     // Unrolled whole: where AVX2 has no 64-byte registers, GCC kept these sums in memory across the loop's back edge
-    // and copied them through general registers 8 bytes at a time (the kernel took 1.6x as long).
+    // and copied them through general registers 8 bytes at a time (the kernel took 1.5x as long).
     _Pragma("GCC unroll 128")
     for (int64_t d = 0; d < D; ++d) {
       const v16 kv = load(ktb + d * kLanes);
