@@ -42,7 +42,7 @@ void transpose_blocks(const KV* k, int64_t n, int64_t D, float* kt) {
 
 // Rows r0..r0+R-1 (R <= 4) of call a, query head h; kt: the head's KV group's transposed K.
 template <int C>
-SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int64_t r0, int64_t R) {
+SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int64_t r0, int64_t R, bool narrow) {
   constexpr int64_t D = C * kLanes;
   const int64_t g = h / (a.num_heads / a.num_kv_heads);
   const float* vg = static_cast<const float*>(a.v) + g * a.kv_head;  // fp32: a bfloat16 arena is widened first
@@ -86,12 +86,37 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
     const int64_t n = std::min<int64_t>(kLanes, longest - p0);  // positions of the block anyone here reads
     // Column slice by column slice: only 4 rows' accumulators of one slice are live (the 4 x C of all slices
     // spill out of AVX2's 16 registers). Each accumulator still adds the positions in order: the same bits.
-    SS_UNROLL
-    for (int c = 0; c < C; ++c) {
-      for (int64_t t = 0; t < n; ++t) {
-        const v16 v = load(vb + t * D + c * kLanes);
+    if (narrow) {  // 32-byte halves, lane for lane the same sums (see add_values_narrow in row_attention.h)
+      SS_UNROLL
+      for (int c = 0; c < C; ++c) {
         SS_UNROLL
-        for (int r = 0; r < kTileRows; ++r) o[r][c] += pw[r][t] * v;
+        for (int half = 0; half < 2; ++half) {
+          v8 acc[kTileRows];
+          SS_UNROLL
+          for (int r = 0; r < kTileRows; ++r)
+            std::memcpy(&acc[r], reinterpret_cast<const float*>(&o[r][c]) + half * 8, sizeof(v8));
+          for (int64_t t = 0; t < n; ++t) {
+            v8 v;
+            std::memcpy(&v, vb + t * D + c * kLanes + half * 8, sizeof v);
+            SS_UNROLL
+            for (int r = 0; r < kTileRows; ++r) {
+              const float w = pw[r][t];
+              acc[r] += v8{w, w, w, w, w, w, w, w} * v;
+            }
+          }
+          SS_UNROLL
+          for (int r = 0; r < kTileRows; ++r)
+            std::memcpy(reinterpret_cast<float*>(&o[r][c]) + half * 8, &acc[r], sizeof(v8));
+        }
+      }
+    } else {
+      SS_UNROLL
+      for (int c = 0; c < C; ++c) {
+        for (int64_t t = 0; t < n; ++t) {
+          const v16 v = load(vb + t * D + c * kLanes);
+          SS_UNROLL
+          for (int r = 0; r < kTileRows; ++r) o[r][c] += pw[r][t] * v;
+        }
       }
     }
   }
@@ -105,9 +130,10 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
 template <int C>
 SS_INLINE void chunk_tiles_impl(const RowAttention& a, const float* kt, int64_t kt_head, int64_t i0, int64_t i1) {
   const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows, G = a.num_heads / a.num_kv_heads;
+  const bool narrow = !__builtin_cpu_supports("avx512f");
   for (int64_t i = i0; i < i1; ++i) {  // item i: head i / tiles, tile i % tiles
     const int64_t h = i / tiles, r0 = (i % tiles) * kTileRows;
-    chunk_tile<C>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0));
+    chunk_tile<C>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0), narrow);
   }
 }
 

@@ -40,6 +40,7 @@ typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 typedef int32_t v16i __attribute__((vector_size(64)));
+typedef int32_t v8i __attribute__((vector_size(32)));
 
 constexpr int64_t kLanes = 16;  // positions per block = floats per vector
 
@@ -57,6 +58,7 @@ SS_INLINE v16 load(const float* p) {
 // A bfloat16's bits (the arena's element with engine.kv_cache_dtype bfloat16): no arithmetic, only widened.
 using bf16_bits = uint16_t;
 typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
 
 // 16 bfloat16 -> their exact fp32 values: each one's bits become the upper half of a float's.
 SS_INLINE v16 load(const bf16_bits* p) {
@@ -275,6 +277,57 @@ SS_INLINE void add_values(float* acc, const float* p, int64_t stride, const KV* 
   }
 }
 
+// Half c * 2 + half of kv_vec's vector c (8 lanes), for add_values_narrow.
+template <int C, typename KV>
+SS_INLINE v8 kv_half(const KV* row, int c, int half) {
+  if constexpr (kSplit<C, KV>) {
+    v8i w;
+    std::memcpy(&w, row + (c / 2) * 2 * kLanes + half * kLanes, sizeof w);
+    return (v8)(c % 2 == 0 ? w << 16 : w & (v8i{} + static_cast<int32_t>(0xFFFF0000u)));
+  } else if constexpr (std::is_same_v<KV, bf16_bits>) {
+    v8h h;
+    std::memcpy(&h, row + c * kLanes + half * 8, sizeof h);
+    return (v8)(__builtin_convertvector(h, v8i) << 16);
+  } else {
+    v8 x;
+    std::memcpy(&x, row + c * kLanes + half * 8, sizeof x);
+    return x;
+  }
+}
+
+// add_values on 32-byte vectors, lane for lane the same operations in the same order (the same bits). Without
+// AVX-512, GCC has no register for a 64-byte vector here: it kept add_values' sums in memory and built each weight's
+// 16 copies with 16 stores (perf annotate), where 32-byte vectors are registers and a broadcast one instruction.
+template <int C, int H, typename KV>
+SS_INLINE void add_values_narrow(float* acc, const float* p, int64_t stride, const KV* v, int64_t t0, int64_t t1) {
+  constexpr int64_t D = C * kLanes;
+  v8 o[H][2 * C];
+  SS_UNROLL
+  for (int h = 0; h < H; ++h) {
+    SS_UNROLL
+    for (int i = 0; i < 2 * C; ++i) std::memcpy(&o[h][i], acc + h * D + i * 8, sizeof(v8));
+  }
+  for (int64_t t = t0; t < t1; ++t) {
+    SS_UNROLL
+    for (int c = 0; c < C; ++c) {
+      SS_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const v8 x = kv_half<C>(v + t * D, c, half);
+        SS_UNROLL
+        for (int h = 0; h < H; ++h) {
+          const float w = p[h * stride + t];
+          o[h][2 * c + half] += v8{w, w, w, w, w, w, w, w} * x;
+        }
+      }
+    }
+  }
+  SS_UNROLL
+  for (int h = 0; h < H; ++h) {
+    SS_UNROLL
+    for (int i = 0; i < 2 * C; ++i) std::memcpy(acc + h * D + i * 8, &o[h][i], sizeof(v8));
+  }
+}
+
 // The arena's element type.
 enum class KvType { kFloat, kBFloat16 };
 
@@ -314,6 +367,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
   // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned); kept by
   // the thread between calls, so a step's 30 layers do not allocate them again.
   thread_local std::vector<float> weights, acc, sums, tops;
+  const bool narrow = !__builtin_cpu_supports("avx512f");  // add_values_narrow: why
   for (int64_t g = h0 / G; g * G < h1; ++g) {
     const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
     const int64_t heads = j1 - j0, pairs = a.rows * heads;  // pair = r * heads + (j - j0)
@@ -347,11 +401,15 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
         for (int64_t j = 0; j < heads; j += kValueHeads<C>) {
           float* o = &acc[(r * heads + j) * D];
           const float* p = &weights[(r * heads + j) * stride];
-          switch (std::min<int64_t>(kValueHeads<C>, heads - j)) {
+          switch (std::min<int64_t>(kValueHeads<C>, heads - j) + (narrow ? 4 : 0)) {
             case 1: add_values<C, 1>(o, p, stride, vg, t0, t1); break;
             case 2: add_values<C, 2>(o, p, stride, vg, t0, t1); break;
             case 3: add_values<C, 3>(o, p, stride, vg, t0, t1); break;
-            default: add_values<C, 4>(o, p, stride, vg, t0, t1); break;
+            case 4: add_values<C, 4>(o, p, stride, vg, t0, t1); break;
+            case 5: add_values_narrow<C, 1>(o, p, stride, vg, t0, t1); break;
+            case 6: add_values_narrow<C, 2>(o, p, stride, vg, t0, t1); break;
+            case 7: add_values_narrow<C, 3>(o, p, stride, vg, t0, t1); break;
+            default: add_values_narrow<C, 4>(o, p, stride, vg, t0, t1); break;
           }
         }
       }
