@@ -367,7 +367,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
   // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned); kept by
   // the thread between calls, so a step's 30 layers do not allocate them again.
   thread_local std::vector<float> weights, acc, sums, tops;
-  const bool narrow = !__builtin_cpu_supports("avx512f");  // add_values_narrow: why
+  const bool narrow = !__builtin_cpu_supports("avx512f");  // 32-byte value sums: see add_values_narrow
   for (int64_t g = h0 / G; g * G < h1; ++g) {
     const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
     const int64_t heads = j1 - j0, pairs = a.rows * heads;  // pair = r * heads + (j - j0)
