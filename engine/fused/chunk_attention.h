@@ -86,27 +86,21 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
     const int64_t n = std::min<int64_t>(kLanes, longest - p0);  // positions of the block anyone here reads
     // Column slice by column slice: only 4 rows' accumulators of one slice are live (the 4 x C of all slices
     // spill out of AVX2's 16 registers). Each accumulator still adds the positions in order: the same bits.
-    if (narrow) {  // 32-byte halves, lane for lane the same sums (see add_values_narrow in row_attention.h)
+    if (narrow) {  // 32-byte halves (narrow_vectors), lane for lane the same sums
       SS_UNROLL
       for (int c = 0; c < C; ++c) {
         SS_UNROLL
         for (int half = 0; half < 2; ++half) {
           v8 acc[kTileRows];
           SS_UNROLL
-          for (int r = 0; r < kTileRows; ++r)
-            std::memcpy(&acc[r], reinterpret_cast<const float*>(&o[r][c]) + half * 8, sizeof(v8));
+          for (int r = 0; r < kTileRows; ++r) acc[r] = load8(reinterpret_cast<const float*>(&o[r][c]) + half * 8);
           for (int64_t t = 0; t < n; ++t) {
-            v8 v;
-            std::memcpy(&v, vb + t * D + c * kLanes + half * 8, sizeof v);
+            const v8 v = load8(vb + t * D + c * kLanes + half * 8);
             SS_UNROLL
-            for (int r = 0; r < kTileRows; ++r) {
-              const float w = pw[r][t];
-              acc[r] += v8{w, w, w, w, w, w, w, w} * v;
-            }
+            for (int r = 0; r < kTileRows; ++r) acc[r] += splat8(pw[r][t]) * v;
           }
           SS_UNROLL
-          for (int r = 0; r < kTileRows; ++r)
-            std::memcpy(reinterpret_cast<float*>(&o[r][c]) + half * 8, &acc[r], sizeof(v8));
+          for (int r = 0; r < kTileRows; ++r) store8(reinterpret_cast<float*>(&o[r][c]) + half * 8, acc[r]);
         }
       }
     } else {
@@ -130,7 +124,7 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
 template <int C>
 SS_INLINE void chunk_tiles_impl(const RowAttention& a, const float* kt, int64_t kt_head, int64_t i0, int64_t i1) {
   const int64_t tiles = (a.rows + kTileRows - 1) / kTileRows, G = a.num_heads / a.num_kv_heads;
-  const bool narrow = !__builtin_cpu_supports("avx512f");
+  const bool narrow = narrow_vectors();
   for (int64_t i = i0; i < i1; ++i) {  // item i: head i / tiles, tile i % tiles
     const int64_t h = i / tiles, r0 = (i % tiles) * kTileRows;
     chunk_tile<C>(a, kt + (h / G) * kt_head, h, r0, std::min(kTileRows, a.rows - r0), narrow);

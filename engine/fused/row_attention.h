@@ -49,6 +49,16 @@ constexpr int64_t kLanes = 16;  // positions per block = floats per vector
 
 SS_INLINE v16 splat(float f) { return v16{} + f; }
 
+// 32-byte vectors, for the paths that run where a 64-byte one has no register (narrow_vectors): an initializer of
+// equal elements is what GCC turns into one broadcast (`v8{} + f` and `f * v` went through the stack).
+SS_INLINE v8 splat8(float f) { return v8{f, f, f, f, f, f, f, f}; }
+SS_INLINE v8 load8(const float* p) {
+  v8 x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+SS_INLINE void store8(float* p, v8 x) { std::memcpy(p, &x, sizeof x); }
+
 SS_INLINE v16 load(const float* p) {
   v16 v;
   std::memcpy(&v, p, sizeof v);
@@ -289,15 +299,16 @@ SS_INLINE v8 kv_half(const KV* row, int c, int half) {
     std::memcpy(&h, row + c * kLanes + half * 8, sizeof h);
     return (v8)(__builtin_convertvector(h, v8i) << 16);
   } else {
-    v8 x;
-    std::memcpy(&x, row + c * kLanes + half * 8, sizeof x);
-    return x;
+    return load8(row + c * kLanes + half * 8);
   }
 }
 
-// add_values on 32-byte vectors, lane for lane the same operations in the same order (the same bits). Without
-// AVX-512, GCC has no register for a 64-byte vector here: it kept add_values' sums in memory and built each weight's
-// 16 copies with 16 stores (perf annotate), where 32-byte vectors are registers and a broadcast one instruction.
+// Whether the value sums run on 32-byte vectors (add_values_narrow, chunk_attention.h): without AVX-512, GCC has no
+// register for a 64-byte vector in these kernels; it kept the sums in memory and built each weight's 16 copies with
+// 16 stores (perf annotate), where 32-byte vectors are registers and a broadcast one instruction.
+inline bool narrow_vectors() { return !__builtin_cpu_supports("avx512f"); }
+
+// add_values on 32-byte vectors (narrow_vectors), lane for lane the same operations in the same order: the same bits.
 template <int C, int H, typename KV>
 SS_INLINE void add_values_narrow(float* acc, const float* p, int64_t stride, const KV* v, int64_t t0, int64_t t1) {
   constexpr int64_t D = C * kLanes;
@@ -305,7 +316,7 @@ SS_INLINE void add_values_narrow(float* acc, const float* p, int64_t stride, con
   SS_UNROLL
   for (int h = 0; h < H; ++h) {
     SS_UNROLL
-    for (int i = 0; i < 2 * C; ++i) std::memcpy(&o[h][i], acc + h * D + i * 8, sizeof(v8));
+    for (int i = 0; i < 2 * C; ++i) o[h][i] = load8(acc + h * D + i * 8);
   }
   for (int64_t t = t0; t < t1; ++t) {
     SS_UNROLL
@@ -314,17 +325,14 @@ SS_INLINE void add_values_narrow(float* acc, const float* p, int64_t stride, con
       for (int half = 0; half < 2; ++half) {
         const v8 x = kv_half<C>(v + t * D, c, half);
         SS_UNROLL
-        for (int h = 0; h < H; ++h) {
-          const float w = p[h * stride + t];
-          o[h][2 * c + half] += v8{w, w, w, w, w, w, w, w} * x;
-        }
+        for (int h = 0; h < H; ++h) o[h][2 * c + half] += splat8(p[h * stride + t]) * x;
       }
     }
   }
   SS_UNROLL
   for (int h = 0; h < H; ++h) {
     SS_UNROLL
-    for (int i = 0; i < 2 * C; ++i) std::memcpy(acc + h * D + i * 8, &o[h][i], sizeof(v8));
+    for (int i = 0; i < 2 * C; ++i) store8(acc + h * D + i * 8, o[h][i]);
   }
 }
 
@@ -367,7 +375,7 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
   // Per (row, head) pair, as floats (no over-aligned allocations: vectors are loaded and stored unaligned); kept by
   // the thread between calls, so a step's 30 layers do not allocate them again.
   thread_local std::vector<float> weights, acc, sums, tops;
-  const bool narrow = !__builtin_cpu_supports("avx512f");  // 32-byte value sums: see add_values_narrow
+  const bool narrow = narrow_vectors();
   for (int64_t g = h0 / G; g * G < h1; ++g) {
     const int64_t j0 = std::max(h0, g * G) - g * G, j1 = std::min(h1, (g + 1) * G) - g * G;  // its heads here
     const int64_t heads = j1 - j0, pairs = a.rows * heads;  // pair = r * heads + (j - j0)
