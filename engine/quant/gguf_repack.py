@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from engine.model import DecoderConfig
+from engine.quant.gguf_tensors import GGUFTensor, read_tensors
 from engine.quant.tensor import INT4_GROUP, QuantFormat, QuantizedTensor, quantize
 
 # Architectures whose GGUF q/k rows llama.cpp permuted (transformers' TensorProcessor for llama).
@@ -66,13 +67,14 @@ def repack_q8_0(raw: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor("int8", codes.reshape(raw.shape[0], -1), _fp16(blocks, 0), None, INT4_GROUP)
 
 
-def gguf_tensor(tensor: object, fmt: QuantFormat) -> QuantizedTensor:
-    """One gguf ReaderTensor as `fmt`: repacked when the block format maps, else quantized once."""
+def gguf_tensor(tensor: GGUFTensor, fmt: QuantFormat) -> QuantizedTensor:
+    """One GGUF tensor (engine.quant.gguf_tensors) as `fmt`: repacked when the block format maps, else quantized
+    once."""
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
-    kind = tensor.tensor_type  # type: ignore[attr-defined]
-    raw = np.asarray(tensor.data)  # type: ignore[attr-defined]
+    kind = tensor.tensor_type
+    raw = np.asarray(tensor.data)
     if fmt == "int4" and kind in (Q.Q4_0, Q.Q4_1):
         return repack_q4(raw, has_min=kind == Q.Q4_1)
     if fmt == "int8" and kind == Q.Q8_0:
@@ -94,9 +96,7 @@ def read_gguf_weights(path: Path, cfg: DecoderConfig, fmt: QuantFormat, head_fmt
 
     head_fmt is used for the token embedding and the LM head (tied or not).
     """
-    from gguf import GGUFReader
-
-    tensors = {t.name: t for t in GGUFReader(path).tensors}
+    tensors = {t.name: t for t in read_tensors(path)}
 
     def get(name: str, as_fmt: QuantFormat = fmt) -> QuantizedTensor:
         if name not in tensors:

@@ -29,10 +29,10 @@ class WeightSource:
 
 
 def _gguf_source(path: Path, blockwise: bool) -> WeightSource:
-    from gguf import GGUFReader
+    from engine.quant.gguf_tensors import read_tensors
 
     types: dict[str, set[str]] = {"linears": set(), "head": set()}
-    for t in GGUFReader(path).tensors:
+    for t in read_tensors(path):
         if len(t.shape) < 2:  # norms and biases stay fp32 in every format
             continue
         types["linears" if t.name.startswith("blk.") else "head"].add(t.tensor_type.name)
