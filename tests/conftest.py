@@ -32,6 +32,7 @@ from engine.config import EngineConfig
 from schemas.events import Completion, DeadLetter, ErrorEvent, TokenChunk
 from streams.kafka import clients
 from streams.config import EdgeSettings, KafkaSettings, Settings, WorkerSettings
+from tests import parallel
 from tests.kafka_fixtures import kafka_bootstrap, kafka_cluster, kafka_cluster_session, kafka_single  # noqa: F401
 from tests.kafka_fixtures import revive_single_broker
 
@@ -56,6 +57,18 @@ def _no_leftover_log_handlers() -> Any:
 
 
 CLUSTER_TIER = Path(__file__).parent / "cluster"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    del config
+    if parallel.in_a_test_process():
+        parallel.one_thread_each()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` groups tests by what their process builds once (tests/parallel.py)."""
+    return parallel.SharedWorkScheduling(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,34 @@
+"""The suite's test processes (tests/parallel.py): what a process builds once is shared by tests that run in that
+one process, and everything else is spread module by module."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from tests import parallel
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_modules_on_the_session_edge_worker_are_one_group() -> None:
+    for module in ("test_edge_openai.py", "test_edge_tools.py", "test_lm_eval_edge.py"):
+        assert parallel.module_group(ROOT, f"tests/integration/{module}") == parallel.EDGE_WORKER
+
+
+def test_modules_on_the_in_process_worker_harness_are_one_group() -> None:
+    for module in ("test_worker_errors.py", "test_worker_stream.py"):
+        assert parallel.module_group(ROOT, f"tests/integration/{module}") == parallel.HARNESS
+
+
+def test_the_cluster_tier_is_one_group_and_any_other_module_its_own() -> None:
+    assert parallel.module_group(ROOT, "tests/cluster/test_kafka_cluster.py") == parallel.CLUSTER
+    assert parallel.module_group(ROOT, "tests/integration/test_batch_api.py") == "tests/integration/test_batch_api.py"
+    assert parallel.module_group(ROOT, "tests/unit/test_config.py") == "tests/unit/test_config.py"
+
+
+def test_the_scheduler_groups_node_ids_by_their_module() -> None:
+    scheduler = parallel.SharedWorkScheduling.__new__(parallel.SharedWorkScheduling)
+    scheduler.config = SimpleNamespace(rootpath=ROOT)
+    assert scheduler._split_scope("tests/integration/test_edge_openai.py::test_x[a::b]") == parallel.EDGE_WORKER
+    assert (scheduler._split_scope("tests/integration/test_batch_api.py::TestA::test_y")
+            == "tests/integration/test_batch_api.py")
