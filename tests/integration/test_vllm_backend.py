@@ -211,7 +211,7 @@ def _kill_one_of_two_mid_stream(fleet: Fleet, attempt: int) -> tuple[dict, dict[
         fleet.add()
     fleet.wait_balanced(PARTITIONS)
     stack = fleet.stack
-    bodies = [chat_body(f"kill{attempt}-{i}", PROMPTS[i % len(PROMPTS)], model=MODEL, max_tokens=256,
+    bodies = [chat_body(f"kill{attempt}-{i}", PROMPTS[i % len(PROMPTS)], model=MODEL, max_tokens=128,
                         ignore_eos=True) for i in range(6)]
     victim = fleet.alive[0]
     killed: dict[str, float] = {}
