@@ -41,13 +41,12 @@ from streams.testing.stack import Stack, free_port, running_stack
 
 HEARTBEAT_S = 1.0
 MAX_MODEL_LEN = 512
+# The default weights (int4 for the default model), as users are served; a module that compares answers with
+# transformers starts a worker of its own on fp32 (worker_stack).
 WORKER_ENV = {
     "SPECSTREAM_WORKER__HEARTBEAT_S": str(HEARTBEAT_S),
     "SPECSTREAM_ENGINE__MAX_MODEL_LEN": str(MAX_MODEL_LEN),
     "SPECSTREAM_ENGINE__KV_CACHE_BYTES": "96MiB",
-    # transformers' weights: test_lm_eval_edge scores this worker against the harness's HF model (and LoRA's
-    # answers against HF + PEFT); the default, int4, is served by the stacks that do not compare with HF.
-    "SPECSTREAM_ENGINE__WEIGHTS": "fp32",
 }
 
 
@@ -102,14 +101,22 @@ def redis_server() -> Iterator[str]:
 _shared: dict[str, Any] = {}
 
 
+@contextlib.contextmanager
+def worker_stack(bootstrap_servers: str, **env: str) -> Iterator[Stack]:
+    """A `specstream worker` subprocess (no edge) on a topic prefix of its own, with WORKER_ENV and `env`."""
+    prefix = f"t-edge-{uuid.uuid4().hex[:8]}"
+    with running_stack(bootstrap_servers, edge=False,
+                       env={**WORKER_ENV, **env, "SPECSTREAM_KAFKA__TOPIC_PREFIX": prefix}) as stack:
+        stack.topic_prefix = prefix
+        yield stack
+
+
 def shared_worker(bootstrap_servers: str) -> Iterator[Stack]:
     """Body of a session-scoped fixture: the session's one worker (see the module docstring)."""
     owner = "stack" not in _shared
     if owner:
-        prefix = f"t-edge-sec-{uuid.uuid4().hex[:8]}"
-        manager = running_stack(bootstrap_servers, edge=False, env={**WORKER_ENV, "SPECSTREAM_KAFKA__TOPIC_PREFIX": prefix})
+        manager = worker_stack(bootstrap_servers)
         stack = manager.__enter__()
-        stack.topic_prefix = prefix
         _shared.update(stack=stack, manager=manager)
     try:
         yield _shared["stack"]

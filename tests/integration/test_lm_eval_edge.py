@@ -5,7 +5,7 @@ through an edge on the real worker and Kafka: ``specstream_mc`` (multiple choice
 ``local-completions``, which sends its prompts as token ids with ``echo`` and ``logprobs``, and ``specstream_gen``
 (greedy generation, exact match) with ``local-chat-completions``. Then lm-eval's ``hf`` model scores the same tasks
 on the same weights (the default model's GGUF, dequantised by transformers, fp32 on the CPU, as the worker runs it)
-and every metric must agree within the harness's stderr. The worker is the session's shared one (CPU: fp32).
+and every metric must agree within the harness's stderr. The worker is the module's own, on fp32.
 """
 from __future__ import annotations
 
@@ -22,15 +22,16 @@ from schemas.events import GenerateRequest
 from streams.cli import main
 from streams.testing.stack import DEFAULT_MODEL as MODEL
 from streams.testing.stack import Stack
-from tests.edge_support import MAX_MODEL_LEN, keyed_edge, request_topic_messages, shared_worker
+from tests.edge_support import MAX_MODEL_LEN, keyed_edge, request_topic_messages, worker_stack
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.timeout(900)]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def edge_worker(kafka_bootstrap: str) -> Iterator[Stack]:  # noqa: F811
-    yield from shared_worker(kafka_bootstrap)
+    with worker_stack(kafka_bootstrap, SPECSTREAM_ENGINE__WEIGHTS="fp32") as stack:  # transformers' weights
+        yield stack
 
 
 @pytest.fixture(scope="module")
