@@ -11,7 +11,7 @@ ROOT = Path(__file__).parents[2]
 
 
 def test_modules_on_the_session_edge_worker_are_one_group() -> None:
-    for module in ("test_edge_openai.py", "test_edge_tools.py", "test_lm_eval_edge.py"):
+    for module in ("test_edge_openai.py", "test_edge_tools.py", "test_edge_security.py"):
         assert parallel.module_group(ROOT, f"tests/integration/{module}") == parallel.EDGE_WORKER
 
 

@@ -53,7 +53,10 @@ def test_greedy_output_with_an_adapter_equals_hf_peft(hf: Any, adapters: dict[st
     assert base != engine.generate([_req("a", PROMPTS[0], "all")])["a"].token_ids  # the adapter changes the text
 
 
-@pytest.mark.parametrize("weights", ["fp32", "int8"])  # the delta is added to prepacked and quantized linears alike
+# The delta is added to prepacked and quantized linears alike. int4 does not hold yet (found 2026-12-07 when the
+# LoRA stack moved to int4): a mixed batch with speculation gives some requests other tokens than alone.
+@pytest.mark.parametrize("weights", ["fp32", "int8", pytest.param("int4", marks=pytest.mark.xfail(
+    strict=True, reason="int4 + LoRA: a mixed batch is not yet each request's output alone"))])
 def test_mixed_batch_with_speculation_gives_each_request_its_output_alone(
     hf: Any, adapters: dict[str, Path], weights: str
 ) -> None:
