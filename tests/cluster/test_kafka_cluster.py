@@ -54,9 +54,16 @@ async def _partitions(admin: AIOKafkaAdminClient, topic: str) -> list[dict[str, 
 
 
 async def _error_codes_by_broker(admin: AIOKafkaAdminClient, topic: str) -> dict[int, int]:
-    """The topic's metadata error code as each broker answers it (a describe asks a random one)."""
-    by_broker = await clients.metadata_by_broker(admin, [topic])
-    return {node_id: described["error_code"] for node_id, (described,) in by_broker.items()}
+    """The topic's metadata error code as each broker answers it (a describe asks a random one), once every
+    broker answers or after 30 s: a loaded machine can let one broker's answer time out, and an unanswered
+    broker is left out of metadata_by_broker."""
+    deadline = time.monotonic() + 30
+    while True:
+        by_broker = await clients.metadata_by_broker(admin, [topic])
+        codes = {node_id: described["error_code"] for node_id, (described,) in by_broker.items()}
+        if sorted(codes) == ALL_NODES or time.monotonic() > deadline:
+            return codes
+        await asyncio.sleep(0.5)
 
 
 async def _topic_config(admin: AIOKafkaAdminClient, topic: str, name: str) -> str:

@@ -187,9 +187,9 @@ def test_a_proposal_over_a_million_indexed_tokens_costs_well_under_a_millisecond
         index.add([t for _ in range(10) for t in rnd.choice(phrases)])
     insert_s = (time.perf_counter() - t0) / index.num_tokens
     contexts = [[t for _ in range(3) for t in rnd.choice(phrases)][: rnd.randrange(25, 60)] for _ in range(500)]
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # this thread's CPU time: what a proposal costs, whatever else the machine runs
     drafted = sum(len(index.speculate(c, 8, SuffixMatchParams()).tokens) for c in contexts)
-    per_proposal_s = (time.perf_counter() - t0) / len(contexts)
+    per_proposal_s = (time.thread_time() - t0) / len(contexts)
     print(f"suffix index: {insert_s * 1e6:.2f} us per inserted token, {per_proposal_s * 1e6:.0f} us per proposal")
     assert drafted > 0
     assert per_proposal_s < 1e-3
