@@ -46,15 +46,17 @@ class _Cursor:
         self.at += struct.calcsize(fmt)
         return value
 
-    def string(self) -> str:
-        size = self.take("<Q")
+    def string_bytes(self) -> memoryview:
+        size = self.take("<Q")  # read before moving on: `self.at += self.take(...)` would read self.at first
         self.at += size
-        return bytes(self.buffer[self.at - size:self.at]).decode("utf-8")
+        return memoryview(self.buffer)[self.at - size:self.at]
+
+    def string(self) -> str:
+        return bytes(self.string_bytes()).decode("utf-8")
 
     def skip_value(self, kind: int) -> None:
         if kind == GGUFValueType.STRING:
-            size = self.take("<Q")  # before moving on: `self.at += self.take(...)` reads self.at first
-            self.at += size
+            self.string_bytes()
         elif kind == GGUFValueType.ARRAY:
             item, count = self.take("<I"), self.take("<Q")
             if item in _SCALAR_BYTES:

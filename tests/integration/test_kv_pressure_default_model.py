@@ -13,19 +13,19 @@ from tests.unit.engine._engine_factories import every_format_runs, single_thread
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("single_thread", "every_format_runs")]
 
 
-def _engine(fmt: str, prefix_caching: bool, kv_cache_bytes: int = 64 << 20) -> LLMEngine:
+def _engine(prefix_caching: bool, kv_cache_bytes: int = 64 << 20) -> LLMEngine:
+    """The default model as served (int4); every format's exactness under preemption is in tests/unit/engine."""
     return LLMEngine.from_config(EngineConfig(
-        model="smollm2-135m-instruct", weights=fmt, kv_cache_bytes=kv_cache_bytes, prefix_caching=prefix_caching,
+        model="smollm2-135m-instruct", weights="int4", kv_cache_bytes=kv_cache_bytes, prefix_caching=prefix_caching,
         speculation=SpeculationConfig(enabled=True, method="ngram", adaptive=False)))
 
 
 def test_sixteen_long_requests_in_a_quarter_of_their_kv_all_complete_as_alone_and_the_urgent_ones_preempt() -> None:
-    fmt = "int4"  # the default model as served (every format's exactness under preemption: tests/unit/engine)
-    alone_engine = _engine(fmt, prefix_caching=False)
+    alone_engine = _engine(prefix_caching=False)
     first, later = pressure_jobs(alone_engine, n=16, prompt_words=120, new_tokens=24)
     alone = {j.request_id: alone_engine.generate([j])[j.request_id].token_ids for j in _fresh([*first, *later])}
 
-    engine = _engine(fmt, prefix_caching=True, kv_cache_bytes=kv_budget_for(alone_engine, [*first, *later], 0.25))
+    engine = _engine(prefix_caching=True, kv_cache_bytes=kv_budget_for(alone_engine, [*first, *later], 0.25))
     got = generate_staggered(engine, _fresh(first), _fresh(later), steps_between=4)
 
     assert all(r.finished and r.finish_reason == "length" for r in got.values())
