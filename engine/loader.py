@@ -16,12 +16,15 @@ place, so a crash or a concurrent start never leaves a half-written model.
 """
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +40,51 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     final = converted_dir(gguf, name)
     if is_model_dir(final):
         return final
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig
 
-    # An architecture we do not serve is refused from the file's metadata, not after minutes of conversion.
-    DecoderConfig.from_hf(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
+    with gguf_parsed_once():
+        # An architecture we do not serve is refused from the file's metadata, before anything is written.
+        DecoderConfig.from_hf(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
+        final.parent.mkdir(parents=True, exist_ok=True)
+        # Two processes starting on one fresh machine (two workers, or test processes) would each spend the
+        # conversion's minute; the second waits for the first one's folder instead.
+        with open(final.parent / f".{final.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not is_model_dir(final):
+                _convert(gguf, name, final, progress)
+    return final
+
+
+@contextmanager
+def gguf_parsed_once() -> Iterator[None]:
+    """While converting, one parse of a GGUF's metadata serves transformers' config, tokenizer and weights.
+
+    transformers builds a ``gguf.GGUFReader`` for each of them (four in all), and a reader parses every metadata
+    array element by element: Gemma 3's 262k-token vocabulary takes ~12 s per parse on 2 cores. The readers are
+    only read, so sharing one changes nothing they return."""
+    import gguf as gguf_py
+
+    real = gguf_py.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def parsed(path: Any, mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = real(path, mode)
+        return readers[key]
+
+    gguf_py.GGUFReader = parsed  # type: ignore[assignment,misc]  (transformers imports it at each call)
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader = real  # type: ignore[misc]
+
+
+def _convert(gguf: Path, name: str, final: Path, progress: Progress) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     progress(f"converting GGUF to safetensors (once): {gguf.name} -> {final}")
     t0 = time.perf_counter()
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -68,7 +109,6 @@ def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     progress(f"converted in {time.perf_counter() - t0:.1f}s")
-    return final
 
 
 def resolve_model_dir(name_or_path: str, progress: Progress = noop) -> Path:

@@ -10,14 +10,15 @@ import torch
 
 from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
+from engine.loader import convert_gguf
 from engine.model_ref import KNOWN_MODELS
 from engine.request import EngineRequest, SamplingOptions
 
 MODEL = "gemma-3-270m"
 pytestmark = [
     pytest.mark.model,
-    # transformers reads the 262k-token GGUF (tokenizer and tensors) in minutes on 2 cores, for the reference and
-    # for our one-time conversion.
+    # A fresh machine converts the GGUF once (transformers reads the 262k-token vocabulary: a minute or more on a
+    # busy 2-core machine).
     pytest.mark.timeout(1200),
 ]
 MAX_TOKENS = 32
@@ -37,8 +38,10 @@ PROMPTS = [
 def hf() -> Any:
     from transformers import AutoModelForCausalLM
 
-    gguf = KNOWN_MODELS[MODEL].locate()
-    return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    # transformers' own dequantisation of the file, saved once as safetensors (engine.loader.convert_gguf): the same
+    # tensors as from_pretrained(gguf_file=...), without parsing the GGUF's vocabulary again.
+    return AutoModelForCausalLM.from_pretrained(convert_gguf(KNOWN_MODELS[MODEL].locate(), MODEL),
+                                                dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

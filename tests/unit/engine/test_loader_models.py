@@ -13,6 +13,7 @@ from _engine_factories import hf_greedy, tiny_hf_model
 
 from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
+from engine import loader
 from engine.loader import load_model, resolve_device, resolve_dtype, resolve_model_dir
 from engine.model import UnsupportedModelError
 from engine.model_ref import cache_root, converted_dir
@@ -116,14 +117,12 @@ def test_unknown_models_and_architectures_fail_clearly(tmp_path: Path) -> None:
         load_model(str(tmp_path), device="cpu")
 
 
-def test_a_gguf_of_an_unsupported_architecture_is_refused_before_it_is_converted(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _falcon_gguf(path: Path) -> Path:
+    """A real GGUF's metadata, of an architecture we do not run."""
     import gguf
     import numpy as np
 
-    monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path / "cache"))
-    path = tmp_path / "falcon.gguf"
-    writer = gguf.GGUFWriter(str(path), "falcon")  # a real GGUF's metadata, of an architecture we do not run
+    writer = gguf.GGUFWriter(str(path), "falcon")
     for add, value in [(writer.add_context_length, 128), (writer.add_embedding_length, 32),
                        (writer.add_block_count, 1), (writer.add_feed_forward_length, 64), (writer.add_head_count, 2),
                        (writer.add_head_count_kv, 2), (writer.add_layer_norm_rms_eps, 1e-5),
@@ -134,9 +133,55 @@ def test_a_gguf_of_an_unsupported_architecture_is_refused_before_it_is_converted
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_a_gguf_of_an_unsupported_architecture_is_refused_before_it_is_converted(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    path = _falcon_gguf(tmp_path / "falcon.gguf")
     with pytest.raises(UnsupportedModelError, match="'falcon'.*supported: llama.*gemma3_text"):
         resolve_model_dir(str(path))
     assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").iterdir())
+
+
+def test_while_converting_one_parse_of_the_gguf_serves_every_reader(tmp_path: Path) -> None:
+    import gguf
+
+    path = _falcon_gguf(tmp_path / "falcon.gguf")
+    with loader.gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first and "general.architecture" in first.fields
+    assert gguf.GGUFReader(path) is not first  # only while converting: a file may change between starts
+
+
+def test_a_second_start_converting_the_same_gguf_waits_for_the_first_ones_folder(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import threading
+
+    from transformers import AutoConfig
+
+    monkeypatch.setenv("SPECSTREAM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(AutoConfig, "from_pretrained", lambda *a, **k: None)  # the architecture check passes
+    monkeypatch.setattr(loader.DecoderConfig, "from_hf", lambda config: None)
+    conversions: list[Path] = []
+
+    def convert(gguf: Path, name: str, final: Path, progress: object) -> None:
+        conversions.append(final)
+        threading.Event().wait(0.3)  # long enough for the other start to arrive while this one converts
+        final.mkdir()
+        (final / "config.json").write_text("{}")
+
+    monkeypatch.setattr(loader, "_convert", convert)
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + bytes(1000))
+    folders: list[Path] = []
+    starts = [threading.Thread(target=lambda: folders.append(loader.convert_gguf(path, "m"))) for _ in range(2)]
+    for start in starts:
+        start.start()
+    for start in starts:
+        start.join()
+    assert len(conversions) == 1 and folders == [conversions[0]] * 2
 
 
 def test_specstream_cache_dir_overrides_where_models_are_cached(
