@@ -174,7 +174,7 @@ def cmd_lm_eval(args: argparse.Namespace, settings: Settings) -> int:
         return _cannot_run(f"lm-eval failed: {type(error).__name__}: {str(error)[:500]}")
     print(f"## edge: {target.base_url} ({model})\n\n{harness.results_table(report.edge)}\n")
     if report.hf is not None:
-        print(f"## lm-eval hf: {weights.pretrained} {weights.gguf_file or ''} ({args.hf_dtype}, {args.hf_device})\n\n"
+        print(f"## lm-eval hf: {weights.pretrained} ({args.hf_dtype}, {args.hf_device})\n\n"
               f"{harness.results_table(report.hf)}\n")
     print(f"## comparison\n\n{harness.table(report.rows)}\n")
     for task, closeness in report.items.items():

@@ -9,8 +9,9 @@ of the two standard errors lm-eval reports.
 
 Tasks are lm-eval task names, or the two bundled here (``streams/eval/lm_eval_tasks``), which read their JSONL
 beside them and never touch the hub: ``specstream_mc`` (multiple choice, acc) and ``specstream_gen`` (generation,
-exact match). The weights for ``--hf``: a GGUF model (the default one) goes through lm-eval's HFLM with its
-``gguf_file`` (transformers dequantises it, as our worker's conversion does); a model folder is given as it is.
+exact match). The weights for ``--hf``: a GGUF model (the default one) is transformers' own dequantisation of
+the file, saved once as a model folder (engine.loader.convert_gguf, as our worker makes it); a model folder is given
+as it is.
 """
 from __future__ import annotations
 
@@ -55,10 +56,9 @@ class EdgeTarget:
 
 @dataclass(frozen=True)
 class HfWeights:
-    """The weights lm-eval's ``hf`` model loads: a model folder, or a GGUF file in its folder."""
+    """The weights lm-eval's ``hf`` model loads: a model folder."""
 
     pretrained: str
-    gguf_file: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
     batch_size: int = 8
@@ -121,7 +121,8 @@ def api_key(given: str | None, settings: Any, environ: Mapping[str, str]) -> str
 
 def model_files(model: str, progress: Progress = lambda _: None) -> tuple[str, HfWeights]:
     """(the folder of the model's HF tokenizer, the weights for lm-eval's hf model) of a served model's name or
-    path. A GGUF's tokenizer folder is its conversion (made once, as the worker makes it); hf reads the GGUF itself."""
+    path. A GGUF's folder is its conversion (made once, as the worker makes it): transformers read from
+    ``gguf_file`` would give the same tensors after parsing the file's metadata again, four times."""
     from engine.model_ref import check_model_ref, gguf_for
 
     gguf = gguf_for(model)
@@ -134,7 +135,8 @@ def model_files(model: str, progress: Progress = lambda _: None) -> tuple[str, H
         return folder, HfWeights(folder)
     from engine.loader import convert_gguf
 
-    return str(convert_gguf(*gguf, progress=progress)), HfWeights(str(gguf[0].parent), gguf_file=gguf[0].name)
+    folder = str(convert_gguf(*gguf, progress=progress))
+    return folder, HfWeights(folder)
 
 
 def model_context(settings: Any, model: str) -> int:
@@ -218,9 +220,8 @@ def hf_model(weights: HfWeights) -> Any:
     """lm-eval's ``hf`` model (HFLM) on the given weights."""
     from lm_eval.models.huggingface import HFLM
 
-    extra = {"gguf_file": weights.gguf_file} if weights.gguf_file else {}
     return HFLM(pretrained=weights.pretrained, dtype=weights.dtype, device=weights.device,
-                batch_size=weights.batch_size, **extra)
+                batch_size=weights.batch_size)
 
 
 def evaluate(lm_for: Callable[[bool], Any], scored: list[Any], generated: list[Any], *,
@@ -343,8 +344,7 @@ def run_harness(tasks: dict[str, Any], target: EdgeTarget, *, hf: HfWeights | No
     edge = evaluate(edge_lm, scored, generated, limit=limit)
     report = HarnessReport(edge=edge)
     if hf is not None:
-        progress(f"lm-eval's hf model on {hf.pretrained}{'/' + hf.gguf_file if hf.gguf_file else ''} "
-                 f"({hf.dtype}, {hf.device})")
+        progress(f"lm-eval's hf model on {hf.pretrained} ({hf.dtype}, {hf.device})")
         model = hf_model(hf)
         report.hf = evaluate(lambda _chat: model, scored, generated, limit=limit)
     report.rows = metric_rows(edge, report.hf)
