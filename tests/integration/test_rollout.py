@@ -165,8 +165,9 @@ def test_a_healthy_candidate_reaches_100_percent_serves_its_share_and_is_drained
     with Traffic(stack) as traffic:
         process = _rollout(stack, tmp_path, CANDIDATE, "--steps", "50,100", "--hold", "8s", "--min-samples", "3",
                            # two workers on two shared cores: one answer in a few takes 4x the others (CI: candidate
-                           # p99 TTFT 1.09 s against stable's 0.28 s), and with 3 samples p99 is the slowest one
-                           "--latency-ratio", "3", "--latency-slack", "1s")
+                           # p99 TTFT 1.09 s against stable's 0.28 s; beside other test processes 1.68 s against
+                           # 0.52 s), and with 3 samples p99 is the slowest one. The gate itself: test_rollout_routing.
+                           "--latency-ratio", "3", "--latency-slack", "3s")
         log = _wait_for_line(process, OWNS_POOL, 300)
     try:
         state = _state(stack)
