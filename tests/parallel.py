@@ -5,7 +5,9 @@ on Kafka, a subprocess or a socket), so test processes side by side finish it in
 be split is what a process builds once and shares: a module's stack (module-scoped fixtures), the session's
 in-process engine worker (``worker_harness``), the edge modules' ``specstream worker`` subprocess
 (``tests.edge_support.shared_worker``) and the three-node cluster of tests/cluster. Each of those is one work group,
-run by one process in collection order; anything else is grouped by module.
+run by one process in collection order; anything else is grouped by module. Groups that start stacks or load the
+model (integration and cluster) are handed out first, largest first, and the unit modules fill the gaps at the end:
+a long group handed out last would finish alone.
 
 pytest-xdist's own ``loadgroup`` reads ``xdist_group`` marks by rewriting each item's node id, which pytest 9 no
 longer allows (every test becomes a group of its own); the groups here come from the node id's module instead.
@@ -15,7 +17,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
@@ -53,8 +57,25 @@ def module_group(root: Path, module: str) -> str:
     return module
 
 
+def hand_out_order(group: str, tests: int) -> tuple[bool, int]:
+    """Sort key of a work group: stack and model groups before unit modules, then more tests first."""
+    return group.startswith("tests/unit/"), -tests
+
+
+class StacksFirst(OrderedDict[str, dict[str, bool]]):
+    """xdist's queue of work groups (group -> {node id: done}); it takes the next group with popitem(last=False)."""
+
+    def popitem(self, last: bool = True) -> tuple[str, dict[str, bool]]:
+        group = min(self, key=lambda g: hand_out_order(g, len(self[g])))
+        return group, self.pop(group)
+
+
 class SharedWorkScheduling(LoadScopeScheduling):
     """pytest-xdist's scope scheduling (a group runs whole on one process), with the groups above as scopes."""
+
+    def __init__(self, config: Any, log: Any = None) -> None:
+        super().__init__(config, log)
+        self.workqueue = StacksFirst()
 
     def _split_scope(self, nodeid: str) -> str:
         return module_group(self.config.rootpath, nodeid.split("::", 1)[0])
