@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "chunk_attention.h"
+#include "lora_delta.h"
 #include "qgemm_isa.h"
 #include "row_attention.h"
 #include "step_ops.h"
@@ -377,6 +379,45 @@ void write_kv(const at::Tensor& qkv, int64_t q_size, const at::Tensor& kv, int64
   else write_kv_as<float>(qkv, q_size, kv, l, slots, kv_heads, head_dim);
 }
 
+// engine.lora.layers.LoRALinear: y[t, offsets[p] + c] += ((x[t] A_p[s]) B_p[s])[c] for every row t whose slot
+// s = slots[t] is not 0, on each part p's weights a[p] [n_slots, max_rank, in] (A transposed), b[p] [n_slots,
+// max_rank, size] and ranks[p] [n_slots] (lora_delta.h: a row's bits whatever the batch).
+void lora_add_(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slots, at::TensorList a, at::TensorList b,
+               at::TensorList ranks, at::IntArrayRef offsets) {
+  const int64_t T = x.size(0), in = x.size(1), parts = static_cast<int64_t>(offsets.size());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && y.scalar_type() == at::kFloat && y.dim() == 2 &&
+                  y.size(0) == T && y.stride(1) == 1, "lora_add_: x [T, in] contiguous and y [T, out] fp32 rows");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == T,
+              "lora_add_: slots must be [T] int64");
+  TORCH_CHECK(static_cast<int64_t>(a.size()) == parts && static_cast<int64_t>(b.size()) == parts &&
+                  static_cast<int64_t>(ranks.size()) == parts, "lora_add_: a, b, ranks and offsets differ in length");
+  std::vector<specstream::lora::Part> ps;
+  int64_t max_rank = 1;
+  for (int64_t p = 0; p < parts; ++p) {
+    const at::Tensor &ap = a[p], &bp = b[p], &rp = ranks[p];
+    TORCH_CHECK(ap.scalar_type() == at::kFloat && ap.is_contiguous() && ap.dim() == 3 && ap.size(2) == in &&
+                    ap.size(0) == a[0].size(0) && bp.scalar_type() == at::kFloat && bp.is_contiguous() &&
+                    bp.dim() == 3 && bp.size(0) == ap.size(0) && bp.size(1) == ap.size(1),
+                "lora_add_: part ", p, "'s a [n_slots, max_rank, in] and b [n_slots, max_rank, size] do not fit x");
+    TORCH_CHECK(rp.scalar_type() == at::kLong && rp.is_contiguous() && rp.numel() == ap.size(0) &&
+                    offsets[p] >= 0 && offsets[p] + bp.size(2) <= y.size(1),
+                "lora_add_: part ", p, "'s ranks [n_slots] int64 or columns do not fit y");
+    for (int64_t s = 0; s < rp.numel(); ++s) {
+      const int64_t r = rp.data_ptr<int64_t>()[s];
+      TORCH_CHECK(r >= 0 && r <= ap.size(1), "lora_add_: part ", p, ", slot ", s, ": rank ", r, " past max_rank");
+    }
+    ps.push_back({ap.data_ptr<float>(), bp.data_ptr<float>(), rp.data_ptr<int64_t>(), ap.size(1), bp.size(2),
+                  offsets[p]});
+    max_rank = std::max(max_rank, ap.size(1));
+  }
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(sp[t] >= 0 && (parts == 0 || sp[t] < a[0].size(0)), "lora_add_: row ", t, "'s slot is out of range");
+  }
+  const specstream::lora::Rows rows{y.data_ptr<float>(), y.stride(0), x.data_ptr<float>(), in, sp};
+  specstream::lora::add_delta(rows, ps, T, max_rank);
+}
+
 }  // namespace
 
 // h [T, hidden] fp32 (the embedded rows); cos, sin_rot [T, 1, D] (RopeStep); slots [T] int64 arena slots;
@@ -435,4 +476,6 @@ TORCH_LIBRARY(specstream, m) {
   m.def("qlinear_isa(str? use=None) -> str", &qlinear_isa);
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("silu_mul(Tensor gate_up, int n) -> Tensor", &silu_mul);
+  m.def("lora_add_(Tensor(a!) y, Tensor x, Tensor slots, Tensor[] a, Tensor[] b, Tensor[] ranks, int[] offsets) -> ()",
+        &lora_add_);
 }
