@@ -53,7 +53,7 @@ def adapters(smol: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, adapters: dict[str, Path]) -> Iterator[Stack]:  # noqa: F811
-    # fp32: answers are compared with HF + PEFT, and int4 + LoRA is not yet batch-invariant (test_lora_engine).
+    # fp32: answers are compared with HF + PEFT's (int4's would round otherwise).
     env = {**WORKER_ENV, "SPECSTREAM_ENGINE__WEIGHTS": "fp32",
            "SPECSTREAM_ENGINE__LORA__ADAPTERS": json.dumps({"pirate": str(adapters["pirate"])}),
            "SPECSTREAM_ENGINE__LORA__RUNTIME_UPDATES": "true"}

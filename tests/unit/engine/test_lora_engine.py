@@ -6,17 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _engine_factories import make_engine, random_prompts, single_thread, tiny_hf_model  # noqa: F401
+from _engine_factories import TruthProposer, make_engine, random_prompts, single_thread, tiny_hf_model  # noqa: F401
 
 from engine.config import LoRAConfig, SpeculationConfig
 from engine.request import EngineRequest, RequestRejected, SamplingOptions
+from engine.speculative.controller import SpeculationController
 from tests.lora_support import peft_greedy, save_random_adapter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4, adaptive=False)
+DRAFTS = SpeculationConfig(enabled=True, max_draft_tokens=4, adaptive=False)  # drafts from the test's proposer
 SUFFIX = SpeculationConfig(enabled=True, method="suffix", max_draft_tokens=4, adaptive=False)
 PROMPTS = random_prompts([9, 14, 5, 11], seed=5)
-PROMPTS[1] = PROMPTS[1][:5] * 3  # repetitive: the n-gram proposer drafts
+PROMPTS[1] = PROMPTS[1][:5] * 3  # repetitive: the suffix proposer drafts from it
 
 
 @pytest.fixture(scope="module")
@@ -53,23 +54,39 @@ def test_greedy_output_with_an_adapter_equals_hf_peft(hf: Any, adapters: dict[st
     assert base != engine.generate([_req("a", PROMPTS[0], "all")])["a"].token_ids  # the adapter changes the text
 
 
-# The delta is added to prepacked and quantized linears alike. int4 does not hold yet (found 2026-12-07 when the
-# LoRA stack moved to int4): a mixed batch with speculation gives some requests other tokens than alone.
-@pytest.mark.parametrize("weights", ["fp32", "int8", pytest.param("int4", marks=pytest.mark.xfail(
-    strict=True, reason="int4 + LoRA: a mixed batch is not yet each request's output alone"))])
+# The delta is added to prepacked and quantized linears alike, each row's on its own adapter's weights in a fixed
+# order (engine/fused/lora_delta.h). With int4/int8 weights every step then rounds a row as it does alone: the raw
+# logprobs are equal bit for bit, not only the tokens. int4 was a strict xfail while the delta ran on torch's fp32
+# GEMMs, which round a row by the batch's shape (adapter rows' logprobs differed in the last bits in int4 and int8
+# alike; the tiny model's tokens held, and the n-gram proposer this test had never drafted from int4's text).
+# fp32's prepacked linears pick their kernel by row count: tokens only.
+@pytest.mark.parametrize("weights", ["fp32", "int8", "int4"])
 def test_mixed_batch_with_speculation_gives_each_request_its_output_alone(
     hf: Any, adapters: dict[str, Path], weights: str
 ) -> None:
-    # int8 without the bf16 copy for wide steps: every step then runs the one row-count invariant kernel, the
+    # int4/int8 without the bf16 copy for wide steps: every step then runs the one row-count invariant kernel, the
     # configuration where a batch promises each request its text alone (engine/quant/linear.py).
     plain = _engine(hf, adapters, weights=weights, prepack_weights=weights == "fp32")
     names = [None, "all", "attn", "rs"]
     jobs = [(f"r{i}", PROMPTS[i % 4], names[i % 4], {"temperature": 0.8, "seed": i} if i % 3 == 0 else {})
             for i in range(8)]
-    alone = {rid: plain.generate([_req(rid, p, n, **s)])[rid].token_ids for rid, p, n, s in jobs}
-    mixed = _engine(hf, adapters, weights=weights, prepack_weights=weights == "fp32", speculation=NGRAM).generate([_req(rid, p, n, **s) for rid, p, n, s in jobs])
-    assert {rid: out.token_ids for rid, out in mixed.items()} == alone
-    assert sum(out.stats.spec.drafted for out in mixed.values() if out.stats) > 0  # speculation did run
+    alone = {rid: plain.generate([_req(rid, p, n, logprobs=2, **s)])[rid] for rid, p, n, s in jobs}
+    # Drafts of each request's own text, every third one corrupted: accepted and rejected rows in every format (the
+    # n-gram proposer drafts only where a model's text repeats a token, which the int4 text here never did).
+    proposer = TruthProposer({rid: out.token_ids for rid, out in alone.items()}, {rid: len(p) for rid, p, _, _ in jobs})
+    controller = SpeculationController(SpeculationConfig(max_draft_tokens=4, adaptive=False))
+    mixed = _engine(hf, adapters, weights=weights, prepack_weights=weights == "fp32", speculation=DRAFTS,
+                    proposer=proposer, controller=controller).generate(
+        [_req(rid, p, n, logprobs=2, **s) for rid, p, n, s in jobs])
+    assert {rid: out.token_ids for rid, out in mixed.items()} == {rid: out.token_ids for rid, out in alone.items()}
+    assert sum(out.spec.accepted for out in mixed.values()) > 0  # speculation did run, drafts were accepted
+    assert sum(out.spec.drafted - out.spec.accepted for out in mixed.values()) > 0  # ... and rejected
+    if weights != "fp32":
+        assert {rid: _logprobs(out) for rid, out in mixed.items()} == {rid: _logprobs(o) for rid, o in alone.items()}
+
+
+def _logprobs(out: Any) -> list[float]:
+    return [entry.logprob for entry in out.logprobs]
 
 
 def test_suffix_decoding_from_other_adapters_outputs_gives_each_request_its_output_alone(
