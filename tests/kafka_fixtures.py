@@ -11,7 +11,7 @@ conftest's ``pytest_plugins``)::
 Environment:
   SPECSTREAM_BOOTSTRAP_SERVERS   use this external Kafka; nothing is started or stopped
   SPECSTREAM_KAFKA_PORT          port of the local single node (default 9092)
-  SPECSTREAM_KAFKA_CLUSTER_PORT  base port of the local three-node cluster (default 39092)
+  SPECSTREAM_KAFKA_CLUSTER_PORT  base port of the local three-node cluster (default 29192)
   SPECSTREAM_STATE_DIR / SPECSTREAM_CACHE_DIR   see infra.kafka.paths
 
 A broker that was already running before the session is left running; one a

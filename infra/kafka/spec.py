@@ -27,7 +27,7 @@ LOCALHOST = "127.0.0.1"
 # heap is gone (process.py): a dev broker that keeps every topic a user or a test session made must not sit near it.
 SINGLE_HEAP_MB = 1024
 CLUSTER_NODE_HEAP_MB = 384
-DEFAULT_CLUSTER_BASE_PORT = 39092
+DEFAULT_CLUSTER_BASE_PORT = 29192
 
 
 @dataclass(frozen=True)
@@ -193,15 +193,18 @@ def three_nodes(
     """Three combined nodes: RF 3, min ISR 2, so one node can die without data loss.
 
     Node N (1..3) listens on ``base_port + 2(N-1)`` (broker) and the port after it
-    (controller): 39092/39093, 39094/39095, 39096/39097 by default. That leaves the
-    single node's 9092/9093 free so both layouts can run side by side, and stays
-    clear of 19092/29092, which docker-compose setups commonly take. State defaults
-    to ``<state root>/kafka-cluster/node-N`` (``kafka-cluster-<base_port>/…`` for a
-    non-default base port).
+    (controller): 29192/29193, 29194/29195, 29196/29197 by default. That leaves the
+    single node's 9092/9093 free so both layouts can run side by side, stays clear
+    of 19092/29092, which docker-compose setups commonly take, and below Linux's
+    ephemeral ports (32768-60999), which any client's connection may hold when the
+    cluster starts (39092 once did, mid-suite: "Address already in use"). State defaults
+    to ``<state root>/kafka-cluster-<base_port>/node-N``: a cluster's metadata records
+    its controllers' ports, so each port layout keeps its own (the folder
+    ``kafka-cluster`` held the cluster on 39092, the default until 2026-12).
     """
     _check_port(base_port, "base port")
     _check_port(base_port + 5, "highest cluster port")
-    default_root = state_root() / _folder_name("kafka-cluster", base_port, DEFAULT_CLUSTER_BASE_PORT)
+    default_root = state_root() / f"kafka-cluster-{base_port}"
     root = state_dir if state_dir is not None else default_root
     nodes = tuple(
         KafkaNodeSpec(

@@ -82,7 +82,7 @@ def test_state_folders_default_under_the_state_dir_named_by_port(
     assert single_node().state_dir == tmp_path / "kafka-single"
     assert single_node(port=49092).state_dir == tmp_path / "kafka-single-49092"
     assert [node.state_dir for node in three_nodes().nodes] == [
-        tmp_path / "kafka-cluster" / f"node-{node_id}" for node_id in (1, 2, 3)
+        tmp_path / "kafka-cluster-29192" / f"node-{node_id}" for node_id in (1, 2, 3)
     ]
     assert three_nodes(base_port=41000).state_dir == tmp_path / "kafka-cluster-41000"
 
