@@ -38,6 +38,7 @@ from engine.kv_cache import KVCache
 from engine.meta_init import skeleton
 from engine.moe import SparseMoE, Take, expert_tensors
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
+from engine.quant.linear import StepRows
 from engine.rotary import RopeStep, apply_rotary_
 from engine.sliding_window import needs_window, window_band, window_rows
 from engine.softcap_attention import softcapped_sdpa
@@ -88,6 +89,11 @@ class AttentionMetadata:
     seqs: list[SeqAttention]
     slot_mapping: torch.Tensor  # [T] int64: arena slot where each row's K/V is written
     kv_cache: KVCache
+
+    @property
+    def holds_prompt_rows(self) -> bool:
+        """Some sequence's rows are a prompt chunk (engine.quant.linear.StepRows: their linears' kernel)."""
+        return any(s.prompt for s in self.seqs)
 
 
 def causal_mask_at_end(q_len: int, kv_len: int, device: torch.device | str) -> torch.Tensor:
@@ -308,6 +314,8 @@ class Decoder(nn.Module):
         # The layers of a step in one C++ call, where the model allows it (engine.fused.decoder_step;
         # set by the engine after the weight format, the kernel dispatch and LoRA).
         self.fused_step: FusedDecoderStep | None = None
+        # What the step holds, for the quantized linears' (and head's) kernel choice (engine.quant.apply shares it).
+        self.step_rows = StepRows()
 
     def prepack_for_cpu(self, rows: PackedRows = PackedRows()) -> bool:
         """On CPU, give every linear layer and the LM head a oneDNN-prepacked copy for
@@ -354,6 +362,7 @@ class Decoder(nn.Module):
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
         rope = self.rope_step(positions, self.dtype)
         h = self.embed(input_ids)  # [T, hidden]
+        self.step_rows.prompt = attn.holds_prompt_rows  # stays for compute_logits on this step's rows
         if self.fused_step is not None:
             return self.fused_step(h, rope, attn)
         local = rope

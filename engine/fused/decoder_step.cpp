@@ -129,12 +129,13 @@ struct Linears {
   const c10::List<std::optional<at::Tensor>>& wide;    // the bf16 copy for wide steps, if kept
   const c10::List<std::optional<at::Tensor>>& biases;  // b, added to the product as the layer adds it, if any
   at::IntArrayRef kinds, groups, outs, max_quant_rows, windows;
+  bool prompt;  // the step holds prompt rows: the bf16 copy for every row (engine.quant.linear.StepRows)
 
   // QuantizedLinear.forward / Bf16Linear.forward: x [T, in] fp32 -> [T, out] fp32; bf16 activations inside,
   // but for qgemm.h, which takes fp32 ones.
   // Linear i runs its quantized kernel at this many rows (else the bf16 format or the bf16 copy for wide steps).
   bool quantized(int64_t i, int64_t rows) const {
-    return kinds[i] != kBf16 && !(rows > max_quant_rows[i] && wide.get(i).has_value());
+    return kinds[i] != kBf16 && !((prompt || rows > max_quant_rows[i]) && wide.get(i).has_value());
   }
   bool on_qgemm(int64_t i, int64_t rows) const { return (kinds[i] == kQ4 || kinds[i] == kQ8) && quantized(i, rows); }
 
@@ -426,7 +427,7 @@ void lora_add_(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slots
 // its bf16 copy (None: none), biases its bias (None: none),
 // kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel), windows (bf16 rows per
 // call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence),
-// routes how it attends (engine.model.Route).
+// routes how it attends (engine.model.Route); prompt: some sequence's rows are a prompt chunk.
 at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
                         at::Tensor kv, at::TensorList norms, at::TensorList qk_norms, at::TensorList wa,
                         at::TensorList wb, const c10::List<std::optional<at::Tensor>>& wc,
@@ -434,9 +435,10 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                         const c10::List<std::optional<at::Tensor>>& biases,
                         at::IntArrayRef kinds, at::IntArrayRef groups, at::IntArrayRef outs,
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
-                        const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, bool fast_norm,
-                        int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps) {
-  const Linears linear{wa, wb, wc, wide, biases, kinds, groups, outs, max_quant_rows, windows};
+                        const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, bool prompt,
+                        bool fast_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                        int64_t intermediate, double eps) {
+  const Linears linear{wa, wb, wc, wide, biases, kinds, groups, outs, max_quant_rows, windows, prompt};
   const int64_t T = h.size(0), L = kv.size(0);
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
   const at::Tensor cos_rows = cos.contiguous(), sin_rows = sin_rot.contiguous(), slot_ids = slots.contiguous();
@@ -466,7 +468,7 @@ TORCH_LIBRARY(specstream, m) {
   m.def(
       "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] qk_norms, "
       "Tensor[] wa, Tensor[] wb, Tensor?[] wc, Tensor?[] wide, Tensor?[] biases, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, "
-      "int[] windows, int[] seqs, Tensor?[] masks, int[] routes, bool fast_norm, "
+      "int[] windows, int[] seqs, Tensor?[] masks, int[] routes, bool prompt, bool fast_norm, "
       "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps) -> Tensor",
       &decoder_step);
   m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);

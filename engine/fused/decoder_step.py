@@ -172,6 +172,6 @@ class FusedDecoderStep:
         return torch.ops.specstream.decoder_step(
             h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.qk_norms, self.wa, self.wb,
             self.wc, self.wide, self.biases, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(),
-            seqs, [s.mask for s in attn.seqs], routes, self.fast_norm, self.num_heads, self.num_kv_heads, self.head_dim,
-            self.intermediate, self.eps,
+            seqs, [s.mask for s in attn.seqs], routes, attn.holds_prompt_rows, self.fast_norm, self.num_heads,
+            self.num_kv_heads, self.head_dim, self.intermediate, self.eps,
         )  # fmt: skip

@@ -72,8 +72,10 @@ def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide:
     """Replace the linears, the embedding and the LM head by their quantized forms (in place).
     kernel: engine.quant_kernel."""
     for name, lin in _linears(model).items():
-        _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide, kernel=kernel))
-    head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide, kernel=kernel)
+        _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide, kernel=kernel,
+                                                 step=model.step_rows))
+    head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide, kernel=kernel,
+                           step=model.step_rows)
     # A tied head on our kernel holds the only copy of the codes (in its layout): the lookup reads rows from it.
     narrow = head.narrow
     tied = narrow if "lm_head" not in tensors and isinstance(narrow, VnniKernel) and narrow.bits == 8 else None

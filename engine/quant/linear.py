@@ -17,8 +17,15 @@ oneDNN's bf16 GEMM (AVX2 only) there is no bf16 copy and every step runs ours. S
     rows <= max_quant_rows : the quantized kernel (int4 / int8)
     rows >  max_quant_rows : a oneDNN-prepacked bf16 copy of the SAME dequantized
                              weight (verification of long drafts, batches, prefill)
+    a step with prompt rows: the bf16 copy, whatever its row count (StepRows)
 The wide copy costs 2 bytes per weight (4x an int4 weight); without it
 (`wide=False`, engine.prepack_weights: false) every step runs the quantized kernel.
+Why prompt rows never take the quantized kernel: a prompt's chunking is not the
+prompt's own (a prefix-cache hit prefills only the tail after the cached blocks,
+max_batched_tokens cuts chunks, other requests share the step), so with the row
+count deciding, a prompt position's K/V came from either kernel, and a repeated
+prompt read cached K/V that its own prefill would not have made: the same greedy
+request gave other text the second time.
 The window is measured per CPU at start (engine.kernel_dispatch; MAX_QUANT_ROWS is
 the fixed fallback) and always covers a decode step and the verification of up to
 max_draft_tokens drafts, or none of them, so a single sequence's speculative steps
@@ -216,6 +223,14 @@ def quant_kernel(qt: QuantizedTensor, choice: str = "auto") -> Kernel:
     return Int4Kernel(qt) if qt.fmt == "int4" else Int8Kernel(qt)
 
 
+@dataclasses.dataclass
+class StepRows:
+    """What the step being run holds, as far as a model's quantized linears choose their kernel by it: one object
+    per model, shared by its linears (and its LM head), set once a step by Decoder.forward."""
+
+    prompt: bool = False  # the step holds prompt rows: the bf16 copy for every row (see the module docstring)
+
+
 class QuantizedLinear(nn.Module):
     """y = x W^T + b for an inference-only layer whose W is stored quantized.
 
@@ -230,8 +245,10 @@ class QuantizedLinear(nn.Module):
         wide: bool = True,
         max_quant_rows: int = MAX_QUANT_ROWS,
         kernel: str = "auto",
+        step: StepRows | None = None,  # the model's (engine.quant.apply); none: a step never holds prompt rows
     ) -> None:
         super().__init__()
+        self.step = step if step is not None else StepRows()
         self.out_features, self.in_features = qt.shape
         self.fmt = qt.fmt
         self.max_quant_rows = max_quant_rows
@@ -246,8 +263,11 @@ class QuantizedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def kernel_for(self, rows: int) -> Kernel:
-        """The kernel a step of `rows` rows runs: the quantized one, or the bf16 copy beyond max_quant_rows."""
-        return self.narrow if self.wide is None or rows <= self.max_quant_rows else self.wide
+        """The kernel a step of `rows` rows runs: the quantized one, or the bf16 copy beyond max_quant_rows or
+        for a step with prompt rows."""
+        if self.wide is None or (rows <= self.max_quant_rows and not self.step.prompt):
+            return self.narrow
+        return self.wide
 
     def tensors(self) -> list[torch.Tensor]:
         """This layer's weight copies: the narrow kernel's and the wide one (what stays resident)."""
