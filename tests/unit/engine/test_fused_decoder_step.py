@@ -115,6 +115,31 @@ def test_the_fused_step_gives_each_row_and_its_kv_the_layer_by_layer_bits(
     assert torch.equal(_bits(engine.kv_cache.kv), _bits(eager_kv))
 
 
+# What shares a prompt tail's step: nothing, or another sequence's decode (sequence 1, in region 1).
+BESIDE = {"alone": [], "beside-a-decode": [(1, 20, False)]}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "layer-by-layer"])
+@pytest.mark.parametrize("beside", list(BESIDE))
+@pytest.mark.parametrize("fmt", [pytest.param(f, marks=needs_bf16_gemm) for f in ("int4", "int8")])  # the bf16 copy
+def test_a_prompt_rows_bits_and_kv_do_not_depend_on_how_many_rows_its_chunk_has(
+    family: Any, fmt: str, beside: str, fused: bool
+) -> None:
+    # A prompt prefilled whole (36 rows: past the quantized kernel's 9), then its last 4 positions again as the tail
+    # a prefix-cache hit on the first 32 leaves: the tail's rows and K/V must be the whole prefill's, or the same
+    # greedy request gives other text the second time (and speculated text differs from plain text).
+    engine = make_engine(family, weights=fmt)  # with the bf16 copy for wide steps
+    step = engine.model.fused_step if fused else None
+    assert engine.model.fused_step is not None and engine.model.layers[0].self_attn.qkv_proj.wide is not None
+    tail = [(4, 32, True), *BESIDE[beside]]
+    _forward(engine, tail, None, feed_cached=True)  # the decode's cached positions
+    whole = _forward(engine, [(36, 0, True)], step, feed_cached=False)
+    whole_kv = engine.kv_cache.kv[..., 32:36, :].clone()
+    rows = _forward(engine, tail, step, feed_cached=False)
+    assert torch.equal(rows[:4], whole[32:36])
+    assert torch.equal(_bits(engine.kv_cache.kv[..., 32:36, :]), _bits(whole_kv))
+
+
 @pytest.mark.parametrize("step", ["decode", "verify-4", "verify-11", "later-prefill-chunk", "mixed-batch"])
 def test_without_a_kernel_for_its_head_size_the_fused_step_attends_by_sdpa_as_the_layers_do(step: str) -> None:
     # Head size 24: no row or chunk kernel, so the fused step takes SDPA (row by row for verifications), as the
