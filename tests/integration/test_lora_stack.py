@@ -34,7 +34,6 @@ def smol() -> tuple[Any, Any]:
 
     from engine.loader import resolve_model_dir
 
-    torch.set_num_threads(2)
     folder = resolve_model_dir(DEFAULT_MODEL)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(folder)
 

@@ -13,7 +13,6 @@ from engine.prefix_cache import BLOCK_SIZE
 from engine.request import EngineRequest, SamplingOptions
 from tests.unit.engine._engine_factories import (  # noqa: F401  (fixtures)
     every_format_runs,
-    needs_bf16_gemm,
     single_thread,
 )
 
@@ -25,10 +24,10 @@ SYSTEM = ("You are a helpful assistant for an event-streaming team. Answer brief
 QUESTIONS = ["What is a Kafka consumer group?", "How does it rebalance?", "And what is a partition key for?"]
 
 
-def _engine(fmt: str, prefix_caching: bool) -> LLMEngine:
-    # int4 with its bf16 copy for wide steps, as it is served: prompt chunks past the quantized kernel's window
-    # run on the copy, with the cache on and off alike.
-    cfg = EngineConfig(model=MODEL, weights=fmt, kv_cache_bytes=64 << 20,
+def _engine(prefix_caching: bool) -> LLMEngine:
+    # The default format, as it is served: where oneDNN's bf16 GEMM runs, prompt chunks past the quantized kernel's
+    # window run on the bf16 copy, with the cache on and off alike.
+    cfg = EngineConfig(model=MODEL, weights="int4", kv_cache_bytes=64 << 20,
                        speculation=SpeculationConfig(enabled=True, method="ngram", adaptive=False),
                        prefix_caching=prefix_caching)
     return LLMEngine.from_config(cfg)
@@ -50,11 +49,11 @@ def _chat(engine: LLMEngine, sampling: SamplingOptions) -> tuple[list[str], dict
     return answers, computed, lengths
 
 
-@pytest.mark.parametrize("fmt", ["fp32", pytest.param("int4", marks=needs_bf16_gemm)])
-def test_a_chats_turns_are_the_same_with_the_cache_on_and_off_and_compute_only_the_new_messages(fmt: str) -> None:
+# Every format and KV dtype, on tiny models: test_prefix_cache_engine.
+def test_a_chats_turns_are_the_same_with_the_cache_on_and_off_and_compute_only_the_new_messages() -> None:
     greedy = SamplingOptions(max_tokens=24)
     seeded = SamplingOptions(max_tokens=24, temperature=0.8, top_p=0.95, seed=7)
-    off, on = _engine(fmt, prefix_caching=False), _engine(fmt, prefix_caching=True)
+    off, on = _engine(prefix_caching=False), _engine(prefix_caching=True)
     for sampling in (greedy, seeded):
         want, _, _ = _chat(off, sampling)
         got, computed, lengths = _chat(on, sampling)
