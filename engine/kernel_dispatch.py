@@ -18,7 +18,7 @@ plain text bit for bit only while all of one request's steps (a 1-row decode, a 
 verification) run on one kernel. So the quantized window is either empty (every step on the
 bf16 copy, which is row-count invariant: Bf16Kernel) or reaches 1 + max_draft_tokens rows; a
 measured crossover in between is raised to 1 + max_draft_tokens, and the start line says so.
-A step with prompt rows runs the bf16 copy whatever its row count (engine.quant.linear.StepRows):
+A step with prompt rows runs the bf16 copy whatever its row count (engine.quant.linear.StepKind):
 a prompt's chunks are not its own (a prefix-cache hit prefills a short tail of a prompt another
 request prefilled whole), and its K/V must have the same bits whichever chunk made them.
 fp32 promises no such thing across kernels (plain and packed GEMMs round differently, which

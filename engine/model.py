@@ -38,7 +38,7 @@ from engine.kv_cache import KVCache
 from engine.meta_init import skeleton
 from engine.moe import SparseMoE, Take, expert_tensors
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available, prepack_linears
-from engine.quant.linear import StepRows
+from engine.quant.linear import StepKind
 from engine.rotary import RopeStep, apply_rotary_
 from engine.sliding_window import needs_window, window_band, window_rows
 from engine.softcap_attention import softcapped_sdpa
@@ -92,7 +92,7 @@ class AttentionMetadata:
 
     @property
     def holds_prompt_rows(self) -> bool:
-        """Some sequence's rows are a prompt chunk (engine.quant.linear.StepRows: their linears' kernel)."""
+        """Some sequence's rows are a prompt chunk (engine.quant.linear.StepKind: their linears' kernel)."""
         return any(s.prompt for s in self.seqs)
 
 
@@ -315,7 +315,7 @@ class Decoder(nn.Module):
         # set by the engine after the weight format, the kernel dispatch and LoRA).
         self.fused_step: FusedDecoderStep | None = None
         # What the step holds, for the quantized linears' (and head's) kernel choice (engine.quant.apply shares it).
-        self.step_rows = StepRows()
+        self.step_kind = StepKind()
 
     def prepack_for_cpu(self, rows: PackedRows = PackedRows()) -> bool:
         """On CPU, give every linear layer and the LM head a oneDNN-prepacked copy for
@@ -362,7 +362,7 @@ class Decoder(nn.Module):
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
         rope = self.rope_step(positions, self.dtype)
         h = self.embed(input_ids)  # [T, hidden]
-        self.step_rows.prompt = attn.holds_prompt_rows  # stays for compute_logits on this step's rows
+        self.step_kind.prompt = attn.holds_prompt_rows  # stays for compute_logits on this step's rows
         if self.fused_step is not None:
             return self.fused_step(h, rope, attn)
         local = rope

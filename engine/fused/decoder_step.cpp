@@ -129,7 +129,7 @@ struct Linears {
   const c10::List<std::optional<at::Tensor>>& wide;    // the bf16 copy for wide steps, if kept
   const c10::List<std::optional<at::Tensor>>& biases;  // b, added to the product as the layer adds it, if any
   at::IntArrayRef kinds, groups, outs, max_quant_rows, windows;
-  bool prompt;  // the step holds prompt rows: the bf16 copy for every row (engine.quant.linear.StepRows)
+  bool prompt;  // the step holds prompt rows: the bf16 copy for every row (engine.quant.linear.StepKind)
 
   // QuantizedLinear.forward / Bf16Linear.forward: x [T, in] fp32 -> [T, out] fp32; bf16 activations inside,
   // but for qgemm.h, which takes fp32 ones.

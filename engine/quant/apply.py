@@ -73,9 +73,9 @@ def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide:
     kernel: engine.quant_kernel."""
     for name, lin in _linears(model).items():
         _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide, kernel=kernel,
-                                                 step=model.step_rows))
+                                                 step=model.step_kind))
     head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide, kernel=kernel,
-                           step=model.step_rows)
+                           step=model.step_kind)
     # A tied head on our kernel holds the only copy of the codes (in its layout): the lookup reads rows from it.
     narrow = head.narrow
     tied = narrow if "lm_head" not in tensors and isinstance(narrow, VnniKernel) and narrow.bits == 8 else None

@@ -17,7 +17,7 @@ oneDNN's bf16 GEMM (AVX2 only) there is no bf16 copy and every step runs ours. S
     rows <= max_quant_rows : the quantized kernel (int4 / int8)
     rows >  max_quant_rows : a oneDNN-prepacked bf16 copy of the SAME dequantized
                              weight (verification of long drafts, batches, prefill)
-    a step with prompt rows: the bf16 copy, whatever its row count (StepRows)
+    a step with prompt rows: the bf16 copy, whatever its row count (StepKind)
 The wide copy costs 2 bytes per weight (4x an int4 weight); without it
 (`wide=False`, engine.prepack_weights: false) every step runs the quantized kernel.
 Why prompt rows never take the quantized kernel: a prompt's chunking is not the
@@ -224,7 +224,7 @@ def quant_kernel(qt: QuantizedTensor, choice: str = "auto") -> Kernel:
 
 
 @dataclasses.dataclass
-class StepRows:
+class StepKind:
     """What the step being run holds, as far as a model's quantized linears choose their kernel by it: one object
     per model, shared by its linears (and its LM head), set once a step by Decoder.forward."""
 
@@ -245,10 +245,10 @@ class QuantizedLinear(nn.Module):
         wide: bool = True,
         max_quant_rows: int = MAX_QUANT_ROWS,
         kernel: str = "auto",
-        step: StepRows | None = None,  # the model's (engine.quant.apply); none: a step never holds prompt rows
+        step: StepKind | None = None,  # the model's (engine.quant.apply); none: a step never holds prompt rows
     ) -> None:
         super().__init__()
-        self.step = step if step is not None else StepRows()
+        self.step = step if step is not None else StepKind()
         self.out_features, self.in_features = qt.shape
         self.fmt = qt.fmt
         self.max_quant_rows = max_quant_rows

@@ -114,7 +114,9 @@ async def test_expired_request_is_not_started_and_its_client_gets_deadline_excee
 
 async def test_request_passing_its_deadline_mid_generation_stops_and_frees_its_cache(
         worker_harness: WorkerHarness, reply_inbox: ReplyInbox) -> None:
-    body = worker_harness.request(reply_inbox.topic, sampling={"max_tokens": 400}, deadline=time.time() + 1.0,
+    # ignore_eos: a model answering in under a second on a fast CPU would finish before its deadline
+    body = worker_harness.request(reply_inbox.topic, sampling={"max_tokens": 400, "ignore_eos": True},
+                                  deadline=time.time() + 1.0,
                                   request_id=f"late-{uuid.uuid4().hex[:8]}")
     await worker_harness.publish(body)
     events = await reply_inbox.events_for(body["request_id"])

@@ -12,7 +12,7 @@ from _engine_factories import needs_bf16_gemm, threads  # noqa: F401
 
 from engine.quant import vnni
 from engine.quant.linear import (
-    MAX_QUANT_ROWS, Bf16Linear, Int4Kernel, Int8Kernel, QuantizedEmbedding, QuantizedLinear, StepRows, nbytes,
+    MAX_QUANT_ROWS, Bf16Linear, Int4Kernel, Int8Kernel, QuantizedEmbedding, QuantizedLinear, StepKind, nbytes,
     quant_kernel,
 )  # fmt: skip
 from engine.quant.tensor import QuantizedTensor, quantize
@@ -95,13 +95,13 @@ def test_few_row_steps_run_the_quantized_kernel_and_wider_steps_the_bf16_copy(fm
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_a_step_with_prompt_rows_runs_the_bf16_copy_at_every_row_count(fmt: str) -> None:
     # A prompt position's bits must not follow its chunk's length (a prefix-cache hit leaves a short tail).
-    step = StepRows(prompt=True)
+    step = StepKind(prompt=True)
     qt = quantize(torch.randn(64, 64), fmt)  # type: ignore[arg-type]
     layer = QuantizedLinear(qt, None, wide=True, step=step)
     assert all(layer.kernel_for(rows) is layer.wide for rows in (1, MAX_QUANT_ROWS, 128))
     step.prompt = False  # the model's next step: decodes and verifications
     assert layer.kernel_for(MAX_QUANT_ROWS) is layer.narrow
-    lean = QuantizedLinear(qt, None, wide=False, step=StepRows(prompt=True))  # no copy: the quantized kernel
+    lean = QuantizedLinear(qt, None, wide=False, step=StepKind(prompt=True))  # no copy: the quantized kernel
     assert lean.kernel_for(128) is lean.narrow
 
 
