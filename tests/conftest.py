@@ -60,7 +60,7 @@ CLUSTER_TIER = Path(__file__).parent / "cluster"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    del config
+    parallel.threads_sleep_at_barriers(config)
     if parallel.in_a_test_process():
         parallel.one_thread_each()
 

@@ -2,8 +2,11 @@
 one process, and everything else is spread module by module."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from tests import parallel
 
@@ -44,3 +47,17 @@ def test_groups_that_start_stacks_are_handed_out_before_unit_modules_and_larger_
     assert order == [parallel.EDGE_WORKER, parallel.CLUSTER, "tests/integration/test_rollout.py",
                      "tests/unit/test_config.py", "tests/unit/test_layout.py"]
     assert not queue
+
+
+def test_processes_side_by_side_sleep_at_openmp_barriers_and_one_process_keeps_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "")  # recorded, so that what the test sets is undone
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    parallel.threads_sleep_at_barriers(SimpleNamespace(getoption=lambda name, default=None: None))
+    assert "OMP_WAIT_POLICY" not in os.environ
+    parallel.threads_sleep_at_barriers(SimpleNamespace(getoption=lambda name, default=None: 3))
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice stands
+    parallel.threads_sleep_at_barriers(SimpleNamespace(getoption=lambda name, default=None: 3))
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
