@@ -8,7 +8,9 @@ speculation stays lossless against plain decoding. Embedding, rotary factors and
 stay in Python: a few ops a step.
 
 Only what it was written for takes it: an fp32 CPU model whose linears are int4/int8 (with or
-without their bf16 copy) or bf16, without biases or q/k norms, with SiLU, and no LoRA wrapper.
+without their bf16 copy) or bf16, with or without biases (Qwen2) and q/k norms (Qwen3), with
+SiLU, without experts, sandwich norms or a window narrower than max_model_len, and no LoRA
+wrapper (`_why_not` says which).
 Anything else runs the eager path, which stays the reference.
 """
 from __future__ import annotations
