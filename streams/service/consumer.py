@@ -62,6 +62,9 @@ class Listener(Generic[InputT]):
     handle: Callable[[InputT], Awaitable[None]]
     # True: read the topic from its beginning at every start (a compacted registry, e.g. LoRA adapters).
     from_beginning: bool = False
+    # Given, the messages read together go to it as one list instead of one by one to `handle`: for a long topic
+    # read whole at start (FastStream's path costs ~100 µs a message; 100k completions took 18 s one by one).
+    handle_batch: Callable[[list[InputT]], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)

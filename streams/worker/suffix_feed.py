@@ -13,8 +13,12 @@ request) and then as it grows, and hands each answer, tokenized, to the engine's
 - only answers of a model this worker serves (another model's text would rarely match).
 
 Memory is bounded twice: the engine's index by its settings (suffix_max_outputs, suffix_max_output_tokens), and
-the answers waiting here for the engine thread by MAX_PENDING (the oldest dropped: the index would evict them
-first anyway). Records are tokenized off the event loop and handed over in batches between engine steps.
+the answers waiting here for the engine thread by the same count of outputs (the oldest dropped: the index would
+evict them first anyway). Records are tokenized off the event loop and handed over in batches between engine steps.
+
+At start the topic's backlog (records written before this worker started) is read whole before anything is handed
+over: the index keeps only the newest outputs, so learning the older ones would be undone by eviction (100k
+records took 31 s past the worker's start learning each, most of them evicted again).
 """
 from __future__ import annotations
 
@@ -34,20 +38,22 @@ from streams.worker.intake import draft_scope
 
 log = logging.getLogger("specstream.worker.suffix_feed")
 
-MAX_PENDING = 10_000
 _BATCH = 512  # answers per hand-over: one engine-thread call each
+BACKLOG_IDLE_S = 0.25  # no record from before the start read for this long: the backlog is read
 
 EngineCall = Callable[[Callable[[Any], Any]], Awaitable[Any]]
 
 
 class SuffixFeed:
     def __init__(self, worker_id: str, *, shared: bool, served: Callable[[], list[str]],
-                 started_at: float | None = None) -> None:
+                 started_at: float | None = None, max_outputs: int = 10_000) -> None:
         self.worker_id = worker_id
         self.started_at = time.time() if started_at is None else started_at
         self.shared = shared
         self._served = served
-        self._pending: deque[tuple[str, str]] = deque(maxlen=MAX_PENDING)  # (scope, text)
+        # (scope, text), at most what the index keeps (engine.speculation.suffix_max_outputs)
+        self._pending: deque[tuple[str, str]] = deque(maxlen=max_outputs)
+        self._backlog_read_at = 0.0  # monotonic time the last record from before the start was read
         self._call: EngineCall | None = None
         self._tokenizer: Any = None
         self._flushing: asyncio.Task[None] | None = None
@@ -59,11 +65,13 @@ class SuffixFeed:
         """The feed of a worker drafting by suffix decoding from the completions topic; None for any other."""
         if not follows_completions(settings):
             return None
-        return cls(worker_id, shared=settings.engine.speculation.suffix_shared, served=served)
+        spec = settings.engine.speculation
+        return cls(worker_id, shared=spec.suffix_shared, served=served, max_outputs=spec.suffix_max_outputs)
 
     def listeners(self, catalog: TopicCatalog) -> list[Listener[CompletionRecord]]:
         """What the worker reads for it: the completions topic, from its start at every start."""
-        return [Listener(catalog.completions, CompletionRecord, self.on_record, from_beginning=True)]
+        return [Listener(catalog.completions, CompletionRecord, self.on_record, from_beginning=True,
+                         handle_batch=self.on_records)]
 
     def attach(self, call: EngineCall, tokenizer: Any) -> None:
         """The engine is loaded: answers read before now are handed over from here on."""
@@ -78,11 +86,18 @@ class SuffixFeed:
     async def on_record(self, record: CompletionRecord) -> None:
         """A Listener's handler: best effort, never raises for a record it cannot use."""
         self.read += 1
+        if record.recorded_at < self.started_at:
+            self._backlog_read_at = time.monotonic()
         if not self.wanted(record):
             return
         assert record.completion is not None
         self._pending.append((draft_scope(record.tenant, self.shared), record.completion.text))
         self._kick()
+
+    async def on_records(self, records: list[CompletionRecord]) -> None:
+        """A batched Listener's handler: the records read together (the backlog at start)."""
+        for record in records:
+            await self.on_record(record)
 
     async def drained(self) -> None:
         """Wait until every answer read so far is in the engine (tests, and the warm-start log line)."""
@@ -94,6 +109,8 @@ class SuffixFeed:
             self._flushing = asyncio.create_task(self._flush(), name="suffix-feed")
 
     async def _flush(self) -> None:
+        while (backlog := self._backlog_read_at + BACKLOG_IDLE_S - time.monotonic()) > 0:
+            await asyncio.sleep(backlog)  # still reading the backlog: only its newest answers will be kept
         while self._pending and self._call is not None:
             batch = [self._pending.popleft() for _ in range(min(_BATCH, len(self._pending)))]
             try:

@@ -3,6 +3,8 @@ the engine's index of past outputs, in which scope, and how requests are scoped 
 The bus itself: tests/integration/test_worker_suffix_bus.py."""
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from schemas.events import GenerateRequest, ReplyRoute, SamplingParams
@@ -86,6 +88,23 @@ async def test_own_prompt_less_other_models_and_empty_answers_are_left_out() -> 
     ])
     assert engine.learned == [("tenant:acme", [111, 107])]
     assert feed.read == 5 and feed.learned == 1
+
+
+async def test_a_backlog_larger_than_the_index_hands_over_only_its_newest_answers_once_read() -> None:
+    engine = _Engine()
+    feed = SuffixFeed("me", shared=False, served=lambda: [MODEL], started_at=time.time() + 60, max_outputs=3)
+
+    async def call(fn: Any) -> Any:
+        return fn(engine)
+
+    feed.attach(call, _Tokenizer())
+    for i in range(10):  # all written before this worker started
+        await feed.on_record(_record(f"r{i}", str(i)))
+        await asyncio.sleep(0.01)  # the hand-over task runs, and waits
+        assert engine.learned == []  # nothing while the backlog is being read
+    await feed.drained()
+    assert engine.learned == [("tenant:acme", [ord(str(i))]) for i in (7, 8, 9)]
+    assert feed.read == 10 and feed.learned == 3
 
 
 def test_a_tenants_requests_draft_from_the_scope_its_answers_go_to() -> None:
