@@ -4,8 +4,8 @@
     python -m bench.suffix_warm_start                      # 100,000 records, the default model
     python -m bench.suffix_warm_start --records 20000 --profile 30   # and the 30 costliest functions
 
-Publishes --records completion records (seeded JSON answers of 40-90 tokens, as `bench.structured_workload`'s
-extractions answer, from other workers, three tenants) to a fresh completions topic on the local broker, then
+Publishes --records completion records (seeded JSON answers: an order's fields, the keys repeating, the values
+not; from another worker, three tenants) to a fresh completions topic on the local broker, then
 starts an engine worker in this process (`engine.speculation.method: suffix`) and times two spans: its start
 (`EngineWorker.start`: the model loaded, the consumers running) and the warm-up (from the start's beginning until
 every record is read and every usable answer is in the engine's index). Kafka must be running (the local broker

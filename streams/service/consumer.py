@@ -63,7 +63,7 @@ class Listener(Generic[InputT]):
     # True: read the topic from its beginning at every start (a compacted registry, e.g. LoRA adapters).
     from_beginning: bool = False
     # Given, the messages read together go to it as one list instead of one by one to `handle`: for a long topic
-    # read whole at start (FastStream's path costs ~100 µs a message; 100k completions took 18 s one by one).
+    # read whole at start (100k completion records: 10.6 s one by one past a worker's start, 9.1-9.5 s batched).
     handle_batch: Callable[[list[InputT]], Awaitable[None]] | None = None
 
 
