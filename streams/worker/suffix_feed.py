@@ -18,7 +18,7 @@ evict them first anyway). Records are tokenized off the event loop and handed ov
 
 At start the topic's backlog (records written before this worker started) is read whole before anything is handed
 over: the index keeps only the newest outputs, so learning the older ones would be undone by eviction (100k
-records took 31 s past the worker's start learning each, most of them evicted again).
+records: 43 s from the worker's start to a complete index, learning each as read; 18.5 s reading them first).
 """
 from __future__ import annotations
 
