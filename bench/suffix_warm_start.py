@@ -52,6 +52,7 @@ def records(n: int, model: str, seed: int = 0) -> list:
 async def run(args: argparse.Namespace, bootstrap: str) -> dict:
     from engine.config import EngineConfig
     from streams.config import KafkaSettings, Settings, WorkerSettings
+    from streams.kafka import clients
     from streams.worker import EngineWorker
     from tests.completion_records import publish
 
@@ -86,6 +87,9 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict:
         kept = {t: index.num_sequences_of(f"tenant:{t}") for t in ("acme", "globex", "initech")}
     finally:
         await worker.stop()
+        # A hundred thousand records a run: a broker keeps every topic's partitions in its heap.
+        await clients.delete_topics(bootstrap, [t for t in await clients.list_topics(bootstrap)
+                                                if t.startswith(prefix + ".")])
     print(f"start {start_s:.1f} s; warm (start included) {warm_s:.1f} s: {feed.read} read, {feed.learned} learned, "
           f"kept per tenant {kept}", flush=True)
     return {"records": args.records, "start_s": start_s, "warm_s": warm_s, "read": feed.read, "learned": feed.learned,
