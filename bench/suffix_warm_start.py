@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run(args, spec.bootstrap_servers))
     out = Path(args.out or default_out("suffix-warm-start"))
     command = "python -m bench.suffix_warm_start " + " ".join(sys.argv[1:] if argv is None else argv)
-    out.write_text(json.dumps({"command": command.strip(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                     time.gmtime()), **result}, indent=2))
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    out.write_text(json.dumps({"command": command.strip(), "date": date, **result}, indent=2))
     print(f"wrote {out}")
     return 0
 
