@@ -29,6 +29,7 @@ from bench.result_files import default_out
 
 CARRIERS = ("DHL", "UPS", "FedEx", "La Poste", "Royal Mail", "PostNL", "GLS")
 STATUSES = ("shipped", "delivered", "held at customs", "returned", "awaiting pickup")
+TENANTS = ("acme", "globex", "initech")
 
 
 def answer(rng: random.Random, i: int) -> str:
@@ -46,7 +47,7 @@ def records(n: int, model: str, seed: int = 0) -> list:
 
     rng = random.Random(seed)
     return [record(f"r{i}", "Extract the order as JSON.", answer(rng, i), model=model,
-                   tenant=("acme", "globex", "initech")[i % 3], worker="another-worker") for i in range(n)]
+                   tenant=TENANTS[i % len(TENANTS)], worker="another-worker") for i in range(n)]
 
 
 async def run(args: argparse.Namespace, bootstrap: str) -> dict:
@@ -84,7 +85,7 @@ async def run(args: argparse.Namespace, bootstrap: str) -> dict:
             profiler.disable()
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
         index = worker.engine.proposer.outputs  # type: ignore[union-attr]
-        kept = {t: index.num_sequences_of(f"tenant:{t}") for t in ("acme", "globex", "initech")}
+        kept = {t: index.num_sequences_of(f"tenant:{t}") for t in TENANTS}
     finally:
         await worker.stop()
         # A hundred thousand records a run: a broker keeps every topic's partitions in its heap.

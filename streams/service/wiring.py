@@ -100,16 +100,15 @@ def wire(options: ServiceOptions, consumer: Consumer[Any], group_id: str,
     subscriber(typed_handler(consumer.input_model, hooks.admit, f"{consumer.kind}-{consumer.topic.name}"))
     for listener in consumer.listeners:
         # No group: every instance sees every message, and only new ones (or all: a compacted registry).
-        batched = listener.handle_batch is not None
-        name = f"{consumer.kind}-{listener.topic.name}"
+        batched = listener.in_batches
         broker.subscriber(
             FastStreamTopic(listener.topic.name, declare=False),
             auto_offset_reset="earliest" if listener.from_beginning else "latest", no_reply=True,
             decoder=(_batch_decoder if batched else _decoder)(listener.input_model, max_bytes),
             title=listener.topic.name, description=channel_description(listener.topic),
             **({"batch": True, "max_records": LISTENER_BATCH} if batched else {}),
-        )(typed_handler(listener.input_model, listener.handle_batch, name, many=True) if listener.handle_batch
-          else typed_handler(listener.input_model, listener.handle, name))
+        )(typed_handler(listener.input_model, _each(listener.handle) if batched else listener.handle,
+                        f"{consumer.kind}-{listener.topic.name}", many=batched))
     catalog = options.catalog
     for output in (*consumer.outputs, Output(catalog.dead_letters, DeadLetter),
                    Output(catalog.services, ServiceAnnouncement)):
@@ -139,6 +138,14 @@ def declare_output(broker: KafkaBroker, output: Output) -> None:
     """Declare a topic this service publishes to, for the AsyncAPI document (publishing goes through the lanes)."""
     broker.publisher(output.topic.name, schema=output.events, title=f"{output.topic.name}:publish",
                      description=channel_description(output.topic))
+
+
+def _each(handle: Callable[[Any], Awaitable[None]]) -> Callable[[list[Any]], Awaitable[None]]:
+    async def handle_each(payloads: list[Any]) -> None:
+        for payload in payloads:
+            await handle(payload)
+
+    return handle_each
 
 
 def _batch_decoder(model: type[BaseModel], max_bytes: int) -> Callable[..., Awaitable[list[BaseModel]]]:

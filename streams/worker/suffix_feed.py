@@ -70,8 +70,7 @@ class SuffixFeed:
 
     def listeners(self, catalog: TopicCatalog) -> list[Listener[CompletionRecord]]:
         """What the worker reads for it: the completions topic, from its start at every start."""
-        return [Listener(catalog.completions, CompletionRecord, self.on_record, from_beginning=True,
-                         handle_batch=self.on_records)]
+        return [Listener(catalog.completions, CompletionRecord, self.on_record, from_beginning=True, in_batches=True)]
 
     def attach(self, call: EngineCall, tokenizer: Any) -> None:
         """The engine is loaded: answers read before now are handed over from here on."""
@@ -93,11 +92,6 @@ class SuffixFeed:
         assert record.completion is not None
         self._pending.append((draft_scope(record.tenant, self.shared), record.completion.text))
         self._kick()
-
-    async def on_records(self, records: list[CompletionRecord]) -> None:
-        """A batched Listener's handler: the records read together (the backlog at start)."""
-        for record in records:
-            await self.on_record(record)
 
     async def drained(self) -> None:
         """Wait until every answer read so far is in the engine (tests, and the warm-start log line)."""

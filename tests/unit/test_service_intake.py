@@ -65,8 +65,6 @@ def test_an_empty_message_is_rejected_and_dead_lettered() -> None:
     assert isinstance(rejection, Rejection) and rejection.dead_letter
 
 
-
-
 async def test_a_batched_listener_gets_the_messages_that_parse_and_skips_the_others_with_a_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     from types import SimpleNamespace
