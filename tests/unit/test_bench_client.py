@@ -1,6 +1,6 @@
 """The benchmark's client side against a scripted fake server: timing, stream checks, error kinds, load shapes,
 the result file and `bench compare`. The fake (streams.bench.fake_server) is not specstream; the real stack is
-exercised in tests/integration/test_bench_serve.py."""
+exercised in tests/stacks/test_bench_serve.py."""
 from __future__ import annotations
 
 import asyncio

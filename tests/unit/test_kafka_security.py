@@ -1,6 +1,6 @@
 """Kafka security settings, the one place that turns them into client options, the ACL plan, the secured broker's files.
 
-No broker here: tests/integration/test_kafka_secured.py runs all of it on a real SASL_SSL broker.
+No broker here: tests/stacks/test_kafka_secured.py runs all of it on a real SASL_SSL broker.
 """
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ Its nodes are the rooms of ``streams/``: each subpackage, and each module still 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -111,3 +112,13 @@ def test_command_line_code_lives_under_streams_commands() -> None:
 def test_root_of_streams_holds_only_packages_and_the_entry_point() -> None:
     loose = sorted(path.stem for path in STREAMS.glob("*.py") if path.stem not in ROOT_MODULES)
     assert not loose, f"modules at the root of streams/ (give each a package): {loose}"
+
+
+def test_a_module_that_starts_a_stack_of_its_own_lives_in_tests_stacks() -> None:
+    # (tests/cluster starts its stacks on the three-node cluster: the cluster is what decides its tier.)
+    tests = STREAMS.parent / "tests"
+    starts_one = re.compile(r"\b(running_stack|Fleet)\(")
+    misplaced = sorted(str(path.relative_to(tests.parent)) for tier in ("unit", "integration")
+                       for path in (tests / tier).rglob("test_*.py") if starts_one.search(path.read_text("utf-8")))
+    assert not misplaced, f"modules that start a stack of their own belong in tests/stacks: {misplaced}"
+    assert all(starts_one.search(p.read_text("utf-8")) for p in (tests / "stacks").glob("test_*.py"))

@@ -25,7 +25,7 @@ def test_modules_on_the_in_process_worker_harness_are_one_group() -> None:
 
 def test_the_cluster_tier_is_one_group_and_any_other_module_its_own() -> None:
     assert parallel.module_group(ROOT, "tests/cluster/test_kafka_cluster.py") == parallel.CLUSTER
-    assert parallel.module_group(ROOT, "tests/integration/test_batch_api.py") == "tests/integration/test_batch_api.py"
+    assert parallel.module_group(ROOT, "tests/stacks/test_batch_api.py") == "tests/stacks/test_batch_api.py"
     assert parallel.module_group(ROOT, "tests/unit/test_config.py") == "tests/unit/test_config.py"
 
 
@@ -33,18 +33,18 @@ def test_the_scheduler_groups_node_ids_by_their_module() -> None:
     scheduler = parallel.SharedWorkScheduling.__new__(parallel.SharedWorkScheduling)
     scheduler.config = SimpleNamespace(rootpath=ROOT)
     assert scheduler._split_scope("tests/integration/test_edge_openai.py::test_x[a::b]") == parallel.EDGE_WORKER
-    assert (scheduler._split_scope("tests/integration/test_batch_api.py::TestA::test_y")
-            == "tests/integration/test_batch_api.py")
+    assert (scheduler._split_scope("tests/stacks/test_batch_api.py::TestA::test_y")
+            == "tests/stacks/test_batch_api.py")
 
 
 def test_groups_that_start_stacks_are_handed_out_before_unit_modules_and_larger_ones_first() -> None:
     queue = parallel.StacksFirst()
-    for group, tests in [("tests/unit/test_config.py", 90), ("tests/integration/test_rollout.py", 4),
+    for group, tests in [("tests/unit/test_config.py", 90), ("tests/stacks/test_rollout.py", 4),
                          (parallel.EDGE_WORKER, 60), ("tests/unit/test_layout.py", 5),
                          (parallel.CLUSTER, 7)]:
         queue[group] = {f"{group}::t{i}": False for i in range(tests)}
     order = [queue.popitem(last=False)[0] for _ in range(5)]
-    assert order == [parallel.EDGE_WORKER, parallel.CLUSTER, "tests/integration/test_rollout.py",
+    assert order == [parallel.EDGE_WORKER, parallel.CLUSTER, "tests/stacks/test_rollout.py",
                      "tests/unit/test_config.py", "tests/unit/test_layout.py"]
     assert not queue
 

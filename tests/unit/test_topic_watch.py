@@ -1,6 +1,6 @@
 """When the topics a process created at its start count as gone (the log it writes meanwhile: test_telemetry.py).
 
-With real Kafka: tests/integration/test_reliability_topics.py (topics deleted under a running edge and worker).
+With real Kafka: tests/stacks/test_reliability_topics.py (topics deleted under a running edge and worker).
 """
 from __future__ import annotations
 

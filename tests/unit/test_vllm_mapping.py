@@ -1,6 +1,6 @@
 """Our requests and settings in vLLM's terms (streams.worker.vllm_mapping), checked without vLLM installed.
 
-The stack test (tests/integration/test_vllm_backend.py) runs the same mapping against vLLM itself."""
+The stack test (tests/stacks/test_vllm_backend.py) runs the same mapping against vLLM itself."""
 from __future__ import annotations
 
 import dataclasses
