@@ -62,9 +62,6 @@ class Listener(Generic[InputT]):
     handle: Callable[[InputT], Awaitable[None]]
     # True: read the topic from its beginning at every start (a compacted registry, e.g. LoRA adapters).
     from_beginning: bool = False
-    # True: FastStream reads up to wiring.LISTENER_BATCH messages at once and `handle` takes them in turn, for a long
-    # topic read whole at start (100k completion records at a worker's start: 1.1-1.5 s less than one by one).
-    in_batches: bool = False
 
 
 @dataclass(frozen=True)

@@ -175,8 +175,7 @@ class ConsumerService:
     async def consume(self, call_next: CallNext, msg: StreamMessage[Any]) -> Any:
         """The middleware around FastStream's call of a handler: one message's delivery, and its rejection."""
         record = msg.raw_message
-        if isinstance(record, tuple) or record.topic != self.consumer.topic.name:  # a listener (a tuple: batched)
-            # Best effort, nothing to commit.
+        if record.topic != self.consumer.topic.name:  # a listener: best effort, nothing to commit
             try:
                 return await call_next(msg)
             except Rejected as rejected:

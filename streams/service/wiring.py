@@ -36,9 +36,6 @@ from streams.service.consumer import Consumer, Output, ServiceOptions
 from streams.service.intake import Rejected, Rejection, parse_message
 from streams.service.logs import faststream_log
 
-log = logging.getLogger("specstream.service")
-LISTENER_BATCH = 500  # messages a batched listener's handler takes at most at once
-
 CallNext = Callable[[StreamMessage[Any]], Awaitable[Any]]
 
 
@@ -100,15 +97,12 @@ def wire(options: ServiceOptions, consumer: Consumer[Any], group_id: str,
     subscriber(typed_handler(consumer.input_model, hooks.admit, f"{consumer.kind}-{consumer.topic.name}"))
     for listener in consumer.listeners:
         # No group: every instance sees every message, and only new ones (or all: a compacted registry).
-        batched = listener.in_batches
         broker.subscriber(
             FastStreamTopic(listener.topic.name, declare=False),
             auto_offset_reset="earliest" if listener.from_beginning else "latest", no_reply=True,
-            decoder=(_batch_decoder if batched else _decoder)(listener.input_model, max_bytes),
-            title=listener.topic.name, description=channel_description(listener.topic),
-            **({"batch": True, "max_records": LISTENER_BATCH} if batched else {}),
-        )(typed_handler(listener.input_model, _each(listener.handle) if batched else listener.handle,
-                        f"{consumer.kind}-{listener.topic.name}", many=batched))
+            decoder=_decoder(listener.input_model, max_bytes), title=listener.topic.name,
+            description=channel_description(listener.topic),
+        )(typed_handler(listener.input_model, listener.handle, f"{consumer.kind}-{listener.topic.name}"))
     catalog = options.catalog
     for output in (*consumer.outputs, Output(catalog.dead_letters, DeadLetter),
                    Output(catalog.services, ServiceAnnouncement)):
@@ -116,15 +110,14 @@ def wire(options: ServiceOptions, consumer: Consumer[Any], group_id: str,
     return broker, subscriber
 
 
-def typed_handler(model: type[BaseModel], call: Callable[[Any], Awaitable[None]], name: str, *,
-                  many: bool = False) -> Callable[..., Any]:
-    """A FastStream handler whose one parameter is annotated with ``model`` (a list of them: ``many``): FastStream
-    documents the payload (AsyncAPI) from this annotation, and validates the decoder's output against it."""
+def typed_handler(model: type[BaseModel], call: Callable[[Any], Awaitable[None]], name: str) -> Callable[..., Any]:
+    """A FastStream handler whose one parameter is annotated with ``model``: FastStream documents the payload
+    (AsyncAPI) from this annotation, and validates the decoder's output against it."""
 
     async def handler(payload: Any) -> None:
         await call(payload)
 
-    handler.__annotations__ = {"payload": list[model] if many else model, "return": None}  # type: ignore[valid-type]
+    handler.__annotations__ = {"payload": model, "return": None}
     handler.__name__ = handler.__qualname__ = name
     handler.__doc__ = model.__doc__
     return handler
@@ -138,30 +131,6 @@ def declare_output(broker: KafkaBroker, output: Output) -> None:
     """Declare a topic this service publishes to, for the AsyncAPI document (publishing goes through the lanes)."""
     broker.publisher(output.topic.name, schema=output.events, title=f"{output.topic.name}:publish",
                      description=channel_description(output.topic))
-
-
-def _each(handle: Callable[[Any], Awaitable[None]]) -> Callable[[list[Any]], Awaitable[None]]:
-    async def handle_each(payloads: list[Any]) -> None:
-        for payload in payloads:
-            await handle(payload)
-
-    return handle_each
-
-
-def _batch_decoder(model: type[BaseModel], max_bytes: int) -> Callable[..., Awaitable[list[BaseModel]]]:
-    """A listener's batch: the messages that parse (a listener is best effort: the others are logged, skipped)."""
-
-    async def decode(msg: StreamMessage[Any], _default: Any) -> list[BaseModel]:
-        parsed = []
-        for record in msg.raw_message:
-            one = parse_message(record.value, model, max_bytes=max_bytes)
-            if isinstance(one, Rejection):
-                log.warning("ignoring malformed message on %s at offset %d: %s", record.topic, record.offset, one)
-            else:
-                parsed.append(one)
-        return parsed
-
-    return decode
 
 
 def _decoder(model: type[BaseModel], max_bytes: int) -> Callable[..., Awaitable[BaseModel]]:

@@ -93,7 +93,8 @@ class EngineWorker:
         self._engine_factory = engine_factory
         self._progress = progress
         self.engine: Engine | None = None
-        self._base_models: list[str] = []
+        # The configured name until the engine loads (it may resolve another too): the suffix feed reads meanwhile.
+        self._base_models: list[str] = [settings.engine.model]
         self.adapters = WorkerAdapters(settings.engine.model, dict(settings.engine.lora.adapters), self._announce)
         self._driver: EngineDriver | None = None
         # Generations running in the engine, by request id (the foundation holds their deliveries).
@@ -118,8 +119,7 @@ class EngineWorker:
             group_id=self.group_id, check=self._precheck, grants=worker_grants,
             listeners=[Listener(catalog.cancellations, CancelRequest, self._on_cancel),
                        Listener(catalog.tool_results, ToolResult, self.tool_rounds.on_result),
-                       Listener(catalog.adapters, AdapterCommand, self.adapters.on_command, from_beginning=True),
-                       *(self.suffix_feed.listeners(catalog) if self.suffix_feed is not None else [])],
+                       Listener(catalog.adapters, AdapterCommand, self.adapters.on_command, from_beginning=True)],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,
         ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
@@ -141,8 +141,15 @@ class EngineWorker:
 
     async def _load_engine(self) -> None:
         config = self.settings.engine
+        if self.suffix_feed is not None:  # the completions backlog is read while the model loads
+            await self.suffix_feed.start(self.settings.kafka, self.catalog.completions.name)
         # Loading takes seconds to minutes (conversion on first use); keep the loop free meanwhile.
-        self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
+        try:
+            self.engine = await asyncio.to_thread(self._engine_factory, config, self._progress)
+        except BaseException:
+            if self.suffix_feed is not None:
+                await self.suffix_feed.stop()
+            raise
         self._base_models = sorted({self.engine.model_name, self.settings.engine.model})
         if self.telemetry is not None:
             self.telemetry.watch_engine(self.engine)
@@ -162,6 +169,8 @@ class EngineWorker:
         )
 
     async def _stop_engine(self) -> None:
+        if self.suffix_feed is not None:
+            await self.suffix_feed.stop()
         if self._driver is not None:
             await asyncio.to_thread(self._driver.stop)
             self._driver = None

@@ -1,6 +1,7 @@
 """Suffix decoding fed by the bus, on the real broker: a worker drafting by suffix decoding reads the completions
-topic from its start when it starts (warm), keeps each tenant's answers for that tenant (never those of a tenant
-with log_prompts false), and a request repeating an answer another worker gave its tenant is drafted from it."""
+topic from its start when it starts (warm), skips the records it cannot read, learns one written after its start
+as it arrives, keeps each tenant's answers for that tenant (never those of a tenant with log_prompts false), and a
+request repeating an answer another worker gave its tenant is drafted from it."""
 from __future__ import annotations
 
 import asyncio
@@ -31,6 +32,16 @@ def _record(rid: str, model: str, text: str, tenant: str, *, log_prompt: bool = 
     return record(rid, "q", text, model=model, tenant=tenant, log_prompt=log_prompt, worker="another-worker")
 
 
+async def _send(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = clients.make_producer(bootstrap, client_id="pytest-poison")
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(topic, value)
+    finally:
+        await producer.stop()
+
+
 def _plain_answer(target: Path) -> tuple[str, str]:
     """What the tiny target answers PROMPT greedily (the answer "another worker" recorded), and its name."""
     from engine.llm_engine import LLMEngine
@@ -44,7 +55,7 @@ def _plain_answer(target: Path) -> tuple[str, str]:
 
 
 async def test_a_worker_starts_warm_from_the_completions_topic_and_drafts_per_tenant(
-    kafka_bootstrap: str, tmp_path: Path  # noqa: F811
+    kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture  # noqa: F811
 ) -> None:
     from streams.worker import EngineWorker
 
@@ -57,6 +68,10 @@ async def test_a_worker_starts_warm_from_the_completions_topic_and_drafts_per_te
                _record("private", model, "a secret answer", "secretive", log_prompt=False),
                _record("elsewhere", "another-model", "an answer of another model", "acme")]
     await publish(kafka_bootstrap, f"{prefix}.completions", records)
+    # Poison among the backlog: skipped with a warning, and the backlog still ends where it ends.
+    poison = [b"{not json", record("v2", "q", "x", model=model, tenant="acme", worker="w").model_dump_json()
+              .replace('"schema_version":1', '"schema_version":2').encode()]
+    await _send(kafka_bootstrap, f"{prefix}.completions", poison)
 
     base = worker_test_settings(kafka_bootstrap, prefix, worker_id=f"pytest-{uuid.uuid4().hex[:6]}")
     engine = EngineConfig(model=str(target), max_model_len=256, kv_cache_bytes="8MiB",
@@ -76,9 +91,17 @@ async def test_a_worker_starts_warm_from_the_completions_topic_and_drafts_per_te
         warm_s = time.perf_counter() - started
         print(f"warm start: {feed.read} completion records read, {feed.learned} learned in {warm_s:.1f}s")
         assert feed.learned == WARM_RECORDS + 1  # the private record and another model's were left out
+        skipped = [r.getMessage() for r in caplog.records if "suffix feed: skipping" in r.getMessage()]
+        assert len(skipped) == 2 and "malformed JSON" in skipped[0] and "schema_version 2" in skipped[1], skipped
         outputs = worker.engine.proposer.outputs  # type: ignore[union-attr]
         assert outputs.num_sequences_of("tenant:acme") == WARM_RECORDS + 1
         assert outputs.num_sequences_of("tenant:secretive") == 0
+        # A record written after the start is learned as it arrives.
+        live = _record("live", model, answer, "initech")
+        await _send(kafka_bootstrap, f"{prefix}.completions", [clients.encode(live)])
+        while outputs.num_sequences_of("tenant:initech") == 0 and time.perf_counter() - started < 120:
+            await asyncio.sleep(0.1)
+        assert feed.read == len(records) + 1 and feed.learned == WARM_RECORDS + 2
 
         await clients.ensure_topics(kafka_bootstrap, [reply_topic])
         await inbox.start()

@@ -65,20 +65,3 @@ def test_an_empty_message_is_rejected_and_dead_lettered() -> None:
     assert isinstance(rejection, Rejection) and rejection.dead_letter
 
 
-async def test_a_batched_listener_gets_the_messages_that_parse_and_skips_the_others_with_a_warning(
-        caplog: pytest.LogCaptureFixture) -> None:
-    from types import SimpleNamespace
-
-    from streams.service.wiring import _batch_decoder
-
-    def kafka_record(offset: int, value: bytes) -> SimpleNamespace:
-        return SimpleNamespace(topic="t.completions", offset=offset, value=value)
-
-    good = json.dumps(body()).encode()
-    batch = (kafka_record(0, good), kafka_record(1, b"{nope"), kafka_record(2, b"x" * (LIMIT + 1)),
-             kafka_record(3, json.dumps(body(schema_version=2)).encode()), kafka_record(4, good))
-    decode = _batch_decoder(GenerateRequest, LIMIT)
-    parsed = await decode(SimpleNamespace(raw_message=batch), None)
-    assert [p.request_id for p in parsed] == ["r1", "r1"]
-    skipped = [r.getMessage() for r in caplog.records if "ignoring malformed message" in r.getMessage()]
-    assert [m.split(" at offset ")[1].split(":")[0] for m in skipped] == ["1", "2", "3"], skipped

@@ -4,16 +4,19 @@ The bus itself: tests/integration/test_worker_suffix_bus.py."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 from schemas.events import GenerateRequest, ReplyRoute, SamplingParams
 from streams.config import Settings
+from streams.service.intake import Rejection
 from streams.worker.intake import draft_scope, to_engine_request
-from streams.worker.suffix_feed import SuffixFeed, follows_completions
+from streams.worker.suffix_feed import CompletionDigest, SuffixFeed, follows_completions, read_digest
 from tests.completion_records import record
 
 MODEL = "m"
+LIMIT = 1024 * 1024
 
 
 def _request(rid: str, tenant: str = "acme", log_prompt: bool = True) -> GenerateRequest:
@@ -22,8 +25,15 @@ def _request(rid: str, tenant: str = "acme", log_prompt: bool = True) -> Generat
 
 
 def _record(rid: str, text: str, *, worker: str = "other", tenant: str = "acme", log_prompt: bool = True,
-            model: str = MODEL) -> Any:
-    return record(rid, "q", text, model=model, tenant=tenant, log_prompt=log_prompt, worker=worker)
+            model: str = MODEL) -> CompletionDigest:
+    return _digest(record(rid, "q", text, model=model, tenant=tenant, log_prompt=log_prompt, worker=worker))
+
+
+def _digest(full: Any) -> CompletionDigest:
+    """What the feed reads of the record a worker writes (streams.worker.completions_log)."""
+    digest = read_digest(full.model_dump_json().encode(), LIMIT)
+    assert isinstance(digest, CompletionDigest)
+    return digest
 
 
 class _Tokenizer:
@@ -53,10 +63,11 @@ async def _fed(records: list[Any], shared: bool = False) -> tuple[SuffixFeed, _E
     async def call(fn: Any) -> Any:
         return fn(engine)
 
-    await feed.on_record(records[0])  # read before the engine is loaded: handed over once it is
+    feed.take(records[0])  # read before the engine is loaded: handed over once it is
+    feed.backlog_read()
     feed.attach(call, _Tokenizer())
     for rec in records[1:]:
-        await feed.on_record(rec)
+        feed.take(rec)
     await feed.drained()
     return feed, engine
 
@@ -99,9 +110,10 @@ async def test_a_backlog_larger_than_the_index_hands_over_only_its_newest_answer
 
     feed.attach(call, _Tokenizer())
     for i in range(10):  # all written before this worker started
-        await feed.on_record(_record(f"r{i}", str(i)))
-        await asyncio.sleep(0.01)  # the hand-over task runs, and waits
+        feed.take(_record(f"r{i}", str(i)))
+        await asyncio.sleep(0.01)
         assert engine.learned == []  # nothing while the backlog is being read
+    feed.backlog_read()
     await feed.drained()
     assert engine.learned == [("tenant:acme", [ord(str(i))]) for i in (7, 8, 9)]
     assert feed.read == 10 and feed.learned == 3
@@ -128,5 +140,29 @@ def test_only_a_worker_drafting_by_suffix_decoding_follows_the_completions() -> 
     assert SuffixFeed.from_settings(settings(method="ngram"), "me", served=list) is None
     feed = SuffixFeed.from_settings(settings(method="suffix", suffix_shared=True), "me", served=list)
     assert feed is not None and feed.shared
-    [listener] = feed.listeners(settings().catalog)
-    assert listener.topic == settings().catalog.completions and listener.from_beginning
+
+
+def test_the_digest_reads_what_the_completion_record_says() -> None:
+    full = record("r", "q", "the answer", model=MODEL, tenant="acme", worker="w")
+    digest = _digest(full)
+    for name in CompletionDigest.model_fields:
+        if name not in ("request", "completion"):
+            assert getattr(digest, name) == getattr(full, name), name
+    assert digest.completion is not None and full.completion is not None
+    assert digest.completion.text == full.completion.text and digest.request is not None
+    assert _record("r", "x", log_prompt=False).request is None
+
+
+def test_records_the_feed_cannot_read_say_why() -> None:
+    good = record("r", "q", "a", model=MODEL, tenant="acme", worker="w").model_dump()
+
+    def reason(value: bytes) -> str:
+        digest = read_digest(value, LIMIT)
+        assert isinstance(digest, Rejection), value[:40]
+        return digest.message
+
+    assert "malformed JSON" in reason(b"{nope")
+    assert "limit" in reason(json.dumps({**good, "pad": "x" * LIMIT}).encode())
+    for version in (2, True):
+        assert "schema_version" in reason(json.dumps({**good, "schema_version": version}).encode())
+    assert "tenant" in reason(json.dumps({k: v for k, v in good.items() if k != "tenant"}).encode())
