@@ -49,10 +49,11 @@ from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
 from engine.outputs import PrefixCacheCounters, RequestOutput, RequestOutputAccum, SpecCounters
+from engine.quant.linear import bf16_piece_rows
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
 from engine.sampler import RequestRng
-from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput, draft_cap
+from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput, draft_cap, draft_room
 from engine.sequence import Sequence
 from engine.speculative.controller import SpeculationController
 from engine.speculative.proposer import (
@@ -189,6 +190,8 @@ class LLMEngine:
             say(install_norm_kernel(self.model))  # ... and normalizes as they do
             self.model.fused_step, line = FusedDecoderStep.build(self.model)
             say(line)
+        # Drafts never make a step's bf16 GEMMs take one more piece (engine.scheduler.draft_room).
+        self.bf16_piece_rows = bf16_piece_rows(self.model)
         self.committer = Committer(self.scheduler, self.eos_token_ids, self.proposer, self.lora)
         self.matchers = Matchers(loaded.tokenizer, self.vocab_size, self.eos_token_ids)
         self.num_forwards = 0
@@ -362,7 +365,8 @@ class LLMEngine:
         caps = [draft_cap(s, self.max_draft_tokens) for s in decoding]
         if isinstance(self.proposer, DraftSources):
             self._follow_sources(self.proposer, self.controller, decoding)
-        ks = self.controller.plan([s.spec_state for s in decoding if s.spec_state is not None], base, caps)
+        ks = self.controller.plan([s.spec_state for s in decoding if s.spec_state is not None], base, caps,
+                                  room=draft_room(base, self.bf16_piece_rows))
         return {s.request_id: k for s, k in zip(decoding, ks) if k > 0}
 
     @staticmethod

@@ -183,6 +183,14 @@ def bf16_row_window(out_features: int, in_features: int) -> int:
     return _row_windows[key]
 
 
+def bf16_piece_rows(model: nn.Module) -> int | None:
+    """The fewest rows a bf16 GEMM call of the model's linears takes (Bf16Kernel runs a wider step as pieces):
+    None where no linear has a bf16 kernel (fp32 weights, or int4/int8 without their bf16 copy)."""
+    kernels = [k for m in model.modules() for k in (getattr(m, "wide", None), getattr(m, "kernel", None))
+               if isinstance(k, Bf16Kernel)]
+    return min((bf16_row_window(k.out_features, k.in_features) for k in kernels), default=None)
+
+
 class Bf16Kernel:
     """A bf16 weight [out, in], oneDNN-prepacked (the packed copy is the only one kept).
 

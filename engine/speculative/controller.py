@@ -232,13 +232,16 @@ class SpeculationController:
 
     # ------------------------------------------------------------ planning
 
-    def plan(self, states: Sequence[SpecState], base_tokens: int, caps: Sequence[int] | None = None) -> list[int]:
+    def plan(self, states: Sequence[SpecState], base_tokens: int, caps: Sequence[int] | None = None,
+             room: int | None = None) -> list[int]:
         """Draft lengths for this step, one per decoding request.
 
         base_tokens: tokens the step feeds without drafts (prefill chunks plus
         one per decoding sequence). caps: per request the most drafts it may
         verify, each in 0..max_draft_tokens (engine.scheduler.draft_cap decides
-        them); None: max_draft_tokens for all. Also sets state.k.
+        them); None: max_draft_tokens for all. room: the most drafts the step may
+        take in all (engine.scheduler.draft_room: a cost step the linear model
+        cannot see); None: no such bound. Also sets state.k.
         """
         n = len(states)
         kmax = self.cfg.max_draft_tokens
@@ -268,9 +271,9 @@ class SpeculationController:
         accs = [self.acceptance(s) for s in states]
         # base_time / n: each request's share of the step it rides in anyway.
         best_k = self._best_lengths(states, accs, limits, base_time / n, marginal_s)
-        best_cap, best_tps = self._best_cap(states, accs, best_k, base_tokens, costs)
+        best_cap, best_tps = self._best_cap(states, accs, best_k, base_tokens, costs, room)
         explore = self.tuning.explore_interval_steps
-        if explore and best_cap == 0 and self.step % explore == 0:
+        if explore and best_cap == 0 and self.step % explore == 0 and room != 0:
             best_cap = 1  # keep the cost model seeing steps with drafts
         self.global_cap = best_cap
         self.expected_tokens_per_s = best_tps
@@ -285,6 +288,14 @@ class SpeculationController:
                 # estimate (no drafts, no observations) forever.
                 self._switch_off(s)
             out.append(s.k)
+        excess = sum(out) - room if room is not None else 0
+        for i in reversed(range(len(out))):  # probes and the exploring cap within the room, the newest first
+            if excess <= 0:
+                break
+            cut = min(out[i], excess)
+            out[i] -= cut
+            states[i].k = out[i]
+            excess -= cut
         return out
 
     @staticmethod
@@ -309,15 +320,19 @@ class SpeculationController:
         return best_k
 
     def _best_cap(
-        self, states: Sequence[SpecState], accs: list[float], best_k: list[int], base_tokens: int, costs: StepCosts
+        self, states: Sequence[SpecState], accs: list[float], best_k: list[int], base_tokens: int, costs: StepCosts,
+        room: int | None = None,
     ) -> tuple[int, float]:
         """The global cap K (request i drafts min(K, k_i); probes keep theirs) with
-        the most expected tokens per second for the batch, and that rate."""
+        the most expected tokens per second for the batch, and that rate. Caps whose
+        drafts exceed the room are not considered (0 always is)."""
         c0, c1, cd = costs.fixed_s, costs.per_token_s, costs.draft_per_token_s
         best_cap, best_tps = 0, -1.0
         for cap in range(0, self.cfg.max_draft_tokens + 1):
             ks = [k if s.probing else min(k, cap) for s, k in zip(states, best_k)]
             drafted = sum(ks)
+            if cap > 0 and room is not None and drafted > room:
+                break  # a larger cap drafts no less
             time_s = max(c0 + c1 * (base_tokens + drafted) + cd * drafted, 1e-12)
             tps = sum(expected_tokens(a, k) for a, k in zip(accs, ks)) / time_s
             if tps > best_tps * (1.0 + 1e-9):  # ties go to the smaller cap

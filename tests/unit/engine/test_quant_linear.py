@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from _engine_factories import needs_bf16_gemm, threads  # noqa: F401
+from _engine_factories import make_engine, needs_bf16_gemm, threads, tiny_hf_model  # noqa: F401
 
 from engine.quant import vnni
 from engine.quant.linear import (
-    MAX_QUANT_ROWS, Bf16Linear, Int4Kernel, Int8Kernel, QuantizedEmbedding, QuantizedLinear, StepKind, nbytes,
-    quant_kernel,
+    MAX_QUANT_ROWS, Bf16Linear, Int4Kernel, Int8Kernel, QuantizedEmbedding, QuantizedLinear, StepKind,
+    bf16_piece_rows, bf16_row_window, nbytes, quant_kernel,
 )  # fmt: skip
 from engine.quant.tensor import QuantizedTensor, quantize
 from engine.quant.vnni import VnniKernel, activations_as_used
@@ -115,6 +115,18 @@ def test_without_the_wide_copy_every_step_runs_the_quantized_kernel_and_keeps_a_
     # 4-bit codes + a bf16 (scale, zero) per 32 weights: 0.5 + 4/32 bytes per weight
     assert nbytes(lean.tensors()) == 256 * 512 // 2 + 256 * 512 // 32 * 4
     assert nbytes(full.tensors()) == nbytes(lean.tensors()) + bf16_bytes
+
+
+@needs_bf16_gemm
+def test_a_models_bf16_piece_is_its_narrowest_linears_window_and_none_without_a_bf16_kernel() -> None:
+    qt = quantize(torch.randn(64, 64), "int4")
+    mixed = torch.nn.Sequential(Bf16Linear(torch.randn(96, 64), None), QuantizedLinear(qt, None, wide=True))
+    assert bf16_piece_rows(mixed) == min(bf16_row_window(96, 64), bf16_row_window(64, 64))
+    assert bf16_piece_rows(torch.nn.Sequential(QuantizedLinear(qt, None, wide=False), torch.nn.Linear(4, 4))) is None
+    llama = tiny_hf_model("llama")  # the engine bounds each step's drafts by it (engine.scheduler.draft_room)
+    bf16 = make_engine(llama, weights="bf16")
+    assert bf16.bf16_piece_rows == bf16_piece_rows(bf16.model) is not None
+    assert make_engine(llama, weights="fp32").bf16_piece_rows is None
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])

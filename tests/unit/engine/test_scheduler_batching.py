@@ -8,7 +8,7 @@ import torch
 
 from engine.kv_cache import KVCache
 from engine.request import EngineRequest, RequestRejected, SamplingOptions
-from engine.scheduler import Scheduler, SchedulerOutput, draft_cap
+from engine.scheduler import Scheduler, SchedulerOutput, draft_cap, draft_room
 from engine.sequence import Sequence, SequenceStatus
 from engine.speculative.proposer import DraftProposal
 
@@ -250,3 +250,8 @@ def test_a_prefill_chunk_without_logits_advances_by_its_chunk() -> None:
     assert not out.scheduled[0].needs_logits
     sch.update_from_step(out, {})
     assert sch.running[0].num_computed == 16
+
+
+def test_a_steps_draft_room_ends_where_its_bf16_gemms_would_take_one_more_piece() -> None:
+    assert [draft_room(rows, 64) for rows in (1, 16, 63, 64, 65, 128)] == [63, 48, 1, 0, 63, 0]
+    assert draft_room(64, None) is None  # no bf16 pieces: no bound

@@ -100,6 +100,25 @@ def test_caps_bound_the_draft() -> None:
     assert ctl.plan(states, 2, caps=[2, 0]) == [2, 0]
 
 
+def test_the_drafts_of_a_step_stay_within_its_room_however_cheap_the_cost_model_says_they_are() -> None:
+    ctl = controller(FixedCostModel(fixed_s=0.03, per_token_s=0.0))  # flat: drafts look free
+    states = [ctl.new_state(f"r{i}") for i in range(4)]
+    assert ctl.plan(states, base_tokens=4, room=9) == [2, 2, 2, 2]  # the largest cap within the room
+    assert ctl.plan(states, base_tokens=4, room=0) == [0] * 4
+    assert ctl.plan(states, base_tokens=4, room=None) == [6] * 4
+
+
+def test_probes_and_exploration_stay_within_the_room_too() -> None:
+    ctl = controller(FixedCostModel(0.01, 0.0), probe_interval_steps=3, probe_tokens=3)
+    probes = [ctl.new_state("a"), ctl.new_state("b")]
+    for s in probes:
+        s.off, s.next_probe_step = True, 1
+    assert ctl.plan(probes, 2, room=4) == [3, 1] and [s.k for s in probes] == [3, 1]
+    explorer = controller(FixedCostModel(0.0, 1.0), explore_interval_steps=1)  # drafts never pay: only exploring
+    assert explorer.plan([explorer.new_state("a")], 1, room=1) == [1]
+    assert explorer.plan([explorer.new_state("a")], 1, room=0) == [0]
+
+
 def test_compute_bound_moderate_acceptance_turns_speculation_off() -> None:
     # Verification cost linear in tokens, no fixed part to amortise: every draft
     # token costs as much as a real one and is only accepted 60% of the time.
