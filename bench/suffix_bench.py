@@ -32,11 +32,11 @@ from pathlib import Path
 from bench.result_files import default_out
 from bench.structured_workload import extraction_workloads
 from bench.vllm_cpu_compare import ENV as VLLM_ENV
+from bench.vllm_cpu_compare import MODEL, SETTINGS
 from bench.workloads import BY_NAME
 from streams.commands.vllm_env import vllm_python
 
 METHODS = ("plain", "ngram", "suffix", "vllm_plain", "vllm_ngram", "vllm_suffix")
-MODEL = "smollm2-135m-instruct"
 
 
 @dataclass
@@ -97,11 +97,10 @@ class _Vllm:
         from engine.loader import resolve_model_dir
         from streams.worker.vllm_mapping import engine_kwargs
 
-        config = embedded_engine_config(model=MODEL, speculation=_speculation(method, settings),
-                                        max_model_len=2048, kv_cache_bytes="1GiB")
+        config = embedded_engine_config(model=MODEL, speculation=_speculation(method, settings), **SETTINGS)
         model_dir = str(resolve_model_dir(MODEL))
-        self.llm = LLM(**(engine_kwargs(config, model_dir, 2048) | {"enforce_eager": False,
-                                                                      "disable_log_stats": False}))
+        self.llm = LLM(**(engine_kwargs(config, model_dir, SETTINGS["max_model_len"])
+                          | {"enforce_eager": False, "disable_log_stats": False}))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
     def _spec_counts(self) -> tuple[int, int]:
