@@ -61,11 +61,14 @@ class RagService:
                                    max_prompt_chars=rag.max_prompt_chars)
         self.index_admin = IndexAdmin(catalog, self.embedder, self.searcher, self.stores)
         options = ServiceOptions.from_settings(settings, rag)
-        self.services = [
-            ConsumerService(dataclasses.replace(options, service_id=f"{options.service_id}-{c.kind}"),
-                            reading_tables(c))
-            for c in (self.indexer.consumer(), self.retriever.consumer(), self.index_admin.consumer())
-        ]
+        self.services: list[ConsumerService] = []
+        for consumer in (self.indexer.consumer(), self.retriever.consumer(), self.index_admin.consumer()):
+            # One /metrics and one tracer for the process: the first consumer's, which the others are beside.
+            first = self.services[0].telemetry if self.services else None
+            telemetry = first.beside(consumer.kind, consumer.group(options.catalog)) if first is not None else None
+            self.services.append(ConsumerService(
+                dataclasses.replace(options, service_id=f"{options.service_id}-{consumer.kind}"),
+                reading_tables(consumer), telemetry=telemetry))
         self._cleanups: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -76,7 +79,7 @@ class RagService:
         log.info("rag service ready: index %s", "server" if self.index.server else "local")
 
     async def stop(self) -> None:
-        for service in self.services:
+        for service in reversed(self.services):  # the first, which owns the telemetry, last
             try:
                 await service.stop()
             except Exception:  # stop the others anyway

@@ -86,6 +86,9 @@ class Consumer(Generic[InputT]):
     close: Callable[[], Awaitable[None]] | None = None
     models: Callable[[], list[str]] = list  # announced (engine workers)
 
+    def group(self, catalog: TopicCatalog) -> str:
+        return self.group_id or f"{catalog.prefix}.{self.kind}s"
+
 
 @dataclass(frozen=True)
 class ServiceOptions:

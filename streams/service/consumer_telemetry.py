@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import functools
 import logging
 import time
@@ -61,6 +62,9 @@ class ConsumerTelemetry(Telemetry):
         self.tracing = tracing
         self.metrics = metrics
         self.host, self.port = host, port
+        # False for a consumer beside another (beside()): that one serves the one /metrics (a second server would
+        # take the same configured port) and shuts the tracer down.
+        self.owned = True
         self._server: MetricsServer | None = None
         self._lag: asyncio.Task[None] | None = None
 
@@ -78,16 +82,27 @@ class ConsumerTelemetry(Telemetry):
         return cls(kind, group_id, tracing, metrics, host=settings.metrics.worker_host,
                    port=settings.metrics.worker_port)
 
+    def beside(self, kind: str, group_id: str) -> ConsumerTelemetry:
+        """Another consumer of this process: its series (by its kind) on this one's registry and /metrics, its spans
+        on this one's tracer; this one serves, announces and shuts down."""
+        other = copy.copy(self)
+        other.kind, other.group_id, other.owned = kind, group_id, False
+        other.metrics = self.metrics.of(kind) if self.metrics is not None else None
+        other._server, other._lag, other.metrics_url = None, None, None
+        return other
+
     # --- the service's life -----------------------------------------------------------------------------------------
 
     def start(self, service: Running) -> None:
-        if self.metrics is None or self._server is not None:
+        if self.metrics is None or self._server is not None or self._lag is not None:
             return
         self.metrics.watch_in_flight(lambda: service.in_flight)
+        self._lag = asyncio.create_task(self._sample_lag(service), name=f"{self.kind}-lag-sampler")
+        if not self.owned:
+            return
         self._server = MetricsServer(self.metrics.registry, self.host, self.port or 0)
         self.metrics_url = self._server.url
         log.info("%s metrics on %s", self.kind, self.metrics_url)
-        self._lag = asyncio.create_task(self._sample_lag(service), name=f"{self.kind}-lag-sampler")
 
     def stop(self) -> None:
         if self._lag is not None:
@@ -96,7 +111,7 @@ class ConsumerTelemetry(Telemetry):
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self.tracing is not None:
+        if self.tracing is not None and self.owned:
             self.tracing.shutdown()
 
     async def _sample_lag(self, service: Running) -> None:

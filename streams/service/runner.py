@@ -61,7 +61,7 @@ class ConsumerService:
         self.consumer = consumer
         self.kind = consumer.kind
         self.service_id = options.service_id
-        self.group_id = consumer.group_id or f"{options.catalog.prefix}.{consumer.kind}s"
+        self.group_id = consumer.group(options.catalog)
         # Traces and metrics for every consumer; the engine worker passes its own (sharing its tracer and registry).
         self.telemetry: Telemetry = telemetry or ConsumerTelemetry.from_settings(options.telemetry, kind=self.kind,
                                                                                group_id=self.group_id)

@@ -32,6 +32,10 @@ class Running(Protocol):
 class Telemetry:
     metrics_url: str | None = None  # where this service's /metrics is served (announced)
 
+    def beside(self, kind: str, group_id: str) -> Telemetry:
+        """The telemetry of another consumer in this process: one /metrics (one port) and one tracer for all."""
+        return self
+
     def start(self, service: Running) -> None:
         """Before the first message: serve /metrics, start sampling lag (the service's event loop runs)."""
 

@@ -16,6 +16,7 @@ their own) and counts the rest as ``other``.
 """
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 
@@ -146,6 +147,16 @@ class ConsumerMetrics:
                                     "code.", ["consumer", "reason"], registry=registry)
         self.producer_errors = Counter(f"{PREFIX}producer_errors", "Events published that failed or were not "
                                        "acknowledged in time.", ["consumer"], registry=registry)
+        self._born(kind)
+
+    def of(self, kind: str) -> ConsumerMetrics:
+        """The same series for another consumer of this process (the worker's batch lane), labelled by its kind."""
+        other = copy.copy(self)
+        other.kind = kind
+        other._born(kind)
+        return other
+
+    def _born(self, kind: str) -> None:
         # Every outcome from zero: rate() and increase() miss the first increment of a series born at 1.
         for outcome in OUTCOMES:
             self.messages.labels(kind, outcome)

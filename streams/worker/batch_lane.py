@@ -24,6 +24,7 @@ from streams.config import Settings
 from streams.kafka.acls import worker_grants
 from streams.service import Consumer, Delivery, Output, Rejection, ServiceOptions
 from streams.service.runner import ConsumerService
+from streams.worker.observers import ServiceTelemetry
 
 BATCH_WORKER_KIND = "batch-worker"
 
@@ -32,7 +33,9 @@ class BatchLane:
     def __init__(self, settings: Settings, worker_id: str, *,
                  handle: Callable[[GenerateRequest, Delivery], Awaitable[None]],
                  precheck: Callable[[GenerateRequest], Rejection | None],
-                 models: Callable[[], list[str]], stop_lines: Callable[[str], None]) -> None:
+                 models: Callable[[], list[str]], stop_lines: Callable[[str], None],
+                 telemetry: ServiceTelemetry | None = None) -> None:
+        """telemetry: the worker's requests service's, which the lane's shares (one /metrics, one tracer)."""
         catalog = settings.catalog
         self.results_topic = catalog.batch_results.name
         self.book = BatchBook(settings.kafka, catalog.batches, on_change=self._changed)
@@ -43,12 +46,13 @@ class BatchLane:
         options = replace(ServiceOptions.from_settings(settings, settings.worker),
                           service_id=f"{worker_id}-batch", max_inflight=settings.batch.worker_slots,
                           reply_topic_patterns=(self.results_topic,))
+        group_id = f"{settings.kafka.topic_prefix}.batch-workers"
         self.service = ConsumerService(options, Consumer(
             kind=BATCH_WORKER_KIND, topic=catalog.batch_lines, input_model=GenerateRequest, handle=self._start,
             outputs=[Output(catalog.batch_results, Completion | ErrorEvent), Output(catalog.completions, CompletionRecord)],
-            group_id=f"{settings.kafka.topic_prefix}.batch-workers", check=self._check, grants=worker_grants,
+            group_id=group_id, check=self._check, grants=worker_grants,
             prepare=self._prepare, close=self.book.stop, models=models,
-        ))
+        ), telemetry=telemetry.beside(BATCH_WORKER_KIND, group_id) if telemetry is not None else None)
 
     def is_batch_line(self, request: GenerateRequest) -> bool:
         return request.reply_to.topic == self.results_topic

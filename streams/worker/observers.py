@@ -25,7 +25,7 @@ log = logging.getLogger("specstream.worker")
 
 class ServiceTelemetry(ConsumerTelemetry):
     """The foundation's telemetry of every consumer, sharing the worker's tracer and registry, which also tells
-    the worker's own telemetry when a request is over."""
+    the worker's own telemetry when a request is over (the batch lane's too: it is :meth:`beside` this one)."""
 
     def __init__(self, worker: WorkerTelemetry, settings: TelemetrySettings, *, kind: str) -> None:
         metrics = ConsumerMetrics(worker.metrics.registry, kind) if worker.metrics is not None else None

@@ -112,6 +112,8 @@ class EngineWorker:
         # Server-side tool calls: intents out, results in (streams.worker.tool_rounds).
         self.tool_rounds = ToolRounds(settings.tools, catalog.tool_intents.name, proceed=self._continue,
                                       spawn=self._spawn)
+        service_telemetry = (ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
+                             if self.telemetry is not None else None)
         self.service = ConsumerService(ServiceOptions.from_settings(settings, settings.worker), Consumer(
             kind=ENGINE_WORKER_KIND, topic=catalog.requests, input_model=GenerateRequest, handle=self._on_request,
             outputs=[Output(catalog.replies("<edge-id>"), TokenChunk | Completion | ErrorEvent),
@@ -122,11 +124,11 @@ class EngineWorker:
                        Listener(catalog.adapters, AdapterCommand, self.adapters.on_command, from_beginning=True)],
             prepare=self._load_engine, started=self._started, close=self._stop_engine,
             models=lambda: self.served_models,
-        ), telemetry=ServiceTelemetry(self.telemetry, settings.telemetry, kind=ENGINE_WORKER_KIND)
-            if self.telemetry is not None else None)
+        ), telemetry=service_telemetry)
         self.broker = self.service.broker
         self.batch_lane = BatchLane(settings, self.worker_id, handle=self._on_request, precheck=self._precheck,
-                                    models=lambda: self.served_models, stop_lines=self._stop_batch)
+                                    models=lambda: self.served_models, stop_lines=self._stop_batch,
+                                    telemetry=service_telemetry)
         self.service.announcer.extra = self.adapters.announcement
 
     @property

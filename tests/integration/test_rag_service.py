@@ -11,9 +11,11 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from schemas.documents import document_key
@@ -21,7 +23,9 @@ from schemas.events import ChatMessage, DeadLetter, ErrorEvent, GenerateRequest,
 from schemas.retrieval import FileSearch, IndexCommand, IndexState, RetrievalRequest, SearchResults
 from streams.kafka import clients
 from streams.config import Settings
+from streams.config.services import MetricsSettings, TelemetrySettings
 from streams.rag.service import RagService
+from streams.testing.stack import free_port
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401
 from tests.rag_support import (
     chunks_of,
@@ -109,6 +113,9 @@ class Rig:
 @pytest_asyncio.fixture(loop_scope="session")
 async def rig(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Rig]:  # noqa: F811
     settings = rag_settings(kafka_bootstrap, tmp_path)
+    # A fixed port, as deployments configure it: the service's three consumers must share it.
+    settings = settings.model_copy(update={"telemetry": TelemetrySettings(metrics=MetricsSettings(
+        worker_port=free_port()))})
     await clients.ensure_topics(kafka_bootstrap, settings.catalog.shared_topics())
     service = RagService(settings, embedder=shared_embedder())
     await service.start()
@@ -132,6 +139,18 @@ async def test_chunks_become_a_completed_document_and_a_search_over_the_bus_find
     assert "1887" in answer.passages[0].text
     assert answer.passages[0].score > answer.passages[1].score
     assert answer.index_versions == {"vs_alpha": 1}
+
+
+async def test_its_three_consumers_are_counted_on_the_one_configured_metrics_port(rig: Rig) -> None:
+    first, *others = rig.service.services
+    port = rig.settings.telemetry.metrics.worker_port
+    assert first.telemetry.metrics_url == f"http://127.0.0.1:{port}/metrics"
+    assert [s.telemetry.metrics_url for s in others] == [None, None]  # announced once, by the first
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(first.telemetry.metrics_url)).text
+    counted = {s.labels["consumer"] for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "specstream:consumer_in_flight"}
+    assert counted == {s.kind for s in rig.service.services}
 
 
 async def test_a_redelivered_part_changes_nothing(rig: Rig) -> None:
