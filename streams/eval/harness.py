@@ -229,14 +229,19 @@ def evaluate(lm_for: Callable[[bool], Any], scored: list[Any], generated: list[A
     """lm-eval's results for both groups of tasks, merged; ``lm_for(chat)`` gives the model for each group
     (generation tasks run as chats: lm-eval's apply_chat_template)."""
     from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
 
+    # The tasks are loaded already: left to itself, each run would index lm-eval's thousands of task files again
+    # (~10 s each on 2 cores).
+    manager = TaskManager(include_defaults=False)
     merged: dict[str, Any] = {}
     for tasks, chat in ((scored, False), (generated, True)):
         if not tasks:
             continue
         # Each run gets Task objects of its own: lm-eval fills a task's instances as it builds requests.
         out = simple_evaluate(model=lm_for(chat), tasks=[copy.deepcopy(t) for t in tasks], limit=limit,
-                              apply_chat_template=chat, log_samples=True, bootstrap_iters=1000)
+                              apply_chat_template=chat, log_samples=True, bootstrap_iters=1000,
+                              task_manager=manager)
         if out is None:
             raise HarnessError("lm-eval returned no results")
         for key in _RESULT_KEYS:
