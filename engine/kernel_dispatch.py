@@ -147,7 +147,7 @@ def _quant_timings(model: Decoder, fmt: str, cache_dir: Path) -> KernelTimings:
     narrow = {getattr(m.narrow, "key", type(m.narrow).__name__) for m in linears}
     return _timings(
         model, "+".join([fmt, *sorted(narrow)]), QuantizedLinear, lambda lin: nbytes(lin.narrow.tensors()),
-        lambda lin: None if lin.wide is None else KernelPair(lin.in_features, lin.narrow, lin.wide),
+        lambda lin: None if not lin.widenable else KernelPair(lin.in_features, lin.narrow, lin.trial_wide()),
         ACT_DTYPE, cache_dir,
     )
 
@@ -177,6 +177,7 @@ def _dispatch_quant(model: Decoder, fmt: str, mode: DispatchMode, request_rows: 
             ours = all(isinstance(m.narrow, VnniKernel) for m in model.modules() if isinstance(m, QuantizedLinear))
             window = QuantWindow(None, NOISY_OURS) if ours else QuantWindow(FIXED_QUANT_ROWS, NOISY)
         why = "; ".join(filter(None, [window.note, _figures(t, f"{fmt}/bf16")]))
+    _settle_wide(model, keep=window.max_rows is not None)
     for m in model.modules():
         if isinstance(m, QuantizedLinear):
             if window.max_rows is None:
@@ -195,19 +196,32 @@ def dispatch_kernels(
 ) -> str | None:
     """Set up the model's row-count dispatch for its weight format (logged); returns the line said at start,
     or None where there is no choice to make (CUDA, bf16's single kernel, engine.prepack_weights off, no bf16
-    copy on this CPU).
+    copy on this CPU). Deferred bf16 copies (QuantizedLinear.defer_wide) are made here where a step runs on them.
     KernelTimings are cached under cache_root/calibration."""
-    mode = config.kernel_dispatch  # one of DispatchMode: EngineConfig refuses any other, naming the key
-    if not config.prepack_weights or model.device.type != "cpu":
-        return None
-    cache_dir = cache_root / "calibration"
-    line: str | None = None
-    if weight_format == "fp32" and packing_available(model.device, model.dtype):
-        line = _dispatch_fp32(model, mode, cache_dir)  # type: ignore[arg-type]
-    elif weight_format in ("int4", "int8") and any(
-        isinstance(m, QuantizedLinear) and m.wide is not None for m in model.modules()
-    ):  # without a bf16 copy (a CPU oneDNN's bf16 GEMM refuses) every step runs the quantized kernel: no choice
-        line = _dispatch_quant(model, weight_format, mode, 1 + max_draft_tokens, cache_dir)  # type: ignore[arg-type]
+    try:
+        line = _dispatch(model, weight_format, config, max_draft_tokens, cache_root / "calibration")
+    finally:
+        _settle_wide(model, keep=True)  # no window decided (no choice to make): the copies as asked
     if line is not None:
         logging.getLogger(__name__).info(line)
     return line
+
+
+def _dispatch(model: Decoder, weight_format: str, config: EngineConfig, max_draft_tokens: int,
+              cache_dir: Path) -> str | None:
+    mode = config.kernel_dispatch  # one of DispatchMode: EngineConfig refuses any other, naming the key
+    if not config.prepack_weights or model.device.type != "cpu":
+        return None
+    if weight_format == "fp32" and packing_available(model.device, model.dtype):
+        return _dispatch_fp32(model, mode, cache_dir)  # type: ignore[arg-type]
+    if weight_format in ("int4", "int8") and any(isinstance(m, QuantizedLinear) and m.widenable
+                                                 for m in model.modules()):
+        # Without a bf16 copy (a CPU oneDNN's bf16 GEMM refuses) every step runs the quantized kernel: no choice.
+        return _dispatch_quant(model, weight_format, mode, 1 + max_draft_tokens, cache_dir)  # type: ignore[arg-type]
+    return None
+
+
+def _settle_wide(model: Decoder, keep: bool) -> None:
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            m.settle_wide(keep)

@@ -49,6 +49,7 @@ from engine.model_ref import cache_root
 from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
 from engine.outputs import PrefixCacheCounters, RequestOutput, RequestOutputAccum, SpecCounters
+from engine.quant.apply import resident_line
 from engine.quant.linear import bf16_piece_rows
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
@@ -150,7 +151,8 @@ class LLMEngine:
 
         # RoPE tables for every position of the longest region: drafts may run past max_model_len - 1.
         self.model.init_rope(loaded.hf_config, region_size(self.max_model_len, self.max_draft_tokens))
-        self.weight_format = apply_weights(loaded, config.weights, config.prepack_weights, say, config.quant_kernel)
+        self.weight_format = apply_weights(loaded, config.weights, config.prepack_weights, say, config.quant_kernel,
+                                           defer_wide=True)
         if isinstance(self.proposer, FollowsWeightFormat):  # a draft head: its weights in the target's format too
             self.proposer.follow_weight_format(self.weight_format, config.quant_kernel)
         # Which kernel each step size runs on this CPU (measured, or fixed): one line at start. Sized by the
@@ -158,6 +160,8 @@ class LLMEngine:
         dispatch = dispatch_kernels(self.model, self.weight_format, config, spec.max_draft_tokens, cache_root().parent)
         if dispatch is not None:
             say(dispatch)
+        if self.weight_format != "fp32":
+            say(resident_line(self.model, self.weight_format))
 
         self.kv_cache = build_kv_cache(loaded, config, self.max_model_len, self.max_draft_tokens, self.weight_format)
         usage = self.kv_cache.usage()

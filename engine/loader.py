@@ -300,13 +300,15 @@ def load_model(
 
 
 def apply_weights(
-    loaded: LoadedModel, requested: str, wide: bool, progress: Progress | None = None, kernel: str = "auto"
+    loaded: LoadedModel, requested: str, wide: bool, progress: Progress | None = None, kernel: str = "auto",
+    defer_wide: bool = False,
 ) -> str:
     """Install the `engine.weights` format into a loaded model; returns the format in use.
 
     A format this device cannot run is replaced (by fp32, or engine.dtype on CUDA)
     with the reason said, and logged, once at start. wide: keep a bf16 copy for
-    steps of many rows (engine.quant.linear). kernel: engine.quant_kernel.
+    steps of many rows (engine.quant.linear). kernel: engine.quant_kernel. defer_wide:
+    engine.kernel_dispatch.dispatch_kernels makes the bf16 copies, where a step runs on them.
     """
     import logging
 
@@ -332,6 +334,7 @@ def apply_weights(
             f"{resolved.fmt}")
         wide = False
     apply_weight_format(
-        loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say, kernel
+        loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say, kernel,
+        defer_wide,
     )
     return resolved.fmt

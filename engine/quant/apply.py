@@ -68,14 +68,15 @@ def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, module)
 
 
-def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide: bool, kernel: str = "auto") -> None:
+def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide: bool, kernel: str = "auto",
+                      defer_wide: bool = False) -> None:
     """Replace the linears, the embedding and the LM head by their quantized forms (in place).
-    kernel: engine.quant_kernel."""
+    kernel: engine.quant_kernel; defer_wide: the bf16 copies wait for the kernel dispatch (QuantizedLinear)."""
     for name, lin in _linears(model).items():
         _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide, kernel=kernel,
-                                                 step=model.step_kind))
+                                                 step=model.step_kind, defer_wide=defer_wide))
     head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide, kernel=kernel,
-                           step=model.step_kind)
+                           step=model.step_kind, defer_wide=defer_wide)
     # A tied head on our kernel holds the only copy of the codes (in its layout): the lookup reads rows from it.
     narrow = head.narrow
     tied = narrow if "lm_head" not in tensors and isinstance(narrow, VnniKernel) and narrow.bits == 8 else None
@@ -212,17 +213,25 @@ def apply_weight_format(
     wide: bool,
     say: Progress = _noop,
     kernel: str = "auto",
+    defer_wide: bool = False,
 ) -> None:
-    """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32; kernel: engine.quant_kernel."""
+    """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32; kernel: engine.quant_kernel.
+    defer_wide: the kernel dispatch settles the bf16 copies, and says the resident line (resident_line) after."""
     if fmt == "bf16":
         install_bf16(model)
     elif fmt in ("int4", "int8"):
         tensors = quantized_tensors(model, fmt, model_dir, gguf, cache_root, say)  # type: ignore[arg-type]
         say(chosen(kernel)[1])
-        install_quantized(model, tensors, wide, kernel)
+        install_quantized(model, tensors, wide, kernel, defer_wide)
     else:
         raise ValueError(f"apply_weight_format: {fmt!r} is not an installable format")
     for layer in model.layers:
         layer.self_attn.rows_as_decodes = MAX_QUANT_ROWS  # verification rows numerically like decodes
-    copy = " (with the bf16 copy for wide steps)" if wide and fmt != "bf16" else ""
-    say(f"weights: {fmt}, {weight_bytes(model) / 2**20:.0f} MiB resident{copy}")
+    if not defer_wide:
+        say(resident_line(model, fmt))
+
+
+def resident_line(model: Decoder, fmt: str) -> str:
+    wide = any(isinstance(m, QuantizedLinear) and m.wide is not None for m in model.modules())
+    copy = " (with the bf16 copy for wide steps)" if wide else ""
+    return f"weights: {fmt}, {weight_bytes(model) / 2**20:.0f} MiB resident{copy}"

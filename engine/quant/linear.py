@@ -254,15 +254,33 @@ class QuantizedLinear(nn.Module):
         max_quant_rows: int = MAX_QUANT_ROWS,
         kernel: str = "auto",
         step: StepKind | None = None,  # the model's (engine.quant.apply); none: a step never holds prompt rows
+        defer_wide: bool = False,
     ) -> None:
+        """defer_wide: the bf16 copy is made by settle_wide, once the kernel dispatch knows whether any step runs
+        on it (the first copies of a process cost ~2 s on 2 cores, for nothing when every step stays narrow)."""
         super().__init__()
         self.step = step if step is not None else StepKind()
         self.out_features, self.in_features = qt.shape
         self.fmt = qt.fmt
         self.max_quant_rows = max_quant_rows
         self.narrow: Kernel = quant_kernel(qt, kernel)
-        self.wide: Kernel | None = Bf16Kernel(qt.dequantize()) if wide else None
+        self.wide: Kernel | None = Bf16Kernel(qt.dequantize()) if wide and not defer_wide else None
+        self.source: QuantizedTensor | None = qt if wide and defer_wide else None  # until settle_wide
         self.register_buffer("bias", bias, persistent=False)
+
+    @property
+    def widenable(self) -> bool:
+        return self.wide is not None or self.source is not None
+
+    def trial_wide(self) -> Kernel | None:
+        """The bf16 copy to time against the narrow kernel: the deferred one made now (dropped by the caller)."""
+        return Bf16Kernel(self.source.dequantize()) if self.source is not None else self.wide
+
+    def settle_wide(self, keep: bool) -> None:
+        """Make the deferred bf16 copy (keep) or not; either way the source goes."""
+        if self.source is not None and keep:
+            self.wide = Bf16Kernel(self.source.dequantize())
+        self.source = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] (model dtype) -> [T, out] (model dtype)."""

@@ -280,3 +280,30 @@ def test_noisy_timings_keep_every_step_on_our_kernel_and_torchs_on_the_fixed_win
     monkeypatch.setattr("engine.kernel_dispatch._quant_timings", lambda *args: busy)
     engine = make_engine(tiny_hf_model("qwen2"), weights="int4", quant_kernel=kernel, kernel_dispatch="auto")
     assert _quant_window(engine) == window
+
+
+@needs_bf16_gemm
+@pytest.mark.parametrize(("bf16_wins", "copies"), [(False, 0), (True, 1)])
+def test_the_bf16_copy_is_made_only_where_the_dispatch_runs_a_step_on_it(
+    monkeypatch: pytest.MonkeyPatch, bf16_wins: bool, copies: int
+) -> None:
+    # The first bf16 copies of a process cost ~2 s of a worker's start on 2 cores: with the timings cached, an
+    # engine whose every step stays on the quantized kernel never makes them.
+    import engine.quant.linear as linear
+
+    made: list[int] = []
+
+    class Counting(linear.Bf16Kernel):
+        def __init__(self, weight: torch.Tensor) -> None:
+            made.append(1)
+            super().__init__(weight)
+
+    monkeypatch.setattr(linear, "Bf16Kernel", Counting)
+    ms = [float(r) for r in ROWS]
+    timings = _timings(ms, [m / 4 for m in ms]) if bf16_wins else _timings(ms, [m * 4 for m in ms])
+    monkeypatch.setattr("engine.kernel_dispatch._quant_timings", lambda *args: timings)
+    engine = make_engine(tiny_hf_model("qwen2"), weights="int8", kernel_dispatch="auto")
+    layers = [m for m in engine.model.modules() if isinstance(m, QuantizedLinear)]
+    assert len(made) == copies * len(layers)
+    assert _quant_window(engine) == (0 if bf16_wins else None)
+    assert all(m.source is None for m in layers)  # the kept quantized tensors are let go either way
