@@ -126,8 +126,8 @@ def scraped(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """Prometheus scraping the stack, and the answers of the requests it saw (a warm-up, then one per prompt)."""
     targets = tmp_path_factory.mktemp("prometheus-targets") / "workers.json"
     entries = _worker_targets(stack, targets)
-    # The worker process and its batch lane (a second consumer, with metrics of its own).
-    assert sorted(e["labels"]["kind"] for e in entries) == ["batch-worker", "engine-worker"], entries
+    # The worker process, announced once: its batch lane (a second consumer) counts on the same /metrics.
+    assert [e["labels"]["kind"] for e in entries] == ["engine-worker"], entries
     with prometheus_server(f"127.0.0.1:{stack.port}", targets) as prometheus:
         _chat(stack, "warm-up: " + PROMPTS[0])
         # Series born before the measured requests are in Prometheus first, so rate() sees all of those requests.
@@ -202,7 +202,8 @@ def test_prometheus_sees_the_edge_its_ready_worker_and_the_request_partitions_la
         stack: Stack, scraped: tuple[Prometheus, list]) -> None:
     prometheus, _ = scraped
     served = len(SERVED)
-    assert prometheus.value('count(up == 1)') == 3  # the edge, the worker and its batch lane
+    assert prometheus.value('count(up == 1)') == 2  # the edge and the worker (its batch lane on the same port)
+    assert prometheus.query('specstream:consumer_in_flight{consumer="batch-worker"}')
     assert prometheus.value("specstream:ready_workers") == 1
     assert prometheus.value('sum(specstream:edge_requests_total{route="/v1/chat/completions",status="200"})') == served - 1
     # A websocket carries many requests: each is counted, answered or refused, with its latencies.
