@@ -13,6 +13,10 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 
+class MetricsPortError(OSError):
+    """The configured address of a consumer's /metrics cannot be bound (in use, not this host's, no permission)."""
+
+
 class MetricsServer:
     def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
         class MetricsHandler(BaseHTTPRequestHandler):
@@ -30,7 +34,11 @@ class MetricsServer:
             def log_message(self, *args: Any) -> None:
                 pass  # one line per scrape is noise
 
-        self._server = ThreadingHTTPServer((host, port), MetricsHandler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), MetricsHandler)
+        except OSError as error:  # the process cannot serve as configured: say which settings, not just errno
+            raise MetricsPortError(f"cannot serve /metrics on {host}:{port} (telemetry.metrics.worker_host, "
+                                   f"worker_port): {error.strerror or error}") from error
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics", daemon=True)
         self._thread.start()

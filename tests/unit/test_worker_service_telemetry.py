@@ -1,5 +1,6 @@
 """The engine worker's two inputs (requests and the batch lane) share one /metrics, one tracer and the worker's
-per-request telemetry: a configured metrics port is bound once, and a batch line is forgotten when it is over."""
+per-request telemetry: a configured metrics port is bound once, and a batch line is forgotten when it is over. A
+port that cannot be bound is refused naming the settings."""
 from __future__ import annotations
 
 import asyncio
@@ -7,6 +8,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
@@ -84,3 +86,18 @@ def test_the_lane_stopping_leaves_the_tracer_to_the_worker() -> None:
     requests.stop()
     worker.tracing.tracer.start_span("after the worker stopped").end()
     assert [span.name for span in exporter.get_finished_spans()] == ["after the lane stopped"]
+
+
+def test_a_metrics_port_in_use_is_refused_naming_the_settings() -> None:
+    import socket
+
+    from streams.telemetry.metrics_server import MetricsPortError, MetricsServer
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(MetricsPortError) as refused:
+            MetricsServer(CollectorRegistry(), "127.0.0.1", port)
+    assert str(refused.value) == (f"cannot serve /metrics on 127.0.0.1:{port} (telemetry.metrics.worker_host, "
+                                  "worker_port): Address already in use")
