@@ -35,18 +35,23 @@ MAX_TOKENS = 16
 # was hidden under the model load's peak while the loader built a transformers copy of the model first.
 ARENA_KIB = parse_byte_size(WORKER_ENV["SPECSTREAM_ENGINE__KV_CACHE_BYTES"]) // 1024
 RSS_SLACK_KIB = ARENA_KIB + 64 * 1024
-METRICS_PORT = free_port()
 # Read at scrape time from the requests consumer's held messages (not the batch lane's) and the scheduler's running
 # list, so a sample is exact.
 GAUGES = ("specstream:consumer_in_flight", "specstream:num_requests_running")
 
 
 @pytest.fixture(scope="module")
-def fleet(kafka_bootstrap: str) -> Iterator[Fleet]:  # noqa: F811
+def metrics_port() -> int:
+    """The worker's /metrics port, taken just before its stack starts (a port held since collection may be lent)."""
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def fleet(kafka_bootstrap: str, metrics_port: int) -> Iterator[Fleet]:  # noqa: F811
     with tempfile.TemporaryDirectory(prefix="specstream-burst-") as logs:
         env = {**WORKER_ENV, "SPECSTREAM_WORKER__MAX_INFLIGHT": str(CAPACITY),
                "SPECSTREAM_ENGINE__MAX_RUNNING_REQUESTS": str(CAPACITY)}
-        metrics = {"SPECSTREAM_TELEMETRY__METRICS__WORKER_PORT": str(METRICS_PORT)}
+        metrics = {"SPECSTREAM_TELEMETRY__METRICS__WORKER_PORT": str(metrics_port)}
         with running_stack(kafka_bootstrap, env=env, worker_env=metrics, log_dir=logs) as stack:
             yield Fleet(stack, Path(logs))
 
@@ -56,13 +61,13 @@ def _bodies(tag: str, n: int) -> list[dict]:
             for i in range(n)]
 
 
-async def _gauges(client: httpx.AsyncClient) -> dict[str, float]:
-    text = (await client.get(f"http://127.0.0.1:{METRICS_PORT}/metrics")).text
+async def _gauges(client: httpx.AsyncClient, port: int) -> dict[str, float]:
+    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
     return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
             if s.name in GAUGES and s.labels.get("consumer", "engine-worker") == "engine-worker"}
 
 
-def test_burst_of_10x_capacity_waits_in_kafka_all_complete_rss_flat(fleet: Fleet) -> None:
+def test_burst_of_10x_capacity_waits_in_kafka_all_complete_rss_flat(fleet: Fleet, metrics_port: int) -> None:
     stack = fleet.stack
     (worker,) = fleet.alive
     pid = worker.popen.pid
@@ -87,7 +92,7 @@ def test_burst_of_10x_capacity_waits_in_kafka_all_complete_rss_flat(fleet: Fleet
         async def watch_worker() -> None:
             async with httpx.AsyncClient(timeout=5.0) as client:
                 while True:
-                    for name, value in (await _gauges(client)).items():
+                    for name, value in (await _gauges(client, metrics_port)).items():
                         held[name] = max(held[name], value)
                     await asyncio.sleep(0.05)
 
