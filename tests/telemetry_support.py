@@ -16,10 +16,17 @@ from typing import Any
 
 import httpx
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from streams.testing.stack import REPO, free_port
 
 RULES = sorted((REPO / "infra" / "prometheus" / "rules").glob("*.yml"))
+
+
+def by_consumer(metrics_text: str, name: str) -> dict[str, float]:
+    """A consumer series' value per `consumer` label (the consumer kind), from a /metrics page."""
+    return {s.labels["consumer"]: s.value for family in text_string_to_metric_families(metrics_text)
+            for s in family.samples if s.name == name}
 
 
 class Prometheus:

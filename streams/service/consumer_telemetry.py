@@ -94,7 +94,7 @@ class ConsumerTelemetry(Telemetry):
     # --- the service's life -----------------------------------------------------------------------------------------
 
     def start(self, service: Running) -> None:
-        if self.metrics is None or self._server is not None or self._lag is not None:
+        if self.metrics is None or self._lag is not None:  # off, or started already
             return
         self.metrics.watch_in_flight(lambda: service.in_flight)
         self._lag = asyncio.create_task(self._sample_lag(service), name=f"{self.kind}-lag-sampler")

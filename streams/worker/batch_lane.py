@@ -24,7 +24,7 @@ from streams.config import Settings
 from streams.kafka.acls import worker_grants
 from streams.service import Consumer, Delivery, Output, Rejection, ServiceOptions
 from streams.service.runner import ConsumerService
-from streams.worker.observers import ServiceTelemetry
+from streams.service.telemetry import Telemetry
 
 BATCH_WORKER_KIND = "batch-worker"
 
@@ -34,7 +34,7 @@ class BatchLane:
                  handle: Callable[[GenerateRequest, Delivery], Awaitable[None]],
                  precheck: Callable[[GenerateRequest], Rejection | None],
                  models: Callable[[], list[str]], stop_lines: Callable[[str], None],
-                 telemetry: ServiceTelemetry | None = None) -> None:
+                 telemetry: Telemetry | None = None) -> None:
         """telemetry: the worker's requests service's, which the lane's shares (one /metrics, one tracer)."""
         catalog = settings.catalog
         self.results_topic = catalog.batch_results.name

@@ -15,7 +15,6 @@ import httpx
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
 from schemas.documents import document_key
@@ -38,6 +37,7 @@ from tests.rag_support import (
     store_record,
     wait_status,
 )
+from tests.telemetry_support import by_consumer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.kafka]
 
@@ -148,9 +148,7 @@ async def test_its_three_consumers_are_counted_on_the_one_configured_metrics_por
     assert [s.telemetry.metrics_url for s in others] == [None, None]  # announced once, by the first
     async with httpx.AsyncClient() as client:
         text = (await client.get(first.telemetry.metrics_url)).text
-    counted = {s.labels["consumer"] for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == "specstream:consumer_in_flight"}
-    assert counted == {s.kind for s in rig.service.services}
+    assert set(by_consumer(text, "specstream:consumer_in_flight")) == {s.kind for s in rig.service.services}
 
 
 async def test_a_redelivered_part_changes_nothing(rig: Rig) -> None:

@@ -12,7 +12,6 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.events import GenerateRequest, ReplyRoute
 from streams.config.services import MetricsSettings, TelemetrySettings
@@ -23,6 +22,7 @@ from streams.telemetry.tracing import Tracing
 from streams.testing.stack import free_port
 from streams.worker.observers import ServiceTelemetry
 from streams.worker.telemetry import WorkerTelemetry
+from tests.telemetry_support import by_consumer
 
 
 class _Running:
@@ -56,8 +56,7 @@ def test_both_inputs_count_on_the_one_configured_metrics_port() -> None:
         finally:
             lane.stop()
             requests.stop()
-        return {s.labels["consumer"]: s.value for family in text_string_to_metric_families(text)
-                for s in family.samples if s.name == "specstream:consumer_in_flight"}
+        return by_consumer(text, "specstream:consumer_in_flight")
 
     assert asyncio.run(scrape()) == {"engine-worker": 2.0, "batch-worker": 3.0}
     assert requests.metrics_url == f"http://127.0.0.1:{port}/metrics"
