@@ -321,12 +321,14 @@ class EngineConfig(Section):
         "machine it cannot serve says why at start and runs layer by layer.",
     )
     # engine.quant.formats resolves it against the CPU, engine.quant.source says what keeps the file exactly.
-    weights: Literal["auto", "fp32", "bf16", "int8", "int4"] = Field(
+    weights: Literal["auto", "fp32", "bf16", "int8", "int4", "gguf"] = Field(
         default="auto",
         description="CPU weight format. auto: the fastest format that keeps the model's file exactly, said at start: "
         "int4 for a GGUF of Q4_0/Q4_1 blocks (the default model: its codes as they are, the Q8_0 embedding too), "
-        "bf16 for a bf16 checkpoint, else fp32. int4/int8 (weight-only) run on our kernel with AVX2 or "
-        "AVX512-VNNI, bf16 needs AVX-512; a CPU lacking what a format needs gets fp32, saying why.",
+        "gguf for a GGUF of other types our kernel serves as they are (Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0: "
+        "Q4_K_M and similar downloads), bf16 for a bf16 checkpoint, else fp32. int4/int8 (weight-only; a GGUF's "
+        "other types quantized once) and gguf run on our kernel with AVX2 or AVX512-VNNI, bf16 needs AVX-512; a CPU "
+        "lacking what a format needs gets fp32, saying why.",
     )
     # engine.quant.vnni.
     quant_kernel: Literal["auto", "torch"] = Field(

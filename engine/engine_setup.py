@@ -14,6 +14,7 @@ from engine.config import EngineConfig, LoRAConfig, SpeculationConfig
 from engine.kv_cache import KVCache, kv_budget_bytes, region_size
 from engine.loader import LoadedModel
 from engine.lora.manager import LoRAManager
+from engine.quant.formats import REDUCED_FORMATS
 from engine.speculative.proposer import Proposer
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def resolve_max_model_len(requested: int | None, context: int) -> int:
 
 
 KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-REDUCED_WEIGHTS = ("bf16", "int8", "int4")  # the formats whose KV is bfloat16 under kv_cache_dtype auto
+REDUCED_WEIGHTS = REDUCED_FORMATS  # the formats whose KV is bfloat16 under kv_cache_dtype auto
 
 
 def kv_cache_dtype(setting: str, model_dtype: torch.dtype, weight_format: str) -> torch.dtype:

@@ -39,6 +39,7 @@ from engine.config import DispatchMode, EngineConfig
 from engine.kernel_calibration import KernelPair, KernelTimings, cache_key, calibrated, measure, sample_layers
 from engine.model import Decoder
 from engine.packed_linear import PackedRows, PrepackedWeight, packing_available
+from engine.quant.formats import QUANTIZED_FORMATS
 from engine.quant.linear import ACT_DTYPE, MAX_QUANT_ROWS, QuantizedLinear, nbytes
 from engine.quant.vnni import VnniKernel
 
@@ -214,7 +215,7 @@ def _dispatch(model: Decoder, weight_format: str, config: EngineConfig, max_draf
         return None
     if weight_format == "fp32" and packing_available(model.device, model.dtype):
         return _dispatch_fp32(model, mode, cache_dir)  # type: ignore[arg-type]
-    if weight_format in ("int4", "int8") and any(isinstance(m, QuantizedLinear) and m.widenable
+    if weight_format in QUANTIZED_FORMATS and any(isinstance(m, QuantizedLinear) and m.widenable
                                                  for m in model.modules()):
         # Without a bf16 copy (a CPU oneDNN's bf16 GEMM refuses) every step runs the quantized kernel: no choice.
         return _dispatch_quant(model, weight_format, mode, 1 + max_draft_tokens, cache_dir)  # type: ignore[arg-type]

@@ -50,6 +50,7 @@ from engine.lora.manager import LoRAManager
 from engine.lora.requests import LoRARequests
 from engine.outputs import PrefixCacheCounters, RequestOutput, RequestOutputAccum, SpecCounters
 from engine.quant.apply import resident_line
+from engine.quant.formats import REDUCED_FORMATS
 from engine.quant.linear import bf16_piece_rows
 from engine.request import EngineRequest, RequestRejected
 from engine.runner import ModelRunner, RunnerOutput
@@ -189,7 +190,7 @@ class LLMEngine:
             self.lora = LoRARequests(LoRAManager(self.model, config.lora), self.scheduler.add, self.model_name)
             load_configured_adapters(self.lora.manager, config.lora, say)
         # Last: it reads the linears the weight format, the kernel dispatch and LoRA left.
-        if config.fused_step and self.weight_format in ("bf16", "int4", "int8"):
+        if config.fused_step and self.weight_format in REDUCED_FORMATS:
             say(install_row_attention(self.model))  # before the fused step, which attends as the layers do
             say(install_norm_kernel(self.model))  # ... and normalizes as they do
             self.model.fused_step, line = FusedDecoderStep.build(self.model)

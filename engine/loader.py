@@ -319,7 +319,7 @@ def apply_weights(
     say = progress or noop
     gguf = gguf_for(loaded.name)
     source = None
-    if requested == "auto" and loaded.device.type == "cpu":
+    if requested in ("auto", "gguf") and loaded.device.type == "cpu":
         source = weight_source(loaded.path, gguf[0] if gguf else None, reads_gguf_blocks(loaded.model.cfg))
     resolved = resolve_weight_format(requested, loaded.device, kernel=kernel, source=source)  # type: ignore[arg-type]
     if resolved.note:

@@ -34,8 +34,8 @@ namespace {
 constexpr int64_t kInt4 = 0;  // _weight_int4pack_mm_for_cpu: packed codes, [in / group, out, 2] scale and zero
 constexpr int64_t kInt8 = 1;  // _weight_int8pack_mm: int8 codes, per-row scales
 constexpr int64_t kBf16 = 2;  // oneDNN-prepacked bf16 weight only (the bf16 format)
-constexpr int64_t kQ4 = 3;    // qgemm.h 4-bit: tiled codes, fp16 scales, fp16 mins (or none)
-constexpr int64_t kQ8 = 4;    // qgemm.h 8-bit: tiled codes, fp32 scale per output
+constexpr int64_t kQ4 = 3;    // qgemm.h 4-bit: tiled codes, scales, mins (or none)
+constexpr int64_t kQ8 = 4;    // qgemm.h 8-bit: tiled codes, scales per output or block, mins (or none)
 
 // engine.quant.linear._gemm_call: one oneDNN call; a single row runs as two, the copy's output dropped.
 at::Tensor gemm_call(const at::Tensor& packed, const at::Tensor& x) {
@@ -60,8 +60,10 @@ at::Tensor bf16_kernel(const at::Tensor& packed, const at::Tensor& x, int64_t wi
 }
 
 // x [T, in] fp32 -> [T, out] fp32 through qgemm.h, on weights packed by engine/quant/vnni.py in tiles of 16
-// outputs (out: 16 x tiles, padded): 4-bit codes [tiles, in / 32 * 256] with fp16 scales and mins (or no mins:
-// Q4_0-like) [tiles, in / 32, 16], or 8-bit codes [tiles, in / 32 * 512] with one fp32 scale per output.
+// outputs (out: 16 x tiles, padded): 4-bit codes [tiles, in / 32 * 256] or 8-bit codes [tiles, in / 32 * 512], with
+//   scales per block [tiles, in / 32, 16], fp16 or fp32, and mins alike (or none: Q4_0-like, 8-bit symmetric),
+//   8-bit only: fp32 scales (and mins, or none) per half block [tiles, in / 32, 2, 16] (Q6_K), or one fp32 scale
+//   per output [out].
 // With a residual [T, out] (out a whole number of tiles), residual + x W^T.
 at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const std::optional<at::Tensor>& mins, int64_t bits, const at::Tensor* residual) {
@@ -75,39 +77,46 @@ at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(in % q::kBlock == 0, "qlinear: in_features ", in, " is not a multiple of 32");
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == blocks * (four ? 256 : 512),
               "qlinear: codes must be contiguous uint8 [tiles, ", blocks * (four ? 256 : 512), "]");
-  // fp16 per block and output (4-bit; 8-bit from GGUF's Q8_0), or fp32 per output (8-bit).
-  const bool block_scales = four || scales.scalar_type() == at::kHalf;
-  auto check_scales = [&](const at::Tensor& t, const char* what) {
-    const auto dtype = block_scales ? at::kHalf : at::kFloat;
-    TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.numel() == out * (block_scales ? blocks : 1),
-                "qlinear: ", what, " must be contiguous ", block_scales ? "fp16 [tiles, in / 32, 16]" : "fp32 [out]");
-  };
-  check_scales(scales, "scales");
-  TORCH_CHECK(!mins.has_value() || four, "qlinear: mins are for 4-bit weights");
-  if (mins.has_value()) check_scales(*mins, "mins");
+  TORCH_CHECK(scales.is_contiguous() && (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
+              "qlinear: scales must be contiguous fp16 or fp32");
+  const bool wide = scales.scalar_type() == at::kFloat;
+  const bool row_scales = !four && wide && !mins.has_value() && scales.numel() == out;
+  const bool halves = !four && wide && scales.numel() == 2 * out * blocks;
+  TORCH_CHECK(row_scales || halves || scales.numel() == out * blocks,
+              "qlinear: scales must be [tiles, in / 32, 16]",
+              four ? "" : ", [tiles, in / 32, 2, 16] fp32 or [out] fp32");
+  TORCH_CHECK(four || !wide || mins.has_value() || row_scales || halves,
+              "qlinear: 8-bit fp32 block scales come with mins");
+  TORCH_CHECK(!four || !wide || mins.has_value(), "qlinear: 4-bit fp32 scales come with mins");
+  if (mins.has_value()) {
+    TORCH_CHECK(mins->scalar_type() == scales.scalar_type() && mins->is_contiguous() && mins->numel() == scales.numel(),
+                "qlinear: mins must be contiguous, of the scales' dtype and shape");
+  }
   const at::Tensor xc = x.contiguous();
-  // The quantized rows live in this thread's scratch, grown as needed: a step makes ~120 of these calls, and four
+  // The quantized rows live in this thread's scratch, grown as needed: a step makes ~120 of these calls, and five
   // fresh tensors each cost more than quantizing a row.
   thread_local std::vector<int32_t> scratch;
-  scratch.resize(static_cast<size_t>(rows * (in / 4 + 3 * blocks)));
+  scratch.resize(static_cast<size_t>(rows * (in / 4 + 4 * blocks)));
   int8_t* codes_a = reinterpret_cast<int8_t*>(scratch.data());  // [rows, in]
   float* d = reinterpret_cast<float*>(scratch.data() + rows * in / 4);  // [rows, blocks]
   int32_t* sums = scratch.data() + rows * (in / 4 + blocks);  // [rows, blocks]
   float* dsums = reinterpret_cast<float*>(scratch.data() + rows * (in / 4 + 2 * blocks));  // [rows, blocks]
+  int32_t* lo_sums = scratch.data() + rows * (in / 4 + 3 * blocks);  // [rows, blocks]
   const float* xp = xc.data_ptr<float>();
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      q::quantize_row_isa(xp + r * in, in, codes_a + r * in, d + r * blocks, sums + r * blocks, dsums + r * blocks);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t at = r * blocks;
+      q::quantize_row_isa(xp + r * in, in, codes_a + r * in, d + at, sums + at, lo_sums + at, dsums + at);
+    }
   });
   at::Tensor y = at::empty({rows, out}, x.options());
-  const q::QuantRows a{codes_a, d, sums, dsums, rows, in};
-  auto half = [](const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr<at::Half>()); };
+  const q::QuantRows a{codes_a, d, sums, lo_sums, dsums, rows, in};
   const q::QuantWeights w{codes.data_ptr<uint8_t>(),
-                          block_scales ? half(scales) : nullptr,
-                          mins.has_value() ? half(*mins) : nullptr,
-                          block_scales ? nullptr : scales.data_ptr<float>(),
+                          row_scales ? nullptr : scales.data_ptr(),
+                          mins.has_value() ? mins->data_ptr() : nullptr,
+                          row_scales ? scales.data_ptr<float>() : nullptr,
                           four ? (mins.has_value() ? 0 : 8) : 128,
-                          out, in, four};
+                          out, in, four, wide && !row_scales, halves};
   const float* rp = nullptr;
   if (residual != nullptr) {
     TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->size(0) == rows &&

@@ -38,11 +38,12 @@ inline bool use_isa(const std::string& name) {
   return runs;
 }
 
-inline void quantize_row_isa(const float* x, int64_t in, int8_t* codes, float* d, int32_t* sums, float* dsums) {
+inline void quantize_row_isa(const float* x, int64_t in, int8_t* codes, float* d, int32_t* sums, int32_t* lo_sums,
+                             float* dsums) {
   if (current_isa().load() == Isa::kAvx512Vnni) {
-    quantize_row(x, in, codes, d, sums, dsums);
+    quantize_row(x, in, codes, d, sums, lo_sums, dsums);
   } else {
-    quantize_row_avx2(x, in, codes, d, sums, dsums);
+    quantize_row_avx2(x, in, codes, d, sums, lo_sums, dsums);
   }
 }
 

@@ -2,14 +2,15 @@
 
 Where the quantized tensors come from:
 * a GGUF model: the file's own blocks (engine.quant.gguf_repack), Q4_0/Q4_1
-  codes carried over bit for bit;
+  codes carried over bit for bit in int4, and in `gguf` every tensor as its
+  type holds it (K-quants, Q5_0, Q6_K, Q8_0: the same codes, exact scales);
 * any other checkpoint: quantized once from the float weights.
 Either way the result is cached next to the converted model
 (`<cache>/quantized/<model>-<key>-<fmt>.safetensors`), so later starts skip
 the repacking (seconds) the same way they skip GGUF conversion.
 
 The token embedding (the tied LM head of small models) and an untied LM head
-are kept int8 in both quantized formats: the head is the largest single matrix
+are kept int8 in int4 and int8 (in gguf, as the file holds them): the head is the largest single matrix
 and logit precision decides greedy ties (llama.cpp keeps ≥ 6 bits there too). A
 GGUF's Q8_0 head (the default model's) keeps its blocks and their scales; any
 other is quantized once, per row.
@@ -21,22 +22,24 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
 
-from engine.model_ref import gguf_fingerprint
 from engine.model import PRE_FUSED_ARCHITECTURES, Decoder, DecoderConfig
+from engine.model_ref import gguf_fingerprint
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
-from engine.quant.formats import WeightFormat
+from engine.quant.formats import QUANTIZED_FORMATS, WeightFormat
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
 from engine.quant.vnni import VnniKernel, chosen
 
 Progress = Callable[[str], None]
 HEAD_FORMAT: QuantFormat = "int8"
-# What the cached tensors hold; a new value makes earlier caches stale (2: Q8_0 kept in its blocks).
-CACHE_LAYOUT = 2
+# What the cached tensors hold; a new value makes earlier caches stale (2: Q8_0 kept in its blocks; 3: int4 mins
+# in GGUF's convention, w = q * scale + min).
+CACHE_LAYOUT = 3
 
 
 def _noop(_: str) -> None:
@@ -129,7 +132,7 @@ def weight_bytes(model: Decoder) -> int:
 # --- cache --------------------------------------------------------------------------------------
 
 
-def cache_path(cache_root: Path, model_dir: Path, source: Path, fmt: QuantFormat) -> Path:
+def cache_path(cache_root: Path, model_dir: Path, source: Path, fmt: str) -> Path:
     """Keyed by the model folder and the content of the file the codes come from (so a fresh install of the
     same GGUF, at another path and mtime, finds the quantized copy)."""
     key = hashlib.sha256(f"{model_dir.resolve()}:{gguf_fingerprint(source)}:{CACHE_LAYOUT}".encode()).hexdigest()
@@ -145,8 +148,8 @@ def save_tensors(path: Path, tensors: dict[str, QuantizedTensor]) -> None:
     for name, qt in tensors.items():
         flat[f"{name}.codes"] = qt.codes.contiguous()
         flat[f"{name}.scales"] = qt.scales.contiguous()
-        if qt.zeros is not None:
-            flat[f"{name}.zeros"] = qt.zeros.contiguous()
+        if qt.mins is not None:
+            flat[f"{name}.mins"] = qt.mins.contiguous()
         meta[name] = f"{qt.fmt}:{qt.group_size}"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
@@ -173,33 +176,38 @@ def load_tensors(path: Path) -> dict[str, QuantizedTensor]:
 
         for name, spec in meta.items():
             fmt, group = spec.split(":")
-            zeros = get(f"{name}.zeros") if f"{name}.zeros" in keys else None
+            mins = get(f"{name}.mins") if f"{name}.mins" in keys else None
             codes, scales = get(f"{name}.codes"), get(f"{name}.scales")
-            out[name] = QuantizedTensor(fmt, codes, scales, zeros, int(group))  # type: ignore[arg-type]
+            out[name] = QuantizedTensor(fmt, codes, scales, mins, int(group))  # type: ignore[arg-type]
     return out
 
 
 def quantized_tensors(
-    model: Decoder, fmt: QuantFormat, model_dir: Path, gguf: Path | None, cache_root: Path, say: Progress = _noop
+    model: Decoder, fmt: QuantFormat | Literal["gguf"], model_dir: Path, gguf: Path | None, cache_root: Path,
+    say: Progress = _noop,
 ) -> dict[str, QuantizedTensor]:
-    """The model's quantized tensors: from the cache, else from the GGUF or the float weights (then cached)."""
+    """The model's quantized tensors: from the cache, else from the GGUF or the float weights (then cached). gguf:
+    every tensor as its file's type holds it (engine.quant.source checked that they all are)."""
     source = gguf if gguf is not None else model_dir / "config.json"
+    if fmt == "gguf" and (gguf is None or not reads_gguf_blocks(model.cfg)):
+        raise ValueError("engine.weights gguf serves a GGUF's own blocks, and this model's weights are not read from "
+                         "them; use int4, int8, bf16 or fp32")
     if not source.is_file():  # a model built in memory (tests): nothing on disk to key a cache by
-        return quantize_decoder(model, fmt)
+        return quantize_decoder(model, fmt)  # type: ignore[arg-type]
     path = cache_path(cache_root, model_dir, source, fmt)
     if path.is_file():
         return load_tensors(path)
-    if gguf is not None and not reads_gguf_blocks(model.cfg):
+    if fmt != "gguf" and gguf is not None and not reads_gguf_blocks(model.cfg):
         say(f"quantizing {gguf.name}'s dequantized {model.cfg.model_type} weights to {fmt} (once) -> {path}")
         tensors = quantize_decoder(model, fmt)
     elif gguf is not None:
         from engine.quant.gguf_repack import read_gguf_weights
 
         say(f"{fmt} weights from {gguf.name}'s blocks (once) -> {path}")
-        tensors = read_gguf_weights(gguf, model.cfg, fmt, HEAD_FORMAT)
+        tensors = read_gguf_weights(gguf, model.cfg, fmt, "gguf" if fmt == "gguf" else HEAD_FORMAT)
     else:
         say(f"quantizing the weights to {fmt} (once) -> {path}")
-        tensors = quantize_decoder(model, fmt)
+        tensors = quantize_decoder(model, fmt)  # type: ignore[arg-type]
     save_tensors(path, tensors)
     return tensors
 
@@ -215,11 +223,11 @@ def apply_weight_format(
     kernel: str = "auto",
     defer_wide: bool = False,
 ) -> None:
-    """Install fmt ("bf16", "int8" or "int4") into a CPU Decoder loaded in fp32; kernel: engine.quant_kernel.
+    """Install fmt ("bf16", "int8", "int4" or "gguf") into a CPU Decoder loaded in fp32; kernel: engine.quant_kernel.
     defer_wide: the kernel dispatch settles the bf16 copies, and says the resident line (resident_line) after."""
     if fmt == "bf16":
         install_bf16(model)
-    elif fmt in ("int4", "int8"):
+    elif fmt in QUANTIZED_FORMATS:
         tensors = quantized_tensors(model, fmt, model_dir, gguf, cache_root, say)  # type: ignore[arg-type]
         say(chosen(kernel)[1])
         install_quantized(model, tensors, wide, kernel, defer_wide)

@@ -8,8 +8,12 @@ there int4/int8 run every step on our kernel. A CPU that can run none of it gets
 said at start. On CUDA the formats here do not apply (those kernels are CPU kernels): the weights stay
 as engine.dtype loads them.
 
+gguf serves a GGUF's tensors each as its type holds it (K-quants, Q5_0, Q6_K, Q8_0: engine/quant/gguf_repack.py),
+on our kernel only: torch's would round their scales.
+
 `auto` picks the fastest format that keeps the model's file exactly (engine/quant/source.py: int4 for
-a GGUF of Q4_0/Q4_1 blocks, bf16 for a bf16 checkpoint, else fp32) where the CPU runs it. int4 is the
+a GGUF of Q4_0/Q4_1 blocks, gguf for one of other types our kernel holds, bf16 for a bf16 checkpoint,
+else fp32) where the CPU runs it. int4 is the
 fastest measured (issue 17: one decode step's linears in 7-10 ms vs 15-16 ms int8 and 28-32 ms fp32
 on the 2-core dev machine; on AVX2, bench/qgemm_bench.py: 3.6 ms against 31 ms fp32).
 """
@@ -24,8 +28,10 @@ import torch
 if TYPE_CHECKING:
     from engine.quant.source import WeightSource
 
-WeightFormat = Literal["auto", "fp32", "bf16", "int8", "int4"]
-WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("auto", "fp32", "bf16", "int8", "int4")
+WeightFormat = Literal["auto", "fp32", "bf16", "int8", "int4", "gguf"]
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("auto", "fp32", "bf16", "int8", "int4", "gguf")
+QUANTIZED_FORMATS: tuple[WeightFormat, ...] = ("int8", "int4", "gguf")  # QuantizedLinear's (engine.quant.apply)
+REDUCED_FORMATS: tuple[WeightFormat, ...] = ("bf16", *QUANTIZED_FORMATS)  # installed over fp32's linears
 
 
 @dataclass(frozen=True)
@@ -70,8 +76,11 @@ class ResolvedFormat:
 
 def _missing(fmt: WeightFormat, cpu: CpuFeatures, kernel: str) -> str | None:
     """Why this CPU cannot run fmt fast, or None. kernel: engine.quant_kernel."""
-    if fmt == "fp32" or (fmt in ("int4", "int8") and kernel == "auto" and cpu.qgemm):
+    if fmt == "fp32" or (fmt in ("int4", "int8", "gguf") and kernel == "auto" and cpu.qgemm):
         return None
+    if fmt == "gguf":
+        why = "engine.quant_kernel is torch" if kernel != "auto" else "this CPU has neither AVX512-VNNI nor AVX2"
+        return f"gguf's blocks run on our int4/int8 kernel only, and {why}"
     if "AVX512" not in cpu.capability:
         ours = ""
         if fmt != "bf16":
@@ -111,6 +120,12 @@ def resolve_weight_format(
         return ResolvedFormat("fp32", f"engine.weights {requested} is CPU-only; {device} keeps engine.dtype weights")
     if requested == "fp32":
         return ResolvedFormat("fp32", None)
+    if requested == "gguf" and (source is None or not source.native):
+        from engine.quant.source import NATIVE_TYPES
+
+        held = source.held if source is not None else "the model's weights, which do not come from a GGUF file,"
+        raise ValueError(f"engine.weights gguf: {held} are not all of the types it serves as they are "
+                         f"({', '.join(sorted(NATIVE_TYPES))}); use auto, int4, int8, bf16 or fp32")
     if requested == "auto" and (source is None or source.lossless == "fp32"):  # no file (built in memory): fp32 too
         held = source.held if source is not None else "its in-memory weights"
         return ResolvedFormat("fp32", None, f"engine.weights auto: fp32, the format that keeps {held} exactly")

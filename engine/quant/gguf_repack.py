@@ -1,20 +1,27 @@
 """GGUF's own quantized tensors carried into our QuantizedTensor, without a float round trip.
 
-Block layouts (ggml, 32 weights a block along in_features, `d`/`m` fp16):
-    Q4_0  [d][16 bytes: q_j in the low nibble of byte j, q_{j+16} in the high]  w = d * (q - 8)
-    Q4_1  [d][m][16 bytes, same nibbles]                                        w = d * q + m
-    Q8_0  [d][32 x int8]                                                        w = d * q
-Q4_0 and Q4_1 map onto the int4 convention w = (q - 8) * scale + zero with the
-SAME 4-bit codes (Q4_0: zero 0; Q4_1: zero m + 8d), and Q8_0 onto int8 with a
-scale per block of 32 (our kernel takes it as it is). Anything else (Q8_0 or
-K-quants into int4, other formats into int8) is dequantized with the gguf
-package and quantized once.
+Block layouts (ggml; `d`, `m`, `dmin` fp16; weights in order along in_features):
+    Q4_0  32: [d][16 bytes: q_j in the low nibble of byte j, q_{j+16} in the high]   w = d * (q - 8)
+    Q4_1  32: [d][m][16 bytes, same nibbles]                                        w = d * q + m
+    Q5_0  32: [d][qh: bit j is q_j's fifth][16 bytes, same nibbles]                 w = d * (q - 16)
+    Q5_1  32: [d][m][qh][16 bytes]                                                  w = d * q + m
+    Q8_0  32: [d][32 x int8]                                                        w = d * q
+    Q4_K 256: [d][dmin][12 bytes: eight 6-bit scales sc and mins mn][128 bytes: sub-block 2i in the low
+              nibbles of bytes 32i.., 2i + 1 in the high]                           w = d * sc * q - dmin * mn
+    Q5_K 256: as Q4_K, with [32 bytes qh: bit i of byte l is the fifth bit of sub-block i's q_l] before the nibbles
+    Q6_K 256: [128 bytes low nibbles][64 bytes high 2-bit pairs][16 x int8 sc][d]  w = d * sc * (q - 32), sc per 16
+Each maps onto our formats with the SAME codes and its scales and mins exact in fp32 (engine/quant/tensor.py's
+w = q * scale + min is GGUF's own): Q4_0/Q4_1/Q4_K -> int4 in groups of 32; Q5_0/Q8_0 -> int8 codes (q - 16, q)
+with a scale per 32; Q5_1/Q5_K -> int8 codes 0..31 with a scale and a min per 32; Q6_K -> int8 codes q - 32 with
+a scale per 16. The `gguf` weight format serves every tensor so (`native`); int4/int8 quantize what does not map
+(dequantized with the gguf package, quantized once).
 
-llama.cpp's converter permutes the q/k rows of llama-family models for its
-rotary layout; transformers undoes it on load, and so do we, on the codes.
+llama.cpp's converter permutes the q/k rows of llama-family models for its rotary layout; transformers undoes it
+on load, and so do we, on the codes.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +33,10 @@ from engine.quant.tensor import INT4_GROUP, QuantFormat, QuantizedTensor, quanti
 
 # Architectures whose GGUF q/k rows llama.cpp permuted (transformers' TensorProcessor for llama).
 _PERMUTED_QK = ("llama", "mistral")
+# engine.weights: a quantized format, or "gguf" (every tensor as its file's type holds it).
+TargetFormat = QuantFormat | str
+# The types int4 and int8 keep as they are (the rest they quantize once).
+_KEPT = {"int4": ("Q4_0", "Q4_1"), "int8": ("Q8_0",)}
 
 
 def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
@@ -40,24 +51,42 @@ def _fp16(blocks: np.ndarray, offset: int) -> torch.Tensor:
     return torch.from_numpy(field.astype(np.float32))
 
 
-def _nibbles(blocks: np.ndarray, offset: int) -> torch.Tensor:
-    """The 16 packed bytes at `offset` -> uint8 codes [out, blocks * 32] in weight order."""
-    qs = torch.from_numpy(np.ascontiguousarray(blocks[..., offset : offset + 16]))  # [out, blocks, 16]
-    codes = torch.cat([qs & 0x0F, qs >> 4], dim=-1)  # [out, blocks, 32]: low nibbles are weights 0..15
-    return codes.reshape(qs.shape[0], -1)
+def _low_high(qs: np.ndarray) -> np.ndarray:
+    """Packed bytes [..., n] -> [..., 2, n]: their low nibbles, then their high ones."""
+    return np.stack([qs & 0x0F, qs >> 4], axis=-2)
+
+
+def _nibbles(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The 16 packed bytes at `offset` -> uint8 codes [out, blocks, 32] in weight order (low nibbles first)."""
+    return _low_high(blocks[..., offset : offset + 16]).reshape(*blocks.shape[:2], 32)
+
+
+def _fifth_bits(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """Q5_0/Q5_1's qh (a little-endian uint32) at `offset` -> [out, blocks, 32] bits shifted to 16."""
+    bits = np.unpackbits(np.ascontiguousarray(blocks[..., offset : offset + 4]), axis=-1, bitorder="little")
+    return bits << 4
+
+
+def _rows(codes: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """[out, blocks, ...] codes -> [out, in] of dtype."""
+    return torch.from_numpy(np.ascontiguousarray(codes.reshape(codes.shape[0], -1))).to(dtype)
 
 
 def repack_q4(raw: np.ndarray, has_min: bool) -> QuantizedTensor:
     """A Q4_0 (has_min False) or Q4_1 tensor's bytes [out, bytes per row] as int4 codes, bit for bit."""
     blocks = _blocks(raw, 20 if has_min else 18)
     d = _fp16(blocks, 0)  # [out, blocks]
-    if has_min:
-        zeros = _fp16(blocks, 2) + 8 * d  # d * q + m == d * (q - 8) + (m + 8d)
-        codes = _nibbles(blocks, 4)
-    else:
-        zeros = torch.zeros_like(d)
-        codes = _nibbles(blocks, 2)
-    return QuantizedTensor("int4", codes, d, zeros, INT4_GROUP)
+    mins = _fp16(blocks, 2) if has_min else -8 * d  # exact: d * (q - 8) == d * q - 8d
+    return QuantizedTensor("int4", _rows(_nibbles(blocks, 4 if has_min else 2), torch.uint8), d, mins, INT4_GROUP)
+
+
+def repack_q5(raw: np.ndarray, has_min: bool) -> QuantizedTensor:
+    """A Q5_0 (codes q - 16, symmetric) or Q5_1 (codes q with mins) tensor as int8 with a scale per 32."""
+    blocks = _blocks(raw, 24 if has_min else 22)
+    qh, qs = (4, 8) if has_min else (2, 6)
+    q = _nibbles(blocks, qs) | _fifth_bits(blocks, qh)  # [out, blocks, 32] in 0..31
+    codes = _rows(q.astype(np.int8) - (0 if has_min else 16), torch.int8)
+    return QuantizedTensor("int8", codes, _fp16(blocks, 0), _fp16(blocks, 2) if has_min else None, INT4_GROUP)
 
 
 def repack_q8_0(raw: np.ndarray) -> QuantizedTensor:
@@ -67,20 +96,83 @@ def repack_q8_0(raw: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor("int8", codes.reshape(raw.shape[0], -1), _fp16(blocks, 0), None, INT4_GROUP)
 
 
-def gguf_tensor(tensor: GGUFTensor, fmt: QuantFormat) -> QuantizedTensor:
-    """One GGUF tensor (engine.quant.gguf_tensors) as `fmt`: repacked when the block format maps, else quantized
-    once."""
+def _k_scales_mins(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 bytes [..., 12] -> the eight 6-bit scales and mins [..., 8]: bytes 0-3 hold scales 0-3 (low 6
+    bits) and the top 2 bits of scales 4-7, bytes 4-7 the same for the mins, bytes 8-11 the low 4 bits of scales 4-7
+    (low nibble) and of mins 4-7 (high nibble)."""
+    sc_lo, mn_lo, rest = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = np.concatenate([sc_lo & 0x3F, (rest & 0x0F) | ((sc_lo >> 6) << 4)], axis=-1)
+    mins = np.concatenate([mn_lo & 0x3F, (rest >> 4) | ((mn_lo >> 6) << 4)], axis=-1)
+    return scales, mins
+
+
+def repack_k(raw: np.ndarray, bits: int) -> QuantizedTensor:
+    """A Q4_K (bits 4: int4) or Q5_K (bits 5: int8 codes 0..31) tensor: a scale and a min per 32 weights."""
+    blocks = _blocks(raw, 144 if bits == 4 else 176)
+    out, n = blocks.shape[:2]
+    sc, mn = _k_scales_mins(blocks[..., 4:16])  # [out, n, 8]
+    # d * sc and dmin * mn: fp16 times a 6-bit integer, exact in fp32 (the file's own sub-block scale and min).
+    scales = (_fp16(blocks, 0)[..., None] * torch.from_numpy(sc.astype(np.float32))).reshape(out, -1)
+    mins = (-_fp16(blocks, 2)[..., None] * torch.from_numpy(mn.astype(np.float32))).reshape(out, -1)
+    low = blocks[..., -128:].reshape(out, n, 4, 32)  # sub-blocks 2i (low nibbles) and 2i + 1 (high) in row i
+    q = _low_high(low).reshape(out, n, 8, 32)  # [out, n, sub-block, 32]
+    if bits == 4:
+        return QuantizedTensor("int4", _rows(q, torch.uint8), scales, mins, INT4_GROUP)
+    qh = blocks[..., 16:48]  # [out, n, 32]: bit i of byte l belongs to sub-block i's weight l
+    fifth = (qh[:, :, None, :] >> np.arange(8, dtype=np.uint8)[None, None, :, None]) & 1  # [out, n, 8, 32]
+    return QuantizedTensor("int8", _rows((q | (fifth << 4)).astype(np.int8), torch.int8), scales, mins, INT4_GROUP)
+
+
+def repack_q6_k(raw: np.ndarray) -> QuantizedTensor:
+    """A Q6_K tensor as int8 codes q - 32 with a scale per 16 weights (d * sc: fp16 times int8, exact in fp32)."""
+    blocks = _blocks(raw, 210)
+    out, n = blocks.shape[:2]
+    # Each half of 128 weights: 64 bytes of nibbles (weights 0..63 low, 64..127 high) and 32 bytes whose 2-bit pair
+    # p holds the top bits of weights 32p + l.
+    low = _low_high(blocks[..., :128].reshape(out, n, 2, 64)).reshape(out, n, 2, 128)
+    pairs = blocks[..., 128:192].reshape(out, n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8)[:, None]
+    high = (pairs & 3).reshape(out, n, 2, 128)
+    codes = _rows((low | (high << 4)).astype(np.int8) - 32, torch.int8)
+    sc = torch.from_numpy(np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32))  # [out, n, 16]
+    scales = (_fp16(blocks, 208)[..., None] * sc).reshape(out, -1)
+    return QuantizedTensor("int8", codes, scales, None, 16)
+
+
+def _native_repacks() -> dict[object, Callable[[np.ndarray], QuantizedTensor]]:
     from gguf import GGMLQuantizationType as Q
+
+    return {
+        Q.Q4_0: lambda raw: repack_q4(raw, has_min=False),
+        Q.Q4_1: lambda raw: repack_q4(raw, has_min=True),
+        Q.Q5_0: lambda raw: repack_q5(raw, has_min=False),
+        Q.Q5_1: lambda raw: repack_q5(raw, has_min=True),
+        Q.Q8_0: repack_q8_0,
+        Q.Q4_K: lambda raw: repack_k(raw, 4),
+        Q.Q5_K: lambda raw: repack_k(raw, 5),
+        Q.Q6_K: repack_q6_k,
+    }
+
+
+def native_types() -> set[str]:
+    """The GGUF tensor types the `gguf` format serves as they are."""
+    return {kind.name for kind in _native_repacks()}
+
+
+def gguf_tensor(tensor: GGUFTensor, fmt: TargetFormat) -> QuantizedTensor:
+    """One GGUF tensor (engine.quant.gguf_tensors) as `fmt`: repacked where `fmt` holds its type as it is (`gguf`:
+    every type in native_types, which engine.quant.source checked before loading), else quantized once."""
     from gguf.quants import dequantize
 
     kind = tensor.tensor_type
     raw = np.asarray(tensor.data)
-    if fmt == "int4" and kind in (Q.Q4_0, Q.Q4_1):
-        return repack_q4(raw, has_min=kind == Q.Q4_1)
-    if fmt == "int8" and kind == Q.Q8_0:
-        return repack_q8_0(raw)
+    repack = _native_repacks().get(kind)
+    if repack is not None and (fmt == "gguf" or kind.name in _KEPT.get(fmt, ())):
+        return repack(raw)
+    if fmt == "gguf":
+        raise ValueError(f"engine.weights gguf: {tensor.name} is {kind.name}, which is not served as it is "
+                         f"(served: {', '.join(sorted(native_types()))})")
     dense = torch.from_numpy(np.ascontiguousarray(dequantize(raw, kind)).astype(np.float32))  # [out, in]
-    return quantize(dense, fmt)
+    return quantize(dense, fmt)  # type: ignore[arg-type]
 
 
 def _unpermute_rows(qt: QuantizedTensor, n_head: int) -> QuantizedTensor:
@@ -91,14 +183,16 @@ def _unpermute_rows(qt: QuantizedTensor, n_head: int) -> QuantizedTensor:
     return qt.rows(index)
 
 
-def read_gguf_weights(path: Path, cfg: DecoderConfig, fmt: QuantFormat, head_fmt: QuantFormat) -> dict[str, QuantizedTensor]:
+def read_gguf_weights(
+    path: Path, cfg: DecoderConfig, fmt: TargetFormat, head_fmt: TargetFormat
+) -> dict[str, QuantizedTensor]:
     """Our fused linears (and the embedding / LM head) from a GGUF, keyed by module path in the Decoder.
 
     head_fmt is used for the token embedding and the LM head (tied or not).
     """
     tensors = {t.name: t for t in read_tensors(path)}
 
-    def get(name: str, as_fmt: QuantFormat = fmt) -> QuantizedTensor:
+    def get(name: str, as_fmt: TargetFormat = fmt) -> QuantizedTensor:
         if name not in tensors:
             raise KeyError(f"{path.name} has no tensor {name!r}")
         return gguf_tensor(tensors[name], as_fmt)

@@ -90,11 +90,12 @@ class Int4Kernel:
             raise ValueError(f"Int4Kernel needs int4 codes, got {qt.fmt}")
         self.group_size = qt.group_size
         self.out_features = qt.shape[0]
-        assert qt.zeros is not None
+        assert qt.mins is not None
         # The packing wants a multiple of 16 output rows: pad with rows of weight 0 (scale 0, zero 0).
         pad = -self.out_features % 16
         codes = F.pad(qt.codes.to(torch.int32), (0, 0, 0, pad), value=8)  # [out + pad, in]
-        scales, zeros = F.pad(qt.scales, (0, 0, 0, pad)), F.pad(qt.zeros, (0, 0, 0, pad))
+        # torch's convention: w = (q - 8) * scale + zero.
+        scales, zeros = F.pad(qt.scales, (0, 0, 0, pad)), F.pad(qt.mins + 8 * qt.scales, (0, 0, 0, pad))
         # innerKTiles is ignored by the CPU packing; it is part of the op's signature.
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
         # [in / group, out + pad, 2]: the kernel's layout for (scale, zero).
@@ -127,7 +128,7 @@ class Int8Kernel:
 
 
 class DequantizedKernel:
-    """Int8 weights in GGUF's Q8_0 blocks where our kernel does not run (torch's int8 kernel has one scale per row):
+    """Int8 weights in GGUF's blocks where our kernel does not run (torch's int8 kernel has one scale per row):
     the dequantized weight in fp32, exact, at fp32's cost."""
 
     act_dtype = torch.float32
@@ -226,9 +227,9 @@ def quant_kernel(qt: QuantizedTensor, choice: str = "auto") -> Kernel:
 
     if choice == "auto" and vnni.fits(qt):
         return vnni.VnniKernel(qt)
-    if qt.blocked:
-        return DequantizedKernel(qt)
-    return Int4Kernel(qt) if qt.fmt == "int4" else Int8Kernel(qt)
+    if qt.fmt == "int4":
+        return Int4Kernel(qt)
+    return DequantizedKernel(qt) if qt.blocked else Int8Kernel(qt)
 
 
 @dataclasses.dataclass
@@ -334,11 +335,11 @@ class QuantizedEmbedding(nn.Module):
         """ids [T] -> [T, hidden] in the model dtype."""
         if self.tied is None:
             return self.qt.rows(ids).dequantize().to(self.dtype)
-        zeros = None if self.qt.zeros is None else self.qt.zeros[ids]
-        qt = QuantizedTensor(self.qt.fmt, self.tied.rows(ids), self.qt.scales[ids], zeros, self.qt.group_size)
+        mins = None if self.qt.mins is None else self.qt.mins[ids]
+        qt = QuantizedTensor(self.qt.fmt, self.tied.rows(ids), self.qt.scales[ids], mins, self.qt.group_size)
         return qt.dequantize().to(self.dtype)
 
     def tensors(self) -> list[torch.Tensor]:
         qt = self.qt
-        return [qt.codes, qt.scales] + ([] if qt.zeros is None else [qt.zeros])
+        return [qt.codes, qt.scales] + ([] if qt.mins is None else [qt.mins])
 

@@ -2,8 +2,10 @@
 
     a GGUF of Q4_0 / Q4_1 linears with a Q8_0 embedding and head -> int4 (the codes repacked bit for bit,
                                                                    engine/quant/gguf_repack.py)
+    a GGUF of other types our kernel holds (K-quants, Q5_0, Q6_K,  -> gguf (each tensor as its type holds it)
+    Q8_0 linears: what most GGUF downloads are)
     a checkpoint stored in bfloat16                               -> bf16
-    anything else (fp32 or fp16 files, k-quants, Q8_0 linears)    -> fp32 (every other format would round
+    anything else (fp32 or fp16 files, Q2_K, Q3_K, IQ types)       -> fp32 (every other format would round
                                                                    the weights again)
 
 A GGUF whose linears are not read block by block (Phi-3's fused tensors, a MoE's stacked experts) is
@@ -20,12 +22,15 @@ from engine.quant.formats import WeightFormat
 
 _INT4_LINEARS = {"Q4_0", "Q4_1"}  # repacked as they are
 _INT8_HEADS = {"Q8_0"}  # kept in its blocks
+# What the gguf format serves as it is (engine/quant/gguf_repack.py's repacks; a test holds the two equal).
+NATIVE_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"})
 
 
 @dataclass(frozen=True)
 class WeightSource:
     lossless: WeightFormat  # the fastest format holding the file's weights exactly
     held: str  # what the file holds, to say at start
+    native: bool = False  # a GGUF whose every tensor the gguf format serves as it is
 
 
 def _gguf_source(path: Path, blockwise: bool) -> WeightSource:
@@ -38,9 +43,10 @@ def _gguf_source(path: Path, blockwise: bool) -> WeightSource:
         types["linears" if t.name.startswith("blk.") else "head"].add(t.tensor_type.name)
     linears, head = sorted(types["linears"]), sorted(types["head"])
     held = f"{path.name}'s {'/'.join(linears)} linears and {'/'.join(head)} embedding"
-    if blockwise and set(linears) <= _INT4_LINEARS and set(head) <= _INT8_HEADS:
-        return WeightSource("int4", held)
-    return WeightSource("fp32", held)
+    native = blockwise and set(linears) | set(head) <= NATIVE_TYPES
+    if native and set(linears) <= _INT4_LINEARS and set(head) <= _INT8_HEADS:
+        return WeightSource("int4", held, native)
+    return WeightSource("gguf" if native else "fp32", held, native)
 
 
 def _safetensors_dtypes(folder: Path) -> set[str]:

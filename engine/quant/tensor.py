@@ -7,15 +7,18 @@ layout) and the embedding lookup. Everything is per output row, so fusing
 q/k/v (concatenating rows) and llama.cpp's q/k row permutation apply to the
 codes directly, never to dequantized floats.
 
-Formats (w = the float weight the model means):
-    int4: codes uint8 in 0..15, groups of `group_size` along in_features,
-          w = (q - 8) * scale + zero     (torch's int4pack convention)
-    int8: codes int8, w = q * scale, one scale per output row (group_size = in_features: what quantize
-          makes, and all torch's _weight_int8pack_mm takes) or per block of 32 (GGUF's Q8_0, kept as it is
-          for our kernel)
+Formats (w = the float weight the model means), GGUF's own convention, so that a
+file's blocks carry over with no arithmetic on their numbers:
+    int4: codes uint8 in 0..15, groups of `group_size` (32) along in_features,
+          w = q * scale + min     (Q4_0: min = -8 * scale; Q4_1, Q4_K: the file's)
+    int8: codes int8, w = q * scale [+ min], one scale per output row (group_size = in_features: what
+          quantize makes, and all torch's _weight_int8pack_mm takes), or per group of 32 (Q8_0, Q5_0; with
+          mins Q5_1, Q5_K, codes 0..31) or 16 (Q6_K)
+Scales and mins are fp32: a K-quant's are a super-block's fp16 times a sub-block's integer, exact in fp32.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,48 +32,76 @@ INT4_GROUP = 32  # GGUF's block size; torch's int4 CPU kernel takes 32, 64, 128 
 class QuantizedTensor:
     fmt: QuantFormat
     codes: torch.Tensor  # int4: uint8 [out, in] in 0..15; int8: int8 [out, in]
-    scales: torch.Tensor  # int4: fp32 [out, in / group]; int8: fp32 [out] per row, or [out, in / group]
-    zeros: torch.Tensor | None  # int4: fp32 [out, in / group]; int8: None
-    group_size: int  # int4: elements per group; int8: in_features
+    scales: torch.Tensor  # fp32 [out, in / group]; int8 per row: fp32 [out]
+    mins: torch.Tensor | None  # fp32 [out, in / group], or None (int4 always has them)
+    group_size: int  # elements per group (in_features for int8 per row)
 
     @property
     def shape(self) -> torch.Size:
         return self.codes.shape
 
     def dequantize(self) -> torch.Tensor:
-        """The float weight [out, in] in fp32, exactly as the kernels' convention defines it."""
+        """The float weight [out, in] in fp32, exactly as the kernels' convention defines it (GGUF's: q * d + m in
+        one fp32 multiply and add)."""
         out, inp = self.codes.shape
-        if self.fmt == "int8" and not self.blocked:
+        if not self.blocked:
             return self.codes.float() * self.scales[:, None]
-        if self.fmt == "int8":
-            q = self.codes.float().view(out, inp // self.group_size, self.group_size)  # [out, groups, group]
-            return (q * self.scales[..., None]).view(out, inp)
-        assert self.zeros is not None
         q = self.codes.float().view(out, inp // self.group_size, self.group_size)  # [out, groups, group]
-        return ((q - 8) * self.scales[..., None] + self.zeros[..., None]).view(out, inp)
+        w = q * self.scales[..., None]
+        return (w if self.mins is None else w + self.mins[..., None]).view(out, inp)
 
     @property
     def blocked(self) -> bool:
-        """int8 with a scale per block (GGUF's Q8_0) rather than per row."""
-        return self.fmt == "int8" and self.scales.dim() == 2
+        """Scales per group (int4 always; int8 from GGUF's blocks) rather than per row."""
+        return self.scales.dim() == 2
 
     def rows(self, index: torch.Tensor | slice) -> QuantizedTensor:
         """A row subset / permutation (every field is per output row)."""
-        zeros = None if self.zeros is None else self.zeros[index]
-        return QuantizedTensor(self.fmt, self.codes[index], self.scales[index], zeros, self.group_size)
+        mins = None if self.mins is None else self.mins[index]
+        return QuantizedTensor(self.fmt, self.codes[index], self.scales[index], mins, self.group_size)
+
+    def as_groups_of(self, group_size: int) -> QuantizedTensor:
+        """The same weights in smaller groups (each scale and min repeated): exact."""
+        if group_size == self.group_size:
+            return self
+        if not self.blocked or self.group_size % group_size:
+            raise ValueError(f"groups of {self.group_size} do not split into groups of {group_size}")
+        n = self.group_size // group_size
+        mins = None if self.mins is None else self.mins.repeat_interleave(n, dim=1)
+        return QuantizedTensor(self.fmt, self.codes, self.scales.repeat_interleave(n, dim=1), mins, group_size)
+
+    def as_int8(self) -> QuantizedTensor:
+        """int4 codes as int8 ones, exact: a Q4_0-like min of -8 * scale as codes q - 8 without mins, else the same
+        codes (0..15 fits), scales and mins."""
+        if self.fmt == "int8":
+            return self
+        assert self.mins is not None
+        if torch.equal(self.mins, -8 * self.scales):
+            return QuantizedTensor("int8", self.codes.to(torch.int8) - 8, self.scales, None, self.group_size)
+        return QuantizedTensor("int8", self.codes.to(torch.int8), self.scales, self.mins, self.group_size)
+
+    def with_mins(self) -> QuantizedTensor:
+        """Zero mins where there are none (w unchanged): exact."""
+        return self if self.mins is not None else dataclasses.replace(self, mins=torch.zeros_like(self.scales))
 
     @staticmethod
     def cat(parts: list[QuantizedTensor]) -> QuantizedTensor:
-        """Stack along output rows, e.g. q, k, v into one fused matrix. int8 blocks beside int8 rows (a GGUF mixing
-        Q8_0 with other types) are quantized per row like the rest."""
+        """Stack along output rows, e.g. q, k, v into one fused matrix. Blocked parts of different kinds (a GGUF
+        mixing types) are first brought to one kind that holds them all exactly (int8, the smallest group, mins where
+        any part has them); int8 blocks beside int8 rows are quantized again per row, like the rows."""
         if any(p.blocked for p in parts) and not all(p.blocked for p in parts):
             parts = [quantize(p.dequantize(), "int8") if p.blocked else p for p in parts]
+        elif parts[0].blocked:
+            if len({p.fmt for p in parts}) > 1:
+                parts = [p.as_int8() for p in parts]
+            group = min(p.group_size for p in parts)
+            parts = [p.as_groups_of(group) for p in parts]
+            if any(p.mins is not None for p in parts):
+                parts = [p.with_mins() for p in parts]
         first = parts[0]
-        if any(p.fmt != first.fmt or p.group_size != first.group_size for p in parts):
-            raise ValueError("cannot fuse quantized tensors of different formats or group sizes")
-        zeros = None if first.zeros is None else torch.cat([p.zeros for p in parts if p.zeros is not None])
+        mins = None if first.mins is None else torch.cat([p.mins for p in parts if p.mins is not None])
         codes = torch.cat([p.codes for p in parts])
-        return QuantizedTensor(first.fmt, codes, torch.cat([p.scales for p in parts]), zeros, first.group_size)
+        return QuantizedTensor(first.fmt, codes, torch.cat([p.scales for p in parts]), mins, first.group_size)
 
 
 def quantize(weight: torch.Tensor, fmt: QuantFormat, group_size: int = INT4_GROUP) -> QuantizedTensor:
@@ -87,10 +118,8 @@ def quantize(weight: torch.Tensor, fmt: QuantFormat, group_size: int = INT4_GROU
     if inp % group_size:
         raise ValueError(f"in_features {inp} is not a multiple of the int4 group size {group_size}")
     g = w.view(out, inp // group_size, group_size)  # [out, groups, group]
-    # Scale and minimum rounded to fp16, as GGUF's Q4_1 stores them (and our VNNI kernel reads them).
+    # Scale and minimum rounded to fp16, as GGUF's Q4_1 stores them (and our kernel reads them, in 20 bytes a block).
     lo, hi = g.amin(dim=-1).half().float(), g.amax(dim=-1)  # [out, groups]
     scales = ((hi - lo) / 15).half().float().clamp_min(2**-24)
     q = torch.round((g - lo[..., None]) / scales[..., None]).clamp(0, 15)
-    # w = q * scale + lo = (q - 8) * scale + (lo + 8 * scale)
-    zeros = lo + 8 * scales
-    return QuantizedTensor("int4", q.to(torch.uint8).view(out, inp), scales, zeros, group_size)
+    return QuantizedTensor("int4", q.to(torch.uint8).view(out, inp), scales, lo, group_size)  # w = q * scale + lo

@@ -10,10 +10,10 @@ alone, so a decode and a verification row round alike and speculation stays loss
 batch.
 
 Here: the weights' packing into qgemm.h's tiles of 16 outputs (see its header comment), and the
-kernel object QuantizedLinear runs. The numbers are the QuantizedTensor's own: 4-bit
-w = q * scale + min (min = zero - 8 * scale, kept in fp16 like GGUF's Q4_1 m; for Q4_0, zero 0,
-the kernel takes the 8 off in integers instead), 8-bit w = q * scale with one scale per output or,
-for GGUF's Q8_0, per block of 32 (fp16, as in the file).
+kernel object QuantizedLinear runs. The numbers are the QuantizedTensor's own, w = q * scale [+ min]:
+scales and mins per block of 32 in fp16 where fp16 holds them exactly (GGUF's Q4_0, Q4_1, Q5_0, Q8_0
+blocks; a Q4_0-like min of -8 * scale is taken off in integers instead), else in fp32 (K-quants' sub-block
+scales); 8-bit also per half block (Q6_K, fp32) or one fp32 scale per output.
 The activations are the kernel's: int8 blocks of 32 (activations_as_used gives them in fp32).
 """
 from __future__ import annotations
@@ -64,12 +64,12 @@ def chosen(choice: str) -> tuple[bool, str]:
 
 def takes(qt: QuantizedTensor) -> bool:
     """Whether the kernel's layout holds this tensor: in_features a multiple of 32, int4 in groups of 32, int8 per
-    row or in blocks of 32."""
+    row or in groups of 32 or 16."""
     if qt.shape[1] % BLOCK:
         return False
     if qt.fmt == "int4":
-        return qt.group_size == BLOCK and qt.zeros is not None
-    return not qt.blocked or qt.group_size == BLOCK
+        return qt.group_size == BLOCK and qt.mins is not None
+    return not qt.blocked or qt.group_size in (BLOCK, BLOCK // 2)
 
 
 def fits(qt: QuantizedTensor) -> bool:
@@ -110,10 +110,33 @@ def pack4(codes: torch.Tensor) -> torch.Tensor:
     return packed.reshape(tiles.shape[0], -1).contiguous()
 
 
-def pack_block_scales(scales: torch.Tensor) -> torch.Tensor:
-    """[out, blocks] -> fp16 [out / 16, blocks, 16] (padding outputs get 0)."""
+def pack_block_scales(scales: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """[out, groups] -> [out / 16, groups, 16] in dtype (padding outputs get 0); groups of 16 make [out / 16, blocks,
+    2, 16], a block's two halves."""
     padded = F.pad(scales.float(), (0, 0, 0, -scales.shape[0] % LANES))
-    return padded.view(-1, LANES, scales.shape[1]).transpose(1, 2).half().contiguous()
+    return padded.view(-1, LANES, scales.shape[1]).transpose(1, 2).to(dtype).contiguous()
+
+
+def _fp16_exact(*tables: torch.Tensor | None) -> bool:
+    return all(t is None or torch.equal(t.half().float(), t) for t in tables)
+
+
+def _pack_scales(qt: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tensor's scales and mins in the kernel's layout (qlinear_add in decoder_step.cpp reads which kind from it):
+    fp16 where that is exact (the 4-bit Q4_0-like min -8 * scale left to the kernel's integers), else fp32."""
+    out = qt.shape[0]
+    if not qt.blocked:  # 8-bit per row: fp32 [out]
+        return F.pad(qt.scales.float(), (0, -out % LANES)).contiguous(), None
+    if qt.group_size < BLOCK:  # 8-bit halves (Q6_K): fp32 [tiles, blocks, 2, 16]
+        mins = None if qt.mins is None else pack_block_scales(qt.mins, torch.float32)
+        return pack_block_scales(qt.scales, torch.float32), mins
+    mins = qt.mins
+    if qt.fmt == "int4" and mins is not None and torch.equal(mins, -8 * qt.scales) and _fp16_exact(qt.scales):
+        mins = None  # Q4_0-like: the kernel takes the 8 off in integers
+    if _fp16_exact(qt.scales, mins):
+        return pack_block_scales(qt.scales), None if mins is None else pack_block_scales(mins)
+    mins = torch.zeros_like(qt.scales) if mins is None else mins  # fp32 block scales come with mins
+    return pack_block_scales(qt.scales, torch.float32), pack_block_scales(mins, torch.float32)
 
 
 class VnniKernel:
@@ -131,24 +154,16 @@ class VnniKernel:
             raise ValueError(f"the VNNI kernel needs in_features a multiple of {BLOCK}, got {inp}")
         self.bits = 4 if qt.fmt == "int4" else 8
         self.out_features = out
-        self.mins: torch.Tensor | None = None
+        if not takes(qt):
+            raise ValueError(f"the VNNI kernel's int4 groups are {BLOCK} inputs (with mins), its int8 groups {BLOCK} "
+                             f"or {BLOCK // 2}, got {qt.fmt} in groups of {qt.group_size}")
         if self.bits == 4:
-            if qt.group_size != BLOCK or qt.zeros is None:
-                raise ValueError(f"the VNNI kernel's int4 groups are {BLOCK} inputs, got {qt.group_size}")
             self.codes = pack4(qt.codes)
-            # fp16 as in GGUF's blocks (exact for their d and m); quantize() makes its scales fp16 too.
-            self.scales = pack_block_scales(qt.scales)
-            if bool(qt.zeros.any()):  # Q4_1-like: w = q * scale + min; else Q4_0's (q - 8) * scale, the 8 in integers
-                self.mins = pack_block_scales(qt.zeros.float() - 8 * qt.scales.float())
         else:
-            if not takes(qt):
-                raise ValueError(f"the VNNI kernel's int8 blocks are {BLOCK} inputs, got {qt.group_size}")
             self.codes = pack8((qt.codes.to(torch.int16) + 128).to(torch.uint8))
-            # Per row: fp32 [out]; Q8_0's blocks: fp16 [tiles, blocks, 16] (exact for their d), as 4-bit's.
-            per_row = F.pad(qt.scales.float(), (0, -out % LANES)).contiguous() if not qt.blocked else None
-            self.scales = pack_block_scales(qt.scales) if per_row is None else per_row
             i = torch.arange(inp)  # rows(): where input i of a tile's lane 0 sits (+ 4 bytes per lane)
             self._columns = (i // BLOCK) * 512 + (i % BLOCK // 4) * 64 + i % 4
+        self.scales, self.mins = _pack_scales(qt)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] -> [T, out] fp32."""

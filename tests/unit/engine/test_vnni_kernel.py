@@ -31,24 +31,63 @@ SHAPES = [(960, 576), (576, 1536), (200, 96)]  # the default model's qkv and dow
 
 
 def _q4_0(shape: tuple[int, int]) -> QuantizedTensor:
-    """A Q4_0-like tensor (zero 0: w = (q - 8) * scale), as GGUF's Q4_0 blocks load."""
+    """A Q4_0-like tensor (min -8 * scale: w = (q - 8) * scale), as GGUF's Q4_0 blocks load."""
     qt = quantize(torch.randn(shape) * 0.05, "int4")
-    assert qt.zeros is not None
-    return QuantizedTensor("int4", qt.codes, qt.scales, torch.zeros_like(qt.zeros), qt.group_size)
+    return QuantizedTensor("int4", qt.codes, qt.scales, -8 * qt.scales, qt.group_size)
 
 
-def _q8_0(shape: tuple[int, int]) -> QuantizedTensor:
-    """int8 with an fp16 scale per block of 32, as GGUF's Q8_0 blocks load."""
-    codes = torch.randint(-127, 128, shape, dtype=torch.int8)
+def _q8_0(shape: tuple[int, int], low: int = -127, high: int = 127) -> QuantizedTensor:
+    """int8 with an fp16 scale per block of 32, as GGUF's Q8_0 (and, codes -16..15, Q5_0) blocks load."""
+    codes = torch.randint(low, high + 1, shape, dtype=torch.int8)
     scales = (torch.rand(shape[0], shape[1] // 32) * 1e-3).half().float()
     return QuantizedTensor("int8", codes, scales, None, 32)
+
+
+def _k_scales(shape: tuple[int, int], group: int, levels: tuple[int, int]) -> torch.Tensor:
+    """A K-quant's scales [out, in / group]: an fp16 super-block scale (per 256 inputs) times a sub-block integer,
+    exact in fp32 and mostly not in fp16."""
+    out, groups = shape[0], shape[1] // group
+    d = (torch.rand(out, -(-groups // (256 // group))) * 1e-4).half().float().repeat_interleave(256 // group, dim=1)
+    return d[:, :groups] * torch.randint(*levels, (out, groups)).float()
+
+
+def _q4_k(shape: tuple[int, int]) -> QuantizedTensor:
+    """int4 with fp32 scales and mins per 32, as GGUF's Q4_K blocks load."""
+    codes = torch.randint(0, 16, shape, dtype=torch.uint8)
+    return QuantizedTensor("int4", codes, _k_scales(shape, 32, (1, 64)), -_k_scales(shape, 32, (0, 64)), 32)
+
+
+def _q5_k(shape: tuple[int, int]) -> QuantizedTensor:
+    """int8 codes 0..31 with fp32 scales and mins per 32, as GGUF's Q5_K blocks load."""
+    codes = torch.randint(0, 32, shape, dtype=torch.int8)
+    return QuantizedTensor("int8", codes, _k_scales(shape, 32, (1, 64)), -_k_scales(shape, 32, (0, 64)), 32)
+
+
+def _q6_k(shape: tuple[int, int]) -> QuantizedTensor:
+    """int8 codes -32..31 with an fp32 scale per 16, as GGUF's Q6_K blocks load."""
+    codes = torch.randint(-32, 32, shape, dtype=torch.int8)
+    return QuantizedTensor("int8", codes, _k_scales(shape, 16, (-128, 128)), None, 16)
 
 
 def _tensors(shape: tuple[int, int]) -> dict[str, QuantizedTensor]:
     torch.manual_seed(0)
     w = torch.randn(shape) * 0.05
+    half = (shape[0] // 2, shape[1])
     return {"int4 (Q4_1-like)": quantize(w, "int4"), "int4 (Q4_0-like)": _q4_0(shape), "int8": quantize(w, "int8"),
-            "int8 (Q8_0-like)": _q8_0(shape)}
+            "int8 (Q8_0-like)": _q8_0(shape), "int8 (Q5_0-like)": _q8_0(shape, -16, 15), "int4 (Q4_K)": _q4_k(shape),
+            "int8 (Q5_K)": _q5_k(shape), "int8 (Q6_K)": _q6_k(shape),
+            "int8 (Q4_K fused beside Q6_K)": QuantizedTensor.cat([_q4_k(half), _q6_k((shape[0] - half[0], shape[1]))])}
+
+
+def test_each_kind_reads_the_scales_it_needs_exactly() -> None:
+    kernels = {name: vnni.VnniKernel(qt) for name, qt in _tensors((64, 256)).items()}
+    fp16 = {name for name, k in kernels.items() if k.scales.dtype == torch.float16}
+    assert fp16 == {"int4 (Q4_1-like)", "int4 (Q4_0-like)", "int8 (Q8_0-like)", "int8 (Q5_0-like)"}
+    assert kernels["int4 (Q4_0-like)"].mins is None  # the 8 comes off in integers
+    halves = (64 // 16, 2 * 256 // 32, 16)  # [tiles, 2 per block, lanes]
+    assert kernels["int8 (Q6_K)"].scales.shape == halves and kernels["int8 (Q6_K)"].mins is None
+    fused = kernels["int8 (Q4_K fused beside Q6_K)"]
+    assert fused.scales.shape == halves and fused.mins is not None and fused.mins.shape == halves
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -153,7 +192,11 @@ def test_malformed_weights_are_refused_naming_the_problem() -> None:
         op(torch.randn(2, 48), k.codes, k.scales, k.mins, 4)
     with pytest.raises(RuntimeError, match="bits must be 4 or 8, got 3"):
         op(x, k.codes, k.scales, k.mins, 3)
-    with pytest.raises(RuntimeError, match="scales must be contiguous fp16"):
+    with pytest.raises(RuntimeError, match="mins must be contiguous, of the scales' dtype and shape"):
         op(x, k.codes, k.scales.float(), k.mins, 4)
+    with pytest.raises(RuntimeError, match="scales must be contiguous fp16 or fp32"):
+        op(x, k.codes, k.scales.double(), k.mins, 4)
+    with pytest.raises(RuntimeError, match="4-bit fp32 scales come with mins"):
+        op(x, k.codes, k.scales.float(), None, 4)
     with pytest.raises(RuntimeError, match="x must be \\[T, in\\] fp32"):
         op(x.double(), k.codes, k.scales, k.mins, 4)
