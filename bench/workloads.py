@@ -15,10 +15,19 @@ class Workload:
     name: str
     messages: list[dict[str, str]]
 
+    def text(self, tokenizer: Any) -> str:
+        """The prompt through the model's chat template, ready for the assistant's answer; for a base model without
+        one (Gemma 3 270M), the messages' contents as one plain document, each after a blank line."""
+        if tokenizer.chat_template:
+            return tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=False)
+        return "".join(m["content"] + "\n\n" for m in self.messages)
+
     def token_ids(self, tokenizer: Any) -> list[int]:
-        """The prompt through the model's chat template, ready for the assistant's answer."""
-        enc = tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True)
-        return list(enc["input_ids"] if hasattr(enc, "keys") else enc)  # a BatchEncoding in newer transformers
+        """text() as the model's tokens (the template's own special tokens, or the tokenizer's BOS for a document)."""
+        if tokenizer.chat_template:
+            enc = tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True)
+            return list(enc["input_ids"] if hasattr(enc, "keys") else enc)  # a BatchEncoding in newer transformers
+        return list(tokenizer(self.text(tokenizer))["input_ids"])
 
 
 OPEN_QUESTION = Workload(
