@@ -361,14 +361,15 @@ class Decoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions [T] -> final-normed hidden states [T, hidden]."""
         rope = self.rope_step(positions, self.dtype)
-        h = self.embed(input_ids)  # [T, hidden]
-        self.step_kind.prompt = attn.holds_prompt_rows  # stays for compute_logits on this step's rows
-        if self.fused_step is not None:
-            return self.fused_step(h, rope, attn)
-        local = rope
+        local = None  # the sliding layers' own factors (Gemma 3's local base), where the model has them
         if self.local_rope is not None:
             cos, sin_rot = self.local_rope
             local = RopeStep(cos[positions, None].to(self.dtype), sin_rot[positions, None].to(self.dtype))
+        h = self.embed(input_ids)  # [T, hidden]
+        self.step_kind.prompt = attn.holds_prompt_rows  # stays for compute_logits on this step's rows
+        if self.fused_step is not None:
+            return self.fused_step(h, rope, attn, local)
+        local = local if local is not None else rope
         for i, layer in enumerate(self.layers):
             h = layer(h, local if self.cfg.local_rope_layers and self.cfg.local_rope_layers[i] else rope, attn)
         return self.norm(h)

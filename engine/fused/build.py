@@ -2,7 +2,7 @@
 
 Why not torch.utils.cpp_extension.load: it needs ninja and pybind11's headers for a module we do
 not need; these files only register ops (TORCH_LIBRARY), called as torch.ops.specstream.*. One g++
-call builds a shared library into ~/.cache/specstream/ops/<key>/ (10-20 s on the 2-core dev machine);
+call builds a shared library into ~/.cache/specstream/ops/<key>/ (~1 minute on the 2-core dev machine: 58 s on 2026-12-07);
 a later start loads it. A machine without a C++ compiler, or a failed build, gets the reason back and
 the engine runs its eager path.
 """

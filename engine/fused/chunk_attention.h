@@ -143,6 +143,9 @@ SS_CLONES void chunk_tiles_64(const RowAttention& a, const float* kt, int64_t kh
 SS_CLONES void chunk_tiles_128(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
   chunk_tiles_impl<8>(a, kt, kh, i0, i1);
 }
+SS_CLONES void chunk_tiles_256(const RowAttention& a, const float* kt, int64_t kh, int64_t i0, int64_t i1) {
+  chunk_tiles_impl<16>(a, kt, kh, i0, i1);
+}
 
 // Several sequences' chunks (one call each) in one parallel region, items (call, head, tile of 4 rows) cut into one
 // run per thread of about equal work. False where the head size has no kernel (the caller then runs SDPA).
@@ -153,6 +156,7 @@ inline bool chunk_attention(const std::vector<RowAttention>& calls, int64_t head
     case 32: kernel = chunk_tiles_32; break;
     case 64: kernel = chunk_tiles_64; break;
     case 128: kernel = chunk_tiles_128; break;
+    case 256: kernel = chunk_tiles_256; break;
     default: return false;
   }
   if (calls.empty()) return true;

@@ -215,11 +215,21 @@ at::Tensor silu_mul(const at::Tensor& gate_up, int64_t n) {
   return out;
 }
 
+// Gemma's GeGLU from gate_up [T, 2n]: gelu_tanh(gate) * up, as MLP.forward runs it (ATen's ops on the same views).
+at::Tensor gelu_mul(const at::Tensor& gate_up, int64_t n) {
+  std::vector<at::Tensor> parts = gate_up.split(n, -1);
+  return at::gelu(parts[0], "tanh") * parts[1];
+}
+
+// The MLP's activation of gate times up: engine.fused.decoder_step's codes.
+constexpr int64_t kSilu = 0;
+constexpr int64_t kGeluTanh = 1;
+
 // SDPA over K and V in q's dtype: a bfloat16 arena's region widened first (exactly, as the kernels read it).
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                bool causal) {
-  return at::scaled_dot_product_attention(q, k.to(q.scalar_type()), v.to(q.scalar_type()), mask, 0.0, causal,
-                                          std::nullopt, /*enable_gqa=*/true);
+                bool causal, std::optional<double> scale) {
+  return at::scaled_dot_product_attention(q, k.to(q.scalar_type()), v.to(q.scalar_type()), mask, 0.0, causal, scale,
+                                          /*enable_gqa=*/true);
 }
 
 specstream::KvType kv_type(const at::Tensor& kv) {
@@ -264,10 +274,11 @@ enum Route : int64_t { kSdpa = 0, kSdpaRows = 1, kRowKernel = 2, kChunkKernel = 
 // Attention.forward's attention for every sequence of the step: q from qkv [T, q + 2 kv] (rotated), K and V from
 // layer l of the arena kv [L, 2, Hkv, N, D], out [T, Hq * D]. The sequences on the row kernel in one parallel region,
 // those on the chunk kernel in another, then SDPA's. The kernels take pointers: a step runs this once a layer, and
-// the ATen views SDPA needs (a dozen a layer) are made only when a sequence takes SDPA.
+// the ATen views SDPA needs (a dozen a layer) are made only when a sequence takes SDPA. scale: Attention.scale (none:
+// SDPA's 1 / sqrt(D), the kernels' only one).
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::IntArrayRef seqs,
                   const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, int64_t num_heads,
-                  int64_t head_dim) {
+                  int64_t head_dim, std::optional<double> scale) {
   const int64_t T = qkv.size(0), S = static_cast<int64_t>(masks.size()), q_size = num_heads * head_dim;
   TORCH_CHECK(static_cast<int64_t>(routes.size()) == S && static_cast<int64_t>(seqs.size()) == 4 * S,
               "attend: one route and four positions per sequence");
@@ -279,7 +290,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
     const int64_t end = kv_start + seqs[4 * s + 3];
     const std::optional<at::Tensor> mask = masks.get(s);
     return sdpa(q_heads.slice(1, q_start, q_start + q_len), k.slice(1, kv_start, end), v.slice(1, kv_start, end),
-                mask, !mask.has_value() && q_len > 1);
+                mask, !mask.has_value() && q_len > 1, scale);
   };
   if (S == 1 && routes[0] == kSdpa) {
     const auto [q_heads, k, v] = views();
@@ -287,7 +298,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
   }
   at::Tensor out = at::empty({T, q_size}, qkv.options());
   std::vector<specstream::RowAttention> rows, chunks;  // writing straight into `out`
-  const float scale = specstream::softmax_scale(head_dim);
+  const float kernel_scale = specstream::softmax_scale(head_dim);
   const float* q = qkv.data_ptr<float>();
   const char* k = static_cast<const char*>(kv.data_ptr()) + l * kv.stride(0) * kv.element_size();
   const char* v = k + kv.stride(1) * kv.element_size();
@@ -303,7 +314,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
     (routes[s] == kRowKernel ? rows : chunks)
         .push_back({q + q_start * qkv.stride(0), qkv.stride(0), k + kv_start * position_bytes,
                     v + kv_start * position_bytes, kv_type(kv), head_stride, out.data_ptr<float>() + q_start * q_size,
-                    q_size, q_len, seqs[4 * s + 3] - q_len + 1, num_heads, kv_heads, scale});
+                    q_size, q_len, seqs[4 * s + 3] - q_len + 1, num_heads, kv_heads, kernel_scale});
   }
   if (!rows.empty() || !chunks.empty()) {
     TORCH_CHECK(qkv.stride(1) == 1 && kv.stride(4) == 1 && position == head_dim,
@@ -324,7 +335,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
         const int64_t row = q_start + r;
         out_heads.slice(1, row, row + 1)
             .copy_(sdpa(q_heads.slice(1, row, row + 1), k_arena.slice(1, kv_start, first_end + r),
-                        v_arena.slice(1, kv_start, first_end + r), std::nullopt, false));
+                        v_arena.slice(1, kv_start, first_end + r), std::nullopt, false, scale));
       }
     }
   }
@@ -430,13 +441,23 @@ void lora_add_(const at::Tensor& y, const at::Tensor& x, const at::Tensor& slots
 
 }  // namespace
 
+// One attention plan of a step (engine.model.Attention.plan): per piece of a sequence (q_start, q_len, kv_start,
+// kv_len), its mask (none: a decode or a whole sequence) and its route (engine.model.Route).
+struct Plan {
+  at::IntArrayRef seqs;
+  const c10::List<std::optional<at::Tensor>>& masks;
+  at::IntArrayRef routes;
+};
+
 // h [T, hidden] fp32 (the embedded rows); cos, sin_rot [T, 1, D] (RopeStep); slots [T] int64 arena slots;
-// kv [L, 2, Hkv, N, D] the arena. norms: 2 per layer (input, post-attention), then the final one; qk_norms: q's and
-// k's per layer, or none. Per linear (4 a layer: qkv, o, gate_up, down): wa, wb (, wc) its kernel's tensors, wide
-// its bf16 copy (None: none), biases its bias (None: none),
-// kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel), windows (bf16 rows per
-// call). seqs: (q_start, q_len, kv_start, kv_len) per sequence, masks its mask (none: a decode or a whole sequence),
-// routes how it attends (engine.model.Route); prompt: some sequence's rows are a prompt chunk.
+// kv [L, 2, Hkv, N, D] the arena. norms: per layer its input and post-attention norms (Gemma's sandwich: input,
+// post-attention, pre- and post-feedforward), then the final one; qk_norms: q's and k's per layer, or none. Per
+// linear (4 a layer: qkv, o, gate_up, down): wa, wb (, wc) its kernel's tensors, wide its bf16 copy (None: none),
+// biases its bias (None: none), kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel),
+// windows (bf16 rows per call). seqs, masks, routes: the global layers' attention plan; prompt: some sequence's rows
+// are a prompt chunk. attn_scale: SDPA's softmax scale (Gemma's query_pre_attn_scalar ** -0.5; none: 1 / sqrt(D)).
+// act: kSilu or kGeluTanh. local_layers: 1 for each sliding-window layer (or empty), which
+// attend by the local plan (seqs_local, masks_local, routes_local) and rotate by cos_local, sin_local where given.
 at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
                         at::Tensor kv, at::TensorList norms, at::TensorList qk_norms, at::TensorList wa,
                         at::TensorList wb, const c10::List<std::optional<at::Tensor>>& wc,
@@ -446,14 +467,30 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                         at::IntArrayRef max_quant_rows, at::IntArrayRef windows, at::IntArrayRef seqs,
                         const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, bool prompt,
                         bool fast_norm, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                        int64_t intermediate, double eps) {
+                        int64_t intermediate, double eps, std::optional<double> attn_scale, bool sandwich,
+                        int64_t act, at::IntArrayRef local_layers,
+                        const std::optional<at::Tensor>& cos_local, const std::optional<at::Tensor>& sin_local,
+                        at::IntArrayRef seqs_local, const c10::List<std::optional<at::Tensor>>& masks_local,
+                        at::IntArrayRef routes_local) {
   const Linears linear{wa, wb, wc, wide, biases, kinds, groups, outs, max_quant_rows, windows, prompt};
-  const int64_t T = h.size(0), L = kv.size(0);
+  const int64_t T = h.size(0), L = kv.size(0), per_layer = sandwich ? 4 : 2;
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  TORCH_CHECK(static_cast<int64_t>(norms.size()) == per_layer * L + 1, "decoder_step: ", per_layer * L + 1,
+              " norms expected, got ", norms.size());
+  TORCH_CHECK(local_layers.empty() || static_cast<int64_t>(local_layers.size()) == L,
+              "decoder_step: local_layers must be empty or one per layer");
+  TORCH_CHECK(act == kSilu || act == kGeluTanh, "decoder_step: act must be 0 (SiLU) or 1 (GELU, tanh)");
   const at::Tensor cos_rows = cos.contiguous(), sin_rows = sin_rot.contiguous(), slot_ids = slots.contiguous();
+  const at::Tensor cos_l = cos_local.has_value() ? cos_local->contiguous() : cos_rows;
+  const at::Tensor sin_l = sin_local.has_value() ? sin_local->contiguous() : sin_rows;
+  const Plan global{seqs, masks, routes}, local{seqs_local, masks_local, routes_local};
+  auto act_mul = [&](const at::Tensor& gate_up) {
+    return act == kSilu ? silu_mul(gate_up, intermediate) : gelu_mul(gate_up, intermediate);
+  };
   for (int64_t l = 0; l < L; ++l) {
-    const int64_t i = 4 * l;
-    at::Tensor x = norm(h, norms[2 * l], eps, fast_norm);
+    const int64_t i = 4 * l, n = per_layer * l;
+    const bool windowed = !local_layers.empty() && local_layers[l] != 0;
+    at::Tensor x = norm(h, norms[n], eps, fast_norm);
     at::Tensor qkv = linear(i, x).contiguous();  // [T, q + 2 kv]
     TORCH_CHECK(qkv.size(1) == q_size + 2 * kv_size, "decoder_step: the qkv linear gave ", qkv.size(1), " columns");
     if (!qk_norms.empty()) {
@@ -462,15 +499,24 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                  fast_norm);
     }
     // engine.rotary.apply_rotary_ on q and k
+    const at::Tensor& c = windowed ? cos_l : cos_rows;
+    const at::Tensor& sr = windowed ? sin_l : sin_rows;
     specstream::step_ops::rotary(qkv.data_ptr<float>(), qkv.stride(0), T, num_heads + num_kv_heads, head_dim,
-                                 cos_rows.data_ptr<float>(), sin_rows.data_ptr<float>());
+                                 c.data_ptr<float>(), sr.data_ptr<float>());
     write_kv(qkv, q_size, kv, l, slot_ids, num_kv_heads, head_dim);
-    at::Tensor attn = attend(qkv, kv, l, seqs, masks, routes, num_heads, head_dim);
+    const Plan& plan = windowed ? local : global;
+    at::Tensor attn = attend(qkv, kv, l, plan.seqs, plan.masks, plan.routes, num_heads, head_dim, attn_scale);
+    if (sandwich) {  // engine.gemma.SandwichDecoderLayer
+      h = h + norm(linear(i + 1, attn), norms[n + 1], eps, fast_norm);
+      x = norm(h, norms[n + 2], eps, fast_norm);
+      h = h + norm(linear(i + 3, act_mul(linear(i + 2, x))), norms[n + 3], eps, fast_norm);
+      continue;
+    }
     h = linear.add(i + 1, attn, h);
-    x = norm(h, norms[2 * l + 1], eps, fast_norm);
-    h = linear.add(i + 3, silu_mul(linear(i + 2, x), intermediate), h);
+    x = norm(h, norms[n + 1], eps, fast_norm);
+    h = linear.add(i + 3, act_mul(linear(i + 2, x)), h);
   }
-  return norm(h, norms[2 * L], eps, fast_norm);
+  return norm(h, norms[per_layer * L], eps, fast_norm);
 }
 
 TORCH_LIBRARY(specstream, m) {
@@ -478,7 +524,10 @@ TORCH_LIBRARY(specstream, m) {
       "decoder_step(Tensor h, Tensor cos, Tensor sin_rot, Tensor slots, Tensor kv, Tensor[] norms, Tensor[] qk_norms, "
       "Tensor[] wa, Tensor[] wb, Tensor?[] wc, Tensor?[] wide, Tensor?[] biases, int[] kinds, int[] groups, int[] outs, int[] max_quant_rows, "
       "int[] windows, int[] seqs, Tensor?[] masks, int[] routes, bool prompt, bool fast_norm, "
-      "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps) -> Tensor",
+      "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps, float? attn_scale, bool sandwich, "
+      "int act, "
+      "int[] local_layers, Tensor? cos_local, Tensor? sin_local, int[] seqs_local, Tensor?[] masks_local, "
+      "int[] routes_local) -> Tensor",
       &decoder_step);
   m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);
   m.def("chunk_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &chunk_attention);

@@ -7,10 +7,11 @@ the same views and the same kernel per row count, so each row gets the eager pat
 speculation stays lossless against plain decoding. Embedding, rotary factors and the LM head
 stay in Python: a few ops a step.
 
-Only what it was written for takes it: an fp32 CPU model whose linears are int4/int8 (with or
-without their bf16 copy) or bf16, with or without biases (Qwen2) and q/k norms (Qwen3), with
-SiLU, without experts, sandwich norms or a window narrower than max_model_len, and no LoRA
-wrapper (`_why_not` says which).
+Only what it was written for takes it: an fp32 CPU model whose linears are int4/int8/gguf (with or
+without their bf16 copy) or bf16, with or without biases (Qwen2) and q/k norms (Qwen3), with SiLU
+or Gemma 3's GeGLU, sandwich norms scaling by (1 + w) and sliding-window layers with their own RoPE
+base, without experts, soft-capped attention (Gemma 2) or a LoRA wrapper (`_why_not` says which).
+Every attention plan is the layers' own (Attention.plan: a windowed layer's rows and bands).
 Anything else runs the eager path, which stays the reference.
 """
 from __future__ import annotations
@@ -23,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fused.build import load_ops
-from engine.model import attention_route
 from engine.quant.linear import (
     Bf16Kernel,
     Bf16Linear,
@@ -39,12 +39,35 @@ if TYPE_CHECKING:
     from engine.rotary import RopeStep
 
 INT4, INT8, BF16, Q4, Q8 = 0, 1, 2, 3, 4  # the C++ side's kernel codes
+SILU, GELU_TANH = 0, 1  # ... and activation codes
 
 
 def _layer_linears(layer: nn.Module) -> tuple[nn.Module, ...]:
     """The four linears of a decoder layer, in the order the C++ step takes them."""
     a, m = layer.self_attn, layer.mlp
     return a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj
+
+
+def _activation(act: object) -> int | None:
+    """The C++ code of an MLP's activation (F.silu, or transformers' GELUTanh as Gemma's gelu_pytorch_tanh), or
+    None."""
+    if act is F.silu:
+        return SILU
+    inner = getattr(act, "act", None)  # GELUTanh keeps F.gelu with approximate="tanh" as its act
+    if getattr(inner, "func", None) is F.gelu and getattr(inner, "keywords", {}) == {"approximate": "tanh"}:
+        return GELU_TANH
+    return None
+
+
+def _norms(layer: nn.Module) -> list[nn.Module]:
+    """A layer's norms in the C++ step's order (Gemma's sandwich: four; else two)."""
+    names = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+    return [getattr(layer, n) for n in names if hasattr(layer, n)]
+
+
+def _norm_weight(norm: nn.Module) -> torch.Tensor:
+    """What the C++ step scales by: the weight, or Gemma's (offset + w), computed as RMSNorm._offset_norm does."""
+    return norm.weight.float() + norm.offset if norm.offset else norm.weight
 
 
 def _why_not(model: Decoder) -> str | None:
@@ -54,21 +77,18 @@ def _why_not(model: Decoder) -> str | None:
         return f"the model runs in {model.dtype} on {model.device.type}; the fused step knows fp32 on CPU"
     if cfg.num_experts:
         return f"{cfg.model_type}'s experts are not the fused step's"
-    if cfg.sandwich_norms or cfg.embed_scale is not None:
-        return f"{cfg.model_type}'s layers (sandwich norms, a scaled embedding) are not the fused step's"
-    # A window no region outgrows (max_model_len within it) never narrows what a row sees.
-    if any(w is not None and w < model.max_positions for w in cfg.layer_windows):
-        return f"{cfg.model_type}'s sliding window is not the fused step's (max_model_len is past it)"
-    if cfg.hidden_act != "silu":
-        return f"{cfg.model_type}'s activation ({cfg.hidden_act}) is not the fused step's"
+    if cfg.attn_softcap is not None:
+        return f"{cfg.model_type}'s soft-capped attention scores are not the fused step's"
+    if len({w for w in cfg.layer_windows if w is not None}) > 1:
+        return f"{cfg.model_type}'s layers have windows of several sizes"
     for i, layer in enumerate(model.layers):
         for lin in _layer_linears(layer):
             if not isinstance(lin, (QuantizedLinear, Bf16Linear)):
                 return f"layer {i} has a {type(lin).__name__}; the fused step runs int4, int8 and bf16 linears"
             if isinstance(lin, QuantizedLinear) and isinstance(lin.narrow, DequantizedKernel):
                 return f"layer {i}'s int8 blocks run dequantized (our kernel does not run here)"
-        if layer.mlp.act is not F.silu:
-            return f"layer {i}'s activation is not SiLU"
+        if _activation(layer.mlp.act) is None:
+            return f"layer {i}'s activation ({cfg.hidden_act}) is not the fused step's (SiLU, GELU tanh)"
     return None
 
 
@@ -76,8 +96,8 @@ def _why_not(model: Decoder) -> str | None:
 class FusedDecoderStep:
     """What the C++ step takes that does not change between steps: the weights' tensors and the shapes."""
 
-    norms: list[torch.Tensor] = field(default_factory=list)  # 2 per layer, then the final norm
-    qk_norms: list[torch.Tensor] = field(default_factory=list)  # q's and k's per layer (Qwen3), or none
+    norms: list[torch.Tensor] = field(default_factory=list)  # 2 per layer (Gemma's sandwich: 4), then the final norm
+    qk_norms: list[torch.Tensor] = field(default_factory=list)  # q's and k's per layer (Qwen3, Gemma 3), or none
     wa: list[torch.Tensor] = field(default_factory=list)  # 4 linears per layer: the kernel's first tensor
     wb: list[torch.Tensor] = field(default_factory=list)  # ... its second (a bf16 kernel's: unused)
     wc: list[torch.Tensor | None] = field(default_factory=list)  # ... a third (our 4-bit kernel's mins), or None
@@ -96,6 +116,12 @@ class FusedDecoderStep:
     head_dim: int = 0
     intermediate: int = 0
     eps: float = 0.0
+    attn_scale: float | None = None  # SDPA's softmax scale (Attention.scale; None: 1 / sqrt(head_dim))
+    sandwich: bool = False  # Gemma's layers: a norm after attention and on each side of the MLP
+    act: int = SILU
+    local_layers: list[int] = field(default_factory=list)  # 1 per sliding-window layer, or none
+    global_attn: nn.Module | None = None  # an unwindowed layer's Attention: its plan is every such layer's
+    local_attn: nn.Module | None = None  # a windowed layer's Attention, likewise
     _windows: dict[int, list[int]] = field(default_factory=dict)  # torch threads -> bf16 rows per call
 
     @classmethod
@@ -112,21 +138,29 @@ class FusedDecoderStep:
                    intermediate=cfg.intermediate_size, eps=model.norm.eps,
                    rows_as_decodes=model.layers[0].self_attn.rows_as_decodes,
                    row_kernel=model.layers[0].self_attn.row_attention is not None,
-                   fast_norm=model.norm.kernel is not None)  # fmt: skip
-        norms = [n for layer in model.layers for n in (layer.input_layernorm, layer.post_attention_layernorm,
-                                                       layer.self_attn.q_norm, layer.self_attn.k_norm) if n is not None]
+                   fast_norm=model.norm.kernel is not None, attn_scale=model.layers[0].self_attn.scale,
+                   sandwich=cfg.sandwich_norms,
+                   act=_activation(model.layers[0].mlp.act) or SILU)  # fmt: skip
+        norms = [n for layer in model.layers for n in (*_norms(layer), layer.self_attn.q_norm, layer.self_attn.k_norm)
+                 if n is not None]
         if any((n.kernel is not None) != step.fast_norm for n in norms):
             return None, "the layers' norms run different kernels (RMSNorm.kernel)"
         for layer in model.layers:
             a = layer.self_attn
             if a.rows_as_decodes != step.rows_as_decodes or (a.row_attention is not None) != step.row_kernel:
                 return None, "the layers attend verification rows differently (rows_as_decodes, row_attention)"
-            step.norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            step.norms += [_norm_weight(n) for n in _norms(layer)]
             if a.q_norm is not None and a.k_norm is not None:
-                step.qk_norms += [a.q_norm.weight, a.k_norm.weight]
+                step.qk_norms += [_norm_weight(a.q_norm), _norm_weight(a.k_norm)]
             for lin in _layer_linears(layer):
                 step._add(lin)
-        step.norms.append(model.norm.weight)
+            if a.window is None:
+                step.global_attn = step.global_attn or a
+            else:
+                step.local_attn = step.local_attn or a
+        if step.local_attn is not None:
+            step.local_layers = [int(layer.self_attn.window is not None) for layer in model.layers]
+        step.norms.append(_norm_weight(model.norm))
         step.windows()  # measured now, not in the first step
         return step, f"fused decoder step ({built.why})"
 
@@ -167,13 +201,30 @@ class FusedDecoderStep:
             ]
         return self._windows[threads]
 
-    def __call__(self, h: torch.Tensor, rope: RopeStep, attn: AttentionMetadata) -> torch.Tensor:
-        """h [T, hidden] embedded rows -> final-normed hidden states [T, hidden]; writes the rows' KV."""
-        seqs = [v for s in attn.seqs for v in (s.q_start, s.q_len, s.kv_start, s.kv_len)]
-        routes = [int(attention_route(s, self.rows_as_decodes, self.row_kernel)) for s in attn.seqs]
+    def __call__(self, h: torch.Tensor, rope: RopeStep, attn: AttentionMetadata, local: RopeStep | None = None
+                 ) -> torch.Tensor:
+        """h [T, hidden] embedded rows -> final-normed hidden states [T, hidden]; writes the rows' KV. local: the
+        sliding layers' own rotary factors (Gemma 3's local base), or None (they rotate by rope)."""
+        seqs, masks, routes = _plan(self.global_attn, attn)
+        seqs_local, masks_local, routes_local = _plan(self.local_attn, attn)
         return torch.ops.specstream.decoder_step(
             h, rope.cos, rope.sin_rot, attn.slot_mapping, attn.kv_cache.kv, self.norms, self.qk_norms, self.wa, self.wb,
             self.wc, self.wide, self.biases, self.kinds, self.groups, self.outs, self.max_quant_rows, self.windows(),
-            seqs, [s.mask for s in attn.seqs], routes, attn.holds_prompt_rows, self.fast_norm, self.num_heads,
-            self.num_kv_heads, self.head_dim, self.intermediate, self.eps,
+            seqs, masks, routes, attn.holds_prompt_rows, self.fast_norm, self.num_heads,
+            self.num_kv_heads, self.head_dim, self.intermediate, self.eps, self.attn_scale, self.sandwich, self.act,
+            self.local_layers,
+            None if local is None else local.cos, None if local is None else local.sin_rot, seqs_local, masks_local,
+            routes_local,
         )  # fmt: skip
+
+
+def _plan(
+    layer_attn: nn.Module | None, attn: AttentionMetadata
+) -> tuple[list[int], list[torch.Tensor | None], list[int]]:
+    """An attention plan as the C++ step takes it: the layer's own Attention.plan (a windowed layer narrows its
+    rows' regions), flattened to (q_start, q_len, kv_start, kv_len) per piece, masks and route codes."""
+    if layer_attn is None:
+        return [], [], []
+    plan = layer_attn.plan(attn.seqs, attn.kv_cache.kv.device)
+    seqs = [v for s, _ in plan for v in (s.q_start, s.q_len, s.kv_start, s.kv_len)]
+    return seqs, [s.mask for s, _ in plan], [int(route) for _, route in plan]

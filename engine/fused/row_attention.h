@@ -432,26 +432,31 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
 }
 
 #define SS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-// The kernel for a head size (16, 32, 64 or 128: C vectors a head) and arena element type, compiled per CPU level.
+// The kernel for a head size (16, 32, 64, 128 or 256: C vectors a head) and arena element type, compiled per CPU
+// level.
 #define SS_ROW_KERNEL(C, KV, name) \
   SS_CLONES void name(const RowAttention& a, int64_t h0, int64_t h1) { row_attention_impl<C, KV>(a, h0, h1); }
 SS_ROW_KERNEL(1, float, row_attention_16)
 SS_ROW_KERNEL(2, float, row_attention_32)
 SS_ROW_KERNEL(4, float, row_attention_64)
 SS_ROW_KERNEL(8, float, row_attention_128)
+SS_ROW_KERNEL(16, float, row_attention_256)
 SS_ROW_KERNEL(1, bf16_bits, row_attention_16_bf16)
 SS_ROW_KERNEL(2, bf16_bits, row_attention_32_bf16)
 SS_ROW_KERNEL(4, bf16_bits, row_attention_64_bf16)
 SS_ROW_KERNEL(8, bf16_bits, row_attention_128_bf16)
+SS_ROW_KERNEL(16, bf16_bits, row_attention_256_bf16)
 
 using RowKernel = void (*)(const RowAttention&, int64_t, int64_t);
 
 // The kernel for a head size and arena element, or null where the head size has none.
 inline RowKernel row_kernel(KvType kv_type, int64_t head_dim) {
-  const RowKernel fp32[] = {row_attention_16, row_attention_32, row_attention_64, row_attention_128};
+  const RowKernel fp32[] = {row_attention_16, row_attention_32, row_attention_64, row_attention_128,
+                            row_attention_256};
   const RowKernel bf16[] = {row_attention_16_bf16, row_attention_32_bf16, row_attention_64_bf16,
-                            row_attention_128_bf16};
-  const int i = head_dim == 16 ? 0 : head_dim == 32 ? 1 : head_dim == 64 ? 2 : head_dim == 128 ? 3 : -1;
+                            row_attention_128_bf16, row_attention_256_bf16};
+  const int i = head_dim == 16 ? 0 : head_dim == 32 ? 1 : head_dim == 64 ? 2 : head_dim == 128 ? 3
+              : head_dim == 256 ? 4 : -1;
   if (i < 0) return nullptr;
   return kv_type == KvType::kFloat ? fp32[i] : bf16[i];
 }

@@ -22,7 +22,7 @@ from engine.fused.build import load_ops
 if TYPE_CHECKING:
     from engine.model import Decoder
 
-HEAD_DIMS = (16, 32, 64, 128)  # the head sizes row_attention.h is instantiated for
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the head sizes row_attention.h is instantiated for (256: Gemma 3's)
 
 
 def install_row_attention(model: Decoder) -> str:

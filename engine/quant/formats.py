@@ -129,7 +129,7 @@ def resolve_weight_format(
     if requested == "auto" and (source is None or source.lossless == "fp32"):  # no file (built in memory): fp32 too
         held = source.held if source is not None else "its in-memory weights"
         return ResolvedFormat("fp32", None, f"engine.weights auto: fp32, the format that keeps {held} exactly")
-    features = cpu or CpuFeatures.detect()  # only here: on a fresh machine it builds our kernel (10-20 s)
+    features = cpu or CpuFeatures.detect()  # only here: on a fresh machine it builds our kernel (~1 min)
     if requested == "auto":
         assert source is not None
         return _auto(source, features, kernel)
