@@ -88,6 +88,7 @@ at::Tensor qlinear_add(const at::Tensor& x, const at::Tensor& codes, const at::T
   TORCH_CHECK(four || !wide || mins.has_value() || row_scales || halves,
               "qlinear: 8-bit fp32 block scales come with mins");
   TORCH_CHECK(!four || !wide || mins.has_value(), "qlinear: 4-bit fp32 scales come with mins");
+  TORCH_CHECK(four || !mins.has_value() || wide, "qlinear: 8-bit mins come in fp32");
   if (mins.has_value()) {
     TORCH_CHECK(mins->scalar_type() == scales.scalar_type() && mins->is_contiguous() && mins->numel() == scales.numel(),
                 "qlinear: mins must be contiguous, of the scales' dtype and shape");

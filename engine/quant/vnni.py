@@ -123,7 +123,8 @@ def _fp16_exact(*tables: torch.Tensor | None) -> bool:
 
 def _pack_scales(qt: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The tensor's scales and mins in the kernel's layout (qlinear_add in decoder_step.cpp reads which kind from it):
-    fp16 where that is exact (the 4-bit Q4_0-like min -8 * scale left to the kernel's integers), else fp32."""
+    fp16 where that is exact (the 4-bit Q4_0-like min -8 * scale left to the kernel's integers), else fp32 (8-bit
+    mins always: Q5_1's fp16 d and m too)."""
     out = qt.shape[0]
     if not qt.blocked:  # 8-bit per row: fp32 [out]
         return F.pad(qt.scales.float(), (0, -out % LANES)).contiguous(), None
@@ -133,7 +134,7 @@ def _pack_scales(qt: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor | None
     mins = qt.mins
     if qt.fmt == "int4" and mins is not None and torch.equal(mins, -8 * qt.scales) and _fp16_exact(qt.scales):
         mins = None  # Q4_0-like: the kernel takes the 8 off in integers
-    if _fp16_exact(qt.scales, mins):
+    if _fp16_exact(qt.scales, mins) and (mins is None or qt.fmt == "int4"):
         return pack_block_scales(qt.scales), None if mins is None else pack_block_scales(mins)
     mins = torch.zeros_like(qt.scales) if mins is None else mins  # fp32 block scales come with mins
     return pack_block_scales(qt.scales, torch.float32), pack_block_scales(mins, torch.float32)

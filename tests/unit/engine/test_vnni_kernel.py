@@ -63,6 +63,13 @@ def _q5_k(shape: tuple[int, int]) -> QuantizedTensor:
     return QuantizedTensor("int8", codes, _k_scales(shape, 32, (1, 64)), -_k_scales(shape, 32, (0, 64)), 32)
 
 
+def _q5_1(shape: tuple[int, int]) -> QuantizedTensor:
+    """int8 codes 0..31 with an fp16 scale and min per 32, as GGUF's Q5_1 blocks load."""
+    codes = torch.randint(0, 32, shape, dtype=torch.int8)
+    scales = (torch.rand(shape[0], shape[1] // 32) * 1e-3).half().float()
+    return QuantizedTensor("int8", codes, scales, -(torch.rand_like(scales) * 1e-2).half().float(), 32)
+
+
 def _q6_k(shape: tuple[int, int]) -> QuantizedTensor:
     """int8 codes -32..31 with an fp32 scale per 16, as GGUF's Q6_K blocks load."""
     codes = torch.randint(-32, 32, shape, dtype=torch.int8)
@@ -75,7 +82,8 @@ def _tensors(shape: tuple[int, int]) -> dict[str, QuantizedTensor]:
     half = (shape[0] // 2, shape[1])
     return {"int4 (Q4_1-like)": quantize(w, "int4"), "int4 (Q4_0-like)": _q4_0(shape), "int8": quantize(w, "int8"),
             "int8 (Q8_0-like)": _q8_0(shape), "int8 (Q5_0-like)": _q8_0(shape, -16, 15), "int4 (Q4_K)": _q4_k(shape),
-            "int8 (Q5_K)": _q5_k(shape), "int8 (Q6_K)": _q6_k(shape),
+            "int8 (Q5_K)": _q5_k(shape), "int8 (Q5_1)": _q5_1(shape), "int8 (Q6_K)": _q6_k(shape),
+            "int8 (Q5_K fused beside Q8_0)": QuantizedTensor.cat([_q5_k(half), _q8_0((shape[0] - half[0], shape[1]))]),
             "int8 (Q4_K fused beside Q6_K)": QuantizedTensor.cat([_q4_k(half), _q6_k((shape[0] - half[0], shape[1]))])}
 
 
@@ -84,6 +92,7 @@ def test_each_kind_reads_the_scales_it_needs_exactly() -> None:
     fp16 = {name for name, k in kernels.items() if k.scales.dtype == torch.float16}
     assert fp16 == {"int4 (Q4_1-like)", "int4 (Q4_0-like)", "int8 (Q8_0-like)", "int8 (Q5_0-like)"}
     assert kernels["int4 (Q4_0-like)"].mins is None  # the 8 comes off in integers
+    assert kernels["int8 (Q5_1)"].mins is not None and kernels["int8 (Q5_1)"].mins.dtype == torch.float32
     halves = (64 // 16, 2 * 256 // 32, 16)  # [tiles, 2 per block, lanes]
     assert kernels["int8 (Q6_K)"].scales.shape == halves and kernels["int8 (Q6_K)"].mins is None
     fused = kernels["int8 (Q4_K fused beside Q6_K)"]
@@ -198,5 +207,8 @@ def test_malformed_weights_are_refused_naming_the_problem() -> None:
         op(x, k.codes, k.scales.double(), k.mins, 4)
     with pytest.raises(RuntimeError, match="4-bit fp32 scales come with mins"):
         op(x, k.codes, k.scales.float(), None, 4)
+    k8 = vnni.VnniKernel(_q5_1((32, 64)))  # 8-bit with mins: fp32 tables
+    with pytest.raises(RuntimeError, match="8-bit mins come in fp32"):
+        op(x, k8.codes, k8.scales.half(), k8.mins.half(), 8)
     with pytest.raises(RuntimeError, match="x must be \\[T, in\\] fp32"):
         op(x.double(), k.codes, k.scales, k.mins, 4)
