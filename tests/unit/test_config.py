@@ -115,7 +115,7 @@ def test_reading_the_configuration_does_not_import_torch(tmp_path: Path) -> None
         ("engine:\n  speculation:\n    method: magic\n", "engine.speculation.method: Input should be 'ngram', 'draft', 'eagle' or 'suffix'"),
         ("engine:\n  kv_cache_bytes: lots\n", "engine.kv_cache_bytes: expected a byte size"),
         ("engine:\n  threads: -1\n", "engine.threads: Input should be greater than or equal to 0"),
-        ("engine:\n  weights: int3\n", "engine.weights: Input should be 'auto', 'fp32', 'bf16', 'int8' or 'int4'"),
+        ("engine:\n  weights: int3\n", "engine.weights: Input should be 'auto', 'fp32', 'bf16', 'int8', 'int4' or 'gguf'"),
         ("engine:\n  kernel_dispatch: fast\n", "engine.kernel_dispatch: Input should be 'auto' or 'fixed'"),
         ("kafka:\n  replication_factor: 1\n  min_insync_replicas: 2\n", "kafka: min_insync_replicas (2) exceeds"),
         ("engine:\n  speculation:\n    method: draft\n", "engine.speculation: method 'draft' needs draft_model"),
