@@ -2,12 +2,14 @@
 
 Why not torch.utils.cpp_extension.load: it needs ninja and pybind11's headers for a module we do
 not need; these files only register ops (TORCH_LIBRARY), called as torch.ops.specstream.*. One g++
-call builds a shared library into ~/.cache/specstream/ops/<key>/ (~1 minute on the 2-core dev machine: 58 s on 2026-12-07);
-a later start loads it. A machine without a C++ compiler, or a failed build, gets the reason back and
+call builds a shared library into ~/.cache/specstream/ops/<key>/ (~1 minute on the 2-core dev machine, 58 s on
+2026-12-07; `specstream prepare` builds it, and processes starting together wait for one build); a later start
+loads it. A machine without a C++ compiler, or a failed build, gets the reason back and
 the engine runs its eager path.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -73,6 +75,20 @@ def load_ops(name: str) -> Built:
     return built
 
 
+def _build(compiler: str, source: Path, target: Path) -> str | None:
+    """Compile source into target; why it failed, or None. Built beside the target and renamed: a concurrent start
+    never loads a half-written library."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        done = subprocess.run(_command(compiler, source, partial), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            first = next((line for line in lines if "error" in line), lines[-1] if lines else "no output")
+            return f"building {source.name} failed ({compiler}): {first.strip()}"
+        partial.replace(target)
+    return None
+
+
 def _build_and_load(name: str) -> Built:
     compiler = _compiler()
     if compiler is None:
@@ -84,17 +100,16 @@ def _build_and_load(name: str) -> Built:
     why = "cached"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        # Built beside the target and renamed: a concurrent start never loads a half-written library.
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            partial = Path(tmp) / target.name
-            done = subprocess.run(_command(compiler, source, partial), capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                lines = done.stderr.strip().splitlines()
-                first = next((line for line in lines if "error" in line), lines[-1] if lines else "no output")
-                return Built(None, f"building {source.name} failed ({compiler}): {first.strip()}")
-            partial.replace(target)
-        why = f"built in {time.perf_counter() - start:.1f} s"
+        # One build per key: processes starting together (test workers, a worker and its batch lane) wait for the
+        # first one's library instead of each compiling it (a minute of both cores apiece).
+        with (target.parent / f".{name}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.exists():
+                start = time.perf_counter()
+                failed = _build(compiler, source, target)
+                if failed is not None:
+                    return Built(None, failed)
+                why = f"built in {time.perf_counter() - start:.1f} s"
     try:
         torch.ops.load_library(str(target))
     except OSError as e:

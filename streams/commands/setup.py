@@ -11,7 +11,7 @@ from streams.config import ConfigError, Settings, config_path, example_yaml, loa
 
 
 def add_commands(commands: Any) -> None:
-    commands.add_parser("prepare", help="fetch the Kafka jars and convert the model once").set_defaults(
+    commands.add_parser("prepare", help="fetch the Kafka jars, convert the model, build our kernels once").set_defaults(
         handler=cmd_prepare)
 
     config = commands.add_parser("config", help="check the configuration")
@@ -35,7 +35,8 @@ def cmd_config_reference(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace, settings: Settings) -> int:
-    """Everything slow that happens once per machine: the Kafka jars (Maven) and the model conversion."""
+    """Everything slow that happens once per machine: the Kafka jars (Maven), the model conversion and our C++ kernels
+    (engine/fused: a minute of g++ that every process starting later would otherwise wait for)."""
     if settings.kafka.managed_port is not None:
         from infra.kafka.jars import ensure_kafka_jars
 
@@ -49,6 +50,12 @@ def cmd_prepare(args: argparse.Namespace, settings: Settings) -> int:
         say(f"model: error: {error}")
         return 1
     say(f"model: {settings.engine.model} ready in {folder}")
+    if not settings.engine.device.startswith("cuda"):  # CPU kernels
+        from engine.fused.build import load_ops
+
+        say("kernels: engine/fused/decoder_step.cpp (built once, ~1 min) ...")
+        built = load_ops("decoder_step")
+        say(f"kernels: {built.why}" if built.library is not None else f"kernels: none ({built.why}): the eager path")
     return 0
 
 

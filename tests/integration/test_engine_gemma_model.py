@@ -49,8 +49,9 @@ def hf() -> Any:
 
 
 def _engine(weights: str, speculation: SpeculationConfig, said: list[str] | None = None) -> LLMEngine:
+    # No bf16 copy for wide steps: every step on the format's own kernel, and no start-up measuring which runs where.
     cfg = embedded_engine_config(model=MODEL, kv_cache_bytes=1 << 28, max_model_len=1024, weights=weights,
-                                 speculation=speculation)
+                                 speculation=speculation, prepack_weights=weights == "fp32")
     return LLMEngine.from_config(cfg, progress=None if said is None else said.append)
 
 
