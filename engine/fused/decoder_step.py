@@ -81,6 +81,9 @@ def _why_not(model: Decoder) -> str | None:
         return f"{cfg.model_type}'s soft-capped attention scores are not the fused step's"
     if len({w for w in cfg.layer_windows if w is not None}) > 1:
         return f"{cfg.model_type}'s layers have windows of several sizes"
+    windowed = tuple(w is not None for w in cfg.layer_windows)
+    if cfg.local_rope_layers and cfg.local_rope_layers != windowed:  # the step rotates the windowed layers by it
+        return f"{cfg.model_type}'s layers with their own RoPE base are not its windowed ones"
     for i, layer in enumerate(model.layers):
         for lin in _layer_linears(layer):
             if not isinstance(lin, (QuantizedLinear, Bf16Linear)):

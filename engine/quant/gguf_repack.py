@@ -13,7 +13,7 @@ Block layouts (ggml; `d`, `m`, `dmin` fp16; weights in order along in_features):
 Each maps onto our formats with the SAME codes and its scales and mins exact in fp32 (engine/quant/tensor.py's
 w = q * scale + min is GGUF's own): Q4_0/Q4_1/Q4_K -> int4 in groups of 32; Q5_0/Q8_0 -> int8 codes (q - 16, q)
 with a scale per 32; Q5_1/Q5_K -> int8 codes 0..31 with a scale and a min per 32; Q6_K -> int8 codes q - 32 with
-a scale per 16. The `gguf` weight format serves every tensor so (`native`); int4/int8 quantize what does not map
+a scale per 16. The `gguf` weight format serves every tensor so (native_types); int4/int8 quantize what does not map
 (dequantized with the gguf package, quantized once).
 
 llama.cpp's converter permutes the q/k rows of llama-family models for its rotary layout; transformers undoes it

@@ -36,7 +36,9 @@ def cmd_config_reference(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_prepare(args: argparse.Namespace, settings: Settings) -> int:
     """Everything slow that happens once per machine: the Kafka jars (Maven), the model conversion and our C++ kernels
-    (engine/fused: a minute of g++ that every process starting later would otherwise wait for)."""
+    (engine/fused: a minute of g++ that every process starting later would otherwise wait for). The kernels build on a
+    thread of their own while the jars download and the model converts."""
+    kernels = _KernelBuild() if not settings.engine.device.startswith("cuda") else None  # CPU kernels
     if settings.kafka.managed_port is not None:
         from infra.kafka.jars import ensure_kafka_jars
 
@@ -50,13 +52,32 @@ def cmd_prepare(args: argparse.Namespace, settings: Settings) -> int:
         say(f"model: error: {error}")
         return 1
     say(f"model: {settings.engine.model} ready in {folder}")
-    if not settings.engine.device.startswith("cuda"):  # CPU kernels
+    if kernels is not None:
+        say(f"kernels: {kernels.result()}")
+    return 0
+
+
+class _KernelBuild:
+    """engine/fused/decoder_step.cpp built (or found built) on a thread, started now."""
+
+    def __init__(self) -> None:
+        import threading
+
         from engine.fused.build import load_ops
 
-        say("kernels: engine/fused/decoder_step.cpp (built once, ~1 min) ...")
-        built = load_ops("decoder_step")
-        say(f"kernels: {built.why}" if built.library is not None else f"kernels: none ({built.why}): the eager path")
-    return 0
+        say("kernels: engine/fused/decoder_step.cpp (built once, ~1 min, beside the steps below) ...")
+        self._line = ""
+
+        def build() -> None:
+            built = load_ops("decoder_step")
+            self._line = built.why if built.library is not None else f"none ({built.why}): the eager path"
+
+        self._thread = threading.Thread(target=build, name="kernel-build", daemon=True)
+        self._thread.start()
+
+    def result(self) -> str:
+        self._thread.join()
+        return self._line
 
 
 def cmd_config_check(args: argparse.Namespace, settings: Settings) -> int:
