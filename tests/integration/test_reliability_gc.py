@@ -21,11 +21,14 @@ from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401
 pytestmark = [pytest.mark.kafka]
 
 REPO = Path(__file__).resolve().parents[2]
+IDLE_MINUTES = 30
 
 
 async def _setup(bootstrap: str, catalog: TopicCatalog) -> None:
     now_ms = int(time.time() * 1000)
-    old_ms = now_ms - 3 * HOUR_MS
+    # Past the test's idle bound (IDLE_MINUTES) but within the reply topics' 1 h retention: a record older than that
+    # may be deleted by the broker's retention check at any moment, which would make "crashed-send" empty (kept).
+    old_ms = now_ms - HOUR_MS * 3 // 4
     names = ["alive", "gone", "crashed-send", "starting", "busy"]
     await clients.ensure_topics(bootstrap, [catalog.edges, *(catalog.replies(n) for n in names)])
     producer = clients.make_producer(bootstrap, client_id="pytest-gc")
@@ -45,7 +48,7 @@ def test_topics_gc_deletes_reply_topics_of_gone_edges_only(kafka_bootstrap: str)
     prefix = f"gc-{uuid.uuid4().hex[:8]}"
     catalog = TopicCatalog(prefix=prefix)
     asyncio.run(_setup(kafka_bootstrap, catalog))
-    verdicts = {v.edge_id: v for v in asyncio.run(collect(kafka_bootstrap, catalog, idle_s=3600))}
+    verdicts = {v.edge_id: v for v in asyncio.run(collect(kafka_bootstrap, catalog, idle_s=IDLE_MINUTES * 60))}
     assert {e for e, v in verdicts.items() if v.delete} == {"gone", "crashed-send"}, verdicts
     assert "never announced" in verdicts["starting"].why  # empty, no evidence it is gone: kept
 
@@ -59,9 +62,9 @@ def test_topics_gc_deletes_reply_topics_of_gone_edges_only(kafka_bootstrap: str)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    dry = gc("--dry-run")
+    dry = gc("--dry-run", "--idle-minutes", str(IDLE_MINUTES))
     assert f"{prefix}.replies.gone: would delete" in dry and "2 of 5 reply topic(s) would be deleted" in dry, dry
-    out = gc("--idle-minutes", "60")
+    out = gc("--idle-minutes", str(IDLE_MINUTES))
     assert "2 of 5 reply topic(s) deleted" in out, out
     left = {t for t in asyncio.run(clients.list_topics(kafka_bootstrap)) if t.startswith(prefix + ".replies.")}
     assert left == {catalog.replies(n).name for n in ("alive", "starting", "busy")}
