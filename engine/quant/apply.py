@@ -22,7 +22,6 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import nn
@@ -31,6 +30,7 @@ from engine.model import PRE_FUSED_ARCHITECTURES, Decoder, DecoderConfig
 from engine.model_ref import gguf_fingerprint
 from engine.packed_linear import PrepackedLinear, PrepackedWeight
 from engine.quant.formats import QUANTIZED_FORMATS, WeightFormat
+from engine.quant.gguf_repack import TargetFormat, read_gguf_weights
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
 from engine.quant.vnni import VnniKernel, chosen
@@ -183,7 +183,7 @@ def load_tensors(path: Path) -> dict[str, QuantizedTensor]:
 
 
 def quantized_tensors(
-    model: Decoder, fmt: QuantFormat | Literal["gguf"], model_dir: Path, gguf: Path | None, cache_root: Path,
+    model: Decoder, fmt: TargetFormat, model_dir: Path, gguf: Path | None, cache_root: Path,
     say: Progress = _noop,
 ) -> dict[str, QuantizedTensor]:
     """The model's quantized tensors: from the cache, else from the GGUF or the float weights (then cached). gguf:
@@ -201,8 +201,6 @@ def quantized_tensors(
         say(f"quantizing {gguf.name}'s dequantized {model.cfg.model_type} weights to {fmt} (once) -> {path}")
         tensors = quantize_decoder(model, fmt)
     elif gguf is not None:
-        from engine.quant.gguf_repack import read_gguf_weights
-
         say(f"{fmt} weights from {gguf.name}'s blocks (once) -> {path}")
         tensors = read_gguf_weights(gguf, model.cfg, fmt, "gguf" if fmt == "gguf" else HEAD_FORMAT)
     else:

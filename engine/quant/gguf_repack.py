@@ -13,7 +13,7 @@ Block layouts (ggml; `d`, `m`, `dmin` fp16; weights in order along in_features):
 Each maps onto our formats with the SAME codes and its scales and mins exact in fp32 (engine/quant/tensor.py's
 w = q * scale + min is GGUF's own): Q4_0/Q4_1/Q4_K -> int4 in groups of 32; Q5_0/Q8_0 -> int8 codes (q - 16, q)
 with a scale per 32; Q5_1/Q5_K -> int8 codes 0..31 with a scale and a min per 32; Q6_K -> int8 codes q - 32 with
-a scale per 16. The `gguf` weight format serves every tensor so (native_types); int4/int8 quantize what does not map
+a scale per 16. The `gguf` weight format serves every tensor so (NATIVE_TYPES); int4/int8 quantize what does not map
 (dequantized with the gguf package, quantized once).
 
 llama.cpp's converter permutes the q/k rows of llama-family models for its rotary layout; transformers undoes it
@@ -21,20 +21,23 @@ on load, and so do we, on the codes.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
 from engine.model import DecoderConfig
 from engine.quant.gguf_tensors import GGUFTensor, read_tensors
+from engine.quant.source import NATIVE_TYPES
 from engine.quant.tensor import INT4_GROUP, QuantFormat, QuantizedTensor, quantize
 
 # Architectures whose GGUF q/k rows llama.cpp permuted (transformers' TensorProcessor for llama).
 _PERMUTED_QK = ("llama", "mistral")
 # engine.weights: a quantized format, or "gguf" (every tensor as its file's type holds it).
-TargetFormat = QuantFormat | str
+TargetFormat = QuantFormat | Literal["gguf"]
 # The types int4 and int8 keep as they are (the rest they quantize once).
 _KEPT = {"int4": ("Q4_0", "Q4_1"), "int8": ("Q8_0",)}
 
@@ -138,7 +141,10 @@ def repack_q6_k(raw: np.ndarray) -> QuantizedTensor:
     return QuantizedTensor("int8", codes, scales, None, 16)
 
 
+@functools.cache
 def _native_repacks() -> dict[object, Callable[[np.ndarray], QuantizedTensor]]:
+    """Per GGUF type the gguf format serves (engine.quant.source.NATIVE_TYPES, which a test holds equal to these),
+    its repack."""
     from gguf import GGMLQuantizationType as Q
 
     return {
@@ -153,14 +159,9 @@ def _native_repacks() -> dict[object, Callable[[np.ndarray], QuantizedTensor]]:
     }
 
 
-def native_types() -> set[str]:
-    """The GGUF tensor types the `gguf` format serves as they are."""
-    return {kind.name for kind in _native_repacks()}
-
-
 def gguf_tensor(tensor: GGUFTensor, fmt: TargetFormat) -> QuantizedTensor:
     """One GGUF tensor (engine.quant.gguf_tensors) as `fmt`: repacked where `fmt` holds its type as it is (`gguf`:
-    every type in native_types, which engine.quant.source checked before loading), else quantized once."""
+    every type in NATIVE_TYPES, which engine.quant.source checked before loading), else quantized once."""
     from gguf.quants import dequantize
 
     kind = tensor.tensor_type
@@ -170,7 +171,7 @@ def gguf_tensor(tensor: GGUFTensor, fmt: TargetFormat) -> QuantizedTensor:
         return repack(raw)
     if fmt == "gguf":
         raise ValueError(f"engine.weights gguf: {tensor.name} is {kind.name}, which is not served as it is "
-                         f"(served: {', '.join(sorted(native_types()))})")
+                         f"(served: {', '.join(sorted(NATIVE_TYPES))})")
     dense = torch.from_numpy(np.ascontiguousarray(dequantize(raw, kind)).astype(np.float32))  # [out, in]
     return quantize(dense, fmt)  # type: ignore[arg-type]
 
