@@ -7,6 +7,12 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from streams.config.base import _TOPIC_SAFE, Section
 
+# Bound on one publish's acknowledgement, for the edge's requests and every consumer's replies: longer than a
+# partition leader's failover (a stopped or killed broker is fenced after broker.session.timeout.ms, Kafka's default
+# 9 s, after a controller election when it was the active controller, and its in-flight requests are retried at the
+# new leader after the producer's request timeout).
+FAILOVER_BOUND_S = 30.0
+
 
 class KafkaSettings(Section):
     bootstrap_servers: str = Field(
@@ -128,9 +134,10 @@ class DeliverySettings(Section):
         "Requests naming any other topic are dead-lettered as reply_topic_forbidden.",
     )
     publish_timeout_s: float = Field(
-        default=10.0, gt=0, le=300,
+        default=FAILOVER_BOUND_S, gt=0, le=300,
         description="Most seconds a reply, rejection or dead letter may take to be acknowledged; one that takes longer "
-        "is given up (a reply is dead-lettered) so no partition waits on it.",
+        "is given up (a reply is dead-lettered) so no partition waits on it. Longer than a partition leader's "
+        "failover, so a broker frozen or killed under a reply does not lose it.",
     )
     topic_cache_ttl_s: float = Field(
         default=30.0, gt=0,

@@ -6,6 +6,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from streams.config.base import _TOPIC_SAFE, MIB, ByteSize, Section, host_pid_id
+from streams.config.kafka import FAILOVER_BOUND_S
 
 
 class ConsumerSettings(Section):
@@ -108,10 +109,9 @@ class EdgeSettings(Section):
     max_tokens_default: int = Field(default=128, ge=1, le=32768, description="max_tokens when a client gives none.")
     startup_timeout_s: float = Field(default=30.0, gt=0, description="Seconds the edge waits for Kafka at start.")
     publish_timeout_s: float = Field(
-        default=30.0, gt=0, le=300,
+        default=FAILOVER_BOUND_S, gt=0, le=300,
         description="Most seconds a request's publish waits for the broker's acknowledgement before the client gets "
-        "503. Longer than a partition leader's failover: a killed broker is fenced after broker.session.timeout.ms "
-        "(Kafka's default 9 s), after a controller election when it was the active controller.",
+        "503. Longer than a partition leader's failover (as kafka.delivery.publish_timeout_s).",
     )
     redis_url: str | None = Field(
         default=None, description="Redis for rate-limit counters shared by every edge; null: in memory, per edge."

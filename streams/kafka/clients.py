@@ -59,6 +59,7 @@ ResultT = TypeVar("ResultT")
 # requests accumulate and leave together in the next one. A 5 ms linger was
 # measured to add 5-7 ms per leg at p50 and bought nothing at these rates.
 LINGER_MS = 0
+PRODUCE_REQUEST_TIMEOUT_MS = 4000
 
 # The rag service's answers (search results, retrieved passages) share the reply topics with the engine's events.
 _REPLY_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyReply)
@@ -82,6 +83,9 @@ def producer_options(*, client_id: str, max_request_size: int = 1024 * 1024) -> 
         # after a lost ack is stored once, and per-partition order is kept.
         "enable_idempotence": True,
         "acks": "all",
+        # A request to a broker that stopped answering (frozen, partitioned) is retried after this, with fresh
+        # metadata, at the partition's new leader; aiokafka's 40 s default outlasts every publish bound we set.
+        "request_timeout_ms": PRODUCE_REQUEST_TIMEOUT_MS,
         "linger_ms": LINGER_MS,
         "compression_type": compression_type(),
         "max_request_size": max_request_size,

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from schemas.events import ReplyRoute
 from schemas.topics import Topic, TopicCatalog
 from streams.config import TelemetrySettings
+from streams.config.kafka import FAILOVER_BOUND_S
 from streams.kafka.acls import Grant, announcement_topics
 from streams.kafka.connection import Connectable
 from streams.kafka.reply_routes import compile_patterns
@@ -108,7 +109,7 @@ class ServiceOptions:
     # Reply routes and bounded publishes (the `delivery` section): the topics a message may name as its reply route
     # ({prefix} already replaced; None: the catalog's reply topics), and the bounds of a publish and of a look-up.
     reply_topic_patterns: tuple[str, ...] | None = None
-    publish_timeout_s: float = 10.0
+    publish_timeout_s: float = FAILOVER_BOUND_S
     topic_cache_ttl_s: float = 30.0
     metadata_timeout_s: float = 2.0
     # Seconds the topics its start created may be missing before the process exits to recreate them (0: never).
