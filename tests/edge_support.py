@@ -1,7 +1,6 @@
 """Helpers for the edge's security, limits, OpenAI, browser and fuzz tests.
 
-* :func:`redis_server`: a real ``redis-server`` (Debian package) on a free port,
-  in-memory only, stopped afterwards.
+* :func:`redis_server`: a real ``redis-server`` on a free port (:mod:`streams.testing.redis`).
 * :func:`shared_worker`: one real ``specstream worker`` subprocess (streams/testing/stack.py)
   for every edge test module of the session, on a topic prefix of its own; the
   first module that asks starts it, the end of the session stops it. Loading the
@@ -16,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,7 +34,8 @@ from streams.config import (
     WorkerSettings,
 )
 from streams.edge.settings import EdgeOptions
-from streams.testing.stack import Stack, free_port, running_stack
+from streams.testing.redis import redis_server  # noqa: F401 - the tests import it from here
+from streams.testing.stack import Stack, running_stack
 
 HEARTBEAT_S = 1.0
 MAX_MODEL_LEN = 512
@@ -59,43 +57,6 @@ async def refused_429(coro: Any) -> Any:
     assert caught.value.status == 429 and caught.value.code == "rate_limit_exceeded"
     assert int(caught.value.headers["Retry-After"]) >= 1
     return caught.value
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """``redis://127.0.0.1:<port>/0`` of a fresh redis-server; fails (never skips) when the binary is missing."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("redis-server not found: install Debian's redis-server package (./dev test installs it)")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--protected-mode", "yes", "--loglevel", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        import redis
-
-        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {process.stdout.read().decode(errors='replace')}")
-            with contextlib.suppress(redis.RedisError):
-                if client.ping():
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("redis-server did not answer PING within 20 s")
-            time.sleep(0.05)
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
 
 
 _shared: dict[str, Any] = {}
@@ -135,7 +96,9 @@ def edge_options(bootstrap_servers: str, prefix: str, edge_id: str, keys_file: P
     return EdgeOptions(Settings(
         files=files,
         kafka=KafkaSettings(bootstrap_servers=bootstrap_servers, topic_prefix=prefix),
-        edge=EdgeSettings(**{"edge_id": edge_id, "request_timeout_s": 120.0, "auth": auth, **edge}),
+        # A test's edge stops with its test: 5 s for what is still in flight, not a pod's 20 s.
+        edge=EdgeSettings(**{"edge_id": edge_id, "request_timeout_s": 120.0, "auth": auth, "shutdown_grace_s": 5.0,
+                             **edge}),
         engine=EngineConfig(max_model_len=MAX_MODEL_LEN),
         worker=WorkerSettings(heartbeat_s=HEARTBEAT_S),
     ))

@@ -116,6 +116,12 @@ class EdgeSettings(Section):
     redis_url: str | None = Field(
         default=None, description="Redis for rate-limit counters shared by every edge; null: in memory, per edge."
     )
+    shutdown_grace_s: float = Field(
+        default=20.0, gt=0, le=300,
+        description="On SIGTERM, seconds the edge lets requests in flight finish before it closes their connections "
+        "(websockets are closed at once, their requests cancelled); below the pod's terminationGracePeriodSeconds "
+        "(30).",
+    )
     max_body_bytes: ByteSize = Field(default=MIB, ge=1024, description="Larger HTTP request bodies get 413.")
     max_ws_frame_bytes: ByteSize = Field(
         default=MIB, ge=1024, description="Larger websocket frames close the socket with code 1009."

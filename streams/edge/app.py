@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -165,4 +166,5 @@ def run_edge(settings: Settings | EdgeOptions | None = None) -> None:
     # With logging configured (the CLI: text or JSON), uvicorn's records go through it instead of its own format.
     log_config = None if logging.getLogger().handlers else uvicorn.config.LOGGING_CONFIG
     uvicorn.run(create_app(options), host=host, port=port, log_level="info", log_config=log_config,
-                ws_max_size=options.edge.max_ws_frame_bytes)
+                ws_max_size=options.edge.max_ws_frame_bytes,
+                timeout_graceful_shutdown=int(math.ceil(options.edge.shutdown_grace_s)))

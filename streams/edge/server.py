@@ -11,6 +11,7 @@ diagnostics (e.g. ``edge.edge.router.seen``).
 """
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -59,7 +60,8 @@ def serve_in_thread(options: EdgeOptions, *, port: int | None = None, start_time
     sock.bind((options.edge.host, port or 0))
     options = options.with_edge(port=sock.getsockname()[1])
     app = create_app(options)
-    config = uvicorn.Config(app, log_level=log_level, lifespan="on", timeout_graceful_shutdown=5,
+    config = uvicorn.Config(app, log_level=log_level, lifespan="on",
+                            timeout_graceful_shutdown=int(math.ceil(options.edge.shutdown_grace_s)),
                             ws_max_size=options.edge.max_ws_frame_bytes)
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
