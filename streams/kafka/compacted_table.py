@@ -8,7 +8,9 @@ merge the two (batches, whose writers must never undo each other). A record that
 
 ``loaded`` is set once the table holds everything the topic had when the follower assigned it; ``caught_up()``
 waits until it holds everything published before the call (read-your-writes: what a reader needs before
-deciding on a key).
+deciding on a key). ``find()`` is the lookup by key that holds across processes: a key missing from the table may
+have been written a moment ago by another process (another edge behind the same load balancer), so a miss first
+catches up, once and bounded, and only then says "no such key". Concurrent callers share one end-offsets request.
 
 The end offsets ``caught_up()`` compares against are asked through a second, never-assigned consumer: the broker
 answers one connection's requests in order, so asked through the follower's own connection the question would
@@ -40,6 +42,10 @@ POLL_MS = 200
 RETRY_S = 1.0
 WARN_EVERY_S = 60.0
 TOPIC_LOOK_S = 2.0
+# How long ``find()`` may catch up on a miss before giving up (TimeoutError: the caller's "unavailable", not a 404).
+# A healthy broker answers in milliseconds; the bound is what a truly unknown key costs when it is slow, kept
+# well under a client's timeout. No settings section owns the tables' timings, so it is a constant.
+FIND_CATCH_UP_S = 2.5
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class CompactedTable(Generic[RowT]):
         self._task: asyncio.Task[None] | None = None
         self._partitions: list[TopicPartition] = []
         self._warn = _Warner()
+        self._asking = asyncio.Lock()  # one end-offsets request in flight at a time
+        self._next_ends: asyncio.Future[dict[TopicPartition, int]] | None = None  # the one callers now share
+        self._asks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
 
@@ -126,6 +135,10 @@ class CompactedTable(Generic[RowT]):
             await self.caught_up()
 
     async def stop(self) -> None:
+        asks = list(self._asks)
+        for ask in asks:
+            ask.cancel()
+        await asyncio.gather(*asks, return_exceptions=True)
         await clients.stop_polling(self._task, self._consumer)
         if self._ends is not None:
             await self._ends.stop()
@@ -141,8 +154,38 @@ class CompactedTable(Generic[RowT]):
             return self.loaded.is_set()
 
         await self._until(loaded, deadline)
-        ends = await self._ends.end_offsets(self._partitions)
+        try:
+            ends = await asyncio.wait_for(asyncio.shield(self._ends_from_now()), max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            raise TimeoutError(f"{self.topic.name}: no end offsets in time") from None
         await self._until(lambda: self._reached(ends), deadline)
+
+    def _ends_from_now(self) -> asyncio.Future[dict[TopicPartition, int]]:
+        """End offsets asked after this call. Concurrent callers share one request (a burst of lookups is one
+        question to the broker, not a herd); a caller arriving once a request is sent waits for the next one,
+        since the one in flight may have been answered before the write that caller is looking for."""
+        if self._next_ends is None:
+            answer: asyncio.Future[dict[TopicPartition, int]] = asyncio.get_running_loop().create_future()
+            answer.add_done_callback(lambda f: f.cancelled() or f.exception())  # every waiter may have timed out
+            self._next_ends = answer
+            ask = asyncio.create_task(self._ask_ends(answer), name=f"table-{self.topic.name}-ends")
+            self._asks.add(ask)
+            ask.add_done_callback(self._asks.discard)
+        return self._next_ends
+
+    async def _ask_ends(self, answer: asyncio.Future[dict[TopicPartition, int]]) -> None:
+        try:
+            async with self._asking:
+                self._next_ends = None  # sent from here on: later callers share the next request
+                assert self._ends is not None, "start() first"
+                answer.set_result(await self._ends.end_offsets(self._partitions))
+        except Exception as error:  # the broker's error is every waiter's
+            answer.set_exception(error)
+        finally:
+            if self._next_ends is answer:  # stopped before it was sent: the next caller asks afresh
+                self._next_ends = None
+            if not answer.done():
+                answer.cancel()
 
     async def _until(self, done: Callable[[], Awaitable[bool]], deadline: float) -> None:
         while not await done():
@@ -155,7 +198,18 @@ class CompactedTable(Generic[RowT]):
     # --- reading -----------------------------------------------------------------------------------------------
 
     def get(self, key: str) -> RowT | None:
+        """The row held now: what this process has read so far (see ``find`` for a lookup by an id a client gave)."""
         return self.rows.get(key)
+
+    async def find(self, key: str, timeout_s: float = FIND_CATCH_UP_S) -> RowT | None:
+        """The row of ``key``, read-your-writes across processes: on a miss, catch up with the topic once and look
+        again, so None means the topic had no such key when this was called. TimeoutError when the catch-up does
+        not finish within ``timeout_s`` (the broker is slow or gone: unknown, not absent)."""
+        row = self.rows.get(key)
+        if row is None:
+            await self.caught_up(timeout_s)
+            row = self.rows.get(key)
+        return row
 
     def values(self) -> list[RowT]:
         return list(self.rows.values())
@@ -262,6 +316,10 @@ class BackgroundView(Generic[RowT]):
     def caught_up(self) -> asyncio.Event:
         """Set once the view holds what the topic had when it started following."""
         return self.table.loaded
+
+    async def find(self, key: str) -> RowT | None:
+        """The row of ``key``, caught up with the topic on a miss (:meth:`CompactedTable.find`)."""
+        return await self.table.find(key)
 
     async def start(self) -> None:
         await self.table.start(wait=False)

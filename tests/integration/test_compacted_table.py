@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError
 from pydantic import BaseModel
 
@@ -224,3 +224,61 @@ async def test_a_broker_error_is_retried_with_one_warning_a_minute(monkeypatch: 
     with caplog.at_level(logging.WARNING, logger="streams.kafka.compacted_table"):
         assert await table._retrying(flaky) == "read"
     assert caplog.text.count("cannot read") == 1
+
+
+async def test_find_sees_a_key_another_process_just_wrote_without_waiting_for_a_poll(
+        kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer) -> None:  # noqa: F811
+    # Two edges on one topic: a client gets an id from one and at once asks the other, whose follower has not
+    # polled the record yet (up to POLL_MS later). find() catches up on the miss instead of answering "no such key".
+    writer = CompactedTable(kafka_bootstrap, topic, Row)
+    reader = CompactedTable(kafka_bootstrap, topic, Row, create_topic=False)
+    await writer.start()
+    await reader.start()
+    try:
+        for n in range(10):
+            await send(producer, topic, f"k{n}", row(f"k{n}", n))
+            writer.put(f"k{n}", row(f"k{n}", n))  # the writer's own read-your-writes
+            found = await reader.find(f"k{n}")
+            assert found is not None and found.value == n, f"k{n} not found by the other table"
+    finally:
+        await writer.stop()
+        await reader.stop()
+
+
+async def test_find_of_a_key_nobody_wrote_answers_none_within_the_bound(
+        kafka_bootstrap: str, topic: Topic) -> None:  # noqa: F811
+    table = CompactedTable(kafka_bootstrap, topic, Row)
+    await table.start()
+    try:
+        started = time.monotonic()
+        assert await table.find("never-written") is None
+        assert time.monotonic() - started < compacted_table.FIND_CATCH_UP_S
+    finally:
+        await table.stop()
+
+
+async def test_concurrent_misses_share_one_end_offsets_request_and_a_later_one_asks_again(
+        kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer) -> None:  # noqa: F811
+    table = CompactedTable(kafka_bootstrap, topic, Row)
+    await table.start()
+    assert table._ends is not None
+    real = table._ends.end_offsets
+    asked: list[float] = []
+
+    async def slow_end_offsets(partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        asked.append(time.monotonic())
+        ends = await real(partitions)
+        await asyncio.sleep(0.3)  # answered, but not yet back: a write now is past these ends
+        return ends
+
+    table._ends.end_offsets = slow_end_offsets  # type: ignore[method-assign]
+    try:
+        herd = [asyncio.create_task(table.find(f"missing-{n}")) for n in range(50)]
+        await asyncio.sleep(0.1)  # the herd's request is in flight
+        await send(producer, topic, "late", row("late", 1))
+        await table.caught_up()  # must not share the herd's request, answered before this write
+        assert table.get("late") is not None
+        assert await asyncio.gather(*herd) == [None] * 50
+        assert len(asked) == 2, f"{len(asked)} end-offsets requests for 50 concurrent misses and one later"
+    finally:
+        await table.stop()
