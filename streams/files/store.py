@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from schemas.documents import FileObject
 from schemas.topics import TopicCatalog
@@ -121,9 +122,13 @@ class FileStore:
     # --- reading -----------------------------------------------------------------------------------------------
 
     async def get(self, tenant: str, file_id: str) -> FileObject:
-        """The tenant's file (NoSuchFile for another tenant's, a deleted or an expired one)."""
+        """The tenant's file (NoSuchFile for another tenant's, a deleted or an expired one). One uploaded through
+        another edge a moment ago is found: a miss catches up with the topic before it is NoSuchFile."""
         await self._caught_up()
-        file = self.view.files.get(file_id)
+        try:
+            file = await self.view.find(file_id)
+        except (TimeoutError, KafkaError) as error:
+            raise FilesUnavailable(f"could not catch up with {self.topic.name}: {error}") from error
         if file is None or file.tenant != tenant or _expired(file):
             raise NoSuchFile(file_id)
         return file

@@ -1,7 +1,8 @@
 """Every file's metadata, as the compacted files topic says: what each edge serves `/v1/files` from.
 
 The view follows the topic from its start (:class:`~streams.kafka.compacted_table.CompactedTable`), so a restarted or second
-edge knows the same files (within one poll, 0.2 s, of a change). Until it has read up to the end the topic had
+edge knows the same files (within one poll, 0.2 s, of a change; a lookup by id that misses catches up with the topic
+first, so an id just uploaded through another edge is found). Until it has read up to the end the topic had
 when it started, it is not ``caught_up`` and the API answers 503 rather than "no such file". A tombstone deletes;
 one edge writes a file's records, so the record read last wins.
 """

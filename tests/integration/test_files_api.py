@@ -20,6 +20,7 @@ from streams.edge.keys import create_key
 from streams.edge.server import RunningEdge, serve_in_thread
 from streams.edge.settings import EdgeOptions
 from streams.files.purposes import InvalidFile, register_validator, unregister_validator
+from streams.kafka.compacted_table import FIND_CATCH_UP_S
 from tests.edge_support import edge_options
 from tests.kafka_fixtures import kafka_bootstrap, kafka_single  # noqa: F401  (pytest fixtures)
 
@@ -97,6 +98,26 @@ def test_a_second_edge_serves_the_same_files_and_sees_a_deletion(setup: dict, cl
         while created.id in [f.id for f in other_edge.files.list()]:
             assert time.monotonic() < deadline, "the second edge still lists a deleted file"
             time.sleep(0.2)
+
+
+def test_a_file_uploaded_on_one_edge_is_found_at_once_by_another_and_an_unknown_id_is_still_404(
+        setup: dict, client: OpenAI) -> None:
+    # Two edges behind one load balancer: the client takes the id it just got from one straight to the other, whose
+    # files table has not polled the record yet. The other edge catches up on the miss instead of answering 404.
+    options = _options(setup["kafka"], setup["prefix"], setup["keys_file"], setup["blobs"])
+    with serve_in_thread(options) as second:
+        other_edge = _client(second, setup["key"])
+        for n in range(5):
+            created = client.files.create(file=(f"rw-{n}.txt", b"read your writes"), purpose="assistants")
+            assert other_edge.files.retrieve(created.id) == created
+        for_store = client.files.create(file=("store.txt", b"for a vector store"), purpose="assistants")
+        store = other_edge.vector_stores.create(name="read-your-writes")
+        added = other_edge.vector_stores.files.create(vector_store_id=store.id, file_id=for_store.id)
+        assert added.id == for_store.id
+        started = time.monotonic()
+        with pytest.raises(openai.NotFoundError):
+            other_edge.files.retrieve("file-neveruploaded0000000000")
+        assert time.monotonic() - started < FIND_CATCH_UP_S
 
 
 def test_a_file_over_the_limit_is_413_naming_it_and_leaves_nothing(setup: dict, client: OpenAI) -> None:
