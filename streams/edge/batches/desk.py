@@ -16,6 +16,7 @@ import uuid
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from schemas.batch import BatchRequestCounts, BatchState
 from schemas.events import GenerateRequest
@@ -62,8 +63,13 @@ class BatchDesk:
                             code="not_ready") from None
 
     async def get(self, tenant: str, batch_id: str) -> BatchState:
+        """The tenant's batch; one created through another edge a moment ago is found (a miss catches up first)."""
         await self._caught_up()
-        state = self.book.get(batch_id)
+        try:
+            state = await self.book.find(batch_id)
+        except (TimeoutError, KafkaError):
+            raise EdgeError(503, f"could not catch up with {self.catalog.batches.name}; try again",
+                            type="server_error", code="not_ready") from None
         if state is None or state.tenant != tenant:
             raise batch_not_found(batch_id)
         return state
