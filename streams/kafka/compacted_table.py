@@ -139,6 +139,9 @@ class CompactedTable(Generic[RowT]):
         for ask in asks:
             ask.cancel()
         await asyncio.gather(*asks, return_exceptions=True)
+        if self._next_ends is not None:  # its request was cancelled before it began: its waiters stop waiting
+            self._next_ends.cancel()
+            self._next_ends = None
         await clients.stop_polling(self._task, self._consumer)
         if self._ends is not None:
             await self._ends.stop()

@@ -282,3 +282,19 @@ async def test_concurrent_misses_share_one_end_offsets_request_and_a_later_one_a
         assert len(asked) == 2, f"{len(asked)} end-offsets requests for 50 concurrent misses and one later"
     finally:
         await table.stop()
+
+
+async def test_a_table_stopped_while_a_miss_waits_for_end_offsets_starts_again_and_finds_keys(
+        kafka_bootstrap: str, topic: Topic, producer: AIOKafkaProducer) -> None:  # noqa: F811
+    table = CompactedTable(kafka_bootstrap, topic, Row)
+    await table.start()
+    pending = asyncio.create_task(table.find("missing"))
+    await asyncio.sleep(0)  # the miss waits for an end-offsets request that has not begun
+    await table.stop()
+    await asyncio.gather(pending, return_exceptions=True)  # however it ended, the restarted table must not wait on it
+    try:
+        await asyncio.wait_for(table.start(), 10)
+        await send(producer, topic, "a", row("a", 1))
+        assert await asyncio.wait_for(table.find("a"), 10) is not None
+    finally:
+        await table.stop()
