@@ -31,6 +31,7 @@ from aiokafka.codec import has_lz4
 from aiokafka.errors import (
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
     for_code,
@@ -273,20 +274,37 @@ async def start_admin(admin: AIOKafkaAdminClient, kafka: Connectable, timeout_s:
         raise KafkaConnectionError(f"cannot reach Kafka at {settings_of(kafka).bootstrap_servers}: {reason}") from error
 
 
-async def retrying(call: Callable[[], Awaitable[ResultT]], *, timeout_s: float, pause_s: float = 0.2) -> ResultT:
-    """``call()``, asked again while Kafka calls its error retriable, for at most ``timeout_s``; then that error.
+def transient(error: BaseException) -> bool:
+    """Whether asking Kafka again may succeed: what aiokafka calls retriable (a broker not ready or restarting, a
+    leader moving, a coordinator loading), and its own client-side timeout, which it does not call retriable but is
+    what a request to a broker that just died ends in (a produce batch or an offsets look-up expiring)."""
+    return isinstance(error, KafkaError) and (error.retriable or isinstance(error, KafkaTimeoutError))
+
+
+async def retrying(call: Callable[[], Awaitable[ResultT]], *, timeout_s: float, pause_s: float = 0.2,
+                   max_pause_s: float | None = None,
+                   on_retry: Callable[[KafkaError], None] | None = None) -> ResultT:
+    """``call()``, asked again while its error is :func:`transient`, for at most ``timeout_s``; then that error.
+
+    The pause between tries starts at ``pause_s`` and doubles up to ``max_pause_s`` (None: it stays). ``on_retry``
+    hears each error that will be retried, before its pause, and may raise to give up at once.
 
     A new cluster creates its offsets topic at the first group request, and until it has (a second or two) every
     group's coordinator is "not available": a group lookup on a fresh cluster needs this.
     """
     deadline = time.monotonic() + timeout_s
+    pause = pause_s
     while True:
         try:
             return await call()
         except KafkaError as error:
-            if not error.retriable or time.monotonic() >= deadline:
+            if not transient(error) or time.monotonic() >= deadline:
                 raise
-        await asyncio.sleep(pause_s)
+            if on_retry is not None:
+                on_retry(error)
+        # The last try falls on the deadline, not a whole pause after it.
+        await asyncio.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+        pause = min(2 * pause, max_pause_s or pause_s)
 
 
 async def wait_visible(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
