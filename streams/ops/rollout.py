@@ -21,6 +21,10 @@ itself when one fails.
 itself (edges follow within a poll, whether or not this process still runs) and makes this process drain the pool.
 Ctrl-C or SIGTERM of this process rolls back: no share stays on a candidate that nothing watches. Every state names
 this process (host, pid) and how many workers it started, so ``rollout status`` can say who stops what.
+
+However the controller ends (a verdict, an abort, a signal, an error), it first publishes ``rolled_back`` if its last
+state still sends traffic here (one bounded try: Kafka may be what failed), then drains the workers it started
+(SIGTERM, then SIGKILL of each one's process group past its drain time).
 """
 from __future__ import annotations
 
@@ -37,16 +41,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiokafka.errors import KafkaError
+
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
 from streams.config import Settings
 from streams.ops.local_fleet import LocalFleet
 from streams.ops.rollout_gates import Gates, PoolFigures, failed_gate
 from streams.ops.rollout_prometheus import PrometheusError, PrometheusGates
-from streams.ops.rollout_router import candidate_prefix
+from streams.ops.rollout_router import ROUTING_STATES, candidate_prefix
 from streams.ops.rollout_store import RolloutStore
 from streams.ops.rollout_watch import RolloutWatch
 from streams.supervisor import STOP_TIMEOUT_S, service_argv
+
+LEAVE_TIMEOUT_S = 10.0  # the last state's one try when the rollout ends: the workers stop right after
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class Rollout:
                            if ops.prometheus_url else None)
         self._prometheus_failing = False
         self.interrupted = asyncio.Event()
+        self._published = False  # a state of this rollout is on the topic: edges may route by it
 
     def _candidate_env(self) -> dict[str, str]:
         """The candidate's file is its whole configuration: this process's SPECSTREAM_<SECTION>__<KEY> overrides
@@ -102,30 +111,74 @@ class Rollout:
                 "SPECSTREAM_DELIVERY__REPLY_TOPIC_PATTERNS": json.dumps([f"{kafka.topic_prefix}.replies.*"])}
 
     async def run(self) -> RolloutState:
+        """Roll out. However it ends (a verdict, an abort, a signal, an error raised from here), the share leaves the
+        candidate and the workers this process started are stopped before this returns or raises."""
+        loop = asyncio.get_running_loop()
         # Ctrl-C or SIGTERM rolls back: nothing may stay on a candidate nobody watches.
         for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, self.interrupted.set)
-        await self.store.start()
+            loop.add_signal_handler(sig, self.interrupted.set)
         try:
-            await self._publish("starting", 0.0, f"starting {self.plan.workers} candidate worker(s)")
-            self.fleet.scale_to(self.plan.workers)
             try:
-                await self._wait_ready()
-                await self.watch.start()
-                for index, percent in enumerate(self.plan.steps):
-                    await self._step(index, percent)
-                await self._publish("completed", self.plan.steps[-1], "every step held its gates")
-                self.completed = True
+                await self._roll_out()
+                ended = "the controller ended"
             except Stopped as outcome:
                 self.say(f"rollout {self.state.rollout_id}: {outcome}")
-            finally:
-                await self.watch.stop()
-            if self.completed and self.plan.workers:
-                await self._own_completed_pool()
-            await asyncio.to_thread(self.fleet.stop_all, self._stop_timeout_s())
+                ended = str(outcome)
+            except BaseException as error:  # a bug, Kafka failing, a cancellation: no orphan either
+                await self._end(f"`rollout start` failed: {_one_line(error)}")
+                raise
+            await self._end(ended)
             return self.state
         finally:
-            await self.store.stop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    async def _roll_out(self) -> None:
+        await self.store.start()
+        await self._publish("starting", 0.0, f"starting {self.plan.workers} candidate worker(s)")
+        self.fleet.scale_to(self.plan.workers)
+        await self._wait_ready()
+        await self.watch.start()
+        for index, percent in enumerate(self.plan.steps):
+            await self._step(index, percent)
+        await self._publish("completed", self.plan.steps[-1], "every step held its gates")
+        self.completed = True
+        await self.watch.stop()  # nothing left to judge
+        if self.plan.workers:
+            await self._own_completed_pool()
+
+    async def _end(self, reason: str) -> None:
+        """The share leaves the candidate first (edges route everything to stable), then the workers this process
+        started drain (killed past their drain time), then the Kafka clients stop."""
+        try:
+            await self._leave(reason)
+        finally:
+            await asyncio.to_thread(self.fleet.stop_all, self._stop_timeout_s())
+            # Stopping must not hide what ended the rollout (a client of a cluster that is down may fail to).
+            with contextlib.suppress(KafkaError):
+                await self.watch.stop()
+            with contextlib.suppress(KafkaError):
+                await self.store.stop()
+
+    async def _leave(self, reason: str) -> None:
+        """Publish ``rolled_back`` unless the newest state already sends nothing here, is a newer rollout's, or is a
+        completed one whose pool is its operator's (``--workers 0``). Bounded, and only tried: Kafka may be what
+        failed, and the workers must stop all the same."""
+        if not self._published or self.state.state not in ROUTING_STATES or self._superseded() \
+                or (self.completed and not self.plan.workers):
+            return
+        try:
+            await asyncio.wait_for(self._publish("rolled_back", 0.0, reason), LEAVE_TIMEOUT_S)
+        except (KafkaError, TimeoutError) as error:
+            why = f"no answer within {LEAVE_TIMEOUT_S:g} s" if isinstance(error, TimeoutError) else _one_line(error)
+            self.say(f"rollout {self.state.rollout_id}: could not record the rollback on "
+                     f"{self.store.catalog.rollouts.name} ({why}): edges keep sending {self.state.percent:g} % of "
+                     "requests to the candidate, whose workers stop now, until `specstream rollout abort` gets through")
+
+    def _superseded(self) -> bool:
+        """A newer rollout of the model took over: its state is not this process's to overwrite."""
+        latest = self.store.latest(self.plan.model)
+        return latest is not None and latest.rollout_id != self.state.rollout_id and latest.at >= self.state.at
 
     async def _own_completed_pool(self) -> None:
         """Keep the pool this process started until the rollout ends; the share leaves the pool before the pool goes."""
@@ -253,9 +306,15 @@ class Rollout:
         raise Stopped(f"rolled back: {reason}")
 
     async def _publish(self, state: str, percent: float, reason: str, *, step: int | None = None) -> None:
-        self.state = self.state.model_copy(update={
-            "state": state, "percent": percent, "reason": reason, "at": time.time(),
-            "step": self.state.step if step is None else step})
-        await self.store.publish(self.state)
+        new = self.state.model_copy(update={"state": state, "percent": percent, "reason": reason, "at": time.time(),
+                                            "step": self.state.step if step is None else step})
+        await self.store.publish(new)
+        # Only once it is on the topic: when the rollout ends, what edges route by is what _leave must undo.
+        self.state, self._published = new, True
         self.say(f"rollout {self.state.rollout_id}: {state}, {percent:g} % to the candidate: {reason}")
 
+
+
+def _one_line(error: BaseException) -> str:
+    """The message alone (aiokafka's errors print their class name before it), or the class when there is none."""
+    return str(error.args[0]) if error.args else type(error).__name__

@@ -31,15 +31,21 @@ class RolloutStore:
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        await clients.ensure_topics(self.kafka, [self.catalog.rollouts])
-        self._producer = clients.make_producer(self.kafka, client_id="specstream-rollout")
-        await self._producer.start()
-        await self.follower.start()
+        """Start, or stop what was started and raise: a start that failed on a broker going down may be tried again."""
+        try:
+            await clients.ensure_topics(self.kafka, [self.catalog.rollouts])
+            self._producer = clients.make_producer(self.kafka, client_id="specstream-rollout")
+            await self._producer.start()
+            await self.follower.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def stop(self) -> None:
         await self.follower.stop()
-        if self._producer is not None:
-            await self._producer.stop()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
 
     async def publish(self, state: RolloutState) -> None:
         assert self._producer is not None

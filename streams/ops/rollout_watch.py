@@ -47,6 +47,14 @@ class RolloutWatch:
         self._probe: AIOKafkaConsumer | None = None
 
     async def start(self) -> None:
+        """Start, or stop what was started and raise: a start that failed on a broker going down may be tried again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         self._probe = clients.make_consumer(self.kafka, enable_auto_commit=False)
         await self._probe.start()
         self._requests = clients.make_consumer(self.kafka, enable_auto_commit=False)
@@ -69,7 +77,9 @@ class RolloutWatch:
         self._replies.subscribe(pattern=f"^{re.escape(self.stable.replies('').name)}.*")
 
     async def stop(self) -> None:
-        for consumer in (self._requests, self._replies, self._probe):
+        consumers = (self._requests, self._replies, self._probe)
+        self._requests = self._replies = self._probe = None
+        for consumer in consumers:
             if consumer is not None:
                 await consumer.stop()
 
