@@ -6,8 +6,9 @@
 
 ``start`` owns the candidate workers it starts: at 100 % it stays in the foreground until the rollout is ended
 (``rollout abort`` or Ctrl-C: all traffic back to stable, then its workers drain and stop). It exits 0 when every
-step held, 1 when it rolled back or was aborted before 100 %, 2 on bad input (an unreadable candidate configuration
-names its key). ``status`` says which processes serve each pool and how to stop them.
+step held, 1 when it rolled back or was aborted before 100 % or Kafka kept failing past ``ops.rollout.kafka_outage_s``
+(a broker restarting meanwhile is ridden through), 2 on bad input (an unreadable candidate configuration names its
+key). ``status`` says which processes serve each pool and how to stop them.
 """
 from __future__ import annotations
 

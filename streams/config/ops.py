@@ -18,6 +18,13 @@ class RolloutSettings(Section):
         "bus.",
     )
     prometheus_timeout_s: float = Field(default=5.0, gt=0, description="Bound of one Prometheus query.")
+    kafka_outage_s: float = Field(
+        default=120.0, gt=0, le=3600,
+        description="How long `rollout start` rides through Kafka errors that retrying may fix (a broker restarting, "
+        "a leader moving: three brokers with min.insync.replicas 2 still serve with one down), asking again with "
+        "pauses from 0.5 to 5 s; past it, it records the rollback if Kafka takes it, stops the candidate workers it "
+        "started and exits 1 naming the error. A SIGINT/SIGTERM meanwhile ends the wait at its next try.",
+    )
     @field_validator("prometheus_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:

@@ -22,9 +22,11 @@ itself (edges follow within a poll, whether or not this process still runs) and 
 Ctrl-C or SIGTERM of this process rolls back: no share stays on a candidate that nothing watches. Every state names
 this process (host, pid) and how many workers it started, so ``rollout status`` can say who stops what.
 
-However the controller ends (a verdict, an abort, a signal, an error), it first publishes ``rolled_back`` if its last
-state still sends traffic here (one bounded try: Kafka may be what failed), then drains the workers it started
-(SIGTERM, then SIGKILL of each one's process group past its drain time).
+Kafka errors that retrying may fix (a broker restarting, a leader moving: three brokers with min ISR 2 still serve
+with one down) are ridden through, each call asked again for up to ``ops.rollout.kafka_outage_s``. However the
+controller ends (a verdict, an abort, a signal, Kafka failing past that bound, a bug), it first publishes
+``rolled_back`` if its last state still sends traffic here (one bounded try: Kafka may be what failed), then drains
+the workers it started (SIGTERM, then SIGKILL of each one's process group past its drain time).
 """
 from __future__ import annotations
 
@@ -37,15 +39,17 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from aiokafka.errors import KafkaError
 
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
 from streams.config import Settings
+from streams.kafka import clients
 from streams.ops.local_fleet import LocalFleet
 from streams.ops.rollout_gates import Gates, PoolFigures, failed_gate
 from streams.ops.rollout_prometheus import PrometheusError, PrometheusGates
@@ -54,6 +58,9 @@ from streams.ops.rollout_store import RolloutStore
 from streams.ops.rollout_watch import RolloutWatch
 from streams.supervisor import STOP_TIMEOUT_S, service_argv
 
+T = TypeVar("T")
+KAFKA_FIRST_PAUSE_S = 0.5  # the pauses between tries of a failing Kafka call double from this ...
+KAFKA_MAX_PAUSE_S = 5.0  # ... up to this, within ops.rollout.kafka_outage_s
 LEAVE_TIMEOUT_S = 10.0  # the last state's one try when the rollout ends: the workers stop right after
 
 
@@ -74,6 +81,10 @@ class RolloutPlan:
 
 class Stopped(Exception):
     """The rollout ended here; the message says how."""
+
+
+class KafkaOutage(KafkaError):
+    """Kafka kept failing, with errors retrying may fix, for longer than ops.rollout.kafka_outage_s."""
 
 
 class Rollout:
@@ -97,6 +108,7 @@ class Rollout:
         self._prometheus_failing = False
         self.interrupted = asyncio.Event()
         self._published = False  # a state of this rollout is on the topic: edges may route by it
+        self._failing_since: float | None = None  # monotonic time of the first error of a Kafka outage
 
     def _candidate_env(self) -> dict[str, str]:
         """The candidate's file is its whole configuration: this process's SPECSTREAM_<SECTION>__<KEY> overrides
@@ -124,7 +136,7 @@ class Rollout:
             except Stopped as outcome:
                 self.say(f"rollout {self.state.rollout_id}: {outcome}")
                 ended = str(outcome)
-            except BaseException as error:  # a bug, Kafka failing, a cancellation: no orphan either
+            except BaseException as error:  # a bug, Kafka down past its bound, a cancellation: no orphan either
                 await self._end(f"`rollout start` failed: {_one_line(error)}")
                 raise
             await self._end(ended)
@@ -134,11 +146,11 @@ class Rollout:
                 loop.remove_signal_handler(sig)
 
     async def _roll_out(self) -> None:
-        await self.store.start()
+        await self._kafka(self.store.start)
         await self._publish("starting", 0.0, f"starting {self.plan.workers} candidate worker(s)")
         self.fleet.scale_to(self.plan.workers)
         await self._wait_ready()
-        await self.watch.start()
+        await self._kafka(self.watch.start)
         for index, percent in enumerate(self.plan.steps):
             await self._step(index, percent)
         await self._publish("completed", self.plan.steps[-1], "every step held its gates")
@@ -168,7 +180,7 @@ class Rollout:
                 or (self.completed and not self.plan.workers):
             return
         try:
-            await asyncio.wait_for(self._publish("rolled_back", 0.0, reason), LEAVE_TIMEOUT_S)
+            await asyncio.wait_for(self._publish("rolled_back", 0.0, reason, retry=False), LEAVE_TIMEOUT_S)
         except (KafkaError, TimeoutError) as error:
             why = f"no answer within {LEAVE_TIMEOUT_S:g} s" if isinstance(error, TimeoutError) else _one_line(error)
             self.say(f"rollout {self.state.rollout_id}: could not record the rollback on "
@@ -219,7 +231,7 @@ class Rollout:
     async def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.plan.ready_timeout_s
         stale = self.settings.edge.ready_heartbeats * self.settings.worker.heartbeat_s
-        while not await self.watch.candidate_ready(stale):
+        while not await self._kafka(lambda: self.watch.candidate_ready(stale)):
             self.fleet.reap()
             if self.plan.workers and not self.fleet.serving:
                 await self._fail("the candidate pool never became ready: every candidate worker exited")
@@ -231,11 +243,11 @@ class Rollout:
 
     async def _step(self, index: int, percent: float) -> None:
         await self._publish("running", percent, f"step {index + 1} of {len(self.plan.steps)}", step=index)
-        await self.watch.new_window()
+        await self._kafka(self.watch.new_window)
         held = 0.0
         last = time.monotonic()
         while held < self.plan.hold_s:
-            await self.watch.poll(self.plan.interval_s)
+            await self._kafka(lambda: self.watch.poll(self.plan.interval_s))
             await self._check_gates()
             paused = await self._control()
             now = time.monotonic()
@@ -254,7 +266,7 @@ class Rollout:
         if self.plan.workers and not self.fleet.serving:
             await self._fail("the candidate pool has no worker left (they exited)")
         candidate, stable = await self._figures()
-        reason = failed_gate(self.plan.gates, candidate, stable, await self.watch.dead_letters())
+        reason = failed_gate(self.plan.gates, candidate, stable, await self._kafka(self.watch.dead_letters))
         if reason is not None:
             await self._fail(reason)
 
@@ -305,14 +317,40 @@ class Rollout:
         await self._publish("rolled_back", 0.0, reason)
         raise Stopped(f"rolled back: {reason}")
 
-    async def _publish(self, state: str, percent: float, reason: str, *, step: int | None = None) -> None:
+    async def _publish(self, state: str, percent: float, reason: str, *, step: int | None = None,
+                       retry: bool = True) -> None:
         new = self.state.model_copy(update={"state": state, "percent": percent, "reason": reason, "at": time.time(),
                                             "step": self.state.step if step is None else step})
-        await self.store.publish(new)
+        await (self._kafka(lambda: self.store.publish(new)) if retry else self.store.publish(new))
         # Only once it is on the topic: when the rollout ends, what edges route by is what _leave must undo.
         self.state, self._published = new, True
         self.say(f"rollout {self.state.rollout_id}: {state}, {percent:g} % to the candidate: {reason}")
 
+    async def _kafka(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, riding through what retrying may fix (clients.transient: a broker restarting, a leader moving)
+        for up to ops.rollout.kafka_outage_s; then a :class:`KafkaOutage` naming the error."""
+        bound = self.settings.ops.rollout.kafka_outage_s
+        try:
+            result = await clients.retrying(call, timeout_s=bound, pause_s=KAFKA_FIRST_PAUSE_S,
+                                            max_pause_s=KAFKA_MAX_PAUSE_S, on_retry=self._kafka_failed)
+        except KafkaError as error:
+            if self._failing_since is None or not clients.transient(error):
+                raise
+            raise KafkaOutage(f"kafka kept failing for {time.monotonic() - self._failing_since:.0f} s, past "
+                              f"ops.rollout.kafka_outage_s ({bound:g} s): {_one_line(error)}") from error
+        if self._failing_since is not None:
+            self.say(f"kafka answers again after {time.monotonic() - self._failing_since:.1f} s")
+            self._failing_since = None
+        return result
+
+    def _kafka_failed(self, error: KafkaError) -> None:
+        """Said once per outage; a SIGINT/SIGTERM meanwhile ends the rollout instead of waiting out the bound."""
+        if self.interrupted.is_set():
+            raise Stopped(f"interrupted (SIGINT/SIGTERM) while Kafka failed ({_one_line(error)})")
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            self.say(f"kafka: {_one_line(error)}; asking again for up to "
+                     f"{self.settings.ops.rollout.kafka_outage_s:g} s (ops.rollout.kafka_outage_s)")
 
 
 def _one_line(error: BaseException) -> str:

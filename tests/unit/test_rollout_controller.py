@@ -1,14 +1,18 @@
-"""The rollout controller (streams/ops/rollout.py), however it ends (an error, SIGTERM), leaves no candidate worker
-behind and puts the share back on stable when Kafka takes it.
+"""The rollout controller (streams/ops/rollout.py) rides through Kafka errors that retrying may fix, and however it
+ends (an error, Kafka down past its bound, SIGTERM) leaves no candidate worker behind and puts the share back on
+stable when Kafka takes it.
 
-The controller's own code runs; the rollouts topic and what it watches on the bus are in memory, scripted to fail.
-The candidate workers are real processes started by the controller's LocalFleet: a stand-in that says it is ready
-once it handles SIGTERM, and drains (exits 0) on it. On the real workers and broker: tests/stacks/test_rollout.py.
+The controller's own code runs; the rollouts topic and what it watches on the bus are in memory, scripted to fail
+the way a three-broker cluster does while one broker restarts (aiokafka's NodeNotReadyError, a timed-out request, a
+moving leader). The candidate workers are real processes started by the controller's LocalFleet: a stand-in that
+says it is ready once it handles SIGTERM, and drains (exits 0) on it. On the real workers and broker:
+tests/stacks/test_rollout.py.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -17,12 +21,19 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka.errors import (
+    KafkaConnectionError,
+    NodeNotReadyError,
+    NotLeaderForPartitionError,
+    RequestTimedOutError,
+)
 
 from schemas.events import RolloutState
 from schemas.topics import TopicCatalog
 from streams.config import Settings
+from streams.ops import rollout as controller
 from streams.ops.local_fleet import LocalFleet
-from streams.ops.rollout import Rollout, RolloutPlan
+from streams.ops.rollout import KafkaOutage, Rollout, RolloutPlan
 from streams.ops.rollout_gates import PoolStats
 from streams.ops.rollout_watch import Window
 
@@ -128,6 +139,12 @@ def make_rollout(tmp_path: Path) -> Iterator[Make]:
             os.killpg(pid, signal.SIGKILL)
 
 
+@pytest.fixture(autouse=True)
+def _short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(controller, "KAFKA_FIRST_PAUSE_S", 0.01)
+    monkeypatch.setattr(controller, "KAFKA_MAX_PAUSE_S", 0.05)
+
+
 def started(said: list[str]) -> list[int]:
     return [int(m.group(1)) for line in said if (m := re.match(r"candidate-test-\d+: started \(pid (\d+)\)", line))]
 
@@ -144,6 +161,23 @@ def states(topic: Topic) -> list[tuple[str, float]]:
     return [(s.state, s.percent) for s in topic.published]
 
 
+async def test_a_broker_restarting_at_the_50_percent_step_is_ridden_through_to_completion(
+        tmp_path: Path, make_rollout: Make) -> None:
+    # starting and running 50 % go out; then the broker dies: the 100 % step's publish fails twice, polls fail.
+    topic = Topic(publish=[None, None, NodeNotReadyError(NOT_READY), KafkaConnectionError("connection refused")])
+    bus = Bus(tmp_path / "ready", candidate_ready=[NodeNotReadyError(NOT_READY)],
+              poll=[None, RequestTimedOutError(), NotLeaderForPartitionError(), NodeNotReadyError(NOT_READY)],
+              dead_letters=[None, NodeNotReadyError(NOT_READY)])
+    (tmp_path / "ready").touch()  # the pool runs elsewhere (--workers 0), and is ready
+    rollout, said = make_rollout(topic, bus, workers=0)
+    state = await rollout.run()
+    assert rollout.completed and (state.state, state.percent) == ("completed", 100.0)
+    assert states(topic) == [("starting", 0.0), ("running", 50.0), ("running", 100.0), ("completed", 100.0)]
+    assert topic.calls["publish"] == 6 and bus.calls["poll"] > 4
+    assert any(line.startswith(f"kafka: {NOT_READY}; asking again for up to 120 s") for line in said), said
+    assert any(line.startswith("kafka answers again after") for line in said), said
+
+
 async def test_an_error_in_a_step_drains_the_candidate_workers_and_records_the_rollback(
         tmp_path: Path, make_rollout: Make) -> None:
     topic = Topic()
@@ -157,6 +191,42 @@ async def test_an_error_in_a_step_drains_the_candidate_workers_and_records_the_r
     assert states(topic) == [("starting", 0.0), ("running", 50.0), ("rolled_back", 0.0)]
     assert topic.published[-1].reason == "`rollout start` failed: a gate's bug"
     assert not rollout.completed
+
+
+async def test_kafka_failing_past_its_bound_ends_with_one_line_and_no_worker_left(
+        tmp_path: Path, make_rollout: Make) -> None:
+    # The broker goes at the 50 % step and does not come back: nothing gets through, the rollback neither.
+    down = itertools.repeat(NodeNotReadyError(NOT_READY))
+    topic = Topic(publish=itertools.chain([None, None], down))
+    bus = Bus(tmp_path / "ready", poll=itertools.chain([None], down))
+    rollout, said = make_rollout(topic, bus, outage_s=0.5)
+    with pytest.raises(KafkaOutage) as raised:
+        await rollout.run()
+    # What `rollout start` prints after "rollout: error: ".
+    expected = rf"kafka kept failing for \d+ s, past ops.rollout.kafka_outage_s \(0.5 s\): {re.escape(NOT_READY)}"
+    assert re.fullmatch(expected, raised.value.args[0]), raised.value.args
+    [worker] = started(said)
+    assert not alive(worker)
+    assert states(topic) == [("starting", 0.0), ("running", 50.0)]
+    assert any("could not record the rollback" in line and "edges keep sending 50 %" in line for line in said), said
+
+
+async def test_sigterm_during_a_kafka_outage_ends_the_rollout_at_the_next_try(
+        tmp_path: Path, make_rollout: Make) -> None:
+    async def poll(timeout_s: float) -> None:
+        if bus.calls.get("poll", 0) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # to this process: the controller's handler takes it
+        await Bus.poll(bus, timeout_s)
+
+    topic = Topic()
+    bus = Bus(tmp_path / "ready", poll=itertools.chain([None], itertools.repeat(NodeNotReadyError(NOT_READY))))
+    bus.poll = poll  # type: ignore[method-assign]
+    rollout, said = make_rollout(topic, bus)
+    state = await asyncio.wait_for(rollout.run(), 60)  # not the 120 s of kafka_outage_s
+    assert (state.state, state.percent) == ("rolled_back", 0.0) and not rollout.completed
+    assert state.reason == f"interrupted (SIGINT/SIGTERM) while Kafka failed ({NOT_READY})"
+    [worker] = started(said)
+    assert not alive(worker)
 
 
 async def test_a_worker_that_does_not_drain_is_killed_after_its_drain_time(
