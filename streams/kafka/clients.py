@@ -62,6 +62,8 @@ ResultT = TypeVar("ResultT")
 LINGER_MS = 0
 PRODUCE_REQUEST_TIMEOUT_MS = 4000
 
+# aiokafka's AIOKafkaClient.fetch_all_metadata (a consumer's topics()) when no known broker answered.
+_NO_METADATA = "Unable to get cluster metadata"
 # The rag service's answers (search results, retrieved passages) share the reply topics with the engine's events.
 _REPLY_ADAPTER: TypeAdapter[Any] = TypeAdapter(AnyReply)
 
@@ -276,9 +278,13 @@ async def start_admin(admin: AIOKafkaAdminClient, kafka: Connectable, timeout_s:
 
 def transient(error: BaseException) -> bool:
     """Whether asking Kafka again may succeed: what aiokafka calls retriable (a broker not ready or restarting, a
-    leader moving, a coordinator loading), and its own client-side timeout, which it does not call retriable but is
-    what a request to a broker that just died ends in (a produce batch or an offsets look-up expiring)."""
-    return isinstance(error, KafkaError) and (error.retriable or isinstance(error, KafkaTimeoutError))
+    leader moving, a coordinator loading), and two errors it does not call so: its own client-side timeout, what a
+    request to a broker that just died ends in (a produce batch or an offsets look-up expiring), and the plain
+    KafkaError it raises when no known broker answered a metadata request (every broker restarting at once)."""
+    if not isinstance(error, KafkaError):
+        return False
+    no_broker = type(error) is KafkaError and str(error.args[0] if error.args else "").startswith(_NO_METADATA)
+    return error.retriable or isinstance(error, KafkaTimeoutError) or no_broker
 
 
 async def retrying(call: Callable[[], Awaitable[ResultT]], *, timeout_s: float, pause_s: float = 0.2,

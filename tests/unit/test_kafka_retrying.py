@@ -37,6 +37,13 @@ async def test_a_broker_not_ready_a_moving_leader_and_a_client_timeout_are_asked
     assert [type(e) for e in heard] == [NodeNotReadyError, NotLeaderForPartitionError, KafkaTimeoutError]
 
 
+async def test_no_broker_answering_a_metadata_request_is_asked_again() -> None:
+    # What aiokafka's fetch_all_metadata raises (a plain KafkaError, not retriable) while every broker restarts.
+    call = Flaky(KafkaError("Unable to get cluster metadata over all known brokers"))
+    assert await clients.retrying(call, timeout_s=5, pause_s=0.01) == "ok"
+    assert not clients.transient(KafkaError("topic t does not exist"))
+
+
 async def test_an_error_retrying_cannot_fix_is_raised_at_once() -> None:
     call = Flaky(TopicAuthorizationFailedError())
     with pytest.raises(TopicAuthorizationFailedError):
