@@ -8,10 +8,13 @@ Every intent gets exactly one answer from the runner that finishes it: its resul
 (``unknown_tool``, ``permission_denied``, ``rejected`` with the schema's message, ``deadline_exceeded``). The
 intent's offset is committed only once its result is acknowledged, so a runner killed mid-call leaves it to be
 redelivered and run again; the worker takes the first result of each call id it waits for and ignores the rest.
+A copy of an intent redelivered after its result was acknowledged (its commit was lost: a rebalance, a broker
+failing over) is not answered again; a new intent for a call answered here (a regenerated request) is.
 A runner refuses to start, in one line, when the sandbox cannot be built here.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import logging
@@ -50,6 +53,8 @@ class ToolRunner:
         # call id -> (what was asked, its result)
         self._answered: collections.OrderedDict[str, tuple[tuple[str, str, str], ToolResult]] = \
             collections.OrderedDict()
+        # The intents (partition, offset) whose result Kafka acknowledged: a redelivered copy needs no second one.
+        self._acknowledged: collections.OrderedDict[tuple[int, int], None] = collections.OrderedDict()
         catalog = settings.catalog
         self.results_topic = catalog.tool_results.name
         self.service = ConsumerService(ServiceOptions.from_settings(settings, tools.runner), Consumer(
@@ -72,10 +77,15 @@ class ToolRunner:
                  ", ".join(sorted(self.settings.tools.registry)) or "none", self.settings.catalog.tool_intents.name)
 
     async def _on_intent(self, intent: ToolIntent, delivery: Delivery) -> None:
+        where = (delivery.source.partition, delivery.source.offset)
+        if where in self._acknowledged:
+            log.info("call %s: this intent (%s) was answered and acknowledged already; not answered again",
+                     intent.call_id, delivery.source)
+            return
         answered = self._answered.get(intent.call_id)
         if answered is not None and answered[0] == _asked(intent):  # not for another tenant or other arguments
             log.info("call %s was answered here already; its result is published again", intent.call_id)
-            delivery.publish(self.results_topic, intent.call_id.encode(), answered[1])
+            self._publish(delivery, intent.call_id, answered[1])
             return
         started = time.monotonic()
         log.info("running call %s (%s, tenant %s)", intent.call_id, intent.tool, intent.tenant)
@@ -85,10 +95,22 @@ class ToolRunner:
                             duration_s=time.monotonic() - started, runner_id=self.runner_id)
         log.info("call %s (%s, tenant %s): %s in %.3f s", intent.call_id, intent.tool, intent.tenant,
                  outcome.error.code if outcome.error else "ok", result.duration_s)
-        delivery.publish(self.results_topic, intent.call_id.encode(), result)
+        self._publish(delivery, intent.call_id, result)
         self._answered[intent.call_id] = (_asked(intent), result)
         while len(self._answered) > _REMEMBERED_CALLS:
             self._answered.popitem(last=False)
+
+    def _publish(self, delivery: Delivery, call_id: str, result: ToolResult) -> None:
+        delivery.publish(self.results_topic, call_id.encode(), result)
+        where = (delivery.source.partition, delivery.source.offset)
+        delivery.published[-1].add_done_callback(lambda ack: self._acknowledge(where, ack))
+
+    def _acknowledge(self, where: tuple[int, int], ack: asyncio.Future[object]) -> None:
+        if ack.cancelled() or ack.exception() is not None:
+            return  # not on the bus: a redelivered copy must be answered
+        self._acknowledged[where] = None
+        while len(self._acknowledged) > _REMEMBERED_CALLS:
+            self._acknowledged.popitem(last=False)
 
     async def outcome(self, intent: ToolIntent) -> ToolOutcome:
         if intent.deadline is not None and intent.deadline <= time.time():
