@@ -4,8 +4,9 @@ The edge does not load anything itself: it publishes an `AdapterCommand` to the
 compacted adapters topic (every engine worker applies it, those started later
 too) and waits for the workers' announcements to say how it went:
 
-* load: 200 "Success: LoRA adapter 'NAME' added successfully." once a live worker
-  announces the adapter; 400 `lora_load_failed` with the worker's reason when one
+* load: 200 "Success: LoRA adapter 'NAME' added successfully." once every live worker
+  of the base model announces the adapter (a request for it may land on any of them);
+  400 `lora_load_failed` with the worker's reason when one
   reports the load failed (missing path, broken or unsupported adapter); 504 when
   no worker answered in time (the command stays on the topic and applies when a
   worker can). 400 when the name is already served (unless `load_inplace`).
@@ -114,18 +115,21 @@ async def load_lora_adapter(request: Request, caller: Principal = Depends(princi
         if failure is not None:
             raise errors.EdgeError(400, f"Loading LoRA adapter '{name}' failed: {failure}", param="lora_path",
                                    code="lora_load_failed")
-        if name in edge.readiness.adapters() and not body.load_inplace:
-            return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
-        if body.load_inplace and _newer_than(edge, name, command.at):
+        if _served_everywhere(edge, command, fresh=body.load_inplace):
             return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
         await asyncio.sleep(_POLL_S)
-    raise errors.EdgeError(504, f"No worker confirmed loading '{name}' within {ANSWER_WAIT_S:g} s; the load stays "
-                           "registered and applies when a worker can.", type="server_error", code="lora_load_timeout")
+    raise errors.EdgeError(504, f"Not every worker confirmed loading '{name}' within {ANSWER_WAIT_S:g} s; the load "
+                           "stays registered and applies when a worker can.", type="server_error",
+                           code="lora_load_timeout")
 
 
-def _newer_than(edge: Edge, name: str, at: float) -> bool:
-    """A live worker serving `name` announced after `at` (so after applying a reload in place)."""
-    return any(w.at > at and name in w.adapters for w in edge.readiness.live_workers())
+def _served_everywhere(edge: Edge, command: AdapterCommand, *, fresh: bool) -> bool:
+    """Every live worker of the adapter's base model announces it (``fresh``: announced after the command, so after
+    applying a reload in place). Not one of them: the requests topic does not route by adapter, and a chat sent
+    right after the 200 must not land on a worker that has not loaded it yet."""
+    workers = [w for w in edge.readiness.live_workers() if command.base_model in w.models]
+    return bool(workers) and all(command.lora_name in w.adapters and (not fresh or w.at > command.at)
+                                 for w in workers)
 
 
 @router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
