@@ -95,17 +95,25 @@ class DocumentFlow:
             find=finder(client, ctx, "/v1/files?purpose=assistants", "filename", filename),
             files={"file": (filename, data, "text/plain")})
         if status // 100 != 2:
-            return self.tally.note(f"upload {filename}: {why(status, body)}")
+            return self._refused(f"upload {filename}", status, body)
         path = f"/v1/vector_stores/{self.store_id}/files"
         status, body, added = await create(client, ctx, path, deadline=stop_at + 30, n=i,
                                            find=finder(client, ctx, f"{path}/{body['id']}"),
                                            json={"file_id": body["id"], "attributes": {"chaos_marker": marker}})
         if status // 100 != 2:  # status 0: unknown whether it was added (its points would then be unaccounted for)
-            return self.tally.note(f"add {filename}: {why(status, body)}")
+            return self._refused(f"add {filename}", status, body)
         self.tally.accepted += 1
         self.docs.append(_Doc(body["id"], marker, filename, data, query))
         if uploaded or added:
             say(f"documents: {filename} {'uploaded' if uploaded else 'added'} by an unanswered call (not resent)")
+
+    def _refused(self, what: str, status: int, body: Json) -> None:
+        """An explicit 4xx/5xx is an accepted call answered with an error; no answer at all is only noted."""
+        if status:
+            self.tally.accepted += 1
+            count(self.tally, "errors", f"{what}: {why(status, body)}")
+        else:
+            self.tally.note(f"{what}: {why(status, body)}")
 
     async def settle(self, ctx: FlowContext, timeout_s: float) -> Tally:
         deadline = time.monotonic() + timeout_s
