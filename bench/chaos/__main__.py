@@ -114,7 +114,7 @@ async def _drive(args: argparse.Namespace, deployment: Deployment, cluster: Any,
              checks.memory(deployment, args.minutes * 60), checks.running(deployment),
              checks.Check("no service exited on its own", not deaths, "; ".join(deaths) or "none"),
              checks.Check("every flow ran to its end", not failures, "; ".join(failures) or "all")]
-    return tallies, found, [f"{at - runner.started_wall:7.1f}s  {f.describe()}" for at, f in runner.done]
+    return tallies, found, [f"{f.describe()}  (began {at - runner.started_wall:.1f}s in)" for at, f in runner.done]
 
 
 def main(argv: list[str] | None = None) -> int:

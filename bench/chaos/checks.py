@@ -78,7 +78,7 @@ async def lag(deployment: Deployment, timeout_s: float) -> Check:
 
 def memory(deployment: Deployment, run_s: float) -> Check:
     warmup_s, judged_after_s = max(60.0, run_s / 4), run_s / 2
-    judged, grew = 0, []
+    judged, grew, figures = 0, [], []
     for service in deployment.services.values():
         for n, life in enumerate(service.incarnations, 1):
             samples = life.rss_mib
@@ -86,9 +86,11 @@ def memory(deployment: Deployment, run_s: float) -> Check:
                 continue
             warm = next(mib for at, mib in samples if at >= warmup_s)
             judged += 1
+            figures.append(f"{service.name}.{n} {warm:.0f} -> {samples[-1][1]:.0f}")
             if samples[-1][1] > warm * (1 + RSS_GROWTH):
-                grew.append(f"{service.name}.{n} {warm:.0f} -> {samples[-1][1]:.0f} MiB")
-    detail = f"{judged} incarnations lived past {judged_after_s:.0f}s; RSS from {warmup_s:.0f}s to the end"
+                grew.append(figures[-1] + " MiB")
+    detail = (f"{judged} incarnations lived past {judged_after_s:.0f}s; RSS from {warmup_s:.0f}s to the end (MiB): "
+              f"{', '.join(figures)}")
     if grew:
         detail += f"; grew more than {RSS_GROWTH:.0%}: {grew}"
     return Check("memory flat after warm-up", not grew and judged > 0, detail)
