@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
 
@@ -115,6 +115,9 @@ def test_api_conforms_to_its_openapi_document(api_schema, fuzz_target: tuple[Run
     @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
     def run(case) -> None:
+        # A query parameter without a name ("?after=&=null") never reaches the edge (the query string's parser drops
+        # a nameless pair), so the request that arrives is valid: not negative data the edge could refuse.
+        assume("" not in (case.query or {}))
         headers = dict(case.headers or {})
         headers["Authorization"] = f"Bearer {key}"  # the generated one is a random token
         response = case.call_and_validate(headers=headers, timeout=CALL_TIMEOUT_S, excluded_checks=excluded)
