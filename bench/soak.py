@@ -53,7 +53,7 @@ from infra.kafka.broker import kill_node, start, start_node, status, stop, three
 from infra.kafka.paths import env_port  # noqa: E402
 from infra.kafka.spec import DEFAULT_CLUSTER_BASE_PORT  # noqa: E402
 from streams.testing.reliability import (  # noqa: E402
-    PROMPTS, WORKER_ENV, Answer, Fleet, chat_body, regenerated, reply_records, vm_kib,
+    PROMPTS, WORKER_ENV, Answer, Fleet, chat_body, leading_broker, regenerated, reply_records, vm_kib,
 )
 from streams.testing.stack import DEFAULT_MODEL, running_stack  # noqa: E402
 
@@ -115,7 +115,7 @@ async def _chaos(fleet: Fleet, spec: Any, chaos: Chaos, started: float, seconds:
     while time.monotonic() < end - 5:
         now = time.monotonic()
         if chaos.broker_killed is None and now >= broker_at:
-            victim = await _leading_broker(bootstrap, request_topic)
+            victim = await leading_broker(bootstrap, request_topic)
             chaos.broker_killed = (victim, time.time())
             _say(f"kill -9 broker {victim}")
             await asyncio.to_thread(kill_node, spec, victim)
@@ -138,19 +138,6 @@ async def _chaos(fleet: Fleet, spec: Any, chaos: Chaos, started: float, seconds:
             chaos.worker_restarts.append(time.time())
             _say(f"started {fleet.workers[-1].name}")
         await asyncio.sleep(0.5)
-
-
-async def _leading_broker(bootstrap: str, topic: str) -> int:
-    from streams.kafka.clients import make_admin
-
-    admin = make_admin(bootstrap)
-    await admin.start()
-    try:
-        (described,) = await admin.describe_topics([topic])
-        leaders = collections.Counter(p["leader"] for p in described["partitions"])
-        return leaders.most_common(1)[0][0]
-    finally:
-        await admin.close()
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -3,7 +3,6 @@ can tell injected poison from anything else)."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import signal
 import time
@@ -110,16 +109,9 @@ class FaultRunner:
             await asyncio.to_thread(kill_node, self.cluster, victim, signal.SIGCONT)
 
     async def _leader(self) -> int:
-        from streams.kafka.clients import make_admin
+        from streams.testing.reliability import leading_broker
 
-        admin = make_admin(self.deployment.bootstrap)
-        await admin.start()
-        try:
-            (described,) = await admin.describe_topics([f"{self.deployment.prefix}.requests"])
-            leaders = collections.Counter(p["leader"] for p in described["partitions"])
-            return leaders.most_common(1)[0][0]
-        finally:
-            await admin.close()
+        return await leading_broker(self.deployment.bootstrap, f"{self.deployment.prefix}.requests")
 
     async def _redis_restart(self, fault: Fault) -> None:
         redis = self.deployment.redis

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import re
@@ -265,6 +266,17 @@ async def group_lag(bootstrap: str, group_id: str, topic: str) -> tuple[dict[int
         return committed, {tp.partition: ends[tp] for tp in tps}
     finally:
         await consumer.stop()
+        await admin.close()
+
+
+async def leading_broker(bootstrap: str, topic: str) -> int:
+    """The node that leads most of ``topic``'s partitions (the broker whose death hurts most)."""
+    admin = clients.make_admin(bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+        return collections.Counter(p["leader"] for p in described["partitions"]).most_common(1)[0][0]
+    finally:
         await admin.close()
 
 
