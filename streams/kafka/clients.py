@@ -60,7 +60,7 @@ ResultT = TypeVar("ResultT")
 # requests accumulate and leave together in the next one. A 5 ms linger was
 # measured to add 5-7 ms per leg at p50 and bought nothing at these rates.
 LINGER_MS = 0
-PRODUCE_REQUEST_TIMEOUT_MS = 4000
+PRODUCE_REQUEST_TIMEOUT_MS = 10_000
 
 # aiokafka's AIOKafkaClient.fetch_all_metadata (a consumer's topics()) when no known broker answered.
 _NO_METADATA = "Unable to get cluster metadata"
@@ -88,6 +88,8 @@ def producer_options(*, client_id: str, max_request_size: int = 1024 * 1024) -> 
         "acks": "all",
         # A request to a broker that stopped answering (frozen, partitioned) is retried after this, with fresh
         # metadata, at the partition's new leader; aiokafka's 40 s default outlasts every publish bound we set.
+        # aiokafka also fails a batch whose partition has had no leader for this long: 4 s did so during a broker
+        # kill's election (a reply dead-lettered, KafkaTimeoutError), 10 s outlasts the 6-9 s fencing.
         "request_timeout_ms": PRODUCE_REQUEST_TIMEOUT_MS,
         "linger_ms": LINGER_MS,
         "compression_type": compression_type(),
