@@ -42,7 +42,7 @@ from engine.fused.row_attention import install_row_attention
 from engine.fused.norm import install_norm_kernel
 from engine.kernel_dispatch import dispatch_kernels
 from engine.kv_cache import CacheUsage, region_size
-from engine.loader import LoadedModel, apply_weights, load_model
+from engine.loader import LoadedModel, load_model
 from engine.logits_processors import SequenceRows, out_of_vocabulary, process_
 from engine.logprobs import RawLogprobs, prompt_entries
 from engine.model_ref import cache_root
@@ -70,6 +70,7 @@ from engine.speculative.proposer import (
 from engine.speculative.verifier import verify_batch
 from engine.step_record import StepObserver, StepRecord
 from engine.threads import apply_threads
+from engine.weight_plan import WeightRequest, apply_weights
 
 
 def _grammatical(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
@@ -206,7 +207,13 @@ class LLMEngine:
     def from_config(cls, cfg: EngineConfig, progress: Progress | None = None) -> LLMEngine:
         if cfg.threads is not None:
             (progress or no_progress)(f"torch intra-op threads: {apply_threads(cfg.threads)}")
-        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, progress=progress)
+        # An EAGLE head binds the target's float embedding and LM-head rows (engine.speculative.eagle_head).
+        eagle = cfg.speculation.enabled and cfg.speculation.method == "eagle"
+        weights = WeightRequest(cfg.weights, cfg.quant_kernel, float_embedding=eagle)
+        # RoPE tables for one position: the engine sizes them for its longest region (init_rope in __init__), and
+        # load_model's default, the model's whole context, is 180 MB of tables for Gemma 3 only to be dropped.
+        loaded = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype, max_positions=1, progress=progress,
+                            weights=weights)
         return cls(loaded, cfg, progress=progress)
 
     # ------------------------------------------------------------------ API

@@ -23,17 +23,21 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from engine.model import Decoder, DecoderConfig, UnsupportedModelError
-from engine.model_ref import cache_root, check_model_ref, converted_dir, gguf_for, is_model_dir
+from engine.model_ref import check_model_ref, converted_dir, gguf_for, is_model_dir
 from engine.model_text import Progress, fallback_chat_template, noop, tokenizer_from_folder
+from engine.safetensors_file import SafetensorsFile
+
+if TYPE_CHECKING:
+    from engine.weight_plan import WeightPlan, WeightRequest
 
 def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     """Dequantise a GGUF into a safetensors model folder once; returns the folder."""
@@ -151,6 +155,7 @@ class LoadedModel:
     eos_token_ids: frozenset[int]
     device: torch.device
     dtype: torch.dtype
+    weights: WeightPlan | None = None  # the format planned before the load (load_model's weights), if any
 
     @property
     def max_context(self) -> int:
@@ -180,7 +185,8 @@ def _safetensors_files(path: Path) -> list[Path]:
     return []
 
 
-def _from_safetensors(path: Path, hf_config: Any, dt: torch.dtype, dev: torch.device, positions: int) -> Decoder | None:
+def _from_safetensors(path: Path, hf_config: Any, dt: torch.dtype, dev: torch.device, positions: int,
+                      placeholder: Callable[[str], bool] | None = None) -> Decoder | None:
     """Our decoder straight from the folder's safetensors, or None (none there, quantized, or names we do not read).
 
     Not through transformers' AutoModelForCausalLM: importing its modeling code loads torch._dynamo and
@@ -190,7 +196,7 @@ def _from_safetensors(path: Path, hf_config: Any, dt: torch.dtype, dev: torch.de
     files = _safetensors_files(path)
     if not files or getattr(hf_config, "quantization_config", None):
         return None  # a quantized checkpoint's tensors need its quantizer's dequantization: transformers has it
-    with _LazyCheckpoint(files, dt, dev) as sd:
+    with _LazyCheckpoint(files, dt, dev, placeholder) as sd:
         try:
             model = Decoder.from_checkpoint(hf_config, sd, max_positions=positions)  # type: ignore[arg-type]
         except UnsupportedModelError:
@@ -213,19 +219,20 @@ def _give_back_freed_memory() -> None:
 class _LazyCheckpoint:
     """A checkpoint's tensors read one at a time as the decoder takes them, cast as from_pretrained(dtype=...)
     casts them: the originals of a fused layer are freed once it is fused, so the load peaks near one copy of
-    the weights instead of the file's tensors and the fused copies together."""
+    the weights instead of the file's tensors and the fused copies together. placeholder(name): a tensor the
+    weight format replaces without reading it (engine.weight_plan), handed out on the meta device, never read."""
 
-    def __init__(self, files: list[Path], dt: torch.dtype, dev: torch.device) -> None:
+    def __init__(self, files: list[Path], dt: torch.dtype, dev: torch.device,
+                 placeholder: Callable[[str], bool] | None = None) -> None:
         from contextlib import ExitStack
 
-        from safetensors import safe_open
-
         self._stack = ExitStack()
-        self._where: dict[str, Any] = {}  # tensor name -> the open file holding it
+        self._where: dict[str, SafetensorsFile] = {}  # tensor name -> the open file holding it
         for file in files:
-            handle = self._stack.enter_context(safe_open(str(file), framework="pt", device=str(dev)))
+            handle = self._stack.enter_context(SafetensorsFile(file))
             self._where |= dict.fromkeys(handle.keys(), handle)
-        self.dt = dt
+        self.dt, self.dev = dt, dev
+        self.placeholder = placeholder or (lambda _: False)
 
     def __enter__(self) -> _LazyCheckpoint:
         return self
@@ -237,7 +244,11 @@ class _LazyCheckpoint:
         return name in self._where
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        tensor = self._where[name].get_tensor(name)
+        file = self._where[name]
+        if self.placeholder(name):
+            kind = file.dtype(name)
+            return torch.empty(file.shape(name), dtype=self.dt if kind.is_floating_point else kind, device="meta")
+        tensor = file.read(name).to(self.dev)
         return tensor.to(self.dt) if tensor.is_floating_point() else tensor
 
 
@@ -257,26 +268,31 @@ def load_model(
     dtype: str = "auto",
     max_positions: int | None = None,
     progress: Progress | None = None,
+    weights: WeightRequest | None = None,
 ) -> LoadedModel:
     """Load weights with transformers, copy them into our Decoder, drop the HF module.
 
-    max_positions: size of the RoPE tables (default: the model's context).
+    max_positions: size of the RoPE tables (default: the model's context). weights: the format it will be served
+    in (engine.weight_plan.apply_weights), planned now so that what the format replaces is never read.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from engine.weight_plan import plan_weights
 
     say = progress or noop
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     path = resolve_model_dir(name_or_path, say)
     hf_config = AutoConfig.from_pretrained(path)
-    DecoderConfig.from_hf(hf_config)  # unsupported architectures fail here, before loading weights
+    cfg = DecoderConfig.from_hf(hf_config)  # unsupported architectures fail here, before loading weights
+    plan = plan_weights(name_or_path, path, cfg, dev, weights) if weights is not None else None
 
     t0 = time.perf_counter()
     say(f"loading tokenizer from {path} ...")
     tokenizer = tokenizer_from_folder(path)  # as the edge loads it: the same class, the same counts
     say(f"loading model ({dt}, {dev}) ...")
     positions = max_positions or hf_config.max_position_embeddings
-    model = _from_safetensors(path, hf_config, dt, dev, positions)
+    model = _from_safetensors(path, hf_config, dt, dev, positions, plan.placeholder if plan else None)
     if model is not None:
         eos = _eos_ids(tokenizer, _generation_config(path, hf_config))
     else:
@@ -296,45 +312,5 @@ def load_model(
         eos_token_ids=eos,
         device=dev,
         dtype=dt,
+        weights=plan,
     )
-
-
-def apply_weights(
-    loaded: LoadedModel, requested: str, wide: bool, progress: Progress | None = None, kernel: str = "auto",
-    defer_wide: bool = False,
-) -> str:
-    """Install the `engine.weights` format into a loaded model; returns the format in use.
-
-    A format this device cannot run is replaced (by fp32, or engine.dtype on CUDA)
-    with the reason said, and logged, once at start. wide: keep a bf16 copy for
-    steps of many rows (engine.quant.linear). kernel: engine.quant_kernel. defer_wide:
-    engine.kernel_dispatch.dispatch_kernels makes the bf16 copies, where a step runs on them.
-    """
-    import logging
-
-    from engine.quant.apply import apply_weight_format, reads_gguf_blocks
-    from engine.quant.formats import resolve_weight_format
-    from engine.quant.source import weight_source
-
-    say = progress or noop
-    gguf = gguf_for(loaded.name)
-    source = None
-    if requested in ("auto", "gguf") and loaded.device.type == "cpu":
-        source = weight_source(loaded.path, gguf[0] if gguf else None, reads_gguf_blocks(loaded.model.cfg))
-    resolved = resolve_weight_format(requested, loaded.device, kernel=kernel, source=source)  # type: ignore[arg-type]
-    if resolved.note:
-        logging.getLogger(__name__).warning(resolved.note)
-        say(resolved.note)
-    if resolved.choice:
-        say(resolved.choice)
-    if resolved.fmt == "fp32":
-        return "fp32"
-    if wide and not resolved.wide_copy and resolved.fmt != "bf16":
-        say(f"no bf16 copy for wide steps (oneDNN's bf16 GEMM does not run on this CPU): every step runs "
-            f"{resolved.fmt}")
-        wide = False
-    apply_weight_format(
-        loaded.model, resolved.fmt, loaded.path, gguf[0] if gguf else None, cache_root().parent, wide, say, kernel,
-        defer_wide,
-    )
-    return resolved.fmt

@@ -439,13 +439,21 @@ class Decoder(nn.Module):
 
 
 
+def _fuse(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Weights stacked along their rows. Placeholders (meta: engine.weight_plan leaves them unread) are shaped, not
+    concatenated: any op on a meta tensor imports torch._dynamo and triton (seconds and ~100 MB of a start)."""
+    if any(p.is_meta for p in parts):
+        return torch.empty(sum(p.shape[0] for p in parts), *parts[0].shape[1:], dtype=parts[0].dtype, device="meta")
+    return torch.cat(parts)
+
+
 def _attention_tensors(cfg: DecoderConfig, take: Take, a: str, ours: str) -> dict[str, torch.Tensor]:
     """One layer's attention weights, from the checkpoint's names under ``a`` to ours under ``ours``."""
     out: dict[str, torch.Tensor] = {}
     if cfg.model_type in PRE_FUSED_ARCHITECTURES:  # q, k and v rows already in our order
         out[ours + "qkv_proj.weight"] = take(a + "qkv_proj.weight")
     else:
-        out[ours + "qkv_proj.weight"] = torch.cat([take(a + f"{x}_proj.weight") for x in "qkv"])
+        out[ours + "qkv_proj.weight"] = _fuse([take(a + f"{x}_proj.weight") for x in "qkv"])
     if cfg.qkv_bias:
         out[ours + "qkv_proj.bias"] = torch.cat([take(a + f"{x}_proj.bias") for x in "qkv"])
     out[ours + "o_proj.weight"] = take(a + "o_proj.weight")
@@ -463,7 +471,7 @@ def _mlp_tensors(cfg: DecoderConfig, take: Take, m: str, ours: str) -> dict[str,
     if cfg.model_type in PRE_FUSED_ARCHITECTURES:  # gate and up rows already in our order
         out[ours + "gate_up_proj.weight"] = take(m + "gate_up_proj.weight")
     else:
-        out[ours + "gate_up_proj.weight"] = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+        out[ours + "gate_up_proj.weight"] = _fuse([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
     out[ours + "down_proj.weight"] = take(m + "down_proj.weight")
     if cfg.mlp_bias:
         out[ours + "gate_up_proj.bias"] = torch.cat([take(m + "gate_proj.bias"), take(m + "up_proj.bias")])

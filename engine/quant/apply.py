@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
@@ -34,6 +36,7 @@ from engine.quant.gguf_repack import TargetFormat, read_gguf_weights
 from engine.quant.linear import MAX_QUANT_ROWS, Bf16Linear, QuantizedEmbedding, QuantizedLinear, nbytes
 from engine.quant.tensor import QuantFormat, QuantizedTensor, quantize
 from engine.quant.vnni import VnniKernel, chosen
+from engine.safetensors_file import SafetensorsFile
 
 Progress = Callable[[str], None]
 HEAD_FORMAT: QuantFormat = "int8"
@@ -71,20 +74,34 @@ def _set_module(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, module)
 
 
-def install_quantized(model: Decoder, tensors: dict[str, QuantizedTensor], wide: bool, kernel: str = "auto",
-                      defer_wide: bool = False) -> None:
-    """Replace the linears, the embedding and the LM head by their quantized forms (in place).
-    kernel: engine.quant_kernel; defer_wide: the bf16 copies wait for the kernel dispatch (QuantizedLinear)."""
-    for name, lin in _linears(model).items():
-        _set_module(model, name, QuantizedLinear(tensors[name], lin.bias, wide=wide, kernel=kernel,
-                                                 step=model.step_kind, defer_wide=defer_wide))
-    head = QuantizedLinear(tensors.get("lm_head", tensors["embed_tokens"]), None, wide=wide, kernel=kernel,
-                           step=model.step_kind, defer_wide=defer_wide)
+def install_quantized(model: Decoder, tensors: MutableMapping[str, QuantizedTensor], wide: bool, kernel: str = "auto",
+                      defer_wide: bool = False, saved: Path | None = None) -> None:
+    """Replace the linears, the embedding and the LM head by their quantized forms (in place), taking each tensor
+    out of `tensors` as it goes: the kernels' layouts are copies, so the originals go one by one instead of all
+    at the end. The head first, when the least else is held: it is the largest (a 262k vocabulary's is 178 MB).
+    kernel: engine.quant_kernel; defer_wide: the bf16 copies wait for the kernel dispatch (QuantizedLinear), which
+    reads a tensor again from `saved` (the file save_tensors wrote) rather than keep every original till then."""
+
+    def linear(name: str, bias: torch.Tensor | None, qt: QuantizedTensor | None = None) -> QuantizedLinear:
+        """The linear for tensors[name] (or qt, already taken from it), which leaves tensors."""
+        qt = tensors[name] if qt is None else qt
+        del tensors[name]
+        reread = None if saved is None else partial(reread_tensor, saved, name)
+        return QuantizedLinear(qt, bias, wide=wide, kernel=kernel, step=model.step_kind, defer_wide=defer_wide,
+                               reread=reread)
+
+    untied = "lm_head" in tensors
+    head_qt = tensors["lm_head" if untied else "embed_tokens"]
+    head = linear("lm_head" if untied else "embed_tokens", None, head_qt)
+    embedding = tensors.pop("embed_tokens") if untied else head_qt
     # A tied head on our kernel holds the only copy of the codes (in its layout): the lookup reads rows from it.
     narrow = head.narrow
-    tied = narrow if "lm_head" not in tensors and isinstance(narrow, VnniKernel) and narrow.bits == 8 else None
-    model.embed_tokens = QuantizedEmbedding(tensors["embed_tokens"], model.dtype, tied)  # type: ignore[assignment]
+    tied = narrow if not untied and isinstance(narrow, VnniKernel) and narrow.bits == 8 else None
+    model.embed_tokens = QuantizedEmbedding(embedding, model.dtype, tied)  # type: ignore[assignment]
     _set_head(model, head)
+    del head_qt, embedding
+    for name, lin in _linears(model).items():
+        _set_module(model, name, linear(name, lin.bias))
 
 
 def narrow_linear(
@@ -162,52 +179,97 @@ def save_tensors(path: Path, tensors: dict[str, QuantizedTensor]) -> None:
             os.unlink(tmp)
 
 
-def load_tensors(path: Path) -> dict[str, QuantizedTensor]:
-    from safetensors import safe_open
+def _read_tensor(f: SafetensorsFile, name: str) -> QuantizedTensor:
+    fmt, group = f.metadata[name].split(":")
+    mins = f.read(f"{name}.mins") if f"{name}.mins" in f else None
+    return QuantizedTensor(fmt, f.read(f"{name}.codes"), f.read(f"{name}.scales"), mins, int(group))  # type: ignore[arg-type]
 
-    out: dict[str, QuantizedTensor] = {}
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-        keys = set(f.keys())
 
-        def get(key: str) -> torch.Tensor:
-            # A copy: the tensors may map the file, and the mapping goes when the file closes.
-            return f.get_tensor(key).clone()
+def reread_tensor(path: Path, name: str) -> QuantizedTensor:
+    """One tensor of a file save_tensors wrote, read again (a deferred bf16 copy's source: QuantizedLinear)."""
+    with SafetensorsFile(path) as f:
+        return _read_tensor(f, name)
 
-        for name, spec in meta.items():
-            fmt, group = spec.split(":")
-            mins = get(f"{name}.mins") if f"{name}.mins" in keys else None
-            codes, scales = get(f"{name}.codes"), get(f"{name}.scales")
-            out[name] = QuantizedTensor(fmt, codes, scales, mins, int(group))  # type: ignore[arg-type]
-    return out
+
+class SavedTensors(MutableMapping[str, QuantizedTensor]):
+    """A file save_tensors wrote, each tensor read when it is taken: install_quantized then holds one original at
+    a time beside the kernels' copies, not all of them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with SafetensorsFile(path) as f:
+            self._names = set(f.metadata)
+
+    def __getitem__(self, name: str) -> QuantizedTensor:
+        if name not in self._names:
+            raise KeyError(name)
+        return reread_tensor(self.path, name)
+
+    def __setitem__(self, name: str, value: QuantizedTensor) -> None:
+        raise TypeError("SavedTensors is read from its file")
+
+    def __delitem__(self, name: str) -> None:
+        self._names.remove(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+TensorOrigin = Literal["cache", "gguf blocks", "floats"]
+
+
+def _source_file(model_dir: Path, gguf: Path | None) -> Path:
+    """The file the quantized tensors' cache is keyed by."""
+    return gguf if gguf is not None else model_dir / "config.json"
+
+
+def tensor_origin(cfg: DecoderConfig, fmt: TargetFormat, model_dir: Path, gguf: Path | None,
+                  cache_root: Path) -> TensorOrigin:
+    """Where quantized_tensors takes a quantized format's tensors from: the cache of an earlier start, the GGUF's
+    own blocks, or the float weights (quantized now). Only the last reads the float linears (engine.weight_plan
+    leaves them unread otherwise)."""
+    source = _source_file(model_dir, gguf)
+    if not source.is_file():  # a model built in memory (tests): nothing on disk to key a cache by
+        return "floats"
+    if cache_path(cache_root, model_dir, source, fmt).is_file():
+        return "cache"
+    return "gguf blocks" if gguf is not None and reads_gguf_blocks(cfg) else "floats"
 
 
 def quantized_tensors(
     model: Decoder, fmt: TargetFormat, model_dir: Path, gguf: Path | None, cache_root: Path,
     say: Progress = _noop,
-) -> dict[str, QuantizedTensor]:
-    """The model's quantized tensors: from the cache, else from the GGUF or the float weights (then cached). gguf:
-    every tensor as its file's type holds it (engine.quant.source checked that they all are)."""
-    source = gguf if gguf is not None else model_dir / "config.json"
+) -> tuple[MutableMapping[str, QuantizedTensor], Path | None]:
+    """The model's quantized tensors: from the cache, else from the GGUF or the float weights (then cached); and the
+    cache file holding them (None for a model built in memory). gguf: every tensor as its file's type holds it
+    (engine.quant.source checked that they all are)."""
     if fmt == "gguf" and (gguf is None or not reads_gguf_blocks(model.cfg)):
         raise ValueError("engine.weights gguf serves a GGUF's own blocks, and this model's weights are not read from "
                          "them; use int4, int8, bf16 or fp32")
-    if not source.is_file():  # a model built in memory (tests): nothing on disk to key a cache by
-        return quantize_decoder(model, fmt)  # type: ignore[arg-type]
+    origin = tensor_origin(model.cfg, fmt, model_dir, gguf, cache_root)
+    if origin == "floats" and (model.embed_tokens.weight.is_meta or
+                               any(lin.weight.is_meta for lin in _linears(model).values())):
+        raise RuntimeError(f"the quantized {fmt} weights of {model_dir} went away from {cache_root} while the engine "
+                           "started, and the float ones were not loaded: start it again")
+    source = _source_file(model_dir, gguf)
+    if not source.is_file():  # a model built in memory (tests): nothing to cache it by
+        return quantize_decoder(model, fmt), None  # type: ignore[arg-type]
     path = cache_path(cache_root, model_dir, source, fmt)
-    if path.is_file():
-        return load_tensors(path)
-    if fmt != "gguf" and gguf is not None and not reads_gguf_blocks(model.cfg):
-        say(f"quantizing {gguf.name}'s dequantized {model.cfg.model_type} weights to {fmt} (once) -> {path}")
-        tensors = quantize_decoder(model, fmt)
-    elif gguf is not None:
+    if origin == "cache":
+        return SavedTensors(path), path
+    if origin == "gguf blocks":
+        assert gguf is not None
         say(f"{fmt} weights from {gguf.name}'s blocks (once) -> {path}")
         tensors = read_gguf_weights(gguf, model.cfg, fmt, "gguf" if fmt == "gguf" else HEAD_FORMAT)
     else:
-        say(f"quantizing the weights to {fmt} (once) -> {path}")
+        what = f"{gguf.name}'s dequantized {model.cfg.model_type} weights" if gguf is not None else "the weights"
+        say(f"quantizing {what} to {fmt} (once) -> {path}")
         tensors = quantize_decoder(model, fmt)  # type: ignore[arg-type]
     save_tensors(path, tensors)
-    return tensors
+    return tensors, path
 
 
 def apply_weight_format(
@@ -226,9 +288,9 @@ def apply_weight_format(
     if fmt == "bf16":
         install_bf16(model)
     elif fmt in QUANTIZED_FORMATS:
-        tensors = quantized_tensors(model, fmt, model_dir, gguf, cache_root, say)  # type: ignore[arg-type]
+        tensors, saved = quantized_tensors(model, fmt, model_dir, gguf, cache_root, say)  # type: ignore[arg-type]
         say(chosen(kernel)[1])
-        install_quantized(model, tensors, wide, kernel, defer_wide)
+        install_quantized(model, tensors, wide, kernel, defer_wide, saved)
     else:
         raise ValueError(f"apply_weight_format: {fmt!r} is not an installable format")
     for layer in model.layers:

@@ -42,6 +42,7 @@ invariant (Bf16Kernel).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -220,13 +221,14 @@ class Bf16Kernel:
         return [self.packed]
 
 
-def quant_kernel(qt: QuantizedTensor, choice: str = "auto") -> Kernel:
+def quant_kernel(qt: QuantizedTensor, choice: str = "auto", consume: bool = False) -> Kernel:
     """engine.quant_kernel auto: our kernel (engine/quant/vnni.py) where it runs and takes the tensor, else
-    torch's (or, for int8 blocks torch's kernel cannot take, the dequantized weight); torch: the same without ours."""
+    torch's (or, for int8 blocks torch's kernel cannot take, the dequantized weight); torch: the same without ours.
+    consume: qt's codes are not read after this (our kernel may pack 8-bit tiles in their memory)."""
     from engine.quant import vnni
 
     if choice == "auto" and vnni.fits(qt):
-        return vnni.VnniKernel(qt)
+        return vnni.VnniKernel(qt, consume)
     if qt.fmt == "int4":
         return Int4Kernel(qt)
     return DequantizedKernel(qt) if qt.blocked else Int8Kernel(qt)
@@ -256,17 +258,23 @@ class QuantizedLinear(nn.Module):
         kernel: str = "auto",
         step: StepKind | None = None,  # the model's (engine.quant.apply); none: a step never holds prompt rows
         defer_wide: bool = False,
+        reread: Callable[[], QuantizedTensor] | None = None,
     ) -> None:
         """defer_wide: the bf16 copy is made by settle_wide, once the kernel dispatch knows whether any step runs
-        on it (the first copies of a process cost ~2 s on 2 cores, for nothing when every step stays narrow)."""
+        on it (the first copies of a process cost ~2 s on 2 cores, for nothing when every step stays narrow).
+        reread: qt again (from the file it was read from), so that a deferred copy does not hold qt meanwhile; qt's
+        codes are then the kernel's to pack in place (the caller reads them no more)."""
         super().__init__()
         self.step = step if step is not None else StepKind()
         self.out_features, self.in_features = qt.shape
         self.fmt = qt.fmt
         self.max_quant_rows = max_quant_rows
-        self.narrow: Kernel = quant_kernel(qt, kernel)
         self.wide: Kernel | None = Bf16Kernel(qt.dequantize()) if wide and not defer_wide else None
-        self.source: QuantizedTensor | None = qt if wide and defer_wide else None  # until settle_wide
+        self.narrow: Kernel = quant_kernel(qt, kernel, consume=reread is not None)
+        # What settle_wide dequantizes, until it runs: qt itself, or how to read it again.
+        self.source: QuantizedTensor | Callable[[], QuantizedTensor] | None = None
+        if wide and defer_wide:
+            self.source = qt if reread is None else reread
         self.register_buffer("bias", bias, persistent=False)
 
     @property
@@ -275,13 +283,17 @@ class QuantizedLinear(nn.Module):
 
     def trial_wide(self) -> Kernel | None:
         """The bf16 copy to time against the narrow kernel: the deferred one made now (dropped by the caller)."""
-        return Bf16Kernel(self.source.dequantize()) if self.source is not None else self.wide
+        return Bf16Kernel(self._source().dequantize()) if self.source is not None else self.wide
 
     def settle_wide(self, keep: bool) -> None:
         """Make the deferred bf16 copy (keep) or not; either way the source goes."""
         if self.source is not None and keep:
-            self.wide = Bf16Kernel(self.source.dequantize())
+            self.wide = Bf16Kernel(self._source().dequantize())
         self.source = None
+
+    def _source(self) -> QuantizedTensor:
+        assert self.source is not None
+        return self.source if isinstance(self.source, QuantizedTensor) else self.source()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, in] (model dtype) -> [T, out] (model dtype)."""

@@ -18,6 +18,7 @@ The activations are the kernel's: int8 blocks of 32 (activations_as_used gives t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, get_args
 
 import torch
@@ -96,18 +97,47 @@ def _tiles(codes: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, LANES, inp // BLOCK, 8, 4).permute(0, 2, 3, 1, 4)
 
 
-def pack8(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes [out, in] (already offset to 0..255) -> qgemm.h's 8-bit tiles [out / 16, in / 32 * 512]."""
-    tiles = _tiles(codes)
-    return tiles.reshape(tiles.shape[0], -1).contiguous()
+# Rows packed per piece: a piece's temporaries (the widened codes, the padding, the permuted copy) stay a few MB
+# even for the 262k-row LM head of a tied embedding, where whole-tensor ones were several times its 178 MB.
+PACK_PIECE_ROWS = 4096
+
+
+def _packed(codes: torch.Tensor, bytes_per_tile: int, pack_tiles: Callable[[torch.Tensor], torch.Tensor],
+            packed: torch.Tensor | None = None) -> torch.Tensor:
+    """codes [out, in] -> [out / 16, bytes_per_tile], packed PACK_PIECE_ROWS rows at a time (a multiple of 16).
+    packed: where to write them; it may be codes' own memory, as each piece is read whole before it is written."""
+    out = codes.shape[0]
+    if packed is None:
+        packed = torch.empty(-(-out // LANES), bytes_per_tile, dtype=torch.uint8)
+    for r0 in range(0, out, PACK_PIECE_ROWS):
+        piece = pack_tiles(codes[r0 : r0 + PACK_PIECE_ROWS])
+        packed[r0 // LANES : r0 // LANES + piece.shape[0]] = piece.reshape(piece.shape[0], -1)
+    return packed
+
+
+def pack8(codes: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """int8 codes [out, in] -> qgemm.h's 8-bit tiles [out / 16, in / 32 * 512] of the codes offset to 0..255.
+    in_place: in codes' own memory where the tiles fit it exactly (whole tiles, contiguous), so that a large
+    tensor is never held twice; codes then hold the tiles (the caller gives them up)."""
+
+    def tiles(rows: torch.Tensor) -> torch.Tensor:
+        return _tiles((rows.to(torch.int16) + 128).to(torch.uint8))
+
+    width = codes.shape[1] // BLOCK * 512
+    fits = in_place and codes.shape[0] % LANES == 0 and codes.is_contiguous()
+    own = codes.view(torch.uint8).view(codes.shape[0] // LANES, width) if fits else None
+    return _packed(codes, width, tiles, own)
 
 
 def pack4(codes: torch.Tensor) -> torch.Tensor:
     """uint8 codes [out, in] in 0..15 -> qgemm.h's 4-bit tiles [out / 16, in / 32 * 256]: vector k (0..3) in the
     low nibbles, vector k + 4 in the high ones."""
-    tiles = _tiles(codes)
-    packed = tiles[:, :, :4] | (tiles[:, :, 4:] << 4)  # [tiles, blocks, 4, 16, 4]
-    return packed.reshape(tiles.shape[0], -1).contiguous()
+
+    def tiles(rows: torch.Tensor) -> torch.Tensor:
+        t = _tiles(rows)
+        return t[:, :, :4] | (t[:, :, 4:] << 4)  # [tiles, blocks, 4, 16, 4]
+
+    return _packed(codes, codes.shape[1] // BLOCK * 256, tiles)
 
 
 def pack_block_scales(scales: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
@@ -145,7 +175,8 @@ class VnniKernel:
 
     act_dtype = torch.float32
 
-    def __init__(self, qt: QuantizedTensor) -> None:
+    def __init__(self, qt: QuantizedTensor, consume: bool = False) -> None:
+        """consume: qt's codes are not read again by anyone, and 8-bit tiles may be packed in their memory."""
         out, inp = qt.shape
         library = load_ops("decoder_step").library
         if library is None:
@@ -161,7 +192,7 @@ class VnniKernel:
         if self.bits == 4:
             self.codes = pack4(qt.codes)
         else:
-            self.codes = pack8((qt.codes.to(torch.int16) + 128).to(torch.uint8))
+            self.codes = pack8(qt.codes, in_place=consume)
             i = torch.arange(inp)  # rows(): where input i of a tile's lane 0 sits (+ 4 bytes per lane)
             self._columns = (i // BLOCK) * 512 + (i % BLOCK // 4) * 64 + i % 4
         self.scales, self.mins = _pack_scales(qt)

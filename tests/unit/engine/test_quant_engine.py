@@ -18,7 +18,7 @@ from _engine_factories import (  # noqa: F401  (fixtures)
 )
 
 from engine.config import SpeculationConfig
-from engine.loader import apply_weights
+from engine.weight_plan import apply_weights
 from engine.quant import formats
 from engine.quant.formats import CpuFeatures, resolve_weight_format
 from engine.quant.source import WeightSource

@@ -153,11 +153,12 @@ def test_a_tied_quantized_model_keeps_its_head_codes_once() -> None:
 
     model = loaded_from_hf(tiny_hf_model("qwen2")).model  # tied embeddings
     tensors = quantize_decoder(model, "int4")
+    codes = tensors["embed_tokens"].codes.numel()
     install_quantized(model, tensors, wide=False)
+    assert not tensors  # each original taken as it is installed: none held to the end
     head = model.head_kernel.narrow
     assert isinstance(head, vnni.VnniKernel) and model.embed_tokens.tied is head
-    codes = tensors["embed_tokens"].codes
-    assert nbytes(model.embed_tokens.tensors()) < codes.numel()  # scales only, not the codes again
+    assert nbytes(model.embed_tokens.tensors()) < codes  # scales only, not the codes again
 
 
 def test_engine_quant_kernel_torch_keeps_torchs_kernels_and_an_unknown_choice_is_refused() -> None:
@@ -212,3 +213,17 @@ def test_malformed_weights_are_refused_naming_the_problem() -> None:
         op(x, k8.codes, k8.scales.half(), k8.mins.half(), 8)
     with pytest.raises(RuntimeError, match="x must be \\[T, in\\] fp32"):
         op(x.double(), k.codes, k.scales, k.mins, 4)
+
+
+@pytest.mark.parametrize("rows", [96, 40])
+def test_8bit_tiles_packed_in_a_tensors_own_memory_are_the_copys_bits(
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vnni, "PACK_PIECE_ROWS", 32)  # several pieces, each read whole before it is written over
+    codes = torch.randint(-128, 128, (rows, 64), dtype=torch.int8)
+    copy = vnni.pack8(codes.clone())
+    own = codes.clone()
+    packed = vnni.pack8(own, in_place=True)
+    assert torch.equal(packed, copy)
+    # Whole tiles only: 40 rows need a padded tile, so they are packed in new memory and the codes are kept.
+    assert (packed.data_ptr() == own.data_ptr()) == (rows % 16 == 0)
+    assert rows % 16 == 0 or torch.equal(own, codes)
