@@ -61,5 +61,5 @@ async def test_publishes_ride_through_a_frozen_partition_leader(kafka_cluster: C
     # the producer's next request at the new leader) fits inside it. How long it takes is a benchmark's figure
     # (bench.soak), not this test's: on a loaded machine one publish took 20 s, two 10 s requests to the frozen node.
     failed = [o for o in outcomes if o[1] != "acked"]
-    assert outcomes and not failed, f"{len(failed)} of {len(outcomes)} publishes not acknowledged within {bound:g} s: " \
-        f"{failed[:3]}"
+    late = f"{len(failed)} of {len(outcomes)} publishes not acknowledged within {bound:g} s: {failed[:3]}"
+    assert outcomes and not failed, late
