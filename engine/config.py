@@ -317,9 +317,9 @@ class EngineConfig(Section):
         "with g++ on first use, ~1 min, cached in ~/.cache/specstream/ops), bit for bit the layer-by-layer path's "
         "results without its per-op Python, and attend a decode's row and a verification's rows with one C++ kernel "
         "call per sequence. It takes the Llama family's layers with biases (Qwen2) and q/k norms (Qwen3), sliding "
-        "windows (Mistral, Phi-3), and Gemma 3's (sandwich norms, GeGLU, local layers with their own RoPE base); "
-        "Gemma 2's soft-capped attention and Mixtral's experts run layer by layer. A model or machine it cannot serve "
-        "says why at start and runs layer by layer.",
+        "windows (Mistral, Phi-3), Gemma 3's (sandwich norms, GeGLU, local layers with their own RoPE base) and "
+        "Gemma 2's soft-capped attention scores; Mixtral's experts run layer by layer. A model or machine it cannot "
+        "serve says why at start and runs layer by layer.",
     )
     # engine.quant.formats resolves it against the CPU, engine.quant.source says what keeps the file exactly.
     weights: Literal["auto", "fp32", "bf16", "int8", "int4", "gguf"] = Field(

@@ -1,8 +1,9 @@
 """Attention with its logits soft-capped (Gemma 2's attn_logit_softcapping): scores -> cap * tanh(scores / cap)
 before the mask and the softmax.
 
-SDPA and our C++ kernels take no cap, so these layers attend eagerly, in transformers' order (scale, cap, mask,
-softmax in fp32, cast, weights @ V), under SDPA's signature so the layer's routes stay as they are.
+SDPA takes no cap, so these layers' SDPA routes attend eagerly, in transformers' order (scale, cap, mask, softmax
+in fp32, cast, weights @ V), under SDPA's signature so the layer's routes stay as they are; the fused step's SDPA
+route runs the same ops (decoder_step.cpp), and the row and chunk kernels cap their scores themselves.
 """
 from __future__ import annotations
 

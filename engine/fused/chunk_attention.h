@@ -69,7 +69,8 @@ SS_INLINE void chunk_tile(const RowAttention& a, const float* kt, int64_t h, int
     for (int r = 0; r < kTileRows; ++r) {
       const int64_t n = std::min<int64_t>(kLanes, a.first_len + r0 + r - p0);  // this row's positions here
       const v16i valid = lane < splat(static_cast<float>(n));
-      const v16 sv = valid ? s[r] * a.scale : splat(-std::numeric_limits<float>::infinity());
+      v16 sv = valid ? s[r] * a.scale : splat(-std::numeric_limits<float>::infinity());
+      if (a.softcap > 0) sv = capped(sv, a.softcap);
       const float m = n > 0 ? std::max(max_[r], hmax(sv)) : max_[r];
       if (m > max_[r]) {  // rescale what was summed under the old max
         const float shrink = std::exp(max_[r] - m);

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -227,8 +228,30 @@ constexpr int64_t kSilu = 0;
 constexpr int64_t kGeluTanh = 1;
 
 // SDPA over K and V in q's dtype: a bfloat16 arena's region widened first (exactly, as the kernels read it).
+// engine.softcap_attention.softcapped_sdpa, op for op, so that the layers' SDPA routes and the step's round alike:
+// scale, cap, mask, softmax in fp32, weights @ V; K and V repeated per GQA group as transformers' repeat_kv.
+at::Tensor softcapped_sdpa(const at::Tensor& q, at::Tensor k, at::Tensor v, const std::optional<at::Tensor>& mask,
+                           bool causal, std::optional<double> scale, double cap) {
+  const int64_t groups = q.size(0) / k.size(0);
+  if (groups > 1) {
+    k = k.repeat_interleave(groups, 0);
+    v = v.repeat_interleave(groups, 0);
+  }
+  const double by = scale.value_or(std::pow(static_cast<double>(q.size(-1)), -0.5));
+  at::Tensor scores = at::matmul(q, k.transpose(-1, -2)) * by;
+  scores = at::tanh(scores / cap) * cap;  // [Hq, q, kv]
+  std::optional<at::Tensor> allowed = mask;
+  if (causal) allowed = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).tril();
+  if (allowed.has_value())
+    scores = scores.masked_fill(allowed->logical_not(), -std::numeric_limits<double>::infinity());
+  return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
+}
+
+// softcap: Gemma 2's cap on the scores (none: SDPA's own attention).
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-                bool causal, std::optional<double> scale) {
+                bool causal, std::optional<double> scale, std::optional<double> softcap = std::nullopt) {
+  if (softcap.has_value())
+    return softcapped_sdpa(q, k.to(q.scalar_type()), v.to(q.scalar_type()), mask, causal, scale, *softcap);
   return at::scaled_dot_product_attention(q, k.to(q.scalar_type()), v.to(q.scalar_type()), mask, 0.0, causal, scale,
                                           /*enable_gqa=*/true);
 }
@@ -240,7 +263,8 @@ specstream::KvType kv_type(const at::Tensor& kv) {
 // q [rows, Hq, D] (any row stride), k and v [Hkv, n, D] with n >= first_len + rows - 1 -> [rows, Hq, D]:
 // row r attends positions [0, first_len + r), by the row kernel (decode-like rows: row_attention.h) or the chunk
 // kernel (a prompt chunk's rows: chunk_attention.h).
-at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len, bool chunk) {
+at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len, bool chunk,
+                       double softcap) {
   const char* name = chunk ? "chunk_attention" : "row_attention";
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, name, ": q, k and v must be 3-d");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == v.scalar_type() &&
@@ -255,18 +279,21 @@ at::Tensor attend_rows(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   at::Tensor out = at::empty({rows, heads, dim}, q.options());
   const specstream::RowAttention a{q.data_ptr<float>(), q.stride(0), k.data_ptr(), v.data_ptr(), kv_type(k),
                                    k.stride(0), out.data_ptr<float>(), heads * dim, rows, first_len, heads, kv_heads,
-                                   specstream::softmax_scale(dim)};
+                                   specstream::softmax_scale(dim), static_cast<float>(softcap)};
   const bool done = chunk ? specstream::chunk_attention({a}, dim) : specstream::row_attention(a, dim);
   TORCH_CHECK(done, name, ": no kernel for head size ", dim);
   return out;
 }
 
-at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len) {
-  return attend_rows(q, k, v, first_len, false);
+// softcap > 0: the scores soft-capped (Gemma 2); 0: none.
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len,
+                         double softcap) {
+  return attend_rows(q, k, v, first_len, false, softcap);
 }
 
-at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len) {
-  return attend_rows(q, k, v, first_len, true);
+at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_len,
+                           double softcap) {
+  return attend_rows(q, k, v, first_len, true, softcap);
 }
 
 // How a sequence's rows attend: engine.model.Route, decided by engine.model.attention_route.
@@ -276,10 +303,10 @@ enum Route : int64_t { kSdpa = 0, kSdpaRows = 1, kRowKernel = 2, kChunkKernel = 
 // layer l of the arena kv [L, 2, Hkv, N, D], out [T, Hq * D]. The sequences on the row kernel in one parallel region,
 // those on the chunk kernel in another, then SDPA's. The kernels take pointers: a step runs this once a layer, and
 // the ATen views SDPA needs (a dozen a layer) are made only when a sequence takes SDPA. scale: Attention.scale (none:
-// SDPA's 1 / sqrt(D), the kernels' only one).
+// SDPA's 1 / sqrt(D), the kernels' only one); softcap: Gemma 2's cap on the scores, on every route (none: no cap).
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::IntArrayRef seqs,
                   const c10::List<std::optional<at::Tensor>>& masks, at::IntArrayRef routes, int64_t num_heads,
-                  int64_t head_dim, std::optional<double> scale) {
+                  int64_t head_dim, std::optional<double> scale, std::optional<double> softcap) {
   const int64_t T = qkv.size(0), S = static_cast<int64_t>(masks.size()), q_size = num_heads * head_dim;
   TORCH_CHECK(static_cast<int64_t>(routes.size()) == S && static_cast<int64_t>(seqs.size()) == 4 * S,
               "attend: one route and four positions per sequence");
@@ -291,7 +318,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
     const int64_t end = kv_start + seqs[4 * s + 3];
     const std::optional<at::Tensor> mask = masks.get(s);
     return sdpa(q_heads.slice(1, q_start, q_start + q_len), k.slice(1, kv_start, end), v.slice(1, kv_start, end),
-                mask, !mask.has_value() && q_len > 1, scale);
+                mask, !mask.has_value() && q_len > 1, scale, softcap);
   };
   if (S == 1 && routes[0] == kSdpa) {
     const auto [q_heads, k, v] = views();
@@ -300,6 +327,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
   at::Tensor out = at::empty({T, q_size}, qkv.options());
   std::vector<specstream::RowAttention> rows, chunks;  // writing straight into `out`
   const float kernel_scale = specstream::softmax_scale(head_dim);
+  const float kernel_cap = static_cast<float>(softcap.value_or(0.0));
   const float* q = qkv.data_ptr<float>();
   const char* k = static_cast<const char*>(kv.data_ptr()) + l * kv.stride(0) * kv.element_size();
   const char* v = k + kv.stride(1) * kv.element_size();
@@ -315,7 +343,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
     (routes[s] == kRowKernel ? rows : chunks)
         .push_back({q + q_start * qkv.stride(0), qkv.stride(0), k + kv_start * position_bytes,
                     v + kv_start * position_bytes, kv_type(kv), head_stride, out.data_ptr<float>() + q_start * q_size,
-                    q_size, q_len, seqs[4 * s + 3] - q_len + 1, num_heads, kv_heads, kernel_scale});
+                    q_size, q_len, seqs[4 * s + 3] - q_len + 1, num_heads, kv_heads, kernel_scale, kernel_cap});
   }
   if (!rows.empty() || !chunks.empty()) {
     TORCH_CHECK(qkv.stride(1) == 1 && kv.stride(4) == 1 && position == head_dim,
@@ -336,7 +364,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& kv, int64_t l, at::In
         const int64_t row = q_start + r;
         out_heads.slice(1, row, row + 1)
             .copy_(sdpa(q_heads.slice(1, row, row + 1), k_arena.slice(1, kv_start, first_end + r),
-                        v_arena.slice(1, kv_start, first_end + r), std::nullopt, false, scale));
+                        v_arena.slice(1, kv_start, first_end + r), std::nullopt, false, scale, softcap));
       }
     }
   }
@@ -456,7 +484,8 @@ struct Plan {
 // linear (4 a layer: qkv, o, gate_up, down): wa, wb (, wc) its kernel's tensors, wide its bf16 copy (None: none),
 // biases its bias (None: none), kinds, groups (int4), outs, max_quant_rows (the widest step on the quantized kernel),
 // windows (bf16 rows per call). seqs, masks, routes: the global layers' attention plan; prompt: some sequence's rows
-// are a prompt chunk. attn_scale: SDPA's softmax scale (Gemma's query_pre_attn_scalar ** -0.5; none: 1 / sqrt(D)).
+// are a prompt chunk. attn_scale: SDPA's softmax scale (Gemma's query_pre_attn_scalar ** -0.5; none: 1 / sqrt(D));
+// attn_softcap: Gemma 2's cap on the attention scores (none: no cap).
 // act: kSilu or kGeluTanh. local_layers: 1 for each sliding-window layer (or empty), which
 // attend by the local plan (seqs_local, masks_local, routes_local) and rotate by cos_local, sin_local where given.
 at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& sin_rot, const at::Tensor& slots,
@@ -472,7 +501,7 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                         int64_t act, at::IntArrayRef local_layers,
                         const std::optional<at::Tensor>& cos_local, const std::optional<at::Tensor>& sin_local,
                         at::IntArrayRef seqs_local, const c10::List<std::optional<at::Tensor>>& masks_local,
-                        at::IntArrayRef routes_local) {
+                        at::IntArrayRef routes_local, std::optional<double> attn_softcap) {
   const Linears linear{wa, wb, wc, wide, biases, kinds, groups, outs, max_quant_rows, windows, prompt};
   const int64_t T = h.size(0), L = kv.size(0), per_layer = sandwich ? 4 : 2;
   const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
@@ -506,7 +535,8 @@ at::Tensor decoder_step(at::Tensor h, const at::Tensor& cos, const at::Tensor& s
                                  c.data_ptr<float>(), sr.data_ptr<float>());
     write_kv(qkv, q_size, kv, l, slot_ids, num_kv_heads, head_dim);
     const Plan& plan = windowed ? local : global;
-    at::Tensor attn = attend(qkv, kv, l, plan.seqs, plan.masks, plan.routes, num_heads, head_dim, attn_scale);
+    at::Tensor attn = attend(qkv, kv, l, plan.seqs, plan.masks, plan.routes, num_heads, head_dim, attn_scale,
+                             attn_softcap);
     if (sandwich) {  // engine.gemma.SandwichDecoderLayer
       h = h + norm(linear(i + 1, attn), norms[n + 1], eps, fast_norm);
       x = norm(h, norms[n + 2], eps, fast_norm);
@@ -528,10 +558,11 @@ TORCH_LIBRARY(specstream, m) {
       "int num_heads, int num_kv_heads, int head_dim, int intermediate, float eps, float? attn_scale, bool sandwich, "
       "int act, "
       "int[] local_layers, Tensor? cos_local, Tensor? sin_local, int[] seqs_local, Tensor?[] masks_local, "
-      "int[] routes_local) -> Tensor",
+      "int[] routes_local, float? attn_softcap=None) -> Tensor",
       &decoder_step);
-  m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &row_attention);
-  m.def("chunk_attention(Tensor q, Tensor k, Tensor v, int first_len) -> Tensor", &chunk_attention);
+  m.def("row_attention(Tensor q, Tensor k, Tensor v, int first_len, float softcap=0.0) -> Tensor", &row_attention);
+  m.def("chunk_attention(Tensor q, Tensor k, Tensor v, int first_len, float softcap=0.0) -> Tensor",
+        &chunk_attention);
   m.def("qlinear(Tensor x, Tensor codes, Tensor scales, Tensor? mins, int bits) -> Tensor", &qlinear);
   m.def("qlinear_supported() -> bool", &qlinear_supported);
   m.def("qlinear_isa(str? use=None) -> str", &qlinear_isa);

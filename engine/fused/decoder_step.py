@@ -9,8 +9,8 @@ stay in Python: a few ops a step.
 
 Only what it was written for takes it: an fp32 CPU model whose linears are int4/int8/gguf (with or
 without their bf16 copy) or bf16, with or without biases (Qwen2) and q/k norms (Qwen3), with SiLU
-or Gemma 3's GeGLU, sandwich norms scaling by (1 + w) and sliding-window layers with their own RoPE
-base, without experts, soft-capped attention (Gemma 2) or a LoRA wrapper (`_why_not` says which).
+or Gemma's GeGLU, sandwich norms scaling by (1 + w), sliding-window layers with their own RoPE base and
+Gemma 2's soft-capped attention scores, without experts or a LoRA wrapper (`_why_not` says which).
 Every attention plan is the layers' own (Attention.plan: a windowed layer's rows and bands).
 Anything else runs the eager path, which stays the reference.
 """
@@ -77,8 +77,6 @@ def _why_not(model: Decoder) -> str | None:
         return f"the model runs in {model.dtype} on {model.device.type}; the fused step knows fp32 on CPU"
     if cfg.num_experts:
         return f"{cfg.model_type}'s experts are not the fused step's"
-    if cfg.attn_softcap is not None:
-        return f"{cfg.model_type}'s soft-capped attention scores are not the fused step's"
     if len({w for w in cfg.layer_windows if w is not None}) > 1:
         return f"{cfg.model_type}'s layers have windows of several sizes"
     windowed = tuple(w is not None for w in cfg.layer_windows)
@@ -120,6 +118,7 @@ class FusedDecoderStep:
     intermediate: int = 0
     eps: float = 0.0
     attn_scale: float | None = None  # SDPA's softmax scale (Attention.scale; None: 1 / sqrt(head_dim))
+    attn_softcap: float | None = None  # Gemma 2's cap on the attention scores (engine.softcap_attention), or None
     sandwich: bool = False  # Gemma's layers: a norm after attention and on each side of the MLP
     act: int = SILU
     local_layers: list[int] = field(default_factory=list)  # 1 per sliding-window layer, or none
@@ -142,6 +141,7 @@ class FusedDecoderStep:
                    rows_as_decodes=model.layers[0].self_attn.rows_as_decodes,
                    row_kernel=model.layers[0].self_attn.row_attention is not None,
                    fast_norm=model.norm.kernel is not None, attn_scale=model.layers[0].self_attn.scale,
+                   attn_softcap=cfg.attn_softcap,
                    sandwich=cfg.sandwich_norms,
                    act=_activation(model.layers[0].mlp.act) or SILU)  # fmt: skip
         norms = [n for layer in model.layers for n in (*_norms(layer), layer.self_attn.q_norm, layer.self_attn.k_norm)
@@ -217,7 +217,7 @@ class FusedDecoderStep:
             self.num_kv_heads, self.head_dim, self.intermediate, self.eps, self.attn_scale, self.sandwich, self.act,
             self.local_layers,
             None if local is None else local.cos, None if local is None else local.sin_rot, seqs_local, masks_local,
-            routes_local,
+            routes_local, self.attn_softcap,
         )  # fmt: skip
 
 

@@ -214,11 +214,19 @@ SS_INLINE v16 dot(const v16 (&qv)[C], const KV* k) {
   return d;
 }
 
-// One (row, head)'s scores over blocks b0..b1-1 of its positions [0, len), scaled: stored to p (lanes past len get
-// -inf), their lane-wise maximum folded into top.
+// Gemma 2's soft cap on scaled scores (cap > 0), as engine.softcap_attention computes it: tanh(s / cap) * cap, lane
+// by lane; lanes past a row's positions stay -inf.
+SS_INLINE v16 capped(v16 s, float cap) {
+  for (int i = 0; i < kLanes; ++i)
+    if (s[i] != -std::numeric_limits<float>::infinity()) s[i] = std::tanh(s[i] / cap) * cap;
+  return s;
+}
+
+// One (row, head)'s scores over blocks b0..b1-1 of its positions [0, len), scaled (and capped where softcap > 0):
+// stored to p (lanes past len get -inf), their lane-wise maximum folded into top.
 template <int C, typename KV>
-SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64_t len, float scale, float* p,
-                      v16& top) {
+SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64_t len, float scale, float softcap,
+                      float* p, v16& top) {
   constexpr int64_t D = C * kLanes;
   v16 qv[C];
   q_vecs<C, KV>(q, qv);
@@ -238,6 +246,7 @@ SS_INLINE void scores(const float* q, const KV* k, int64_t b0, int64_t b1, int64
       const v16i valid = lane < splat(static_cast<float>(n));
       s = valid ? hsum16(dots) * scale : splat(-std::numeric_limits<float>::infinity());
     }
+    if (softcap > 0) s = capped(s, softcap);
     store(p + b * kLanes, s);
     top = vmax(top, s);
   }
@@ -351,6 +360,7 @@ struct RowAttention {
   int64_t out_row;
   int64_t rows, first_len, num_heads, num_kv_heads;
   float scale;
+  float softcap;        // > 0: the scaled scores are soft-capped (Gemma 2's attn_logit_softcapping); 0: none
 };
 
 // The scores' scale, 1 / sqrt(head size), as SDPA takes it: every caller builds its calls with this one.
@@ -394,8 +404,8 @@ SS_INLINE void row_attention_impl(const RowAttention& a, int64_t h0, int64_t h1)
         for (int64_t j = j0; j < j1; ++j) {
           const int64_t pair = r * heads + j - j0;
           v16 top = load(&tops[pair * kLanes]);
-          scores<C>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, &weights[pair * stride],
-                    top);
+          scores<C>(a.q + r * a.q_row + (g * G + j) * D, kg, b0, b1, row_len(r), a.scale, a.softcap,
+                    &weights[pair * stride], top);
           store(&tops[pair * kLanes], top);
         }
       }

@@ -13,6 +13,7 @@ depend on where the prompt was cut into chunks.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,8 +34,6 @@ def install_row_attention(model: Decoder) -> str:
         return "row attention: no layer attends verification rows as decodes"
     if model.device.type != "cpu" or model.dtype != torch.float32:
         return f"row attention: SDPA row by row (the kernel knows fp32 on CPU, not {model.dtype} on {model.device.type})"
-    if model.cfg.attn_softcap is not None:
-        return "row attention: eager row by row (the kernel does not soft-cap attention scores)"
     if model.cfg.attn_scale is not None and model.cfg.attn_scale != model.cfg.head_dim**-0.5:
         return "row attention: SDPA row by row (the kernel scales by 1 / sqrt(head_dim), the model otherwise)"
     if model.cfg.head_dim not in HEAD_DIMS:
@@ -42,8 +41,9 @@ def install_row_attention(model: Decoder) -> str:
     built = load_ops("decoder_step")
     if built.library is None:
         return f"row attention: SDPA row by row ({built.why})"
+    cap = model.cfg.attn_softcap  # Gemma 2's: the kernels cap the scores as engine.softcap_attention does
     for attention in attentions:
-        attention.row_attention = torch.ops.specstream.row_attention
-        attention.chunk_attention = torch.ops.specstream.chunk_attention
+        attention.row_attention = partial(torch.ops.specstream.row_attention, softcap=cap or 0.0)
+        attention.chunk_attention = partial(torch.ops.specstream.chunk_attention, softcap=cap or 0.0)
     return ("row attention: decodes and verification rows in one C++ call per sequence and layer, prompt chunks "
             "in another (engine/fused/chunk_attention.h)")

@@ -15,6 +15,7 @@ from _engine_factories import every_format_runs, make_engine, tiny_hf_model, tor
 from engine.fused import build
 from engine.fused.row_attention import HEAD_DIMS
 from engine.model import Route, SeqAttention, attention_route, causal_mask_at_end
+from engine.softcap_attention import softcapped_sdpa
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,21 @@ def test_each_row_is_within_float_rounding_of_sdpa(chunk_attention: Any, dim: in
     for rows, prefix in [(1, 0), (2, 0), (3, 5), (4, 12), (5, 16), (9, 0), (17, 31), (33, 0), (40, 200)]:
         q, k, v = _operands(rows, prefix, heads, kv_heads, dim, seed=rows * 1000 + prefix)
         torch.testing.assert_close(chunk_attention(q, k, v, prefix + 1), _sdpa(q, k, v, prefix), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+def test_soft_capped_scores_are_within_float_rounding_of_the_eager_cap_in_float64(
+        chunk_attention: Any, dim: int) -> None:
+    # Gemma 2's attn_logit_softcapping: scores -> cap * tanh(scores / cap) before the mask and the softmax.
+    for rows, prefix in [(1, 0), (5, 16), (17, 31), (40, 200)]:
+        q, k, v = _operands(rows, prefix, 9, 3, dim, seed=rows + prefix)
+        n = prefix + rows
+        mask = torch.ones(rows, n, dtype=torch.bool).tril(prefix)
+        want = softcapped_sdpa(q.transpose(0, 1).double(), k[:, :n].double(), v[:, :n].double(), attn_mask=mask,
+                               softcap=2.0).transpose(0, 1).float()  # fmt: skip
+        got = chunk_attention(q, k, v, prefix + 1, softcap=2.0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert rows == 1 and prefix == 0 or not torch.allclose(got, chunk_attention(q, k, v, prefix + 1))  # it bites
 
 
 @pytest.mark.parametrize("dim", HEAD_DIMS)

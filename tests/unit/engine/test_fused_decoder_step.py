@@ -59,13 +59,17 @@ def llama() -> Any:
     return tiny_hf_model("llama")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "gemma3", "mistral-window"])
+@pytest.fixture(scope="module",
+                params=["llama", "qwen2", "qwen3", "gemma2", "gemma2-kernels", "gemma3", "mistral-window"])
 def family(request: pytest.FixtureRequest) -> Any:
-    """Llama's layers, Qwen2's q/k/v biases, Qwen3's q/k norms, Gemma 3's (sandwich norms scaling by 1 + w, GeGLU,
-    windows of 8 on two layers of three with their own RoPE base, its softmax scale), Mistral's window of 8 on every
-    layer: the steps' rows reach past the windows."""
+    """Llama's layers, Qwen2's q/k/v biases, Qwen3's q/k norms, Gemma 2's soft-capped attention scores (with the tiny
+    config's softmax scale, attended by SDPA; with 1 / sqrt(head_dim), as Gemma 2 2B and 9B have it, by the row and
+    chunk kernels), Gemma 3's (sandwich norms scaling by 1 + w, GeGLU, windows of 8 on two layers of three with their
+    own RoPE base, its softmax scale), Mistral's window of 8 on every layer: the steps' rows reach past the windows."""
     if request.param == "mistral-window":
         return tiny_hf_model("mistral", sliding_window=8)
+    if request.param == "gemma2-kernels":
+        return tiny_hf_model("gemma2", query_pre_attn_scalar=tiny_hf_model("gemma2").config.head_dim)
     return tiny_hf_model(request.param)
 
 
@@ -164,8 +168,10 @@ def test_speculation_on_the_fused_step_keeps_the_layer_by_layer_and_the_plain_to
 ) -> None:
     engine = make_engine(family, weights=fmt, prepack_weights=wide, speculation=NGRAM, kv_cache_dtype=kv)
     fused = engine.model.fused_step
-    # Gemma's softmax scale is not the row kernel's 1 / sqrt(head_dim): SDPA row by row, as its layers attend.
-    assert fused is not None and fused.row_kernel == (family.config.model_type != "gemma3_text")
+    # A softmax scale other than the row kernel's 1 / sqrt(head_dim) (the tiny Gemmas'): SDPA row by row, as the
+    # layers attend.
+    cfg = engine.model.cfg
+    assert fused is not None and fused.row_kernel == (cfg.attn_scale in (None, cfg.head_dim**-0.5))
 
     def run(step: FusedDecoderStep | None, ids: list[int], speculation: bool | None = None) -> dict[str, list[int]]:
         engine.model.fused_step = step
@@ -186,9 +192,9 @@ def test_models_and_formats_it_cannot_serve_are_refused_with_the_reason(llama: A
     gelu = make_engine(tiny_hf_model("llama", hidden_act="gelu"), weights="int4", fused_step=False)
     step, why = FusedDecoderStep.build(gelu.model)
     assert step is None and why == "layer 0's activation (gelu) is not the fused step's (SiLU, GELU tanh)"
-    capped = make_engine(tiny_hf_model("gemma2"), weights="int4", fused_step=False)
-    step, why = FusedDecoderStep.build(capped.model)
-    assert step is None and why == "gemma2's soft-capped attention scores are not the fused step's"
+    experts = make_engine(tiny_hf_model("mixtral"), weights="int4", fused_step=False)
+    step, why = FusedDecoderStep.build(experts.model)
+    assert step is None and why == "mixtral's experts are not the fused step's"
     plain = make_engine(llama, weights="int4", fused_step=False)
     step, why = FusedDecoderStep.build(plain.model)
     assert step is not None and why.startswith("fused decoder step (")

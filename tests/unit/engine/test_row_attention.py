@@ -14,6 +14,7 @@ from _engine_factories import every_format_runs, make_engine, tiny_hf_model, tor
 
 from engine.fused import build
 from engine.fused.row_attention import HEAD_DIMS, install_row_attention
+from engine.softcap_attention import softcapped_sdpa
 
 LENGTHS = [*range(1, 35), 47, 48, 49, 60, 63, 64, 65, 127, 128, 129, 450]
 
@@ -58,6 +59,22 @@ def test_a_verification_row_gets_exactly_the_bits_of_its_decode(row_attention: A
             for r in range(rows):
                 alone = row_attention(q[r : r + 1], k, v, first_len + r)
                 assert torch.equal(together[r : r + 1], alone), (dim, first_len, rows, r)
+
+
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+def test_soft_capped_scores_are_within_float_rounding_of_the_eager_cap_and_rows_keep_their_decodes_bits(
+    row_attention: Any, dim: int
+) -> None:
+    # Gemma 2's attn_logit_softcapping: scores -> cap * tanh(scores / cap) before the softmax.
+    for first_len in (1, 17, 64, 65, 450):
+        q, k, v = _operands(5, first_len, 9, 3, dim, seed=first_len)
+        together = row_attention(q, k, v, first_len, softcap=2.0)
+        assert not torch.allclose(together, row_attention(q, k, v, first_len))  # the cap bites
+        for r in range(5):
+            n = first_len + r
+            want = softcapped_sdpa(q[r : r + 1].transpose(0, 1), k[:, :n], v[:, :n], softcap=2.0).transpose(0, 1)
+            torch.testing.assert_close(together[r : r + 1], want, rtol=1e-5, atol=1e-5)
+            assert torch.equal(together[r : r + 1], row_attention(q[r : r + 1], k, v, n, softcap=2.0)), (dim, r)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(8, 1), (7, 1), (6, 2), (9, 3)])
