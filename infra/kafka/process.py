@@ -105,14 +105,24 @@ def _is_zombie(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
+# A process in the middle of an exec (launch's sh becoming the JVM) reads an empty command line for a moment: read
+# again before saying it is not the broker, which would drop the pid file of a broker that is starting.
+_EXEC_READS = 10
+_EXEC_WAIT_S = 0.02
+
+
 def is_node_process(pid: int, node: KafkaNodeSpec) -> bool:
     """True if ``pid`` is alive and is this node's broker (not a recycled pid)."""
-    if _is_zombie(pid):
-        return False
-    cmdline = _cmdline(pid)
-    if cmdline is None:
-        return False
-    return BROKER_MAIN_CLASS in cmdline and str(node.config_file) in cmdline
+    for _ in range(_EXEC_READS):
+        if _is_zombie(pid):
+            return False
+        cmdline = _cmdline(pid)
+        if cmdline is None:
+            return False
+        if cmdline.strip():
+            return BROKER_MAIN_CLASS in cmdline and str(node.config_file) in cmdline
+        time.sleep(_EXEC_WAIT_S)
+    return False  # still empty: a kernel thread on a recycled pid
 
 
 def running_pid(node: KafkaNodeSpec) -> int | None:
