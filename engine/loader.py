@@ -39,6 +39,7 @@ from engine.safetensors_file import SafetensorsFile
 if TYPE_CHECKING:
     from engine.weight_plan import WeightPlan, WeightRequest
 
+
 def convert_gguf(gguf: Path, name: str, progress: Progress = noop) -> Path:
     """Dequantise a GGUF into a safetensors model folder once; returns the folder."""
     final = converted_dir(gguf, name)
