@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,10 +21,9 @@ from bench.result_files import default_out
 
 
 def _kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
+    from streams.testing.reliability import vm_kib
+
+    return vm_kib(os.getpid(), field)
 
 
 def measure(model: str, weights: str) -> dict[str, float]:

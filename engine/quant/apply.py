@@ -82,17 +82,15 @@ def install_quantized(model: Decoder, tensors: MutableMapping[str, QuantizedTens
     kernel: engine.quant_kernel; defer_wide: the bf16 copies wait for the kernel dispatch (QuantizedLinear), which
     reads a tensor again from `saved` (the file save_tensors wrote) rather than keep every original till then."""
 
-    def linear(name: str, bias: torch.Tensor | None, qt: QuantizedTensor | None = None) -> QuantizedLinear:
-        """The linear for tensors[name] (or qt, already taken from it), which leaves tensors."""
-        qt = tensors[name] if qt is None else qt
-        del tensors[name]
+    def linear(name: str, qt: QuantizedTensor, bias: torch.Tensor | None) -> QuantizedLinear:
         reread = None if saved is None else partial(reread_tensor, saved, name)
         return QuantizedLinear(qt, bias, wide=wide, kernel=kernel, step=model.step_kind, defer_wide=defer_wide,
                                reread=reread)
 
     untied = "lm_head" in tensors
-    head_qt = tensors["lm_head" if untied else "embed_tokens"]
-    head = linear("lm_head" if untied else "embed_tokens", None, head_qt)
+    head_name = "lm_head" if untied else "embed_tokens"
+    head_qt = tensors.pop(head_name)
+    head = linear(head_name, head_qt, None)
     embedding = tensors.pop("embed_tokens") if untied else head_qt
     # A tied head on our kernel holds the only copy of the codes (in its layout): the lookup reads rows from it.
     narrow = head.narrow
@@ -101,7 +99,7 @@ def install_quantized(model: Decoder, tensors: MutableMapping[str, QuantizedTens
     _set_head(model, head)
     del head_qt, embedding
     for name, lin in _linears(model).items():
-        _set_module(model, name, linear(name, lin.bias))
+        _set_module(model, name, linear(name, tensors.pop(name), lin.bias))
 
 
 def narrow_linear(
@@ -221,9 +219,17 @@ class SavedTensors(MutableMapping[str, QuantizedTensor]):
 TensorOrigin = Literal["cache", "gguf blocks", "floats"]
 
 
-def _source_file(model_dir: Path, gguf: Path | None) -> Path:
-    """The file the quantized tensors' cache is keyed by."""
-    return gguf if gguf is not None else model_dir / "config.json"
+def _cache_file(model_dir: Path, gguf: Path | None, fmt: str, cache_root: Path) -> Path | None:
+    """Where the quantized tensors are (or will be) cached, keyed by the file they come from; None for a model built
+    in memory (tests), with no file on disk to key a cache by."""
+    source = gguf if gguf is not None else model_dir / "config.json"
+    return cache_path(cache_root, model_dir, source, fmt) if source.is_file() else None
+
+
+def _origin(cached: Path | None, cfg: DecoderConfig, gguf: Path | None) -> TensorOrigin:
+    if cached is not None and cached.is_file():
+        return "cache"
+    return "gguf blocks" if cached is not None and gguf is not None and reads_gguf_blocks(cfg) else "floats"
 
 
 def tensor_origin(cfg: DecoderConfig, fmt: TargetFormat, model_dir: Path, gguf: Path | None,
@@ -231,12 +237,7 @@ def tensor_origin(cfg: DecoderConfig, fmt: TargetFormat, model_dir: Path, gguf: 
     """Where quantized_tensors takes a quantized format's tensors from: the cache of an earlier start, the GGUF's
     own blocks, or the float weights (quantized now). Only the last reads the float linears (engine.weight_plan
     leaves them unread otherwise)."""
-    source = _source_file(model_dir, gguf)
-    if not source.is_file():  # a model built in memory (tests): nothing on disk to key a cache by
-        return "floats"
-    if cache_path(cache_root, model_dir, source, fmt).is_file():
-        return "cache"
-    return "gguf blocks" if gguf is not None and reads_gguf_blocks(cfg) else "floats"
+    return _origin(_cache_file(model_dir, gguf, fmt, cache_root), cfg, gguf)
 
 
 def quantized_tensors(
@@ -249,15 +250,14 @@ def quantized_tensors(
     if fmt == "gguf" and (gguf is None or not reads_gguf_blocks(model.cfg)):
         raise ValueError("engine.weights gguf serves a GGUF's own blocks, and this model's weights are not read from "
                          "them; use int4, int8, bf16 or fp32")
-    origin = tensor_origin(model.cfg, fmt, model_dir, gguf, cache_root)
+    path = _cache_file(model_dir, gguf, fmt, cache_root)
+    origin = _origin(path, model.cfg, gguf)
     if origin == "floats" and (model.embed_tokens.weight.is_meta or
                                any(lin.weight.is_meta for lin in _linears(model).values())):
         raise RuntimeError(f"the quantized {fmt} weights of {model_dir} went away from {cache_root} while the engine "
                            "started, and the float ones were not loaded: start it again")
-    source = _source_file(model_dir, gguf)
-    if not source.is_file():  # a model built in memory (tests): nothing to cache it by
+    if path is None:
         return quantize_decoder(model, fmt), None  # type: ignore[arg-type]
-    path = cache_path(cache_root, model_dir, source, fmt)
     if origin == "cache":
         return SavedTensors(path), path
     if origin == "gguf blocks":

@@ -5,6 +5,7 @@ attend verification rows as decodes, and refused with the reason elsewhere."""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -40,6 +41,18 @@ def _sdpa_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, length: int) ->
     return out.transpose(0, 1)
 
 
+def _rows_near_and_their_decodes_bits(row_attention: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                      first_len: int, want: Callable[[int, int], torch.Tensor],
+                                      **kw: float) -> torch.Tensor:
+    """All of q's rows in one call: row r within float rounding of want(r, its key count), and bit for bit what the
+    row gets alone (its decode). Returns the call's output."""
+    together = row_attention(q, k, v, first_len, **kw)
+    for r in range(q.shape[0]):
+        torch.testing.assert_close(together[r : r + 1], want(r, first_len + r), rtol=1e-5, atol=1e-5)
+        assert torch.equal(together[r : r + 1], row_attention(q[r : r + 1], k, v, first_len + r, **kw)), r
+    return together
+
+
 @pytest.mark.parametrize("dim", HEAD_DIMS)
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (9, 3)])
 def test_each_row_is_within_float_rounding_of_sdpa(row_attention: Any, dim: int, heads: int, kv_heads: int) -> None:
@@ -68,13 +81,12 @@ def test_soft_capped_scores_are_within_float_rounding_of_the_eager_cap_and_rows_
     # Gemma 2's attn_logit_softcapping: scores -> cap * tanh(scores / cap) before the softmax.
     for first_len in (1, 17, 64, 65, 450):
         q, k, v = _operands(5, first_len, 9, 3, dim, seed=first_len)
-        together = row_attention(q, k, v, first_len, softcap=2.0)
+
+        def capped(r: int, n: int) -> torch.Tensor:
+            return softcapped_sdpa(q[r : r + 1].transpose(0, 1), k[:, :n], v[:, :n], softcap=2.0).transpose(0, 1)
+
+        together = _rows_near_and_their_decodes_bits(row_attention, q, k, v, first_len, capped, softcap=2.0)
         assert not torch.allclose(together, row_attention(q, k, v, first_len))  # the cap bites
-        for r in range(5):
-            n = first_len + r
-            want = softcapped_sdpa(q[r : r + 1].transpose(0, 1), k[:, :n], v[:, :n], softcap=2.0).transpose(0, 1)
-            torch.testing.assert_close(together[r : r + 1], want, rtol=1e-5, atol=1e-5)
-            assert torch.equal(together[r : r + 1], row_attention(q[r : r + 1], k, v, n, softcap=2.0)), (dim, r)
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(8, 1), (7, 1), (6, 2), (9, 3)])
@@ -124,11 +136,8 @@ def test_a_bfloat16_region_is_within_float_rounding_of_sdpa_on_its_widening_and_
     for first_len in (1, 17, 64, 65, 450):
         q, k, v = _operands(5, first_len, 9, 3, dim, seed=first_len)
         kb, vb = k.bfloat16(), v.bfloat16()
-        together = row_attention(q, kb, vb, first_len)
-        for r in range(5):
-            want = _sdpa_row(q[r : r + 1], kb.float(), vb.float(), first_len + r)
-            torch.testing.assert_close(together[r : r + 1], want, rtol=1e-5, atol=1e-5)
-            assert torch.equal(together[r : r + 1], row_attention(q[r : r + 1], kb, vb, first_len + r)), (dim, r)
+        _rows_near_and_their_decodes_bits(row_attention, q, kb, vb, first_len,
+                                          lambda r, n: _sdpa_row(q[r : r + 1], kb.float(), vb.float(), n))
 
 
 @pytest.mark.parametrize(
